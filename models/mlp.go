@@ -1,0 +1,103 @@
+package models
+
+import (
+	"fmt"
+
+	G "gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
+)
+
+func init() { Register("mlp", buildMLP) }
+
+// buildMLP makes Input -> Hidden... -> Classes with one Dense layer per arrow; every
+// layer but the last applies the activation, the last emits logits.
+func buildMLP(spec Spec) (*Model, error) {
+	dt, err := ParseDType(spec.DType)
+	if err != nil {
+		return nil, err
+	}
+	if spec.Input < 1 || spec.Classes < 2 {
+		return nil, fmt.Errorf("mlp needs input >= 1 and classes >= 2 (got input %d, classes %d)", spec.Input, spec.Classes)
+	}
+	act := spec.Activation
+	if act == "" {
+		act = "relu"
+	}
+	if _, ok := activations[act]; !ok {
+		return nil, fmt.Errorf("unknown activation %q (known: relu, tanh, sigmoid)", act)
+	}
+	widths := append(append([]int{spec.Input}, spec.Hidden...), spec.Classes)
+	m := &Model{Spec: spec, DType: dt, Example: tensor.Shape{spec.Input}, Classes: spec.Classes}
+	for i := 0; i+1 < len(widths); i++ {
+		if widths[i+1] < 1 {
+			return nil, fmt.Errorf("mlp hidden[%d] = %d, must be >= 1", i, widths[i+1])
+		}
+		a := act
+		if i+2 == len(widths) {
+			a = ""
+		}
+		m.Layers = append(m.Layers, &Dense{name: fmt.Sprintf("fc%d", i), In: widths[i], Out: widths[i+1], Act: a, dt: dt})
+	}
+	return m, nil
+}
+
+var activations = map[string]func(*G.Node) (*G.Node, error){
+	"relu":    G.Rectify,
+	"tanh":    G.Tanh,
+	"sigmoid": G.Sigmoid,
+}
+
+// Dense is y = act(x W + b) on [batch, In] inputs.
+type Dense struct {
+	name    string
+	In, Out int
+	Act     string // "" for none (logits)
+	dt      tensor.Dtype
+}
+
+func (d *Dense) Name() string { return d.name }
+
+func (d *Dense) OutShape(in tensor.Shape) tensor.Shape { return tensor.Shape{in[0], d.Out} }
+
+func (d *Dense) Build(g *G.ExprGraph, x *G.Node, seed uint64) (*G.Node, []*G.Node, error) {
+	w := G.NewMatrix(g, d.dt, G.WithShape(d.In, d.Out), G.WithName(d.name+".weight"),
+		G.WithValue(glorotUniform(d.dt, tensor.Shape{d.In, d.Out}, d.In, d.Out, paramRNG(seed, d.name, "weight"))))
+	b := G.NewVector(g, d.dt, G.WithShape(d.Out), G.WithName(d.name+".bias"),
+		G.WithValue(tensor.New(tensor.Of(d.dt), tensor.WithShape(d.Out))))
+	xw, err := G.Mul(x, w)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", d.name, err)
+	}
+	y, err := G.BroadcastAdd(xw, b, nil, []byte{0})
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", d.name, err)
+	}
+	if d.Act != "" {
+		if y, err = activations[d.Act](y); err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", d.name, err)
+		}
+	}
+	return y, []*G.Node{w, b}, nil
+}
+
+// SoftmaxCrossEntropy adds the mean softmax cross-entropy of logits [batch, classes]
+// against one-hot targets of the same shape, and returns the scalar loss.
+func SoftmaxCrossEntropy(logits, onehot *G.Node) (*G.Node, error) {
+	logp, err := G.LogSoftMax(logits)
+	if err != nil {
+		return nil, err
+	}
+	picked, err := G.HadamardProd(onehot, logp)
+	if err != nil {
+		return nil, err
+	}
+	perExample, err := G.Sum(picked, 1)
+	if err != nil {
+		return nil, err
+	}
+	mean, err := G.Mean(perExample)
+	if err != nil {
+		return nil, err
+	}
+	return G.Neg(mean)
+}

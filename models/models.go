@@ -1,0 +1,124 @@
+// Package models holds pipetrain's model zoo: a registry from the model names used
+// in configs to builders that return a model as an ordered list of layers. A stage
+// builds only its own contiguous range of layers into its gorgonia graph.
+package models
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sort"
+
+	G "gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
+)
+
+// Spec is the model section of a config: a registered name and its sizes.
+type Spec struct {
+	Name       string `mapstructure:"name" json:"name"`
+	DType      string `mapstructure:"dtype" json:"dtype"`
+	Input      int    `mapstructure:"input" json:"input"`
+	Hidden     []int  `mapstructure:"hidden" json:"hidden"`
+	Classes    int    `mapstructure:"classes" json:"classes"`
+	Activation string `mapstructure:"activation" json:"activation"`
+}
+
+// Layer is one unit a config can place on a stage. Build adds the layer's ops to a
+// stage's graph; parameters are created by Build and initialised from the run's seed
+// and the layer's global index, so a layer starts with the same weights whichever
+// stage builds it.
+type Layer interface {
+	// Name is the layer's global name, e.g. "fc2"; parameter names start with it.
+	Name() string
+	// OutShape is the shape of the layer's output for a micro-batch of the given input shape.
+	OutShape(in tensor.Shape) tensor.Shape
+	// Build adds the layer's forward ops for input x and returns its output and parameters.
+	Build(g *G.ExprGraph, x *G.Node, seed uint64) (out *G.Node, params []*G.Node, err error)
+}
+
+// Model is a built model description: its layers in order and the shape of one example.
+type Model struct {
+	Spec    Spec
+	DType   tensor.Dtype
+	Layers  []Layer
+	Example tensor.Shape // shape of one input example, without the batch dimension
+	Classes int
+}
+
+// Builder makes a Model from its spec; it validates the sizes it needs.
+type Builder func(Spec) (*Model, error)
+
+var registry = map[string]Builder{}
+
+// Register adds a model builder under name; models register themselves in init.
+func Register(name string, b Builder) { registry[name] = b }
+
+// Names lists the registered model names, sorted.
+func Names() []string {
+	out := make([]string, 0, len(registry))
+	for n := range registry {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Build looks up spec.Name and builds the model.
+func Build(spec Spec) (*Model, error) {
+	b, ok := registry[spec.Name]
+	if !ok {
+		return nil, fmt.Errorf("unknown model %q (known: %v)", spec.Name, Names())
+	}
+	return b(spec)
+}
+
+// ParseDType maps a config dtype name to gorgonia's dtype.
+func ParseDType(s string) (tensor.Dtype, error) {
+	switch s {
+	case "float32", "":
+		return tensor.Float32, nil
+	case "float64":
+		return tensor.Float64, nil
+	}
+	return tensor.Dtype{}, fmt.Errorf("unknown dtype %q (known: float32, float64)", s)
+}
+
+// ShapeAt returns the shape of the activation entering layer i (i == len(Layers)
+// gives the model's output) for micro-batches of mb examples.
+func (m *Model) ShapeAt(i, mb int) tensor.Shape {
+	s := append(tensor.Shape{mb}, m.Example...)
+	for _, l := range m.Layers[:i] {
+		s = l.OutShape(s)
+	}
+	return s
+}
+
+// paramRNG returns the deterministic generator for one parameter of one layer.
+func paramRNG(seed uint64, layer string, param string) *rand.Rand {
+	h := uint64(14695981039346656037)
+	for _, c := range []byte(layer + "/" + param) {
+		h ^= uint64(c)
+		h *= 1099511628211
+	}
+	return rand.New(rand.NewPCG(seed, h))
+}
+
+// glorotUniform fills a new tensor with U(-a, a), a = sqrt(6/(fanIn+fanOut)).
+func glorotUniform(dt tensor.Dtype, shape tensor.Shape, fanIn, fanOut int, r *rand.Rand) *tensor.Dense {
+	a := math.Sqrt(6 / float64(fanIn+fanOut))
+	n := shape.TotalSize()
+	switch dt {
+	case tensor.Float64:
+		v := make([]float64, n)
+		for i := range v {
+			v[i] = (2*r.Float64() - 1) * a
+		}
+		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(v))
+	default:
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32((2*r.Float64() - 1) * a)
+		}
+		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(v))
+	}
+}
