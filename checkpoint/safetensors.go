@@ -1,0 +1,223 @@
+// Package checkpoint stores model weights in the safetensors format (an 8-byte
+// little-endian header length, a JSON header naming each tensor's dtype, shape and
+// byte range, then the raw little-endian data), so other tools can read pipetrain's
+// weights. Files are written atomically: a reader sees the old file or the new one,
+// never half of one.
+package checkpoint
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+)
+
+// Tensor is one named array. Exactly one of F32 and F64 is set.
+type Tensor struct {
+	Name  string
+	Shape []int
+	F32   []float32
+	F64   []float64
+}
+
+func (t Tensor) dtype() string {
+	if t.F64 != nil {
+		return "F64"
+	}
+	return "F32"
+}
+
+func (t Tensor) byteLen() int {
+	if t.F64 != nil {
+		return 8 * len(t.F64)
+	}
+	return 4 * len(t.F32)
+}
+
+type entry struct {
+	DType   string `json:"dtype"`
+	Shape   []int  `json:"shape"`
+	Offsets [2]int `json:"data_offsets"`
+}
+
+// maxHeader bounds the JSON header a reader accepts, so a corrupt length cannot
+// make it allocate gigabytes.
+const maxHeader = 100 << 20
+
+// Write stores tensors (sorted by name) and string metadata at path atomically:
+// temporary file in the same directory, fsync, rename, fsync of the directory.
+func Write(path string, tensors []Tensor, meta map[string]string) error {
+	sorted := append([]Tensor(nil), tensors...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Name < sorted[j].Name })
+	header := map[string]any{}
+	if len(meta) > 0 {
+		header["__metadata__"] = meta
+	}
+	off := 0
+	for _, t := range sorted {
+		n := 1
+		for _, d := range t.Shape {
+			n *= d
+		}
+		if size := t.byteLen() / map[string]int{"F32": 4, "F64": 8}[t.dtype()]; size != n {
+			return fmt.Errorf("checkpoint: tensor %s has %d values, shape %v needs %d", t.Name, size, t.Shape, n)
+		}
+		if _, dup := header[t.Name]; dup {
+			return fmt.Errorf("checkpoint: tensor name %s used twice", t.Name)
+		}
+		header[t.Name] = entry{DType: t.dtype(), Shape: append([]int{}, t.Shape...), Offsets: [2]int{off, off + t.byteLen()}}
+		off += t.byteLen()
+	}
+	hdr, err := json.Marshal(header)
+	if err != nil {
+		return err
+	}
+	// Pad the header with spaces to 8 bytes so the data that follows stays aligned.
+	for len(hdr)%8 != 0 {
+		hdr = append(hdr, ' ')
+	}
+	return WriteAtomic(path, func(w io.Writer) error {
+		if err := binary.Write(w, binary.LittleEndian, uint64(len(hdr))); err != nil {
+			return err
+		}
+		if _, err := w.Write(hdr); err != nil {
+			return err
+		}
+		for _, t := range sorted {
+			var buf []byte
+			if t.F64 != nil {
+				buf = make([]byte, 0, 8*len(t.F64))
+				for _, v := range t.F64 {
+					buf = binary.LittleEndian.AppendUint64(buf, math.Float64bits(v))
+				}
+			} else {
+				buf = make([]byte, 0, 4*len(t.F32))
+				for _, v := range t.F32 {
+					buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(v))
+				}
+			}
+			if _, err := w.Write(buf); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// WriteAtomic writes a file through fill so that path never holds a partial file.
+func WriteAtomic(path string, fill func(io.Writer) error) (err error) {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			f.Close()
+			os.Remove(f.Name())
+		}
+	}()
+	bw := bufio.NewWriterSize(f, 1<<20)
+	if err = fill(bw); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	if err = bw.Flush(); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	if err = f.Sync(); err != nil {
+		return fmt.Errorf("syncing %s: %w", path, err)
+	}
+	if err = f.Close(); err != nil {
+		return err
+	}
+	if err = os.Rename(f.Name(), path); err != nil {
+		return err
+	}
+	if d, derr := os.Open(dir); derr == nil {
+		d.Sync()
+		d.Close()
+	}
+	return nil
+}
+
+// Read loads every tensor and the metadata from a safetensors file written by
+// Write (F32 and F64 tensors).
+func Read(path string) ([]Tensor, map[string]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("checkpoint %s: "+format, append([]any{path}, args...)...)
+	}
+	if len(b) < 8 {
+		return nil, nil, bad("file is %d bytes, too short for a header", len(b))
+	}
+	n := binary.LittleEndian.Uint64(b)
+	if n > maxHeader || n > uint64(len(b)-8) {
+		return nil, nil, bad("header length %d does not fit the %d-byte file", n, len(b))
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(b[8:8+n], &raw); err != nil {
+		return nil, nil, bad("header: %v", err)
+	}
+	data := b[8+n:]
+	var meta map[string]string
+	var out []Tensor
+	for name, msg := range raw {
+		if name == "__metadata__" {
+			if err := json.Unmarshal(msg, &meta); err != nil {
+				return nil, nil, bad("metadata: %v", err)
+			}
+			continue
+		}
+		var e entry
+		if err := json.Unmarshal(msg, &e); err != nil {
+			return nil, nil, bad("tensor %s: %v", name, err)
+		}
+		t, err := decode(name, e, data)
+		if err != nil {
+			return nil, nil, bad("%v", err)
+		}
+		out = append(out, t)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, meta, nil
+}
+
+func decode(name string, e entry, data []byte) (Tensor, error) {
+	size := map[string]int{"F32": 4, "F64": 8}[e.DType]
+	if size == 0 {
+		return Tensor{}, fmt.Errorf("tensor %s: dtype %q not supported (F32, F64)", name, e.DType)
+	}
+	n := 1
+	for _, d := range e.Shape {
+		if d < 0 || (d > 0 && n > math.MaxInt32/d) {
+			return Tensor{}, fmt.Errorf("tensor %s: bad shape %v", name, e.Shape)
+		}
+		n *= d
+	}
+	lo, hi := e.Offsets[0], e.Offsets[1]
+	if lo < 0 || hi < lo || hi > len(data) || hi-lo != n*size {
+		return Tensor{}, fmt.Errorf("tensor %s: byte range [%d, %d) does not hold shape %v %s in %d data bytes", name, lo, hi, e.Shape, e.DType, len(data))
+	}
+	t := Tensor{Name: name, Shape: e.Shape}
+	raw := data[lo:hi]
+	if size == 8 {
+		t.F64 = make([]float64, n)
+		for i := range t.F64 {
+			t.F64[i] = math.Float64frombits(binary.LittleEndian.Uint64(raw[8*i:]))
+		}
+	} else {
+		t.F32 = make([]float32, n)
+		for i := range t.F32 {
+			t.F32[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
+		}
+	}
+	return t, nil
+}

@@ -1,0 +1,71 @@
+package checkpoint
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestRoundTrip(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "w.safetensors")
+	in := []Tensor{
+		{Name: "fc1.weight", Shape: []int{2, 3}, F32: []float32{1, -2, 3.5, 4, 5, 6}},
+		{Name: "fc0.bias", Shape: []int{2}, F64: []float64{0.25, -1e-300}},
+		{Name: "empty", Shape: []int{0}, F32: []float32{}},
+	}
+	if err := Write(p, in, map[string]string{"step": "7"}); err != nil {
+		t.Fatal(err)
+	}
+	out, meta, err := Read(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if meta["step"] != "7" || len(out) != 3 {
+		t.Fatalf("meta %v, %d tensors", meta, len(out))
+	}
+	if out[0].Name != "empty" || !reflect.DeepEqual(out[1].F64, in[1].F64) || !reflect.DeepEqual(out[2].F32, in[0].F32) {
+		t.Errorf("round trip changed tensors: %+v", out)
+	}
+	b, _ := os.ReadFile(p)
+	if hl := int(b[0]) | int(b[1])<<8; (8+hl)%8 != 0 {
+		t.Errorf("data not 8-byte aligned: header %d", hl)
+	}
+	leftovers, _ := filepath.Glob(filepath.Join(filepath.Dir(p), ".*tmp*"))
+	if len(leftovers) != 0 {
+		t.Errorf("temporary files left: %v", leftovers)
+	}
+}
+
+func TestWriteRejectsBadTensors(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "w.safetensors")
+	if err := Write(p, []Tensor{{Name: "a", Shape: []int{3}, F32: []float32{1}}}, nil); err == nil {
+		t.Error("shape mismatch accepted")
+	}
+	if _, err := os.Stat(p); !os.IsNotExist(err) {
+		t.Error("a failed write left a file behind")
+	}
+}
+
+func TestReadRejectsCorruptFiles(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good")
+	if err := Write(good, []Tensor{{Name: "a", Shape: []int{4}, F32: []float32{1, 2, 3, 4}}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(good)
+	cases := map[string][]byte{
+		"empty":          {},
+		"huge header":    append([]byte{255, 255, 255, 255, 0, 0, 0, 0}, b[8:]...),
+		"truncated data": b[:len(b)-3],
+		"bad json":       append(append([]byte{}, b[:8]...), []byte(strings.Repeat("x", len(b)-8))...),
+	}
+	for name, data := range cases {
+		p := filepath.Join(dir, name)
+		os.WriteFile(p, data, 0o644)
+		if _, _, err := Read(p); err == nil || !strings.Contains(err.Error(), p) {
+			t.Errorf("%s: error %v does not name the file", name, err)
+		}
+	}
+}

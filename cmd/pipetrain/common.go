@@ -1,0 +1,37 @@
+package main
+
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/pipetrain/pipetrain/configs"
+)
+
+// runFlags are shared by the commands that train.
+type runFlags struct {
+	config string
+	runDir string
+	steps  int
+}
+
+func (f *runFlags) register(c *cobra.Command, defaultRunDir string) {
+	c.Flags().StringVarP(&f.config, "config", "c", "", "run config (YAML); see configs/")
+	c.Flags().StringVar(&f.runDir, "run-dir", defaultRunDir, "directory for events, metrics, logs and weights")
+	c.Flags().IntVar(&f.steps, "steps", 0, "override train.steps")
+	c.MarkFlagRequired("config")
+}
+
+// load reads the config and applies the command-line overrides; flags beat
+// PIPETRAIN_* variables, which beat the file.
+func (f *runFlags) load() (*configs.Config, error) {
+	c, err := configs.Load(f.config)
+	if err != nil {
+		return nil, err
+	}
+	if f.steps > 0 {
+		c.Train.Steps = f.steps
+		if err := c.Validate(); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}

@@ -1,0 +1,48 @@
+// Command pipetrain trains models split into pipeline stages, one process per stage,
+// exchanging activations and gradients over gRPC.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pipetrain/pipetrain/launcher"
+)
+
+func main() {
+	ctx, stop := signalContext()
+	defer stop()
+	root := &cobra.Command{
+		Use:           "pipetrain",
+		Short:         "Pipeline-parallel training: one process per stage, gRPC between them",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(launchCmd(), stageCmd(), referenceCmd(), profileCmd(), validateCmd())
+	if err := root.ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "pipetrain:", err)
+		if errors.Is(err, launcher.ErrInterrupted) {
+			os.Exit(130)
+		}
+		os.Exit(1)
+	}
+}
+
+// signalContext is cancelled, with launcher.ErrInterrupted as its cause, on SIGINT or SIGTERM.
+func signalContext() (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		if s, ok := <-ch; ok {
+			cancel(fmt.Errorf("%w by %v", launcher.ErrInterrupted, s))
+		}
+	}()
+	return ctx, func() { signal.Stop(ch); close(ch); cancel(nil) }
+}

@@ -1,0 +1,34 @@
+package main
+
+import (
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pipetrain/pipetrain/stages"
+)
+
+func referenceCmd() *cobra.Command {
+	var f runFlags
+	c := &cobra.Command{
+		Use:   "reference --config FILE",
+		Short: "Train the same model in one process, no pipeline: the baseline a pipelined run must equal",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := f.load()
+			if err != nil {
+				return err
+			}
+			if err := cfg.CheckData(); err != nil {
+				return err
+			}
+			rt, err := stages.New(stages.Options{Config: cfg, Reference: true, RunDir: f.runDir, Log: os.Stdout})
+			if err != nil {
+				return err
+			}
+			return rt.Run(cmd.Context())
+		},
+	}
+	f.register(c, "runs/reference")
+	return c
+}

@@ -1,0 +1,46 @@
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pipetrain/pipetrain/stages"
+)
+
+func stageCmd() *cobra.Command {
+	var f runFlags
+	var index int
+	c := &cobra.Command{
+		Use:   "stage --config FILE --stage N",
+		Short: "Run one pipeline stage (launch runs these for you; use it directly for one stage per host)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := f.load()
+			if err != nil {
+				return err
+			}
+			if index < 0 || index >= len(cfg.Stages) {
+				return fmt.Errorf("--stage %d: %s has stages 0-%d", index, cfg.Path, len(cfg.Stages)-1)
+			}
+			if err := cfg.CheckData(); err != nil {
+				return err
+			}
+			links, err := stages.Connect(cmd.Context(), cfg, index)
+			if err != nil {
+				return err
+			}
+			defer links.Close()
+			rt, err := stages.New(stages.Options{Config: cfg, Stage: index, RunDir: f.runDir, Prev: links.Prev, Next: links.Next, Log: os.Stdout})
+			if err != nil {
+				return err
+			}
+			return rt.Run(cmd.Context())
+		},
+	}
+	f.register(c, "runs/latest")
+	c.Flags().IntVar(&index, "stage", -1, "index of the stage in the config's stages list")
+	c.MarkFlagRequired("stage")
+	return c
+}

@@ -1,0 +1,44 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/models"
+	"github.com/pipetrain/pipetrain/schedule"
+)
+
+func validateCmd() *cobra.Command {
+	var path string
+	c := &cobra.Command{
+		Use:   "validate --config FILE",
+		Short: "Check a config and explain every problem found",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := configs.Load(path)
+			if err != nil {
+				return err
+			}
+			m, err := models.Build(cfg.Model)
+			if err != nil {
+				return err
+			}
+			theory, _ := schedule.TheoreticalBubble(cfg.Schedule, len(cfg.Stages), cfg.Data.MicroBatches)
+			fmt.Printf("%s: ok\n  model %s, %d layers, %s\n  %s schedule, %d stages, %d micro-batches of %d, theoretical bubble %.1f%%\n",
+				cfg.Path, cfg.Model.Name, len(m.Layers), cfg.Model.DType, cfg.Schedule, len(cfg.Stages), cfg.Data.MicroBatches, cfg.MicroBatchSize(), 100*theory)
+			for i, s := range cfg.Stages {
+				first, last := cfg.StageLayers(i)
+				fmt.Printf("  stage %d  %-21s layers %-5s in %v -> out %v\n", i, s.Address, s.Layers, m.ShapeAt(first, cfg.MicroBatchSize()), m.ShapeAt(last, cfg.MicroBatchSize()))
+			}
+			if err := cfg.CheckData(); err != nil {
+				fmt.Printf("  warning: %v\n", err)
+			}
+			return nil
+		},
+	}
+	c.Flags().StringVarP(&path, "config", "c", "", "config to check")
+	c.MarkFlagRequired("config")
+	return c
+}

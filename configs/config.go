@@ -1,0 +1,377 @@
+// Package configs loads and validates pipetrain run configs. The YAML examples in
+// this folder are configs a user can run as they are; config_test.go validates all of
+// them. A Config that passed Validate is trusted by every later step.
+package configs
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/viper"
+
+	"github.com/pipetrain/pipetrain/models"
+	"github.com/pipetrain/pipetrain/schedule"
+)
+
+// Config is one training run's description.
+type Config struct {
+	Name      string      `mapstructure:"name" json:"name"`
+	Model     models.Spec `mapstructure:"model" json:"model"`
+	Data      Data        `mapstructure:"data" json:"data"`
+	Train     Train       `mapstructure:"train" json:"train"`
+	Schedule  string      `mapstructure:"schedule" json:"schedule"`
+	Compute   Compute     `mapstructure:"compute" json:"compute"`
+	Transport Transport   `mapstructure:"transport" json:"transport"`
+	Stages    []Stage     `mapstructure:"stages" json:"stages"`
+
+	// Path is the file the config was read from; it is not part of the digest.
+	Path string `mapstructure:"-" json:"-"`
+}
+
+// Data says where examples come from and how a step's batch is cut.
+type Data struct {
+	Dataset      string `mapstructure:"dataset" json:"dataset"`
+	Dir          string `mapstructure:"dir" json:"dir"`
+	BatchSize    int    `mapstructure:"batch_size" json:"batch_size"`
+	MicroBatches int    `mapstructure:"micro_batches" json:"micro_batches"`
+}
+
+// Train holds the optimisation settings.
+type Train struct {
+	Steps     int       `mapstructure:"steps" json:"steps"`
+	Seed      uint64    `mapstructure:"seed" json:"seed"`
+	Optimizer Optimizer `mapstructure:"optimizer" json:"optimizer"`
+	LogEvery  int       `mapstructure:"log_every" json:"log_every"`
+	// Evaluate runs the test split through the pipeline after the last step.
+	Evaluate bool `mapstructure:"evaluate" json:"evaluate"`
+}
+
+// Optimizer is sgd (with optional momentum) or adam.
+type Optimizer struct {
+	Name     string  `mapstructure:"name" json:"name"`
+	LR       float64 `mapstructure:"lr" json:"lr"`
+	Momentum float64 `mapstructure:"momentum" json:"momentum"`
+	Beta1    float64 `mapstructure:"beta1" json:"beta1"`
+	Beta2    float64 `mapstructure:"beta2" json:"beta2"`
+	Eps      float64 `mapstructure:"eps" json:"eps"`
+}
+
+// Compute sets how each process computes.
+type Compute struct {
+	// BLASThreads is OpenBLAS's thread count in every stage process and in the
+	// reference. Results differ in the last bits between thread counts, so it is
+	// part of the config (and its digest), not of the machine.
+	BLASThreads int `mapstructure:"blas_threads" json:"blas_threads"`
+}
+
+// Transport tunes the links between neighbouring stages.
+type Transport struct {
+	ConnectTimeout time.Duration `mapstructure:"connect_timeout" json:"connect_timeout"`
+	QueueDepth     int           `mapstructure:"queue_depth" json:"queue_depth"`
+}
+
+// Stage places a contiguous range of layers on one process.
+type Stage struct {
+	// Layers is an inclusive range "first-last" or a single layer "n".
+	Layers  string `mapstructure:"layers" json:"layers"`
+	Address string `mapstructure:"address" json:"address"`
+	Device  string `mapstructure:"device" json:"device"`
+}
+
+// defaults apply where the file is silent; registering every key also lets
+// PIPETRAIN_* environment variables override keys the file does not mention.
+var defaults = map[string]any{
+	"name":                      "",
+	"model.name":                "mlp",
+	"model.dtype":               "float32",
+	"model.input":               784,
+	"model.classes":             10,
+	"model.activation":          "relu",
+	"data.dataset":              "fashion-mnist",
+	"data.dir":                  "/usr/share/datasets/fashion-mnist",
+	"data.batch_size":           256,
+	"data.micro_batches":        8,
+	"train.steps":               200,
+	"train.seed":                1,
+	"train.log_every":           10,
+	"train.evaluate":            true,
+	"train.optimizer.name":      "adam",
+	"train.optimizer.lr":        0.001,
+	"train.optimizer.momentum":  0.0,
+	"train.optimizer.beta1":     0.9,
+	"train.optimizer.beta2":     0.999,
+	"train.optimizer.eps":       1e-8,
+	"schedule":                  "1f1b",
+	"compute.blas_threads":      1,
+	"transport.connect_timeout": "30s",
+	"transport.queue_depth":     4,
+}
+
+// Load reads a YAML config, applies PIPETRAIN_* environment overrides (a key's dots
+// become underscores: PIPETRAIN_TRAIN_STEPS=50 sets train.steps) and validates it.
+func Load(path string) (*Config, error) {
+	v := viper.New()
+	for k, d := range defaults {
+		v.SetDefault(k, d)
+	}
+	v.SetConfigFile(path)
+	v.SetConfigType("yaml")
+	v.SetEnvPrefix("PIPETRAIN")
+	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
+	v.AutomaticEnv()
+	if err := v.ReadInConfig(); err != nil {
+		var pathErr *os.PathError
+		if errors.As(err, &pathErr) {
+			return nil, fmt.Errorf("%s: %w", path, pathErr.Err)
+		}
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	var c Config
+	if err := v.Unmarshal(&c); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	c.Path = path
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// Problems is every problem Validate found, each naming its field.
+type Problems struct {
+	Path  string
+	Items []string
+}
+
+func (p *Problems) Error() string {
+	where := p.Path
+	if where == "" {
+		where = "config"
+	}
+	if len(p.Items) == 1 {
+		return where + ": " + p.Items[0]
+	}
+	return fmt.Sprintf("%s: %d problems:\n  %s", where, len(p.Items), strings.Join(p.Items, "\n  "))
+}
+
+func (p *Problems) add(field, format string, args ...any) {
+	p.Items = append(p.Items, field+": "+fmt.Sprintf(format, args...))
+}
+
+// Validate checks the whole config and reports every problem at once.
+func (c *Config) Validate() error {
+	p := &Problems{Path: c.Path}
+	model, err := models.Build(c.Model)
+	if err != nil {
+		p.add("model", "%v", err)
+	}
+	if c.Data.Dataset != "fashion-mnist" {
+		p.add("data.dataset", "unknown dataset %q (known: fashion-mnist)", c.Data.Dataset)
+	}
+	if c.Data.BatchSize < 1 {
+		p.add("data.batch_size", "must be at least 1, got %d", c.Data.BatchSize)
+	}
+	if c.Data.MicroBatches < 1 {
+		p.add("data.micro_batches", "must be at least 1, got %d", c.Data.MicroBatches)
+	} else if c.Data.BatchSize >= 1 && c.Data.BatchSize%c.Data.MicroBatches != 0 {
+		p.add("data.batch_size", "%d is not divisible by data.micro_batches %d", c.Data.BatchSize, c.Data.MicroBatches)
+	}
+	if c.Train.Steps < 1 {
+		p.add("train.steps", "must be at least 1, got %d", c.Train.Steps)
+	}
+	if c.Train.LogEvery < 1 {
+		p.add("train.log_every", "must be at least 1, got %d", c.Train.LogEvery)
+	}
+	c.validateOptimizer(p)
+	if _, err := schedule.Build(c.Schedule, max(len(c.Stages), 1), max(c.Data.MicroBatches, 1)); err != nil {
+		p.add("schedule", "%v", err)
+	}
+	if c.Compute.BLASThreads < 1 {
+		p.add("compute.blas_threads", "must be at least 1, got %d", c.Compute.BLASThreads)
+	}
+	if c.Transport.ConnectTimeout <= 0 {
+		p.add("transport.connect_timeout", "must be positive, got %v", c.Transport.ConnectTimeout)
+	}
+	if c.Transport.QueueDepth < 1 {
+		p.add("transport.queue_depth", "must be at least 1, got %d", c.Transport.QueueDepth)
+	}
+	c.validateStages(p, model)
+	if len(p.Items) > 0 {
+		return p
+	}
+	return nil
+}
+
+func (c *Config) validateOptimizer(p *Problems) {
+	o := c.Train.Optimizer
+	switch o.Name {
+	case "sgd":
+		if o.Momentum < 0 || o.Momentum >= 1 {
+			p.add("train.optimizer.momentum", "must be in [0, 1), got %v", o.Momentum)
+		}
+	case "adam":
+		if o.Beta1 < 0 || o.Beta1 >= 1 {
+			p.add("train.optimizer.beta1", "must be in [0, 1), got %v", o.Beta1)
+		}
+		if o.Beta2 < 0 || o.Beta2 >= 1 {
+			p.add("train.optimizer.beta2", "must be in [0, 1), got %v", o.Beta2)
+		}
+		if o.Eps <= 0 {
+			p.add("train.optimizer.eps", "must be positive, got %v", o.Eps)
+		}
+	default:
+		p.add("train.optimizer.name", "unknown optimizer %q (known: sgd, adam)", o.Name)
+	}
+	if o.LR <= 0 {
+		p.add("train.optimizer.lr", "must be positive, got %v", o.LR)
+	}
+}
+
+func (c *Config) validateStages(p *Problems, model *models.Model) {
+	if len(c.Stages) == 0 {
+		p.add("stages", "at least one stage is needed")
+		return
+	}
+	owner := map[int]int{} // layer -> stage that claimed it
+	addrs := map[string]int{}
+	next := 0 // the layer the next stage should start at, for ordering
+	for i, s := range c.Stages {
+		field := fmt.Sprintf("stages[%d]", i)
+		first, last, err := ParseLayers(s.Layers)
+		if err != nil {
+			p.add(field+".layers", "%v", err)
+		} else {
+			if model != nil && last >= len(model.Layers) {
+				p.add(field+".layers", "%q reaches layer %d but model %s has layers 0-%d", s.Layers, last, c.Model.Name, len(model.Layers)-1)
+			}
+			for l := first; l <= last; l++ {
+				if o, taken := owner[l]; taken {
+					p.add(field+".layers", "layer %d is already placed on stages[%d] (%s)", l, o, c.Stages[o].Layers)
+					break
+				}
+				owner[l] = i
+			}
+			if first > next && (model == nil || first < len(model.Layers)) {
+				p.add(field+".layers", "%s on no stage (stages must cover the model in order)", layersText(next, first-1))
+			} else if first < next && !overlapsEarlier(owner, first, i) {
+				p.add(field+".layers", "%q starts before the previous stage ends; stages must be in layer order", s.Layers)
+			}
+			next = max(next, last+1)
+		}
+		if err := checkAddress(s.Address); err != nil {
+			p.add(field+".address", "%v", err)
+		} else if o, dup := addrs[s.Address]; dup {
+			p.add(field+".address", "%s is also used by stages[%d]", s.Address, o)
+		} else {
+			addrs[s.Address] = i
+		}
+		if err := CheckDevice(s.Device); err != nil {
+			p.add(field+".device", "%v", err)
+		}
+	}
+	if model != nil && next < len(model.Layers) {
+		p.add("stages", "%s of model %s on no stage", layersText(next, len(model.Layers)-1), c.Model.Name)
+	}
+}
+
+// overlapsEarlier reports whether an out-of-order range was already reported as an overlap.
+func overlapsEarlier(owner map[int]int, first, stage int) bool {
+	o, ok := owner[first]
+	return ok && o != stage
+}
+
+// layersText names an inclusive layer range for messages: "layer 3", "layers 1-2".
+func layersText(a, b int) string {
+	if a == b {
+		return "layer " + strconv.Itoa(a)
+	}
+	return fmt.Sprintf("layers %d-%d", a, b)
+}
+
+// ParseLayers parses "first-last" (inclusive) or "n" into an inclusive range.
+func ParseLayers(s string) (first, last int, err error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return 0, 0, errors.New(`missing; write a range like "0-2" or a single layer like "3"`)
+	}
+	a, b, isRange := strings.Cut(s, "-")
+	if first, err = strconv.Atoi(strings.TrimSpace(a)); err != nil {
+		return 0, 0, fmt.Errorf("%q is not a layer range like \"0-2\" or \"3\"", s)
+	}
+	last = first
+	if isRange {
+		if last, err = strconv.Atoi(strings.TrimSpace(b)); err != nil {
+			return 0, 0, fmt.Errorf("%q is not a layer range like \"0-2\" or \"3\"", s)
+		}
+	}
+	if first < 0 || last < first {
+		return 0, 0, fmt.Errorf("%q is empty or negative; write first-last with first <= last", s)
+	}
+	return first, last, nil
+}
+
+func checkAddress(a string) error {
+	if a == "" {
+		return errors.New("missing; write host:port such as 127.0.0.1:7101")
+	}
+	host, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port: %v", a, err)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("%q: port %q is not in 1-65535", a, port)
+	}
+	if host == "" {
+		return fmt.Errorf("%q: host is empty; name the interface to listen on, e.g. 127.0.0.1", a)
+	}
+	return nil
+}
+
+// CheckDevice accepts the devices this build can run on.
+func CheckDevice(d string) error {
+	switch {
+	case d == "" || d == "cpu":
+		return nil
+	case strings.HasPrefix(d, "cuda:"):
+		if _, err := strconv.Atoi(strings.TrimPrefix(d, "cuda:")); err != nil {
+			return fmt.Errorf("%q: write cuda:N with N a GPU index", d)
+		}
+		return fmt.Errorf("%q: this pipetrain was built without CUDA support; use device: cpu", d)
+	}
+	return fmt.Errorf("unknown device %q (known: cpu, cuda:N)", d)
+}
+
+// StageLayers returns stage i's layers as a half-open range [first, last).
+func (c *Config) StageLayers(i int) (first, last int) {
+	f, l, _ := ParseLayers(c.Stages[i].Layers)
+	return f, l + 1
+}
+
+// MicroBatchSize is the number of examples in one micro-batch.
+func (c *Config) MicroBatchSize() int { return c.Data.BatchSize / c.Data.MicroBatches }
+
+// Digest identifies everything that must agree between the stages of one run.
+func (c *Config) Digest() string {
+	b, err := json.Marshal(c)
+	if err != nil {
+		panic(err) // Config holds only plain values
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// CheckData reports whether the dataset files the config names are present.
+func (c *Config) CheckData() error {
+	if _, err := os.Stat(c.Data.Dir); err != nil {
+		return fmt.Errorf("%s: data.dir: %s not found (install Debian package dataset-fashion-mnist)", c.Path, c.Data.Dir)
+	}
+	return nil
+}

@@ -1,0 +1,162 @@
+package configs
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const good = `
+model: {name: mlp, input: 8, hidden: [6, 5], classes: 3}
+data: {batch_size: 12, micro_batches: 4}
+train: {steps: 5, optimizer: {name: sgd, lr: 0.1}}
+schedule: gpipe
+stages:
+  - {layers: "0", address: 127.0.0.1:7001}
+  - {layers: "1-2", address: 127.0.0.1:7002}
+`
+
+func writeConfig(t *testing.T, text string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "run.yaml")
+	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestLoadGood(t *testing.T) {
+	c, err := Load(writeConfig(t, good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Train.Steps != 5 || c.Data.MicroBatches != 4 || c.MicroBatchSize() != 3 {
+		t.Errorf("parsed %+v", c)
+	}
+	if c.Train.Optimizer.LR != 0.1 || c.Model.DType != "float32" || c.Transport.QueueDepth != 4 {
+		t.Errorf("defaults or values wrong: %+v", c)
+	}
+	if f, l := c.StageLayers(1); f != 1 || l != 3 {
+		t.Errorf("stage 1 layers [%d, %d), want [1, 3)", f, l)
+	}
+}
+
+func TestEnvironmentOverrides(t *testing.T) {
+	p := writeConfig(t, good)
+	t.Setenv("PIPETRAIN_TRAIN_STEPS", "42")
+	t.Setenv("PIPETRAIN_SCHEDULE", "1f1b")
+	t.Setenv("PIPETRAIN_TRAIN_OPTIMIZER_LR", "0.5")
+	c, err := Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Train.Steps != 42 || c.Schedule != "1f1b" || c.Train.Optimizer.LR != 0.5 {
+		t.Errorf("overrides not applied: steps %d schedule %s lr %v", c.Train.Steps, c.Schedule, c.Train.Optimizer.LR)
+	}
+}
+
+// TestValidationRules has one broken config per rule; each must be refused with the
+// offending field named.
+func TestValidationRules(t *testing.T) {
+	cases := []struct {
+		name, from, to string
+		want           []string
+	}{
+		{"overlapping layers", `"1-2"`, `"0-2"`, []string{"stages[1].layers", "layer 0 is already placed on stages[0]"}},
+		{"missing middle layer", `"1-2"`, `"2"`, []string{"stages[1].layers", "layer 1 on no stage"}},
+		{"missing last layer", `"1-2"`, `"1"`, []string{"stages:", "layer 2 of model mlp on no stage"}},
+		{"layer beyond model", `"1-2"`, `"1-3"`, []string{"stages[1].layers", "reaches layer 3", "layers 0-2"}},
+		{"bad layer syntax", `"1-2"`, `"one"`, []string{"stages[1].layers", `"one" is not a layer range`}},
+		{"batch not divisible", "micro_batches: 4", "micro_batches: 5", []string{"data.batch_size", "12 is not divisible by data.micro_batches 5"}},
+		{"zero micro-batches", "micro_batches: 4", "micro_batches: 0", []string{"data.micro_batches", "at least 1"}},
+		{"unknown schedule", "schedule: gpipe", "schedule: pipedream", []string{"schedule:", `"pipedream"`, "gpipe"}},
+		{"unknown model", "name: mlp", "name: resnet", []string{"model:", `unknown model "resnet"`}},
+		{"duplicate address", "127.0.0.1:7002", "127.0.0.1:7001", []string{"stages[1].address", "also used by stages[0]"}},
+		{"address without port", "127.0.0.1:7002", "localhost", []string{"stages[1].address", "not host:port"}},
+		{"unknown optimizer", "name: sgd", "name: lion", []string{"train.optimizer.name", `"lion"`}},
+		{"non-positive lr", "lr: 0.1", "lr: 0", []string{"train.optimizer.lr", "positive"}},
+		{"zero steps", "steps: 5", "steps: 0", []string{"train.steps", "at least 1"}},
+		{"cuda device", "address: 127.0.0.1:7002}", "address: 127.0.0.1:7002, device: \"cuda:0\"}", []string{"stages[1].device", "built without CUDA"}},
+		{"unknown device", "address: 127.0.0.1:7002}", "address: 127.0.0.1:7002, device: tpu}", []string{"stages[1].device", "unknown device"}},
+		{"unknown dtype", "name: mlp,", "name: mlp, dtype: float16,", []string{"model:", `unknown dtype "float16"`}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			text := strings.Replace(good, tc.from, tc.to, 1)
+			if text == good {
+				t.Fatalf("replacement %q not found in the base config", tc.from)
+			}
+			p := writeConfig(t, text)
+			_, err := Load(p)
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			msg := err.Error()
+			if !strings.HasPrefix(msg, p+":") {
+				t.Errorf("error does not start with the file name: %s", msg)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(msg, w) {
+					t.Errorf("error %q lacks %q", msg, w)
+				}
+			}
+		})
+	}
+}
+
+func TestAllProblemsReportedAtOnce(t *testing.T) {
+	text := strings.NewReplacer("micro_batches: 4", "micro_batches: 5", "schedule: gpipe", "schedule: nope", "127.0.0.1:7002", "127.0.0.1:7001").Replace(good)
+	_, err := Load(writeConfig(t, text))
+	var p *Problems
+	if err == nil || !asProblems(err, &p) || len(p.Items) != 3 {
+		t.Fatalf("want 3 problems, got %v", err)
+	}
+}
+
+func asProblems(err error, p **Problems) bool {
+	q, ok := err.(*Problems)
+	*p = q
+	return ok
+}
+
+func TestMissingAndMalformedFiles(t *testing.T) {
+	if _, err := Load("/nonexistent/run.yaml"); err == nil || !strings.Contains(err.Error(), "/nonexistent/run.yaml") {
+		t.Errorf("missing file: %v", err)
+	}
+	p := writeConfig(t, "model: [unclosed")
+	if _, err := Load(p); err == nil || !strings.Contains(err.Error(), p) {
+		t.Errorf("malformed YAML: %v", err)
+	}
+}
+
+func TestDigestChangesWithTrainingSettings(t *testing.T) {
+	a, err := Load(writeConfig(t, good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Load(writeConfig(t, good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Digest() != b.Digest() {
+		t.Error("same config, different digests")
+	}
+	b.Train.Steps++
+	if a.Digest() == b.Digest() {
+		t.Error("different steps, same digest")
+	}
+}
+
+// TestShippedExamplesAreValid keeps every YAML in this folder runnable.
+func TestShippedExamplesAreValid(t *testing.T) {
+	files, _ := filepath.Glob("*.yaml")
+	if len(files) == 0 {
+		t.Fatal("no example configs found")
+	}
+	for _, f := range files {
+		if _, err := Load(f); err != nil {
+			t.Errorf("%v", err)
+		}
+	}
+}

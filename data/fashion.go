@@ -1,0 +1,157 @@
+package data
+
+import (
+	"bufio"
+	"compress/gzip"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// DefaultDir is where Debian's dataset-fashion-mnist package installs the files.
+const DefaultDir = "/usr/share/datasets/fashion-mnist"
+
+// installHint is appended to "file not found" errors, since the usual cause
+// is a machine without the package.
+const installHint = "install Debian package dataset-fashion-mnist"
+
+// Dataset is one split of an image classification data set, held in memory.
+type Dataset struct {
+	Name    string
+	N, Dim  int       // examples, features per example (784)
+	Classes int       // 10
+	Images  []float32 // N*Dim, pixel/255, nil when not loaded
+	Labels  []uint8   // N, nil when not loaded
+}
+
+// LoadFashionMNIST loads split "train" or "test" of Fashion-MNIST from dir
+// (gzipped or uncompressed IDX files). Only the parts asked for are read,
+// since the first pipeline stage needs only images and the last only labels;
+// the header of the other file is still read so that N and Dim are always
+// set and the two files are checked to agree on N.
+func LoadFashionMNIST(dir, split string, images, labels bool) (*Dataset, error) {
+	var prefix string
+	switch split {
+	case "train":
+		prefix = "train"
+	case "test":
+		prefix = "t10k"
+	default:
+		return nil, fmt.Errorf("data: unknown Fashion-MNIST split %q: want \"train\" or \"test\"", split)
+	}
+	d := &Dataset{Name: "fashion-mnist/" + split, Classes: 10}
+
+	imgDims, img, err := loadIDX(dir, prefix+"-images-idx3-ubyte", images)
+	if err != nil {
+		return nil, err
+	}
+	if len(imgDims) != 3 {
+		return nil, fmt.Errorf("data: %s images: dimensions %v, want [N rows cols]", d.Name, imgDims)
+	}
+	lblDims, lbl, err := loadIDX(dir, prefix+"-labels-idx1-ubyte", labels)
+	if err != nil {
+		return nil, err
+	}
+	if len(lblDims) != 1 {
+		return nil, fmt.Errorf("data: %s labels: dimensions %v, want [N]", d.Name, lblDims)
+	}
+	if imgDims[0] != lblDims[0] {
+		return nil, fmt.Errorf("data: %s: %d images but %d labels", d.Name, imgDims[0], lblDims[0])
+	}
+	d.N, d.Dim = imgDims[0], imgDims[1]*imgDims[2]
+
+	if images {
+		// A table avoids a division per pixel over 47M pixels.
+		var scale [256]float32
+		for i := range scale {
+			scale[i] = float32(i) / 255
+		}
+		d.Images = make([]float32, len(img))
+		for i, p := range img {
+			d.Images[i] = scale[p]
+		}
+	}
+	if labels {
+		for i, l := range lbl {
+			if int(l) >= d.Classes {
+				return nil, fmt.Errorf("data: %s: label %d of example %d out of range [0,%d)", d.Name, l, i, d.Classes)
+			}
+		}
+		d.Labels = lbl
+	}
+	return d, nil
+}
+
+// loadIDX opens dir/name.gz, or dir/name when that is absent, and reads its
+// dimensions, and its data too when withData is set. Errors name the file.
+func loadIDX(dir, name string, withData bool) (dims []int, data []byte, err error) {
+	path := filepath.Join(dir, name+".gz")
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		if g, err2 := os.Open(filepath.Join(dir, name)); err2 == nil {
+			path, f, err = filepath.Join(dir, name), g, nil
+		}
+	}
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil, fmt.Errorf("data: %s: no such file (%s)", path, installHint)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("data: %w", err)
+	}
+	defer f.Close()
+
+	var r io.Reader = bufio.NewReaderSize(f, 1<<20)
+	if strings.HasSuffix(path, ".gz") {
+		zr, err := gzip.NewReader(r)
+		if err != nil {
+			return nil, nil, fmt.Errorf("data: %s: %w", path, err)
+		}
+		defer zr.Close()
+		r = zr
+	}
+	if withData {
+		dims, data, err = ReadIDX(r)
+	} else {
+		dims, _, err = readIDXHeader(r)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("data: %s: %w", path, err)
+	}
+	return dims, data, nil
+}
+
+// GatherImages copies the images of examples idx into dst, which must hold
+// len(idx)*d.Dim values. It is generic so the model's dtype decides the copy
+// target without an intermediate float32 batch.
+func GatherImages[T float32 | float64](d *Dataset, idx []int, dst []T) {
+	if d.Images == nil {
+		panic("data: GatherImages on a dataset loaded without images")
+	}
+	if len(dst) != len(idx)*d.Dim {
+		panic(fmt.Sprintf("data: GatherImages: dst has %d values, want %d", len(dst), len(idx)*d.Dim))
+	}
+	for i, k := range idx {
+		src := d.Images[k*d.Dim : (k+1)*d.Dim]
+		out := dst[i*d.Dim : (i+1)*d.Dim]
+		for j, v := range src {
+			out[j] = T(v)
+		}
+	}
+}
+
+// GatherLabels copies the labels of examples idx into dst (len(idx) values).
+func GatherLabels(d *Dataset, idx []int, dst []int) {
+	if d.Labels == nil {
+		panic("data: GatherLabels on a dataset loaded without labels")
+	}
+	if len(dst) != len(idx) {
+		panic(fmt.Sprintf("data: GatherLabels: dst has %d values, want %d", len(dst), len(idx)))
+	}
+	for i, k := range idx {
+		dst[i] = int(d.Labels[k])
+	}
+}

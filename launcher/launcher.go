@@ -1,0 +1,206 @@
+// Package launcher starts one pipetrain stage process per stage of a config on this
+// machine and supervises them: it prefixes and saves their output, stops them all
+// when one fails or when the user interrupts, and reports which stage failed first.
+package launcher
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Options describe one launch.
+type Options struct {
+	Binary     string // the pipetrain executable to run each stage with
+	ConfigPath string
+	Stages     int
+	RunDir     string
+	// ExtraArgs are passed to every stage (e.g. --steps), so all agree.
+	ExtraArgs []string
+	// Out receives every stage's output, each line prefixed with "[stage i] ".
+	Out io.Writer
+	// Grace is how long stages get to exit after SIGTERM before SIGKILL.
+	Grace time.Duration
+}
+
+// StageError is the first stage failure of a launch.
+type StageError struct {
+	Stage    int
+	Err      error
+	LastLine string
+}
+
+func (e *StageError) Error() string {
+	if e.LastLine != "" {
+		return fmt.Sprintf("stage %d failed (%v): %s", e.Stage, e.Err, e.LastLine)
+	}
+	return fmt.Sprintf("stage %d failed: %v", e.Stage, e.Err)
+}
+
+func (e *StageError) Unwrap() error { return e.Err }
+
+type child struct {
+	stage int
+	cmd   *exec.Cmd
+	done  chan struct{}
+	err   error
+	last  string // last output line, the usual place for the stage's error
+	mu    sync.Mutex
+}
+
+// Run starts the stages and waits for all of them. It returns nil only when every
+// stage exited cleanly. Cancelling ctx stops every stage (SIGTERM, then SIGKILL after
+// Grace) and returns ctx's cause.
+func Run(ctx context.Context, o Options) error {
+	if o.Grace == 0 {
+		o.Grace = 5 * time.Second
+	}
+	logDir := filepath.Join(o.RunDir, "logs")
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		return err
+	}
+	var outMu sync.Mutex
+	var children []*child
+	failed := make(chan *child, o.Stages)
+	for i := 0; i < o.Stages; i++ {
+		c, err := start(o, i, logDir, &outMu)
+		if err != nil {
+			stopAll(children, o.Grace)
+			return fmt.Errorf("starting stage %d: %w", i, err)
+		}
+		children = append(children, c)
+		go func() {
+			<-c.done
+			if c.err != nil {
+				failed <- c
+			}
+		}()
+	}
+	allDone := make(chan struct{})
+	go func() {
+		for _, c := range children {
+			<-c.done
+		}
+		close(allDone)
+	}()
+	select {
+	case <-allDone:
+		for _, c := range children {
+			if c.err != nil {
+				return c.stageError()
+			}
+		}
+		return nil
+	case c := <-failed:
+		stopAll(children, o.Grace)
+		return c.stageError()
+	case <-ctx.Done():
+		stopAll(children, o.Grace)
+		return context.Cause(ctx)
+	}
+}
+
+func (c *child) stageError() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return &StageError{Stage: c.stage, Err: c.err, LastLine: c.last}
+}
+
+func start(o Options, i int, logDir string, outMu *sync.Mutex) (*child, error) {
+	args := append([]string{"stage", "--config", o.ConfigPath, "--stage", strconv.Itoa(i), "--run-dir", o.RunDir}, o.ExtraArgs...)
+	cmd := exec.Command(o.Binary, args...)
+	cmd.Env = os.Environ()
+	// Own process group: a terminal's Ctrl-C reaches only the launcher, which then
+	// stops the stages itself. Pdeathsig: stages die with the launcher even if it
+	// is killed with SIGKILL.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stdout, cmd.Stderr = pw, pw
+	logFile, err := os.Create(filepath.Join(logDir, fmt.Sprintf("stage-%d.log", i)))
+	if err != nil {
+		pr.Close()
+		pw.Close()
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		pr.Close()
+		pw.Close()
+		logFile.Close()
+		return nil, err
+	}
+	pw.Close()
+	c := &child{stage: i, cmd: cmd, done: make(chan struct{})}
+	copied := make(chan struct{})
+	go func() {
+		defer close(copied)
+		defer logFile.Close()
+		s := bufio.NewScanner(pr)
+		s.Buffer(make([]byte, 64<<10), 1<<20)
+		prefix := fmt.Sprintf("[stage %d] ", i)
+		for s.Scan() {
+			line := s.Text()
+			fmt.Fprintln(logFile, line)
+			c.mu.Lock()
+			c.last = line
+			c.mu.Unlock()
+			outMu.Lock()
+			fmt.Fprintln(o.Out, prefix+line)
+			outMu.Unlock()
+		}
+		pr.Close()
+	}()
+	go func() {
+		err := cmd.Wait()
+		<-copied
+		c.mu.Lock()
+		c.err = err
+		c.mu.Unlock()
+		close(c.done)
+	}()
+	return c, nil
+}
+
+// stopAll asks every running stage to stop, then kills what is left after grace.
+func stopAll(children []*child, grace time.Duration) {
+	for _, c := range children {
+		select {
+		case <-c.done:
+		default:
+			c.cmd.Process.Signal(syscall.SIGTERM)
+		}
+	}
+	deadline := time.After(grace)
+	for _, c := range children {
+		select {
+		case <-c.done:
+		case <-deadline:
+			for _, k := range children {
+				select {
+				case <-k.done:
+				default:
+					// Kill the whole group, in case the stage started helpers.
+					syscall.Kill(-k.cmd.Process.Pid, syscall.SIGKILL)
+				}
+			}
+			for _, k := range children {
+				<-k.done
+			}
+			return
+		}
+	}
+}
+
+// ErrInterrupted is the cause used when the user stops a launch.
+var ErrInterrupted = errors.New("interrupted")

@@ -1,0 +1,132 @@
+// Package profile reads the per-stage event logs a pipelined training run
+// writes and reports where each stage's time went, so a run's measured
+// pipeline bubble can be compared with the schedule's theoretical one.
+//
+// Each stage process writes RUN_DIR/events/stage-<i>.jsonl, one JSON object
+// per executed action, and the launcher writes RUN_DIR/run.json.
+package profile
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// Event kinds.
+const (
+	Forward   = "F"
+	Backward  = "B"
+	Optimizer = "OPT"
+)
+
+// Event is one action executed by a stage.
+type Event struct {
+	Stage int    `json:"stage"`
+	Step  int    `json:"step"`
+	Kind  string `json:"kind"` // Forward, Backward or Optimizer
+	MB    int    `json:"mb"`   // micro-batch; meaningless for Optimizer
+	// StartNS and EndNS are wall-clock ns (time.Now().UnixNano()) of the
+	// compute. Wall clock, not monotonic, so that stages in different
+	// processes on one host share a time base.
+	StartNS int64 `json:"start_ns"`
+	EndNS   int64 `json:"end_ns"`
+	// WaitNS is time spent blocked waiting for the input before StartNS.
+	WaitNS int64 `json:"wait_ns"`
+	// BytesSent is what the action sent to a neighbouring stage.
+	BytesSent int64 `json:"bytes_sent"`
+	// Stashed is how many micro-batches' activations the stage held after
+	// the action: the schedule's memory cost.
+	Stashed int `json:"stashed"`
+}
+
+// RunInfo is the run metadata written by the launcher.
+type RunInfo struct {
+	Schedule          string  `json:"schedule"`
+	Stages            int     `json:"stages"`
+	MicroBatches      int     `json:"micro_batches"`
+	Steps             int     `json:"steps"`
+	TheoreticalBubble float64 `json:"theoretical_bubble"` // fraction, e.g. (p-1)/(m+p-1)
+}
+
+// EventsFile is the path of stage's event log inside a run directory.
+func EventsFile(dir string, stage int) string {
+	return filepath.Join(dir, "events", fmt.Sprintf("stage-%d.jsonl", stage))
+}
+
+// ReadRun reads run.json and every stage's event log from a run directory.
+// All stages are required: a report over some of them would misstate the
+// pipeline window. Errors name the file, and the line for a bad event.
+func ReadRun(dir string) (RunInfo, [][]Event, error) {
+	var info RunInfo
+	path := filepath.Join(dir, "run.json")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return info, nil, fmt.Errorf("profile: %w", err)
+	}
+	if err := json.Unmarshal(b, &info); err != nil {
+		return info, nil, fmt.Errorf("profile: %s: %w", path, err)
+	}
+	if info.Stages < 1 {
+		return info, nil, fmt.Errorf("profile: %s: stages = %d, want at least 1", path, info.Stages)
+	}
+	events := make([][]Event, info.Stages)
+	for i := range events {
+		if events[i], err = readEvents(EventsFile(dir, i), i); err != nil {
+			return info, nil, err
+		}
+	}
+	return info, events, nil
+}
+
+// readEvents reads one stage's JSON-lines log, skipping blank lines.
+func readEvents(path string, stage int) ([]Event, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("profile: no events for stage %d: %s does not exist", stage, path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("profile: %w", err)
+	}
+	defer f.Close()
+
+	var events []Event
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<20)
+	for line := 1; sc.Scan(); line++ {
+		text := bytes.TrimSpace(sc.Bytes())
+		if len(text) == 0 {
+			continue
+		}
+		var e Event
+		if err := json.Unmarshal(text, &e); err != nil {
+			return nil, fmt.Errorf("profile: %s:%d: %w", path, line, err)
+		}
+		if err := e.check(stage); err != nil {
+			return nil, fmt.Errorf("profile: %s:%d: %w", path, line, err)
+		}
+		events = append(events, e)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("profile: %s: %w", path, err)
+	}
+	return events, nil
+}
+
+// check rejects events that would silently skew the report.
+func (e *Event) check(stage int) error {
+	switch {
+	case e.Stage != stage:
+		return fmt.Errorf("event of stage %d in stage %d's log", e.Stage, stage)
+	case e.Kind != Forward && e.Kind != Backward && e.Kind != Optimizer:
+		return fmt.Errorf("unknown kind %q: want F, B or OPT", e.Kind)
+	case e.EndNS < e.StartNS:
+		return fmt.Errorf("end_ns %d before start_ns %d", e.EndNS, e.StartNS)
+	case e.Step < 0:
+		return fmt.Errorf("negative step %d", e.Step)
+	}
+	return nil
+}

@@ -1,0 +1,112 @@
+package schedule
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+)
+
+// stageLabel is the row label shared by Grid and Text, padded so rows line up
+// when there are ten or more stages.
+func stageLabel(st, stages int) string {
+	return fmt.Sprintf("stage %*d:", len(strconv.Itoa(max(stages-1, 0))), st)
+}
+
+// Grid prints one line per stage with its actions in order, e.g.
+// "stage 0: 0F0 0F1 0B0 ...". ParseGrid reads it back.
+func (s *Schedule) Grid() string {
+	var b strings.Builder
+	for st, list := range s.Actions {
+		b.WriteString(stageLabel(st, len(s.Actions)))
+		for _, a := range list {
+			b.WriteByte(' ')
+			b.WriteString(a.String())
+		}
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// ParseGrid reads a schedule written as Grid prints it: one line
+// "stage N: a a a" per stage, N counting up from 0. Blank lines and lines
+// starting with '#' are ignored. Stages is the number of stage lines and
+// MicroBatches is one more than the largest micro-batch mentioned; Name is
+// left empty. ParseGrid checks only the syntax: call Check on the result to
+// learn whether the schedule is runnable.
+func ParseGrid(text string) (*Schedule, error) {
+	s := &Schedule{}
+	for n, line := range strings.Split(text, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		head, body, ok := strings.Cut(line, ":")
+		f := strings.Fields(head)
+		if !ok || len(f) != 2 || f[0] != "stage" {
+			return nil, fmt.Errorf("line %d: want \"stage N: actions...\", got %q", n+1, line)
+		}
+		st, err := strconv.Atoi(f[1])
+		if err != nil || st != len(s.Actions) {
+			return nil, fmt.Errorf("line %d: want stage %d, got %q", n+1, len(s.Actions), f[1])
+		}
+		list := []Action{}
+		for _, w := range strings.Fields(body) {
+			a, err := ParseAction(w)
+			if err != nil {
+				return nil, fmt.Errorf("line %d: %w", n+1, err)
+			}
+			list = append(list, a)
+			s.MicroBatches = max(s.MicroBatches, a.MicroBatch+1)
+		}
+		s.Actions = append(s.Actions, list)
+	}
+	s.Stages = len(s.Actions)
+	if s.Stages == 0 {
+		return nil, fmt.Errorf("no stage lines found")
+	}
+	return s, nil
+}
+
+// Text renders the timeline as one row per stage, one character per time slot
+// of width slot: 'F' or 'B' for the action running at the middle of the slot,
+// '.' for idle. Sampling the middle keeps the output exact when slot divides
+// the costs; a coarser slot is only a sketch (short actions can vanish). A
+// header gives the makespan and a time ruler marking every tenth slot; each
+// row ends with the stage's bubble. A slot <= 0 (or NaN) means 1.
+func (t *Timeline) Text(slot float64) string {
+	if !(slot > 0) {
+		slot = 1
+	}
+	stages := len(t.Spans)
+	slots := int(math.Ceil(t.Makespan / slot))
+	pad := strings.Repeat(" ", len(stageLabel(0, stages))+1)
+
+	var b strings.Builder
+	fmt.Fprintf(&b, "makespan %g, slot %g\n", t.Makespan, slot)
+	ruler := []byte(strings.Repeat(" ", slots))
+	for k := 0; k < slots; k += 10 {
+		label := strconv.FormatFloat(float64(k)*slot, 'g', -1, 64)
+		for len(ruler) < k+len(label) { // let the last label run past the rows
+			ruler = append(ruler, ' ')
+		}
+		copy(ruler[k:], label)
+	}
+	b.WriteString(strings.TrimRight(pad+string(ruler), " ") + "\n")
+
+	for st, spans := range t.Spans {
+		row := []byte(strings.Repeat(".", slots))
+		j := 0
+		for k := range row {
+			mid := (float64(k) + 0.5) * slot
+			for j < len(spans) && spans[j].End <= mid {
+				j++
+			}
+			if j < len(spans) && spans[j].Start <= mid {
+				row[k] = spans[j].Action.Kind.String()[0]
+			}
+		}
+		fmt.Fprintf(&b, "%s %s  bubble %.1f%%\n", stageLabel(st, stages), row, 100*t.Bubble[st])
+	}
+	return b.String()
+}

@@ -1,0 +1,96 @@
+package stages
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"gorgonia.org/tensor"
+
+	"github.com/pipetrain/pipetrain/transport"
+)
+
+// peer wraps the link to one neighbour. It checks every tensor that arrives against
+// what the link carries (kind, dtype, shape) and hands them out by (step,
+// micro-batch), holding early arrivals, so a schedule may consume in any order.
+type peer struct {
+	link  transport.Link
+	name  string
+	kind  transport.Kind // what arrives on this link
+	dtype transport.DType
+	shape []int
+	held  map[slot]*transport.Tensor
+}
+
+type slot struct {
+	step int64
+	mb   int
+}
+
+// maxHeld bounds early arrivals; more means the neighbour runs a different schedule.
+const maxHeld = 1024
+
+func newPeer(l transport.Link, kind transport.Kind, dt transport.DType, shape tensor.Shape) *peer {
+	h := l.Peer()
+	return &peer{link: l, name: fmt.Sprintf("stage %d (%s)", h.Stage, h.Address), kind: kind, dtype: dt, shape: []int(shape.Clone()), held: map[slot]*transport.Tensor{}}
+}
+
+// recv returns micro-batch mb of step as a tensor the caller owns.
+func (p *peer) recv(ctx context.Context, step int64, mb int) (*tensor.Dense, error) {
+	want := slot{step, mb}
+	t, ok := p.held[want]
+	delete(p.held, want)
+	for !ok {
+		got, err := p.link.Recv(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("waiting for %s of step %d micro-batch %d from %s: %w", p.kind, step+1, mb, p.name, err)
+		}
+		if err := p.check(got); err != nil {
+			return nil, err
+		}
+		s := slot{got.Step, int(got.MicroBatch)}
+		if s == want {
+			t, ok = got, true
+			break
+		}
+		if _, dup := p.held[s]; dup || len(p.held) >= maxHeld {
+			return nil, fmt.Errorf("%s sent %s for step %d micro-batch %d while this stage waits for step %d micro-batch %d: the stages disagree on the schedule", p.name, got.Kind, got.Step+1, got.MicroBatch, step+1, mb)
+		}
+		p.held[s] = got
+	}
+	switch p.dtype {
+	case transport.Float64:
+		return tensor.New(tensor.WithShape(p.shape...), tensor.WithBacking(t.Float64s())), nil
+	default:
+		return tensor.New(tensor.WithShape(p.shape...), tensor.WithBacking(t.Float32s())), nil
+	}
+}
+
+func (p *peer) check(t *transport.Tensor) error {
+	if t.Kind != p.kind || t.DType != p.dtype || !slices.Equal(t.Shape, p.shape) {
+		return fmt.Errorf("%s sent %s %v %s for step %d micro-batch %d; this link carries %s %v %s",
+			p.name, t.Kind, t.Shape, t.DType, t.Step+1, t.MicroBatch, p.kind, p.shape, p.dtype)
+	}
+	return nil
+}
+
+// send queues v for the neighbour and returns the payload size.
+func (p *peer) send(ctx context.Context, kind transport.Kind, step int64, mb int, v *tensor.Dense) (int64, error) {
+	var t *transport.Tensor
+	var err error
+	switch d := v.Data().(type) {
+	case []float32:
+		t, err = transport.FromFloat32s(kind, step, int32(mb), []int(v.Shape()), d)
+	case []float64:
+		t, err = transport.FromFloat64s(kind, step, int32(mb), []int(v.Shape()), d)
+	default:
+		err = fmt.Errorf("unsupported value type %T", d)
+	}
+	if err != nil {
+		return 0, err
+	}
+	if err := p.link.Send(ctx, t); err != nil {
+		return 0, fmt.Errorf("sending %s of step %d micro-batch %d to %s: %w", kind, step+1, mb, p.name, err)
+	}
+	return int64(len(t.Data)), nil
+}

@@ -1,0 +1,142 @@
+package transport
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
+)
+
+func dialOptions() []grpc.DialOption {
+	return []grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(windowSize),
+		grpc.WithInitialConnWindowSize(windowSize),
+		grpc.WithWriteBufferSize(bufferSize),
+		grpc.WithReadBufferSize(bufferSize),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: keepaliveTime, Timeout: keepaliveTimeout, PermitWithoutStream: true}),
+		// Stages start in any order, so the downstream one may not listen
+		// yet: reconnect quickly rather than with gRPC's 1s..120s backoff.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: 5 * time.Second,
+		}),
+		grpc.WithDefaultCallOptions(
+			grpc.CallContentSubtype(codecName),
+			grpc.MaxCallRecvMsgSize(maxMsgSize),
+			grpc.MaxCallSendMsgSize(maxMsgSize),
+		),
+	}
+}
+
+// Dial connects to the downstream neighbour's address, retrying until
+// ConnectTimeout, sends its hello, waits for the reply hello and checks it.
+// A refusal by either side is a *HandshakeError naming both stages.
+func Dial(ctx context.Context, addr string, self Hello, opts Options) (Link, error) {
+	opts = opts.withDefaults()
+	if err := self.validate(); err != nil {
+		return nil, err
+	}
+	if self.Stage == self.Stages-1 {
+		return nil, fmt.Errorf("stage %d is the last stage: it has no downstream neighbour to dial", self.Stage)
+	}
+	// passthrough: addr is used as is, without a DNS lookup.
+	conn, err := grpc.NewClient("passthrough:///"+addr, dialOptions()...)
+	if err != nil {
+		return nil, fmt.Errorf("stage %d: downstream stage %d at %s: %w", self.Stage, self.Stage+1, addr, err)
+	}
+	l, err := dialLink(ctx, conn, addr, self, opts)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+func dialLink(ctx context.Context, conn *grpc.ClientConn, addr string, self Hello, opts Options) (*streamLink, error) {
+	who := fmt.Sprintf("stage %d: downstream stage %d at %s", self.Stage, self.Stage+1, addr)
+	dctx, cancelDial := context.WithTimeout(ctx, opts.ConnectTimeout)
+	defer cancelDial()
+	var lastErr error
+	wait := 50 * time.Millisecond
+	for {
+		// The stream outlives ctx, so it gets its own context, tied to
+		// dctx only until the handshake is done.
+		sctx, cancel := context.WithCancel(context.Background())
+		detach := context.AfterFunc(dctx, cancel)
+		abort := func(err error) (*streamLink, error) {
+			detach()
+			cancel()
+			return nil, err
+		}
+		cs, err := conn.NewStream(sctx, &streamDesc, fullMethod)
+		if err == nil {
+			err = cs.SendMsg(frame{(&handshake{Hello: self}).marshal()})
+		}
+		var reply []byte
+		if err == nil {
+			err = cs.RecvMsg(&reply)
+		}
+		if err == nil {
+			var hs handshake
+			if err := hs.unmarshal(reply); err != nil {
+				return abort(fmt.Errorf("%s: %w", who, err))
+			}
+			if hs.Refused != "" {
+				return abort(&HandshakeError{hs.Refused})
+			}
+			if err := CheckPeer(self, hs.Hello, true); err != nil {
+				return abort(err)
+			}
+			if !detach() { // dctx expired just now and cancelled the stream
+				return abort(fmt.Errorf("%s: handshake not done within %v", who, opts.ConnectTimeout))
+			}
+			l := newStreamLink(cs, self, hs.Hello, Activation, opts)
+			l.shutdown = func(writerExited bool, deadline time.Time) {
+				// After a clean flush, half-close and wait (bounded) for the
+				// listener to end the stream, so that the data still queued
+				// in gRPC is delivered rather than discarded by the cancel.
+				if writerExited && !l.isDead() && cs.CloseSend() == nil {
+					timer := time.NewTimer(time.Until(deadline))
+					select {
+					case <-l.readerDone:
+					case <-timer.C:
+					}
+					timer.Stop()
+				}
+				cancel()
+				conn.Close()
+			}
+			l.start()
+			return l, nil
+		}
+		abort(nil)
+
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("%s: %w", who, ctx.Err())
+		}
+		timedOut := dctx.Err() != nil
+		if !timedOut && status.Code(err) != codes.Unavailable {
+			return nil, fmt.Errorf("%s: %w", who, err) // not a connection problem: retrying will not help
+		}
+		if lastErr == nil || !timedOut { // an error caused by the deadline itself says less
+			lastErr = err
+		}
+		if timedOut {
+			return nil, fmt.Errorf("%s not reachable within %v: %v", who, opts.ConnectTimeout, lastErr)
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-timer.C:
+		case <-dctx.Done():
+		}
+		timer.Stop()
+		wait = min(2*wait, 500*time.Millisecond)
+	}
+}

@@ -1,0 +1,285 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Link is one stage's end of the stream to one neighbour.
+type Link interface {
+	// Send enqueues t for the neighbour and returns at once unless the
+	// bounded send queue is full (backpressure); a background goroutine
+	// writes to the stream, so sends overlap with compute. t (including
+	// Data) must not be modified after Send: it is written without copying,
+	// possibly after Send returns. t must match the link: the dialer (upstream)
+	// sends Activation, the listener Gradient, with the handshake's dtype and
+	// shape.
+	Send(ctx context.Context, t *Tensor) error
+	// Recv returns the next tensor from the neighbour in arrival order. A
+	// background goroutine reads ahead into a bounded queue. Errors name the
+	// peer: "stage 2 (127.0.0.1:7102): stream closed: <cause>"; a clean close
+	// by the peer wraps io.EOF.
+	Recv(ctx context.Context) (*Tensor, error)
+	// Peer is the neighbour's handshake.
+	Peer() Hello
+	// Close flushes queued sends (bounded by Options.CloseTimeout), closes
+	// the stream and stops the link's goroutines. Idempotent.
+	Close() error
+}
+
+// Options tune Listen, Accept and Dial. Zero values take the defaults.
+type Options struct {
+	ConnectTimeout time.Duration // how long Dial keeps retrying / Accept waits; default 30s
+	QueueDepth     int           // send and receive queue bound; default 4
+	CloseTimeout   time.Duration // how long Close waits to flush and for the peer; default 5s
+}
+
+func (o Options) withDefaults() Options {
+	if o.ConnectTimeout <= 0 {
+		o.ConnectTimeout = 30 * time.Second
+	}
+	if o.QueueDepth <= 0 {
+		o.QueueDepth = 4
+	}
+	if o.CloseTimeout <= 0 {
+		o.CloseTimeout = 5 * time.Second
+	}
+	return o
+}
+
+var (
+	// ErrClosed is returned (wrapped) by Send and Recv after Close.
+	ErrClosed = errors.New("link closed")
+	// ErrPeerClosed is the cause when the neighbour closed its end cleanly.
+	ErrPeerClosed = fmt.Errorf("peer closed the link: %w", io.EOF)
+)
+
+// checkOutgoing validates a tensor against the link before it is queued, so
+// a wrong tensor fails at the Send that made it rather than at the peer.
+func checkOutgoing(self, peer Hello, out Kind, t *Tensor) error {
+	if err := t.check(); err != nil {
+		return fmt.Errorf("send to %s: %w", peer.name(), err)
+	}
+	if t.Kind != out {
+		return fmt.Errorf("send to %s: stage %d sends %s tensors on this link, not %s", peer.name(), self.Stage, out, t.Kind)
+	}
+	if t.DType != self.DType || !slices.Equal(t.Shape, self.Shape) {
+		return fmt.Errorf("send to %s: tensor shape %v %s does not match the link's %v %s", peer.name(), t.Shape, t.DType, self.Shape, self.DType)
+	}
+	if len(t.Data)+fixedHeader+8*len(t.Shape) > maxMsgSize {
+		return fmt.Errorf("send to %s: tensor of %d bytes exceeds the %d-byte message limit", peer.name(), len(t.Data), maxMsgSize)
+	}
+	return nil
+}
+
+// msgStream is the part of a gRPC client or server stream a link uses.
+type msgStream interface {
+	SendMsg(m any) error
+	RecvMsg(m any) error
+}
+
+// streamLink is a Link over a gRPC stream, the same for both sides. One
+// writer goroutine owns SendMsg and one reader goroutine owns RecvMsg, as
+// gRPC allows; the queues between them and the caller give backpressure and
+// read-ahead.
+type streamLink struct {
+	self, peer   Hello
+	out          Kind
+	stream       msgStream
+	closeTimeout time.Duration
+	// shutdown ends the stream once the writer stopped or the flush timed
+	// out (the side-specific part of Close); it must make RecvMsg and
+	// SendMsg return.
+	shutdown func(writerExited bool, deadline time.Time)
+
+	sendQ, recvQ chan *Tensor
+	closing      chan struct{} // closed by Close
+	dead         chan struct{} // closed on the first failure
+	writerDone   chan struct{}
+	readerDone   chan struct{}
+
+	failOnce  sync.Once
+	err       error // first failure; read after dead is closed
+	readErr   error // why the reader stopped; read after recvQ is closed
+	closeOnce sync.Once
+	closeErr  error
+}
+
+func newStreamLink(stream msgStream, self, peer Hello, out Kind, opts Options) *streamLink {
+	return &streamLink{
+		self: self, peer: peer, out: out, stream: stream, closeTimeout: opts.CloseTimeout,
+		sendQ:      make(chan *Tensor, opts.QueueDepth),
+		recvQ:      make(chan *Tensor, opts.QueueDepth),
+		closing:    make(chan struct{}),
+		dead:       make(chan struct{}),
+		writerDone: make(chan struct{}),
+		readerDone: make(chan struct{}),
+	}
+}
+
+// start launches the goroutines; shutdown must be set first.
+func (l *streamLink) start() {
+	go l.writeLoop()
+	go l.readLoop()
+}
+
+func (l *streamLink) fail(err error) {
+	l.failOnce.Do(func() {
+		l.err = err
+		close(l.dead)
+	})
+}
+
+func (l *streamLink) streamErr(cause error) error {
+	return fmt.Errorf("%s: stream closed: %w", l.peer.name(), cause)
+}
+
+func (l *streamLink) closedErr() error { return fmt.Errorf("%s: %w", l.peer.name(), ErrClosed) }
+
+func (l *streamLink) Peer() Hello {
+	p := l.peer
+	p.Shape = slices.Clone(p.Shape)
+	return p
+}
+
+func (l *streamLink) Send(ctx context.Context, t *Tensor) error {
+	if err := checkOutgoing(l.self, l.peer, l.out, t); err != nil {
+		return err
+	}
+	// Checked first so a closed or broken link never accepts a tensor just
+	// because the queue has room.
+	select {
+	case <-l.closing:
+		return l.closedErr()
+	case <-l.dead:
+		return l.streamErr(l.err)
+	default:
+	}
+	select {
+	case l.sendQ <- t:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-l.closing:
+		return l.closedErr()
+	case <-l.dead:
+		return l.streamErr(l.err)
+	}
+}
+
+func (l *streamLink) Recv(ctx context.Context) (*Tensor, error) {
+	select {
+	case <-l.closing:
+		return nil, l.closedErr()
+	default:
+	}
+	select {
+	case t, ok := <-l.recvQ:
+		if !ok {
+			return nil, l.streamErr(l.readErr)
+		}
+		return t, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-l.closing:
+		return nil, l.closedErr()
+	}
+}
+
+// writeLoop sends queued tensors until Close has drained the queue or the
+// link fails.
+func (l *streamLink) writeLoop() {
+	defer close(l.writerDone)
+	for {
+		var t *Tensor
+		select {
+		case t = <-l.sendQ:
+		case <-l.dead:
+			return
+		case <-l.closing:
+			select {
+			case t = <-l.sendQ:
+			default:
+				return
+			}
+		}
+		hdr, err := t.header()
+		if err == nil {
+			err = l.stream.SendMsg(frame{hdr, t.Data})
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				// gRPC client streams report the real cause to RecvMsg.
+				err = errors.New("stream ended by peer while sending")
+			}
+			l.fail(err)
+			return
+		}
+	}
+}
+
+// readLoop reads ahead into recvQ until the stream ends. After Close it keeps
+// reading (and drops tensors) so the peer's final messages and end of stream
+// are consumed while Close waits for them.
+func (l *streamLink) readLoop() {
+	defer close(l.readerDone)
+	defer close(l.recvQ)
+	for {
+		var b []byte
+		err := l.stream.RecvMsg(&b)
+		t := new(Tensor)
+		if err == nil {
+			if err = t.decode(b); err != nil {
+				err = fmt.Errorf("protocol error: %w", err)
+			}
+		} else if errors.Is(err, io.EOF) {
+			err = ErrPeerClosed
+		}
+		if err != nil {
+			l.readErr = err
+			l.fail(err)
+			return
+		}
+		select {
+		case l.recvQ <- t:
+		case <-l.closing:
+		}
+	}
+}
+
+func (l *streamLink) Close() error {
+	l.closeOnce.Do(func() {
+		deadline := time.Now().Add(l.closeTimeout)
+		close(l.closing)
+		timer := time.NewTimer(l.closeTimeout)
+		defer timer.Stop()
+		exited := true
+		select {
+		case <-l.writerDone:
+		case <-timer.C:
+			exited = false
+		}
+		l.shutdown(exited, deadline)
+		<-l.writerDone
+		<-l.readerDone
+		if !exited {
+			l.closeErr = fmt.Errorf("%s: close: queued tensors not delivered within %v", l.peer.name(), l.closeTimeout)
+		}
+	})
+	return l.closeErr
+}
+
+// isDead reports whether the link has failed.
+func (l *streamLink) isDead() bool {
+	select {
+	case <-l.dead:
+		return true
+	default:
+		return false
+	}
+}

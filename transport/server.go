@@ -1,0 +1,197 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Server listens for a stage's upstream neighbour.
+type Server struct {
+	self Hello
+	opts Options
+	lis  net.Listener
+	gs   *grpc.Server
+
+	// results holds at most one handshake outcome for Accept. A link
+	// replaces a stale error, so a good dialer is never lost behind a bad one.
+	results chan acceptResult
+	done    chan struct{} // closed by Close
+
+	mu        sync.Mutex
+	closed    bool
+	connected bool // a link was established; later dialers are refused
+	handlers  sync.WaitGroup
+	closeOnce sync.Once
+}
+
+type acceptResult struct {
+	link *streamLink
+	err  error
+}
+
+// Listen binds addr now, so a taken port fails at startup naming the
+// address, and serves the stage's upstream neighbour. If self.Address is
+// empty it is set to the bound address.
+func Listen(addr string, self Hello, opts Options) (*Server, error) {
+	opts = opts.withDefaults()
+	if err := self.validate(); err != nil {
+		return nil, err
+	}
+	if self.Stage == 0 {
+		return nil, errors.New("stage 0 has no upstream neighbour to listen for")
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		var oe *net.OpError
+		if errors.As(err, &oe) {
+			err = oe.Err
+		}
+		return nil, fmt.Errorf("stage %d: cannot listen on %s: %w", self.Stage, addr, err)
+	}
+	if self.Address == "" {
+		self.Address = lis.Addr().String()
+	}
+	s := &Server{
+		self: self, opts: opts, lis: lis,
+		gs:      grpc.NewServer(serverOptions()...),
+		results: make(chan acceptResult, 1),
+		done:    make(chan struct{}),
+	}
+	s.gs.RegisterService(&serviceDesc, s)
+	go s.gs.Serve(lis) // returns when Close stops the server
+	return s, nil
+}
+
+// Addr is the bound address (useful after listening on 127.0.0.1:0).
+func (s *Server) Addr() string { return s.lis.Addr().String() }
+
+// Accept waits for the upstream neighbour to open its stream and pass the
+// handshake, for at most ConnectTimeout. A refused handshake is returned as
+// a *HandshakeError naming both stages.
+func (s *Server) Accept(ctx context.Context) (Link, error) {
+	timer := time.NewTimer(s.opts.ConnectTimeout)
+	defer timer.Stop()
+	select {
+	case r := <-s.results:
+		if r.err != nil {
+			return nil, r.err
+		}
+		return r.link, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("stage %d: waiting for upstream stage %d: %w", s.self.Stage, s.self.Stage-1, ctx.Err())
+	case <-timer.C:
+		return nil, fmt.Errorf("stage %d: upstream stage %d did not connect to %s within %v",
+			s.self.Stage, s.self.Stage-1, s.Addr(), s.opts.ConnectTimeout)
+	case <-s.done:
+		return nil, fmt.Errorf("stage %d: server closed", s.self.Stage)
+	}
+}
+
+// Close stops the gRPC server and releases the port. A link not yet taken by
+// Accept is closed; accepted links break (their Recv fails) and should still
+// be closed by their owner.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.closed = true
+		close(s.done)
+		s.mu.Unlock()
+		select {
+		case r := <-s.results:
+			if r.link != nil {
+				r.link.Close()
+			}
+		default:
+		}
+		s.gs.Stop()
+		s.handlers.Wait()
+	})
+	return nil
+}
+
+// report hands a handshake outcome to Accept without blocking the handler.
+func (s *Server) report(r acceptResult) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r.link != nil {
+		select {
+		case <-s.results: // drop a stale error; only one link is ever reported
+		default:
+		}
+	}
+	select {
+	case s.results <- r:
+	default: // an earlier error is still pending; keep it
+	}
+}
+
+// serveLink is the stream handler. It does the handshake, hands the link to
+// Accept and then stays until the link is done, because returning ends the
+// stream.
+func (s *Server) serveLink(stream grpc.ServerStream) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return status.Error(codes.Unavailable, "server closing")
+	}
+	s.handlers.Add(1)
+	s.mu.Unlock()
+	defer s.handlers.Done()
+
+	var b []byte
+	if err := stream.RecvMsg(&b); err != nil {
+		return err // the dialer went away before its hello
+	}
+	var hs handshake
+	if err := hs.unmarshal(b); err != nil {
+		s.report(acceptResult{err: fmt.Errorf("stage %d: from a dialer: %w", s.self.Stage, err)})
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	err := CheckPeer(s.self, hs.Hello, false)
+	if err != nil {
+		s.report(acceptResult{err: err})
+	} else {
+		s.mu.Lock()
+		if s.connected { // a duplicate dialer is not Accept's concern
+			err = &HandshakeError{fmt.Sprintf("%s refused %s: an upstream neighbour is already connected", s.self.name(), hs.Hello.name())}
+		}
+		s.connected = true
+		s.mu.Unlock()
+	}
+	if err != nil {
+		stream.SendMsg(frame{(&handshake{Hello: s.self, Refused: err.Error()}).marshal()})
+		return status.Error(codes.FailedPrecondition, err.Error())
+	}
+	if err := stream.SendMsg(frame{(&handshake{Hello: s.self}).marshal()}); err != nil {
+		s.mu.Lock()
+		s.connected = false
+		s.mu.Unlock()
+		return err
+	}
+
+	l := newStreamLink(stream, s.self, hs.Hello, Gradient, s.opts)
+	release, handlerDone := make(chan struct{}), make(chan struct{})
+	defer close(handlerDone)
+	l.shutdown = func(bool, time.Time) {
+		// Returning from the handler ends the stream after the data already
+		// sent; it also cancels the stream, which unblocks the reader and a
+		// writer stuck on flow control.
+		close(release)
+		<-handlerDone
+	}
+	l.start()
+	s.report(acceptResult{link: l})
+	select {
+	case <-l.writerDone: // flushed after Close, or the link failed
+	case <-release: // Close gave up waiting for the flush
+	}
+	return nil
+}
