@@ -163,6 +163,9 @@ func start(o Options, i int, logDir string, outMu *sync.Mutex) (*child, error) {
 	}()
 	go func() {
 		err := cmd.Wait()
+		// Anything the stage left behind in its process group would hold the
+		// output pipe open; nothing of a finished stage may outlive it.
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		<-copied
 		c.mu.Lock()
 		c.err = err

@@ -36,38 +36,67 @@ func (l *Links) Close() error {
 // transport.connect_timeout, and runs the handshake that checks both sides agree on
 // the config digest and the shape and dtype of the tensors between them.
 func Connect(ctx context.Context, c *configs.Config, i int) (*Links, error) {
-	model, err := models.Build(c.Model)
+	up, down, err := Hellos(c, i)
 	if err != nil {
 		return nil, err
 	}
+	opts := transport.Options{ConnectTimeout: c.Transport.ConnectTimeout, QueueDepth: c.Transport.QueueDepth}
+	links := &Links{}
+	if i > 0 {
+		if links.server, err = transport.Listen(c.Stages[i].Address, up, opts); err != nil {
+			return nil, fmt.Errorf("stage %d: %w", i, err)
+		}
+	}
+	// The first failure ends the other wait: a refused handshake upstream need not
+	// sit out the dial timeout downstream.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	var acceptErr, dialErr error
+	if i > 0 {
+		wg.Go(func() {
+			if links.Prev, acceptErr = links.server.Accept(ctx); acceptErr != nil {
+				cancel()
+			}
+		})
+	}
+	if i+1 < len(c.Stages) {
+		wg.Go(func() {
+			if links.Next, dialErr = transport.Dial(ctx, c.Stages[i+1].Address, down, opts); dialErr != nil {
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	if acceptErr != nil || dialErr != nil {
+		links.Close()
+		// Report the cause, not the cancellation it caused on the other side.
+		if acceptErr != nil && (dialErr == nil || errors.Is(dialErr, context.Canceled)) {
+			return nil, acceptErr
+		}
+		if dialErr != nil && (acceptErr == nil || errors.Is(acceptErr, context.Canceled)) {
+			return nil, dialErr
+		}
+		return nil, errors.Join(acceptErr, dialErr)
+	}
+	return links, nil
+}
+
+// Hellos are stage i's handshakes on its link to the previous stage (describing the
+// activations it receives) and to the next (the activations it sends).
+func Hellos(c *configs.Config, i int) (up, down transport.Hello, err error) {
+	model, err := models.Build(c.Model)
+	if err != nil {
+		return up, down, err
+	}
 	dt, err := transport.ParseDType(model.DType.String())
 	if err != nil {
-		return nil, err
+		return up, down, err
 	}
 	first, last := c.StageLayers(i)
 	hello := func(layer int) transport.Hello {
 		return transport.Hello{Stage: i, Stages: len(c.Stages), ConfigDigest: c.Digest(), Address: c.Stages[i].Address,
 			DType: dt, Shape: []int(model.ShapeAt(layer, c.MicroBatchSize()))}
 	}
-	opts := transport.Options{ConnectTimeout: c.Transport.ConnectTimeout, QueueDepth: c.Transport.QueueDepth}
-	links := &Links{}
-	if i > 0 {
-		if links.server, err = transport.Listen(c.Stages[i].Address, hello(first), opts); err != nil {
-			return nil, fmt.Errorf("stage %d: %w", i, err)
-		}
-	}
-	var wg sync.WaitGroup
-	var acceptErr, dialErr error
-	if i > 0 {
-		wg.Go(func() { links.Prev, acceptErr = links.server.Accept(ctx) })
-	}
-	if i+1 < len(c.Stages) {
-		wg.Go(func() { links.Next, dialErr = transport.Dial(ctx, c.Stages[i+1].Address, hello(last), opts) })
-	}
-	wg.Wait()
-	if err := errors.Join(acceptErr, dialErr); err != nil {
-		links.Close()
-		return nil, err
-	}
-	return links, nil
+	return hello(first), hello(last), nil
 }

@@ -1,6 +1,7 @@
 package stages
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -499,4 +500,24 @@ func NewSolver(o configs.Optimizer) (G.Solver, error) {
 		return G.NewAdamSolver(G.WithLearnRate(o.LR), G.WithBeta1(o.Beta1), G.WithBeta2(o.Beta2), G.WithEps(o.Eps)), nil
 	}
 	return nil, fmt.Errorf("unknown optimizer %q", o.Name)
+}
+
+// ReadMetrics reads a run's metrics.jsonl.
+func ReadMetrics(path string) ([]Metric, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var out []Metric
+	for i, line := range bytes.Split(bytes.TrimSpace(b), []byte("\n")) {
+		if len(line) == 0 {
+			continue
+		}
+		var m Metric
+		if err := json.Unmarshal(line, &m); err != nil {
+			return nil, fmt.Errorf("%s:%d: %w", path, i+1, err)
+		}
+		out = append(out, m)
+	}
+	return out, nil
 }

@@ -1,0 +1,310 @@
+// Package e2e runs the pipetrain binary as users do: one OS process per stage,
+// talking gRPC on 127.0.0.1, compared with the one-process reference.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pipetrain/pipetrain/checkpoint"
+	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/schedule"
+	"github.com/pipetrain/pipetrain/stages"
+)
+
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "pipetrain-e2e")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "pipetrain")
+	build := exec.Command("go", "build", "-o", binary, "../cmd/pipetrain")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building pipetrain:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+const defaultConfig = "../configs/fmnist-mlp-4stage.yaml"
+
+func needData(t *testing.T) {
+	t.Helper()
+	if _, err := os.Stat("/usr/share/datasets/fashion-mnist"); err != nil {
+		t.Skip("needs Debian package dataset-fashion-mnist (installed by .ci/run and make deps)")
+	}
+}
+
+// freePorts returns n distinct ports that were free a moment ago.
+func freePorts(t *testing.T, n int) []string {
+	t.Helper()
+	var ls []net.Listener
+	var out []string
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+		out = append(out, l.Addr().String())
+	}
+	for _, l := range ls {
+		l.Close()
+	}
+	return out
+}
+
+// withFreshAddresses copies a config, giving its stages free ports so tests can run
+// next to each other and next to a user's runs.
+func withFreshAddresses(t *testing.T, path string) string {
+	t.Helper()
+	c, err := configs.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(text)
+	for i, addr := range freePorts(t, len(c.Stages)) {
+		s = strings.Replace(s, c.Stages[i].Address, addr, 1)
+	}
+	out := filepath.Join(t.TempDir(), filepath.Base(path))
+	if err := os.WriteFile(out, []byte(s), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+type result struct {
+	out  string
+	err  error
+	took time.Duration
+}
+
+func run(t *testing.T, timeout time.Duration, env []string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var buf bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	start := time.Now()
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("pipetrain %v did not finish within %v:\n%s", args, timeout, buf.String())
+	}
+	return result{buf.String(), err, time.Since(start)}
+}
+
+func weights(t *testing.T, runDir string) map[string]checkpoint.Tensor {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join(runDir, "weights", "*.safetensors"))
+	out := map[string]checkpoint.Tensor{}
+	for _, f := range files {
+		ts, _, err := checkpoint.Read(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, x := range ts {
+			out[x.Name] = x
+		}
+	}
+	return out
+}
+
+// TestLaunchEqualsReference trains the default 4-stage config for 30 steps with each
+// schedule in separate processes over gRPC, and requires every step's loss and the
+// final weights to equal the one-process reference's bit for bit.
+func TestLaunchEqualsReference(t *testing.T) {
+	needData(t)
+	const steps = "30"
+	cfg := withFreshAddresses(t, defaultConfig)
+	for _, sched := range schedule.Names() {
+		t.Run(sched, func(t *testing.T) {
+			env := []string{"PIPETRAIN_SCHEDULE=" + sched, "PIPETRAIN_TRAIN_EVALUATE=false"}
+			refDir, pipeDir := t.TempDir(), t.TempDir()
+			if r := run(t, 3*time.Minute, env, "reference", "--config", cfg, "--steps", steps, "--run-dir", refDir); r.err != nil {
+				t.Fatalf("reference: %v\n%s", r.err, r.out)
+			}
+			r := run(t, 3*time.Minute, env, "launch", "--config", cfg, "--steps", steps, "--run-dir", pipeDir)
+			if r.err != nil {
+				t.Fatalf("launch: %v\n%s", r.err, r.out)
+			}
+			for i := range 4 {
+				if !strings.Contains(r.out, fmt.Sprintf("[stage %d] stage %d: done", i, i)) {
+					t.Errorf("stage %d did not report done:\n%s", i, r.out)
+				}
+			}
+			ref, err := stages.ReadMetrics(filepath.Join(refDir, "metrics.jsonl"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			pipe, err := stages.ReadMetrics(filepath.Join(pipeDir, "metrics.jsonl"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(ref) != 30 || len(pipe) != 30 {
+				t.Fatalf("steps: reference %d, pipeline %d", len(ref), len(pipe))
+			}
+			for i := range ref {
+				if ref[i].Step != pipe[i].Step || ref[i].Loss != pipe[i].Loss {
+					t.Errorf("step %d: pipeline loss %v, reference %v", ref[i].Step, pipe[i].Loss, ref[i].Loss)
+				}
+			}
+			if !(pipe[29].Loss < pipe[0].Loss) {
+				t.Errorf("loss did not fall: %v -> %v", pipe[0].Loss, pipe[29].Loss)
+			}
+			wr, wp := weights(t, refDir), weights(t, pipeDir)
+			if len(wr) != 8 || len(wp) != 8 {
+				t.Fatalf("weights: reference %d tensors, pipeline %d", len(wr), len(wp))
+			}
+			for name, a := range wr {
+				b := wp[name]
+				if len(a.F32) != len(b.F32) {
+					t.Fatalf("%s: %d values vs %d", name, len(a.F32), len(b.F32))
+				}
+				for i := range a.F32 {
+					if a.F32[i] != b.F32[i] {
+						t.Fatalf("%s[%d]: pipeline %v, reference %v", name, i, b.F32[i], a.F32[i])
+					}
+				}
+			}
+			prof := run(t, time.Minute, nil, "profile", pipeDir)
+			if prof.err != nil || !strings.Contains(prof.out, "theory %") || !strings.Contains(prof.out, "bottleneck: stage") {
+				t.Errorf("profile: %v\n%s", prof.err, prof.out)
+			}
+		})
+	}
+}
+
+// TestNeighbourNeverComesUp starts a middle stage alone: it must give up within its
+// connect timeout and say which neighbour it waited for.
+func TestNeighbourNeverComesUp(t *testing.T) {
+	needData(t)
+	cfg := withFreshAddresses(t, defaultConfig)
+	r := run(t, time.Minute, []string{"PIPETRAIN_TRANSPORT_CONNECT_TIMEOUT=2s"}, "stage", "--config", cfg, "--stage", "1", "--run-dir", t.TempDir())
+	if r.err == nil {
+		t.Fatalf("stage 1 ran without neighbours:\n%s", r.out)
+	}
+	if r.took > 20*time.Second {
+		t.Errorf("took %v to give up with a 2s timeout", r.took)
+	}
+	for _, want := range []string{"stage 1", "stage 0", "did not connect", "stage 2", "not reachable", "2s"} {
+		if !strings.Contains(r.out, want) {
+			t.Errorf("message lacks %q:\n%s", want, r.out)
+		}
+	}
+}
+
+// TestLaunchStopsAllWhenOneStageFails takes stage 2's port before launching: stage 2
+// cannot listen, and launch must stop the others, name stage 2, and exit non-zero.
+func TestLaunchStopsAllWhenOneStageFails(t *testing.T) {
+	needData(t)
+	cfg := withFreshAddresses(t, defaultConfig)
+	c, err := configs.Load(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", c.Stages[2].Address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	r := run(t, time.Minute, []string{"PIPETRAIN_TRANSPORT_CONNECT_TIMEOUT=20s"}, "launch", "--config", cfg, "--steps", "5", "--run-dir", t.TempDir())
+	if r.err == nil {
+		t.Fatalf("launch succeeded with stage 2's port taken:\n%s", r.out)
+	}
+	if !regexp.MustCompile(`pipetrain: stage 2 failed .*` + regexp.QuoteMeta(c.Stages[2].Address)).MatchString(r.out) {
+		t.Errorf("launch did not name stage 2 and its address:\n%s", r.out)
+	}
+	if r.took > 15*time.Second {
+		t.Errorf("launch took %v to stop after stage 2 failed at once", r.took)
+	}
+}
+
+// TestInterruptStopsEveryStage sends Ctrl-C's signal to launch mid-run.
+func TestInterruptStopsEveryStage(t *testing.T) {
+	needData(t)
+	cfg := withFreshAddresses(t, defaultConfig)
+	dir := t.TempDir()
+	cmd := exec.Command(binary, "launch", "--config", cfg, "--steps", "100000", "--run-dir", dir)
+	var buf bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for !strings.Contains(readFile(filepath.Join(dir, "metrics.jsonl")), `"step":3,`) {
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatalf("no progress within a minute:\n%s", buf.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cmd.Process.Signal(syscall.SIGINT)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if code := cmd.ProcessState.ExitCode(); err == nil || code != 130 {
+			t.Errorf("exit code %d after SIGINT, want 130\n%s", code, buf.String())
+		}
+	case <-time.After(20 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("launch still running 20s after SIGINT:\n%s", buf.String())
+	}
+	if !strings.Contains(buf.String(), "interrupted") {
+		t.Errorf("no interruption message:\n%s", buf.String())
+	}
+	// Every stage was a child of launch; none may outlive it.
+	out, _ := exec.Command("pgrep", "-f", "stage --config "+cfg).Output()
+	if len(bytes.TrimSpace(out)) != 0 {
+		t.Errorf("stage processes left running: %s", out)
+	}
+}
+
+// TestStagesFromDifferentConfigsRefuseEachOther runs stage 0 and stage 1 with
+// different step counts (so different config digests): both must refuse the link.
+func TestStagesFromDifferentConfigsRefuseEachOther(t *testing.T) {
+	needData(t)
+	cfg := withFreshAddresses(t, defaultConfig)
+	env := []string{"PIPETRAIN_TRANSPORT_CONNECT_TIMEOUT=10s"}
+	results := make(chan result, 2)
+	for i, steps := range []string{"10", "11"} {
+		go func() {
+			results <- run(t, time.Minute, env, "stage", "--config", cfg, "--stage", fmt.Sprint(i), "--steps", steps, "--run-dir", t.TempDir())
+		}()
+	}
+	for range 2 {
+		r := <-results
+		if r.err == nil {
+			t.Errorf("a stage accepted a neighbour with another config:\n%s", r.out)
+		}
+		if !strings.Contains(r.out, "config digest") || !strings.Contains(r.out, "stage 0") || !strings.Contains(r.out, "stage 1") {
+			t.Errorf("refusal does not name both stages and the digest:\n%s", r.out)
+		}
+	}
+}
+
+func readFile(p string) string {
+	b, _ := os.ReadFile(p)
+	return string(b)
+}

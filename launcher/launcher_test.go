@@ -1,0 +1,115 @@
+package launcher
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeStage writes a script that behaves like a stage: it prints a line, then does
+// what its stage index says (the arguments are "stage --config C --stage N ...").
+func fakeStage(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "fake-pipetrain")
+	script := "#!/bin/sh\nstage=$5\n" + body
+	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestAllStagesSucceed(t *testing.T) {
+	var out syncBuffer
+	dir := t.TempDir()
+	bin := fakeStage(t, "echo \"stage $stage up\"\necho \"args $*\"\nexit 0\n")
+	err := Run(context.Background(), Options{Binary: bin, ConfigPath: "c.yaml", Stages: 3, RunDir: dir, ExtraArgs: []string{"--steps", "7"}, Out: &out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"[stage 0] stage 0 up", "[stage 2] stage 2 up", "[stage 1] args stage --config c.yaml --stage 1 --run-dir " + dir + " --steps 7"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	log, err := os.ReadFile(filepath.Join(dir, "logs", "stage-1.log"))
+	if err != nil || !strings.HasPrefix(string(log), "stage 1 up\n") {
+		t.Errorf("stage log: %q, %v", log, err)
+	}
+}
+
+func TestOneFailureStopsTheRest(t *testing.T) {
+	var out syncBuffer
+	bin := fakeStage(t, `trap 'echo "stage $stage stopping"; exit 1' TERM
+if [ "$stage" = 1 ]; then sleep 0.3; echo "boom: link broke"; exit 3; fi
+sleep 30 & wait
+`)
+	start := time.Now()
+	err := Run(context.Background(), Options{Binary: bin, ConfigPath: "c.yaml", Stages: 3, RunDir: t.TempDir(), Out: &out, Grace: 5 * time.Second})
+	var se *StageError
+	if !errors.As(err, &se) || se.Stage != 1 || se.LastLine != "boom: link broke" {
+		t.Fatalf("error %v, want stage 1's failure with its last line", err)
+	}
+	if !strings.Contains(err.Error(), "stage 1 failed (exit status 3): boom: link broke") {
+		t.Errorf("message: %v", err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("took %v: the other stages were not stopped", took)
+	}
+	if !strings.Contains(out.String(), "[stage 0] stage 0 stopping") || !strings.Contains(out.String(), "[stage 2] stage 2 stopping") {
+		t.Errorf("the other stages were not asked to stop:\n%s", out.String())
+	}
+}
+
+func TestStageIgnoringSIGTERMIsKilled(t *testing.T) {
+	bin := fakeStage(t, `if [ "$stage" = 0 ]; then exit 2; fi
+trap '' TERM
+while true; do sleep 1; done
+`)
+	start := time.Now()
+	err := Run(context.Background(), Options{Binary: bin, ConfigPath: "c.yaml", Stages: 2, RunDir: t.TempDir(), Out: &syncBuffer{}, Grace: 300 * time.Millisecond})
+	var se *StageError
+	if !errors.As(err, &se) || se.Stage != 0 {
+		t.Fatalf("error %v, want stage 0's failure", err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("a stage ignoring SIGTERM kept launch waiting %v", took)
+	}
+}
+
+func TestCancelStopsEveryStage(t *testing.T) {
+	bin := fakeStage(t, "trap 'exit 1' TERM\nsleep 30 & wait\n")
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cause := errors.New("interrupted by test")
+	time.AfterFunc(300*time.Millisecond, func() { cancel(cause) })
+	start := time.Now()
+	err := Run(ctx, Options{Binary: bin, ConfigPath: "c.yaml", Stages: 2, RunDir: t.TempDir(), Out: &syncBuffer{}})
+	if !errors.Is(err, cause) {
+		t.Fatalf("error %v, want the cancellation cause", err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("took %v to stop", took)
+	}
+}

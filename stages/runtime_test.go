@@ -1,0 +1,218 @@
+package stages
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pipetrain/pipetrain/checkpoint"
+	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/data"
+	"github.com/pipetrain/pipetrain/models"
+	"github.com/pipetrain/pipetrain/profile"
+	"github.com/pipetrain/pipetrain/transport"
+)
+
+// synthetic is a small labelled dataset, so runtime tests need no installed data.
+func synthetic(n, dim, classes int, seed uint64) *data.Dataset {
+	r := rand.New(rand.NewPCG(seed, 0))
+	d := &data.Dataset{Name: "synthetic", N: n, Dim: dim, Classes: classes, Images: make([]float32, n*dim), Labels: make([]uint8, n)}
+	for i := range d.Images {
+		d.Images[i] = r.Float32()
+	}
+	for i := range d.Labels {
+		d.Labels[i] = uint8(r.IntN(classes))
+	}
+	return d
+}
+
+func testConfig(sched string, stageLayers []string, micro int, dtype, opt string) *configs.Config {
+	c := &configs.Config{
+		Model:     models.Spec{Name: "mlp", DType: dtype, Input: 8, Hidden: []int{7, 6, 5}, Classes: 3, Activation: "relu"},
+		Data:      configs.Data{Dataset: "fashion-mnist", BatchSize: 4 * micro, MicroBatches: micro},
+		Train:     configs.Train{Steps: 6, Seed: 11, LogEvery: 2, Evaluate: true, Optimizer: configs.Optimizer{Name: opt, LR: 0.05, Momentum: 0.5, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8}},
+		Schedule:  sched,
+		Compute:   configs.Compute{BLASThreads: 1},
+		Transport: configs.Transport{ConnectTimeout: time.Second, QueueDepth: 2},
+	}
+	for i, l := range stageLayers {
+		c.Stages = append(c.Stages, configs.Stage{Layers: l, Address: fmt.Sprintf("127.0.0.1:%d", 7000+i), Device: "cpu"})
+	}
+	return c
+}
+
+// runInProcess runs every stage of c as a goroutine, linked by in-memory pipes, and
+// returns the run directory.
+func runInProcess(t *testing.T, c *configs.Config, reference bool) string {
+	t.Helper()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	train, test := synthetic(96, 8, 3, 1), synthetic(30, 8, 3, 2)
+	n := len(c.Stages)
+	if reference {
+		n = 1
+	}
+	links := make([][2]transport.Link, n) // [prev, next]
+	for i := 0; i+1 < n; i++ {
+		_, down, err := Hellos(c, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		up, _, err := Hellos(c, i+1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, b := transport.Pipe(down, up, c.Transport.QueueDepth)
+		links[i][1], links[i+1][0] = a, b
+	}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		rt, err := New(Options{Config: c, Stage: i, Reference: reference, RunDir: dir, Prev: links[i][0], Next: links[i][1], Train: train, Test: test})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			errs[i] = rt.Run(ctx)
+			for _, l := range links[i] {
+				if l != nil {
+					l.Close()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("stage %d: %v", i, err)
+		}
+	}
+	return dir
+}
+
+func readWeights(t *testing.T, dir string) map[string]checkpoint.Tensor {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join(dir, "weights", "stage-*.safetensors"))
+	out := map[string]checkpoint.Tensor{}
+	for _, f := range files {
+		ts, _, err := checkpoint.Read(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, x := range ts {
+			out[x.Name] = x
+		}
+	}
+	return out
+}
+
+func sameFile(t *testing.T, a, b string) {
+	t.Helper()
+	x, err1 := os.ReadFile(a)
+	y, err2 := os.ReadFile(b)
+	if err1 != nil || err2 != nil {
+		t.Fatal(err1, err2)
+	}
+	if string(x) != string(y) {
+		t.Errorf("%s differs from %s:\n%s\n%s", a, b, x, y)
+	}
+}
+
+// TestPipelineEqualsReference is the in-process form of pipetrain's first test: a
+// pipelined run gives the same losses (bit for bit), evaluation and final weights as
+// the same model trained in one runtime.
+func TestPipelineEqualsReference(t *testing.T) {
+	splits := [][]string{{"0-1", "2-3"}, {"0", "1-2", "3"}, {"0", "1", "2", "3"}}
+	for _, sched := range []string{"gpipe", "1f1b"} {
+		for _, split := range splits {
+			for _, micro := range []int{1, 3, 5} {
+				for _, opt := range []string{"adam", "sgd"} {
+					name := fmt.Sprintf("%s/p%d/m%d/%s", sched, len(split), micro, opt)
+					t.Run(name, func(t *testing.T) {
+						c := testConfig(sched, split, micro, "float64", opt)
+						ref := runInProcess(t, c, true)
+						pipe := runInProcess(t, c, false)
+						sameFile(t, filepath.Join(ref, "eval.json"), filepath.Join(pipe, "eval.json"))
+						wr, wp := readWeights(t, ref), readWeights(t, pipe)
+						if len(wr) != 8 || len(wp) != len(wr) {
+							t.Fatalf("reference has %d tensors, pipeline %d", len(wr), len(wp))
+						}
+						for name, r := range wr {
+							p := wp[name]
+							for i := range r.F64 {
+								if r.F64[i] != p.F64[i] {
+									t.Fatalf("%s[%d]: pipeline %v, reference %v", name, i, p.F64[i], r.F64[i])
+								}
+							}
+						}
+						lr, lp := readLosses(t, ref), readLosses(t, pipe)
+						if len(lr) != c.Train.Steps || fmt.Sprint(lr) != fmt.Sprint(lp) {
+							t.Errorf("losses differ:\nreference %v\npipeline  %v", lr, lp)
+						}
+					})
+				}
+			}
+		}
+	}
+}
+
+func readLosses(t *testing.T, dir string) []float64 {
+	t.Helper()
+	ms, err := ReadMetrics(filepath.Join(dir, "metrics.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []float64
+	for _, m := range ms {
+		out = append(out, m.Loss)
+	}
+	return out
+}
+
+// TestStashFollowsSchedule checks the in-flight activations each stage held: at most
+// p-s under 1F1B, m under GPipe, as recorded in its events.
+func TestStashFollowsSchedule(t *testing.T) {
+	for _, sched := range []string{"gpipe", "1f1b"} {
+		c := testConfig(sched, []string{"0", "1", "2", "3"}, 6, "float32", "adam")
+		dir := runInProcess(t, c, false)
+		info, events, err := profile.ReadRun(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Stages != 4 || info.MicroBatches != 6 {
+			t.Fatalf("run info %+v", info)
+		}
+		for s, evs := range events {
+			peak := 0
+			for _, e := range evs {
+				peak = max(peak, e.Stashed)
+			}
+			want := 6
+			if sched == "1f1b" {
+				want = 4 - s
+			}
+			if peak != want {
+				t.Errorf("%s stage %d: peak stash %d, want %d", sched, s, peak, want)
+			}
+		}
+	}
+}
+
+func TestLossFalls(t *testing.T) {
+	c := testConfig("1f1b", []string{"0-1", "2-3"}, 2, "float32", "adam")
+	c.Train.Steps = 40
+	c.Train.Optimizer.LR = 0.01
+	losses := readLosses(t, runInProcess(t, c, false))
+	if !(losses[len(losses)-1] < losses[0]) {
+		t.Errorf("loss did not fall: first %v last %v", losses[0], losses[len(losses)-1])
+	}
+}
