@@ -301,6 +301,10 @@ func TestStagesFromDifferentConfigsRefuseEachOther(t *testing.T) {
 		if !strings.Contains(r.out, "config digest") || !strings.Contains(r.out, "stage 0") || !strings.Contains(r.out, "stage 1") {
 			t.Errorf("refusal does not name both stages and the digest:\n%s", r.out)
 		}
+		// Both hear the refusal itself, not their 10s connect timeout.
+		if r.took > 8*time.Second {
+			t.Errorf("took %v to refuse", r.took)
+		}
 	}
 }
 

@@ -47,24 +47,28 @@ func Connect(ctx context.Context, c *configs.Config, i int) (*Links, error) {
 			return nil, fmt.Errorf("stage %d: %w", i, err)
 		}
 	}
-	// The first failure ends the other wait: a refused handshake upstream need not
-	// sit out the dial timeout downstream.
+	// A refused handshake ends the other wait: the run cannot start, so the other
+	// side need not sit out its timeout. Timeouts do not: both are reported.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	cancelOnRefusal := func(err error) {
+		var refused *transport.HandshakeError
+		if errors.As(err, &refused) {
+			cancel()
+		}
+	}
 	var wg sync.WaitGroup
 	var acceptErr, dialErr error
 	if i > 0 {
 		wg.Go(func() {
-			if links.Prev, acceptErr = links.server.Accept(ctx); acceptErr != nil {
-				cancel()
-			}
+			links.Prev, acceptErr = links.server.Accept(ctx)
+			cancelOnRefusal(acceptErr)
 		})
 	}
 	if i+1 < len(c.Stages) {
 		wg.Go(func() {
-			if links.Next, dialErr = transport.Dial(ctx, c.Stages[i+1].Address, down, opts); dialErr != nil {
-				cancel()
-			}
+			links.Next, dialErr = transport.Dial(ctx, c.Stages[i+1].Address, down, opts)
+			cancelOnRefusal(dialErr)
 		})
 	}
 	wg.Wait()

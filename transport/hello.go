@@ -62,7 +62,7 @@ func CheckPeer(local, remote Hello, dialer bool) error {
 	case !dialer && remote.Stage != local.Stage-1:
 		return refuse("only upstream neighbour stage %d may connect", local.Stage-1)
 	case remote.ConfigDigest != local.ConfigDigest:
-		return refuse("config digest %s differs from %s", remote.ConfigDigest, local.ConfigDigest)
+		return refuse("config digest %s differs from %s (started from different configs or overrides)", short(remote.ConfigDigest), short(local.ConfigDigest))
 	case remote.DType != local.DType || !slices.Equal(remote.Shape, local.Shape):
 		return refuse("activation shape %v %s differs from %v %s", remote.Shape, remote.DType, local.Shape, local.DType)
 	}
@@ -96,4 +96,12 @@ func (h *handshake) unmarshal(b []byte) error {
 		return fmt.Errorf("protocol error: bad handshake message: %w", err)
 	}
 	return nil
+}
+
+// short abbreviates a digest for messages, as git does.
+func short(digest string) string {
+	if len(digest) > 12 {
+		return digest[:12]
+	}
+	return digest
 }

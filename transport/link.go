@@ -20,10 +20,11 @@ type Link interface {
 	// sends Activation, the listener Gradient, with the handshake's dtype and
 	// shape.
 	Send(ctx context.Context, t *Tensor) error
-	// Recv returns the next tensor from the neighbour in arrival order. A
-	// background goroutine reads ahead into a bounded queue. Errors name the
-	// peer: "stage 2 (127.0.0.1:7102): stream closed: <cause>"; a clean close
-	// by the peer wraps io.EOF.
+	// Recv returns the next tensor from the neighbour in arrival order; the
+	// caller owns it (its Data is a fresh buffer, so Float32s views of it may
+	// be modified). A background goroutine reads ahead into a bounded queue.
+	// Errors name the peer: "stage 2 (127.0.0.1:7102): stream closed:
+	// <cause>"; a clean close by the peer wraps io.EOF.
 	Recv(ctx context.Context) (*Tensor, error)
 	// Peer is the neighbour's handshake.
 	Peer() Hello
@@ -96,6 +97,8 @@ type streamLink struct {
 	// out (the side-specific part of Close); it must make RecvMsg and
 	// SendMsg return.
 	shutdown func(writerExited bool, deadline time.Time)
+	// explain, if set, rewords a stream error from the reader.
+	explain func(error) error
 
 	sendQ, recvQ chan *Tensor
 	closing      chan struct{} // closed by Close
@@ -239,6 +242,8 @@ func (l *streamLink) readLoop() {
 			}
 		} else if errors.Is(err, io.EOF) {
 			err = ErrPeerClosed
+		} else if l.explain != nil {
+			err = l.explain(err)
 		}
 		if err != nil {
 			l.readErr = err

@@ -13,7 +13,8 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// Server listens for a stage's upstream neighbour.
+// Server listens for a stage's upstream neighbour. It serves one link: once
+// a dialer has passed the handshake, later dialers are refused.
 type Server struct {
 	self Hello
 	opts Options
@@ -77,6 +78,12 @@ func (s *Server) Addr() string { return s.lis.Addr().String() }
 // handshake, for at most ConnectTimeout. A refused handshake is returned as
 // a *HandshakeError naming both stages.
 func (s *Server) Accept(ctx context.Context) (Link, error) {
+	closed := fmt.Errorf("stage %d: server closed", s.self.Stage)
+	select {
+	case <-s.done:
+		return nil, closed
+	default:
+	}
 	timer := time.NewTimer(s.opts.ConnectTimeout)
 	defer timer.Stop()
 	select {
@@ -91,7 +98,7 @@ func (s *Server) Accept(ctx context.Context) (Link, error) {
 		return nil, fmt.Errorf("stage %d: upstream stage %d did not connect to %s within %v",
 			s.self.Stage, s.self.Stage-1, s.Addr(), s.opts.ConnectTimeout)
 	case <-s.done:
-		return nil, fmt.Errorf("stage %d: server closed", s.self.Stage)
+		return nil, closed
 	}
 }
 
@@ -111,7 +118,19 @@ func (s *Server) Close() error {
 			}
 		default:
 		}
-		s.gs.Stop()
+		// Graceful first, so replies already sent (a refusal) reach the peer;
+		// bounded, because an accepted link its owner never closed would hold it.
+		stopped := make(chan struct{})
+		go func() {
+			s.gs.GracefulStop()
+			close(stopped)
+		}()
+		select {
+		case <-stopped:
+		case <-time.After(time.Second):
+			s.gs.Stop()
+			<-stopped
+		}
 		s.handlers.Wait()
 	})
 	return nil
@@ -156,9 +175,8 @@ func (s *Server) serveLink(stream grpc.ServerStream) error {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
 	err := CheckPeer(s.self, hs.Hello, false)
-	if err != nil {
-		s.report(acceptResult{err: err})
-	} else {
+	mismatch := err != nil
+	if !mismatch {
 		s.mu.Lock()
 		if s.connected { // a duplicate dialer is not Accept's concern
 			err = &HandshakeError{fmt.Sprintf("%s refused %s: an upstream neighbour is already connected", s.self.name(), hs.Hello.name())}
@@ -167,7 +185,13 @@ func (s *Server) serveLink(stream grpc.ServerStream) error {
 		s.mu.Unlock()
 	}
 	if err != nil {
+		// The dialer hears of the refusal before Accept does: a stage that fails
+		// at once on a refused handshake must not close the server before its
+		// neighbour has the reason.
 		stream.SendMsg(frame{(&handshake{Hello: s.self, Refused: err.Error()}).marshal()})
+		if mismatch {
+			s.report(acceptResult{err: err})
+		}
 		return status.Error(codes.FailedPrecondition, err.Error())
 	}
 	if err := stream.SendMsg(frame{(&handshake{Hello: s.self}).marshal()}); err != nil {
@@ -186,6 +210,18 @@ func (s *Server) serveLink(stream grpc.ServerStream) error {
 		// writer stuck on flow control.
 		close(release)
 		<-handlerDone
+	}
+	l.explain = func(err error) error {
+		// A server stream only sees "context canceled", whatever the reason.
+		select {
+		case <-s.done:
+			return fmt.Errorf("server closed: %w", err)
+		default:
+		}
+		if status.Code(err) == codes.Canceled {
+			return fmt.Errorf("peer disconnected: %w", err)
+		}
+		return err
 	}
 	l.start()
 	s.report(acceptResult{link: l})

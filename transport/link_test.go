@@ -1,0 +1,619 @@
+package transport
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// checkLeaks fails the test if goroutines started during it are still
+// running shortly after it (and its cleanups) end. Call it first, so its
+// cleanup runs last.
+func checkLeaks(t *testing.T) {
+	t.Helper()
+	before := runtime.NumGoroutine()
+	t.Cleanup(func() {
+		const tolerance = 2
+		deadline := time.Now().Add(5 * time.Second)
+		for runtime.NumGoroutine() > before+tolerance {
+			if time.Now().After(deadline) {
+				buf := make([]byte, 1<<20)
+				t.Errorf("goroutines: %d before, %d after\n%s", before, runtime.NumGoroutine(), buf[:runtime.Stack(buf, true)])
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+}
+
+// hellos returns matching hellos for stages 1 (dialer) and 2 (listener).
+func hellos(shape ...int) (up, down Hello) {
+	up = Hello{Stage: 1, Stages: 4, ConfigDigest: "3fa2c1", Address: "127.0.0.1:7101", DType: Float32, Shape: shape}
+	down = up
+	down.Stage = 2
+	down.Address = ""
+	return up, down
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// connect starts a server for down and dials it as up. The links and the
+// server are closed at cleanup.
+func connect(t *testing.T, up, down Hello, opts Options) (srv *Server, upLink, downLink Link) {
+	t.Helper()
+	srv, err := Listen("127.0.0.1:0", down, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	type res struct {
+		l   Link
+		err error
+	}
+	acc := make(chan res, 1)
+	go func() { l, err := srv.Accept(ctxT(t, 10*time.Second)); acc <- res{l, err} }()
+	upLink, err = Dial(ctxT(t, 10*time.Second), srv.Addr(), up, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { upLink.Close() })
+	r := <-acc
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	t.Cleanup(func() { r.l.Close() })
+	return srv, upLink, r.l
+}
+
+// pattern makes a tensor whose bytes depend on kind, step and micro-batch.
+func pattern(kind Kind, step int64, mb int32, shape []int) *Tensor {
+	n := 4
+	for _, d := range shape {
+		n *= d
+	}
+	data := make([]byte, n)
+	for i := range data {
+		data[i] = byte(int64(i)*31 + step*7 + int64(mb)*3 + int64(kind))
+	}
+	return &Tensor{Kind: kind, Step: step, MicroBatch: mb, DType: Float32, Shape: shape, Data: data}
+}
+
+func sameTensor(a, b *Tensor) error {
+	if a.Kind != b.Kind || a.Step != b.Step || a.MicroBatch != b.MicroBatch || a.DType != b.DType ||
+		fmt.Sprint(a.Shape) != fmt.Sprint(b.Shape) || !bytes.Equal(a.Data, b.Data) {
+		return fmt.Errorf("got %v step %d mb %d %v %s (%d bytes), want %v step %d mb %d %v %s (%d bytes)",
+			b.Kind, b.Step, b.MicroBatch, b.Shape, b.DType, len(b.Data), a.Kind, a.Step, a.MicroBatch, a.Shape, a.DType, len(a.Data))
+	}
+	return nil
+}
+
+// exchange sends n activations up->down and n gradients down->up
+// concurrently and checks that all arrive in order and intact.
+func exchange(t *testing.T, up, down Link, n int, shape []int) {
+	t.Helper()
+	ctx := ctxT(t, 30*time.Second)
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	send := func(l Link, kind Kind) {
+		defer wg.Done()
+		for i := range n {
+			if err := l.Send(ctx, pattern(kind, int64(i), int32(i%8), shape)); err != nil {
+				errs <- fmt.Errorf("send %s %d: %w", kind, i, err)
+				return
+			}
+		}
+	}
+	recv := func(l Link, kind Kind) {
+		defer wg.Done()
+		for i := range n {
+			got, err := l.Recv(ctx)
+			if err != nil {
+				errs <- fmt.Errorf("recv %s %d: %w", kind, i, err)
+				return
+			}
+			if err := sameTensor(pattern(kind, int64(i), int32(i%8), shape), got); err != nil {
+				errs <- fmt.Errorf("%s %d: %w", kind, i, err)
+				return
+			}
+		}
+	}
+	wg.Add(4)
+	go send(up, Activation)
+	go send(down, Gradient)
+	go recv(down, Activation)
+	go recv(up, Gradient)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+func TestExchangeOverGRPC(t *testing.T) {
+	checkLeaks(t)
+	up, down := hellos(8, 16)
+	_, ul, dl := connect(t, up, down, Options{})
+	if p := dl.Peer(); p.Stage != 1 || p.Address != up.Address {
+		t.Errorf("listener's peer = %+v", p)
+	}
+	if p := ul.Peer(); p.Stage != 2 || !strings.HasPrefix(p.Address, "127.0.0.1:") {
+		t.Errorf("dialer's peer = %+v", p)
+	}
+	exchange(t, ul, dl, 100, []int{8, 16})
+}
+
+func TestSecondDialerRefused(t *testing.T) {
+	checkLeaks(t)
+	up, down := hellos(2)
+	srv, _, _ := connect(t, up, down, Options{})
+	_, err := Dial(ctxT(t, 5*time.Second), srv.Addr(), up, Options{})
+	var he *HandshakeError
+	if !errors.As(err, &he) || !strings.Contains(err.Error(), "an upstream neighbour is already connected") {
+		t.Errorf("got %v", err)
+	}
+	srv.Close()
+	if _, err := srv.Accept(context.Background()); err == nil || err.Error() != "stage 2: server closed" {
+		t.Errorf("Accept after Close: %v", err)
+	}
+}
+
+func TestLargeTensor(t *testing.T) {
+	checkLeaks(t)
+	shape := []int{4096, 1024} // 16 MiB of float32
+	up, down := hellos(shape...)
+	_, ul, dl := connect(t, up, down, Options{})
+	exchange(t, ul, dl, 2, shape)
+}
+
+func TestHandshakeMismatch(t *testing.T) {
+	cases := []struct {
+		name   string
+		mutate func(up *Hello)
+		want   string
+	}{
+		{"digest", func(h *Hello) { h.ConfigDigest = "9b01de" }, "config digest 9b01de differs from 3fa2c1"},
+		{"shape", func(h *Hello) { h.Shape = []int{64, 256} }, "activation shape [64 256] float32 differs from [64 128] float32"},
+		{"dtype", func(h *Hello) { h.DType = Float64 }, "activation shape [64 128] float64 differs from [64 128] float32"},
+		{"stage count", func(h *Hello) { h.Stages = 5 }, "stage count 5 differs from 4"},
+		{"non-adjacent", func(h *Hello) { h.Stage = 0 }, "only upstream neighbour stage 1 may connect"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			checkLeaks(t)
+			up, down := hellos(64, 128)
+			c.mutate(&up)
+			opts := Options{ConnectTimeout: 5 * time.Second}
+			srv, err := Listen("127.0.0.1:0", down, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer srv.Close()
+			_, dialErr := Dial(ctxT(t, 10*time.Second), srv.Addr(), up, opts)
+			_, acceptErr := srv.Accept(ctxT(t, 10*time.Second))
+			names := fmt.Sprintf("stage 2 (%s) refused stage %d (%s): ", srv.Addr(), up.Stage, up.Address)
+			for side, err := range map[string]error{"Dial": dialErr, "Accept": acceptErr} {
+				var he *HandshakeError
+				if !errors.As(err, &he) || !strings.Contains(err.Error(), names+c.want) {
+					t.Errorf("%s: got %v, want a HandshakeError with %q", side, err, names+c.want)
+				}
+			}
+		})
+	}
+}
+
+func TestDialerRefusesWrongListener(t *testing.T) {
+	checkLeaks(t)
+	up, down := hellos(2)
+	down.Stage = 3 // the dialer expects stage 2; the listener refuses first
+	srv, err := Listen("127.0.0.1:0", down, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	_, err = Dial(ctxT(t, 10*time.Second), srv.Addr(), up, Options{})
+	if err == nil || !strings.Contains(err.Error(), "only upstream neighbour stage 2 may connect") {
+		t.Errorf("got %v", err)
+	}
+	// The dialer's own check, as it would run on a listener's reply.
+	err = CheckPeer(up, down, true)
+	if err == nil || err.Error() != "stage 1 (127.0.0.1:7101) refused stage 3: expected downstream neighbour stage 2" {
+		t.Errorf("CheckPeer = %v", err)
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+func TestDialUnreachable(t *testing.T) {
+	checkLeaks(t)
+	up, _ := hellos(2)
+	addr := freeAddr(t)
+	start := time.Now()
+	_, err := Dial(context.Background(), addr, up, Options{ConnectTimeout: 300 * time.Millisecond})
+	elapsed := time.Since(start)
+	want := fmt.Sprintf("stage 1: downstream stage 2 at %s not reachable within 300ms: ", addr)
+	if err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("got %v, want prefix %q", err, want)
+	}
+	if elapsed < 250*time.Millisecond || elapsed > 5*time.Second {
+		t.Errorf("Dial took %v", elapsed)
+	}
+	t.Log(err)
+
+	// ctx is honoured too.
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	start = time.Now()
+	if _, err := Dial(ctx, addr, up, Options{}); !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 5*time.Second {
+		t.Errorf("Dial with a cancelled ctx: %v after %v", err, time.Since(start))
+	}
+}
+
+func TestDialWaitsForLateListener(t *testing.T) {
+	checkLeaks(t)
+	up, down := hellos(2)
+	addr := freeAddr(t)
+	type res struct {
+		l   Link
+		err error
+	}
+	dialed := make(chan res, 1)
+	go func() {
+		l, err := Dial(context.Background(), addr, up, Options{ConnectTimeout: 10 * time.Second})
+		dialed <- res{l, err}
+	}()
+	time.Sleep(300 * time.Millisecond)
+	srv, err := Listen(addr, down, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	dl, err := srv.Accept(ctxT(t, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dl.Close()
+	r := <-dialed
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	defer r.l.Close()
+	exchange(t, r.l, dl, 3, []int{2})
+}
+
+func TestAcceptTimeout(t *testing.T) {
+	checkLeaks(t)
+	_, down := hellos(2)
+	srv, err := Listen("127.0.0.1:0", down, Options{ConnectTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	start := time.Now()
+	_, err = srv.Accept(context.Background())
+	want := fmt.Sprintf("stage 2: upstream stage 1 did not connect to %s within 200ms", srv.Addr())
+	if err == nil || err.Error() != want {
+		t.Errorf("got %v, want %q", err, want)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("Accept took %v", d)
+	}
+}
+
+func TestListenAddressTaken(t *testing.T) {
+	checkLeaks(t)
+	_, down := hellos(2)
+	srv, err := Listen("127.0.0.1:0", down, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	_, err = Listen(srv.Addr(), down, Options{})
+	if err == nil || !strings.Contains(err.Error(), "stage 2: cannot listen on "+srv.Addr()) {
+		t.Errorf("got %v", err)
+	}
+	t.Log(err)
+}
+
+func TestPeerCloses(t *testing.T) {
+	t.Run("dialer closes", func(t *testing.T) {
+		checkLeaks(t)
+		up, down := hellos(2)
+		_, ul, dl := connect(t, up, down, Options{})
+		if err := ul.Send(ctxT(t, 5*time.Second), pattern(Activation, 0, 0, []int{2})); err != nil {
+			t.Fatal(err)
+		}
+		if err := ul.Close(); err != nil {
+			t.Fatal(err)
+		}
+		ctx := ctxT(t, 5*time.Second)
+		if _, err := dl.Recv(ctx); err != nil { // sent before Close: delivered
+			t.Fatal(err)
+		}
+		_, err := dl.Recv(ctx)
+		if !errors.Is(err, io.EOF) || !strings.HasPrefix(err.Error(), "stage 1 (127.0.0.1:7101): stream closed: ") {
+			t.Errorf("got %v", err)
+		}
+		if err := dl.Send(ctx, pattern(Gradient, 0, 0, []int{2})); err == nil {
+			t.Error("Send after the peer closed succeeded")
+		}
+		if _, err := ul.Recv(ctx); !errors.Is(err, ErrClosed) {
+			t.Errorf("Recv after Close: %v", err)
+		}
+	})
+	t.Run("listener closes", func(t *testing.T) {
+		checkLeaks(t)
+		up, down := hellos(2)
+		srv, ul, dl := connect(t, up, down, Options{})
+		if err := dl.Send(ctxT(t, 5*time.Second), pattern(Gradient, 0, 0, []int{2})); err != nil {
+			t.Fatal(err)
+		}
+		dl.Close()
+		ctx := ctxT(t, 5*time.Second)
+		if _, err := ul.Recv(ctx); err != nil {
+			t.Fatal(err)
+		}
+		_, err := ul.Recv(ctx)
+		want := fmt.Sprintf("stage 2 (%s): stream closed: ", srv.Addr())
+		if !errors.Is(err, io.EOF) || !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("got %v, want prefix %q", err, want)
+		}
+	})
+	t.Run("server stops", func(t *testing.T) {
+		checkLeaks(t)
+		up, down := hellos(2)
+		srv, ul, _ := connect(t, up, down, Options{})
+		srv.Close()
+		_, err := ul.Recv(ctxT(t, 5*time.Second))
+		want := fmt.Sprintf("stage 2 (%s): stream closed: ", srv.Addr())
+		if err == nil || !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("got %v, want prefix %q", err, want)
+		}
+		t.Log(err)
+	})
+}
+
+// TestPeerProcessDies runs the dialer in a child process and kills it: the
+// listener's Recv must fail promptly.
+func TestPeerProcessDies(t *testing.T) {
+	if addr := os.Getenv("TRANSPORT_HELPER_DIAL"); addr != "" {
+		up, _ := hellos(2)
+		l, err := Dial(context.Background(), addr, up, Options{ConnectTimeout: 10 * time.Second})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		l.Send(context.Background(), pattern(Activation, 0, 0, []int{2}))
+		time.Sleep(time.Minute) // killed by the parent
+		os.Exit(0)
+	}
+	checkLeaks(t)
+	_, down := hellos(2)
+	srv, err := Listen("127.0.0.1:0", down, Options{ConnectTimeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestPeerProcessDies$")
+	cmd.Env = append(os.Environ(), "TRANSPORT_HELPER_DIAL="+srv.Addr())
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer cmd.Process.Kill()
+	dl, err := srv.Accept(ctxT(t, 20*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dl.Close()
+	ctx := ctxT(t, 20*time.Second)
+	if _, err := dl.Recv(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Process.Kill()
+	start := time.Now()
+	_, err = dl.Recv(ctxT(t, 5*time.Second))
+	if err == nil || errors.Is(err, context.DeadlineExceeded) || !strings.HasPrefix(err.Error(), "stage 1 (127.0.0.1:7101): stream closed: ") {
+		t.Fatalf("got %v", err)
+	}
+	t.Logf("Recv failed %v after the kill: %v", time.Since(start), err)
+}
+
+func TestSendChecks(t *testing.T) {
+	up, down := hellos(2, 3)
+	a, b := Pipe(up, down, 1)
+	defer a.Close()
+	defer b.Close()
+	ctx := ctxT(t, 5*time.Second)
+	for _, c := range []struct {
+		l    Link
+		t    *Tensor
+		want string
+	}{
+		{a, pattern(Gradient, 0, 0, []int{2, 3}), "stage 1 sends activation tensors on this link, not gradient"},
+		{b, pattern(Activation, 0, 0, []int{2, 3}), "stage 2 sends gradient tensors on this link, not activation"},
+		{a, pattern(Activation, 0, 0, []int{3, 2}), "tensor shape [3 2] float32 does not match the link's [2 3] float32"},
+		{a, &Tensor{Kind: Activation, DType: Float32, Shape: []int{2, 3}, Data: make([]byte, 4)}, "payload is 4 bytes, shape [2 3] float32 needs 24"},
+	} {
+		if err := c.l.Send(ctx, c.t); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("got %v, want %q", err, c.want)
+		}
+	}
+}
+
+func TestPipe(t *testing.T) {
+	checkLeaks(t)
+	up, down := hellos(4)
+	a, b := Pipe(up, down, 2)
+	if a.Peer().Stage != 2 || b.Peer().Stage != 1 {
+		t.Errorf("peers: %+v %+v", a.Peer(), b.Peer())
+	}
+	exchange(t, a, b, 50, []int{4})
+
+	ctx := ctxT(t, 5*time.Second)
+	sent := pattern(Activation, 9, 0, []int{4})
+	if err := a.Send(ctx, sent); err != nil {
+		t.Fatal(err)
+	}
+	sent.Data[0]++ // the receiver must have its own copy
+	a.Close()
+	got, err := b.Recv(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sameTensor(pattern(Activation, 9, 0, []int{4}), got); err != nil {
+		t.Error(err)
+	}
+	if _, err := b.Recv(ctx); !errors.Is(err, io.EOF) || !strings.HasPrefix(err.Error(), "stage 1 (127.0.0.1:7101): stream closed: ") {
+		t.Errorf("Recv after peer Close: %v", err)
+	}
+	if _, err := a.Recv(ctx); !errors.Is(err, ErrClosed) {
+		t.Errorf("Recv after Close: %v", err)
+	}
+	b.Close()
+	b.Close() // idempotent
+}
+
+// fillUntilBlocked sends to a peer that never receives until a Send blocks
+// past a short timeout, returning how many went through.
+func fillUntilBlocked(t *testing.T, l Link, shape []int) int {
+	t.Helper()
+	for i := range 1000 {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		err := l.Send(ctx, pattern(Activation, int64(i), 0, shape))
+		cancel()
+		if errors.Is(err, context.DeadlineExceeded) {
+			return i
+		}
+		if err != nil {
+			t.Fatalf("send %d: %v", i, err)
+		}
+	}
+	t.Fatal("Send never blocked")
+	return 0
+}
+
+func TestBackpressure(t *testing.T) {
+	check := func(t *testing.T, l Link, shape []int) {
+		n := fillUntilBlocked(t, l, shape)
+		t.Logf("%d sends of %v float32 before blocking", n, shape)
+		// A blocked Send also honours cancellation.
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(50*time.Millisecond, cancel)
+		start := time.Now()
+		if err := l.Send(ctx, pattern(Activation, 0, 0, shape)); !errors.Is(err, context.Canceled) {
+			t.Errorf("cancelled Send: %v", err)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Errorf("cancelled Send took %v", d)
+		}
+	}
+	t.Run("pipe", func(t *testing.T) {
+		up, down := hellos(2)
+		a, b := Pipe(up, down, 1)
+		defer b.Close()
+		defer a.Close()
+		check(t, a, []int{2})
+	})
+	t.Run("grpc", func(t *testing.T) {
+		checkLeaks(t)
+		shape := []int{256, 1024} // 1 MiB, so gRPC's 64 MiB windows fill quickly
+		up, down := hellos(shape...)
+		opts := Options{QueueDepth: 1, CloseTimeout: 200 * time.Millisecond}
+		_, ul, dl := connect(t, up, down, opts)
+		check(t, ul, shape)
+		// The receiver closes first; the sender's Close then gives up on its
+		// queue quickly instead of waiting for a reader that never comes.
+		dl.Close()
+		done := make(chan struct{})
+		go func() { ul.Close(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatal("Close of a blocked link hangs")
+		}
+	})
+}
+
+func TestCloseFlushesQueue(t *testing.T) {
+	checkLeaks(t)
+	shape := []int{64, 1024}
+	up, down := hellos(shape...)
+	_, ul, dl := connect(t, up, down, Options{QueueDepth: 8})
+	ctx := ctxT(t, 10*time.Second)
+	for i := range 8 {
+		if err := ul.Send(ctx, pattern(Activation, int64(i), 0, shape)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	go ul.Close() // must deliver all 8 before ending the stream
+	for i := range 8 {
+		got, err := dl.Recv(ctx)
+		if err != nil {
+			t.Fatalf("recv %d: %v", i, err)
+		}
+		if err := sameTensor(pattern(Activation, int64(i), 0, shape), got); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := dl.Recv(ctx); !errors.Is(err, io.EOF) {
+		t.Errorf("after the flush: %v", err)
+	}
+}
+
+func BenchmarkStream4MiB(b *testing.B) {
+	shape := []int{1024, 1024}
+	up, down := hellos(shape...)
+	srv, err := Listen("127.0.0.1:0", down, Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer srv.Close()
+	go func() {
+		if l, err := Dial(context.Background(), srv.Addr(), up, Options{}); err == nil {
+			ctx := context.Background()
+			t := pattern(Activation, 0, 0, shape) // never modified, so it may be sent repeatedly
+			for l.Send(ctx, t) == nil {
+			}
+			l.Close()
+		}
+	}()
+	dl, err := srv.Accept(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer dl.Close()
+	ctx := context.Background()
+	if _, err := dl.Recv(ctx); err != nil { // warm up
+		b.Fatal(err)
+	}
+	b.SetBytes(4 << 20)
+	b.ResetTimer()
+	for range b.N {
+		if _, err := dl.Recv(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
