@@ -6,7 +6,6 @@ BIN := bin/pipetrain
 CONFIG ?= configs/fmnist-mlp-4stage.yaml
 RUN_DIR ?= runs/demo
 APT_PACKAGES := libopenblas-dev dataset-fashion-mnist
-GO_PACKAGES := $(shell go list ./... 2>/dev/null)
 
 .PHONY: all deps build demo reference test vet race bench clean
 
