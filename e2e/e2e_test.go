@@ -195,6 +195,31 @@ func TestLaunchEqualsReference(t *testing.T) {
 	}
 }
 
+// TestDemoReachesAccuracy runs the demo as `make demo` does (200 steps of the
+// default config, 4 processes) and checks the test accuracy launch prints.
+func TestDemoReachesAccuracy(t *testing.T) {
+	needData(t)
+	dir := t.TempDir()
+	r := run(t, 5*time.Minute, nil, "launch", "--config", withFreshAddresses(t, defaultConfig), "--run-dir", dir)
+	if r.err != nil {
+		t.Fatalf("launch: %v\n%s", r.err, r.out)
+	}
+	m := regexp.MustCompile(`pipetrain: test accuracy ([0-9.]+)% on 10000 test images`).FindStringSubmatch(r.out)
+	if m == nil {
+		t.Fatalf("launch printed no test accuracy:\n%s", r.out)
+	}
+	var acc float64
+	fmt.Sscan(m[1], &acc)
+	if acc <= 80 {
+		t.Errorf("test accuracy %.2f%% after 200 steps, want above 80%%", acc)
+	}
+	ms, err := stages.ReadMetrics(filepath.Join(dir, "metrics.jsonl"))
+	if err != nil || len(ms) != 200 {
+		t.Fatalf("metrics: %d lines, %v", len(ms), err)
+	}
+	t.Logf("test accuracy %.2f%%, loss %.4f -> %.4f", acc, ms[0].Loss, ms[199].Loss)
+}
+
 // TestNeighbourNeverComesUp starts a middle stage alone: it must give up within its
 // connect timeout and say which neighbour it waited for.
 func TestNeighbourNeverComesUp(t *testing.T) {
@@ -232,7 +257,7 @@ func TestLaunchStopsAllWhenOneStageFails(t *testing.T) {
 	if r.err == nil {
 		t.Fatalf("launch succeeded with stage 2's port taken:\n%s", r.out)
 	}
-	if !regexp.MustCompile(`pipetrain: stage 2 failed .*` + regexp.QuoteMeta(c.Stages[2].Address)).MatchString(r.out) {
+	if !regexp.MustCompile(`pipetrain: stage 2 failed \(exit status 1\); its last output: .*` + regexp.QuoteMeta(c.Stages[2].Address)).MatchString(r.out) {
 		t.Errorf("launch did not name stage 2 and its address:\n%s", r.out)
 	}
 	if r.took > 15*time.Second {

@@ -41,7 +41,7 @@ type StageError struct {
 
 func (e *StageError) Error() string {
 	if e.LastLine != "" {
-		return fmt.Sprintf("stage %d failed (%v): %s", e.Stage, e.Err, e.LastLine)
+		return fmt.Sprintf("stage %d failed (%v); its last output: %s", e.Stage, e.Err, e.LastLine)
 	}
 	return fmt.Sprintf("stage %d failed: %v", e.Stage, e.Err)
 }

@@ -72,7 +72,7 @@ sleep 30 & wait
 	if !errors.As(err, &se) || se.Stage != 1 || se.LastLine != "boom: link broke" {
 		t.Fatalf("error %v, want stage 1's failure with its last line", err)
 	}
-	if !strings.Contains(err.Error(), "stage 1 failed (exit status 3): boom: link broke") {
+	if !strings.Contains(err.Error(), "stage 1 failed (exit status 3); its last output: boom: link broke") {
 		t.Errorf("message: %v", err)
 	}
 	if took := time.Since(start); took > 10*time.Second {

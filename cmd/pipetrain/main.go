@@ -41,7 +41,7 @@ func signalContext() (context.Context, func()) {
 	signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM)
 	go func() {
 		if s, ok := <-ch; ok {
-			cancel(fmt.Errorf("%w by %v", launcher.ErrInterrupted, s))
+			cancel(fmt.Errorf("%w (%v)", launcher.ErrInterrupted, s))
 		}
 	}()
 	return ctx, func() { signal.Stop(ch); close(ch); cancel(nil) }
