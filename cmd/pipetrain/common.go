@@ -1,6 +1,10 @@
 package main
 
 import (
+	"path/filepath"
+	"strings"
+	"time"
+
 	"github.com/spf13/cobra"
 
 	"github.com/pipetrain/pipetrain/configs"
@@ -15,7 +19,7 @@ type runFlags struct {
 
 func (f *runFlags) register(c *cobra.Command, defaultRunDir string) {
 	c.Flags().StringVarP(&f.config, "config", "c", "", "run config (YAML); see configs/")
-	c.Flags().StringVar(&f.runDir, "run-dir", defaultRunDir, "directory for events, metrics, logs and weights")
+	c.Flags().StringVar(&f.runDir, "run-dir", defaultRunDir, "directory for events, metrics, logs and weights (default: runs/NAME-TIME, a new one per run)")
 	c.Flags().IntVar(&f.steps, "steps", 0, "override train.steps")
 	c.MarkFlagRequired("config")
 }
@@ -32,6 +36,14 @@ func (f *runFlags) load() (*configs.Config, error) {
 		if err := c.Validate(); err != nil {
 			return nil, err
 		}
+	}
+	if f.runDir == "" {
+		// A new directory per run, so no run overwrites another unless asked to.
+		name := c.Name
+		if name == "" {
+			name = strings.TrimSuffix(filepath.Base(c.Path), filepath.Ext(c.Path))
+		}
+		f.runDir = filepath.Join("runs", name+"-"+time.Now().Format("20060102-150405"))
 	}
 	return c, nil
 }

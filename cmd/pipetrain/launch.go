@@ -47,7 +47,7 @@ func launchCmd() *cobra.Command {
 			return printSummary(f.runDir)
 		},
 	}
-	f.register(c, "runs/latest")
+	f.register(c, "")
 	return c
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 
 	"github.com/spf13/cobra"
@@ -22,6 +23,7 @@ func referenceCmd() *cobra.Command {
 			if err := cfg.CheckData(); err != nil {
 				return err
 			}
+			fmt.Printf("pipetrain: reference run of %s in one process, run directory %s\n", cfg.Path, f.runDir)
 			rt, err := stages.New(stages.Options{Config: cfg, Reference: true, RunDir: f.runDir, Log: os.Stdout})
 			if err != nil {
 				return err
@@ -29,6 +31,6 @@ func referenceCmd() *cobra.Command {
 			return rt.Run(cmd.Context())
 		},
 	}
-	f.register(c, "runs/reference")
+	f.register(c, "")
 	return c
 }
