@@ -76,6 +76,9 @@ type Compute struct {
 type Transport struct {
 	ConnectTimeout time.Duration `mapstructure:"connect_timeout" json:"connect_timeout"`
 	QueueDepth     int           `mapstructure:"queue_depth" json:"queue_depth"`
+	// RecvTimeout bounds each wait for a neighbour's tensor during training, so a
+	// stalled neighbour stops the run with an error instead of hanging it.
+	RecvTimeout time.Duration `mapstructure:"recv_timeout" json:"recv_timeout"`
 }
 
 // Stage places a contiguous range of layers on one process.
@@ -113,6 +116,7 @@ var defaults = map[string]any{
 	"compute.blas_threads":      1,
 	"transport.connect_timeout": "30s",
 	"transport.queue_depth":     4,
+	"transport.recv_timeout":    "2m",
 }
 
 // Load reads a YAML config, applies PIPETRAIN_* environment overrides (a key's dots
@@ -199,6 +203,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Transport.ConnectTimeout <= 0 {
 		p.add("transport.connect_timeout", "must be positive, got %v", c.Transport.ConnectTimeout)
+	}
+	if c.Transport.RecvTimeout <= 0 {
+		p.add("transport.recv_timeout", "must be positive, got %v", c.Transport.RecvTimeout)
 	}
 	if c.Transport.QueueDepth < 1 {
 		p.add("transport.queue_depth", "must be at least 1, got %d", c.Transport.QueueDepth)

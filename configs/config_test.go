@@ -79,6 +79,7 @@ func TestValidationRules(t *testing.T) {
 		{"zero steps", "steps: 5", "steps: 0", []string{"train.steps", "at least 1"}},
 		{"cuda device", "address: 127.0.0.1:7002}", "address: 127.0.0.1:7002, device: \"cuda:0\"}", []string{"stages[1].device", "built without CUDA"}},
 		{"unknown device", "address: 127.0.0.1:7002}", "address: 127.0.0.1:7002, device: tpu}", []string{"stages[1].device", "unknown device"}},
+		{"zero receive timeout", "schedule: gpipe", "schedule: gpipe\ntransport: {recv_timeout: 0s}", []string{"transport.recv_timeout", "positive"}},
 		{"unknown dtype", "name: mlp,", "name: mlp, dtype: float16,", []string{"model:", `unknown dtype "float16"`}},
 	}
 	for _, tc := range cases {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"gorgonia.org/tensor"
 
@@ -20,6 +21,8 @@ type peer struct {
 	dtype transport.DType
 	shape []int
 	held  map[slot]*transport.Tensor
+	// timeout bounds each wait for a tensor; 0 means only ctx bounds it.
+	timeout time.Duration
 }
 
 type slot struct {
@@ -30,9 +33,9 @@ type slot struct {
 // maxHeld bounds early arrivals; more means the neighbour runs a different schedule.
 const maxHeld = 1024
 
-func newPeer(l transport.Link, kind transport.Kind, dt transport.DType, shape tensor.Shape) *peer {
+func newPeer(l transport.Link, kind transport.Kind, dt transport.DType, shape tensor.Shape, timeout time.Duration) *peer {
 	h := l.Peer()
-	return &peer{link: l, name: fmt.Sprintf("stage %d (%s)", h.Stage, h.Address), kind: kind, dtype: dt, shape: []int(shape.Clone()), held: map[slot]*transport.Tensor{}}
+	return &peer{link: l, name: fmt.Sprintf("stage %d (%s)", h.Stage, h.Address), kind: kind, dtype: dt, shape: []int(shape.Clone()), held: map[slot]*transport.Tensor{}, timeout: timeout}
 }
 
 // recv returns micro-batch mb of step as a tensor the caller owns.
@@ -40,9 +43,17 @@ func (p *peer) recv(ctx context.Context, step int64, mb int) (*tensor.Dense, err
 	want := slot{step, mb}
 	t, ok := p.held[want]
 	delete(p.held, want)
+	if !ok && p.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, p.timeout, fmt.Errorf("nothing arrived within transport.recv_timeout %v", p.timeout))
+		defer cancel()
+	}
 	for !ok {
 		got, err := p.link.Recv(ctx)
 		if err != nil {
+			if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
+				err = cause
+			}
 			return nil, fmt.Errorf("waiting for %s of step %d micro-batch %d from %s: %w", p.kind, step+1, mb, p.name, err)
 		}
 		if err := p.check(got); err != nil {

@@ -101,13 +101,13 @@ func New(o Options) (*Runtime, error) {
 		if o.Prev == nil {
 			return nil, fmt.Errorf("stage %d: no link to the previous stage", r.stage)
 		}
-		r.prev = newPeer(o.Prev, transport.Activation, dt, r.engine.InShape())
+		r.prev = newPeer(o.Prev, transport.Activation, dt, r.engine.InShape(), c.Transport.RecvTimeout)
 	}
 	if !r.engine.IsLast() {
 		if o.Next == nil {
 			return nil, fmt.Errorf("stage %d: no link to the next stage", r.stage)
 		}
-		r.next = newPeer(o.Next, transport.Gradient, dt, r.engine.OutShape())
+		r.next = newPeer(o.Next, transport.Gradient, dt, r.engine.OutShape(), c.Transport.RecvTimeout)
 	}
 	if err := r.loadData(o); err != nil {
 		return nil, err

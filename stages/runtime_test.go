@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -38,7 +39,7 @@ func testConfig(sched string, stageLayers []string, micro int, dtype, opt string
 		Train:     configs.Train{Steps: 6, Seed: 11, LogEvery: 2, Evaluate: true, Optimizer: configs.Optimizer{Name: opt, LR: 0.05, Momentum: 0.5, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8}},
 		Schedule:  sched,
 		Compute:   configs.Compute{BLASThreads: 1},
-		Transport: configs.Transport{ConnectTimeout: time.Second, QueueDepth: 2},
+		Transport: configs.Transport{ConnectTimeout: time.Second, QueueDepth: 2, RecvTimeout: 10 * time.Second},
 	}
 	for i, l := range stageLayers {
 		c.Stages = append(c.Stages, configs.Stage{Layers: l, Address: fmt.Sprintf("127.0.0.1:%d", 7000+i), Device: "cpu"})
@@ -214,5 +215,39 @@ func TestLossFalls(t *testing.T) {
 	losses := readLosses(t, runInProcess(t, c, false))
 	if !(losses[len(losses)-1] < losses[0]) {
 		t.Errorf("loss did not fall: first %v last %v", losses[0], losses[len(losses)-1])
+	}
+}
+
+// TestStalledNeighbourTimesOut runs stage 1 of 2 against a stage 0 that connects
+// but never sends: the wait must end at transport.recv_timeout, naming the peer.
+func TestStalledNeighbourTimesOut(t *testing.T) {
+	c := testConfig("1f1b", []string{"0-1", "2-3"}, 2, "float32", "sgd")
+	c.Transport.RecvTimeout = 200 * time.Millisecond
+	_, down, err := Hellos(c, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	up, _, err := Hellos(c, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	silent, link := transport.Pipe(down, up, 2)
+	defer silent.Close()
+	rt, err := New(Options{Config: c, Stage: 1, RunDir: t.TempDir(), Prev: link, Train: synthetic(96, 8, 3, 1), Test: synthetic(30, 8, 3, 2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err = rt.Run(context.Background())
+	if err == nil {
+		t.Fatal("stage ran without input")
+	}
+	for _, want := range []string{"stage 1, step 1", "waiting for activation of step 1 micro-batch 0 from stage 0 (127.0.0.1:7000)", "recv_timeout 200ms"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("gave up after %v", took)
 	}
 }
