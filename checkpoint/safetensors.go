@@ -221,3 +221,30 @@ func decode(name string, e entry, data []byte) (Tensor, error) {
 	}
 	return t, nil
 }
+
+// ReadAll merges the tensors of every *.safetensors file in dir (one per stage of a
+// run) by name; a name in two files is an error.
+func ReadAll(dir string) (map[string]Tensor, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "*.safetensors"))
+	if err != nil {
+		return nil, err
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("checkpoint: no .safetensors files in %s", dir)
+	}
+	out := map[string]Tensor{}
+	from := map[string]string{}
+	for _, f := range files {
+		ts, _, err := Read(f)
+		if err != nil {
+			return nil, err
+		}
+		for _, t := range ts {
+			if prev, dup := from[t.Name]; dup {
+				return nil, fmt.Errorf("checkpoint: tensor %s is in both %s and %s", t.Name, prev, f)
+			}
+			out[t.Name], from[t.Name] = t, f
+		}
+	}
+	return out, nil
+}

@@ -69,3 +69,22 @@ func TestReadRejectsCorruptFiles(t *testing.T) {
 		}
 	}
 }
+
+func TestReadAllMergesStages(t *testing.T) {
+	dir := t.TempDir()
+	a := Tensor{Name: "fc0.weight", Shape: []int{1}, F32: []float32{1}}
+	b := Tensor{Name: "fc1.weight", Shape: []int{1}, F32: []float32{2}}
+	Write(filepath.Join(dir, "stage-0.safetensors"), []Tensor{a}, nil)
+	Write(filepath.Join(dir, "stage-1.safetensors"), []Tensor{b}, nil)
+	all, err := ReadAll(dir)
+	if err != nil || len(all) != 2 || all["fc1.weight"].F32[0] != 2 {
+		t.Fatalf("ReadAll = %v, %v", all, err)
+	}
+	Write(filepath.Join(dir, "stage-2.safetensors"), []Tensor{a}, nil)
+	if _, err := ReadAll(dir); err == nil || !strings.Contains(err.Error(), "fc0.weight is in both") {
+		t.Errorf("duplicate tensor across files: %v", err)
+	}
+	if _, err := ReadAll(t.TempDir()); err == nil {
+		t.Error("empty directory accepted")
+	}
+}

@@ -116,18 +116,11 @@ func run(t *testing.T, timeout time.Duration, env []string, args ...string) resu
 
 func weights(t *testing.T, runDir string) map[string]checkpoint.Tensor {
 	t.Helper()
-	files, _ := filepath.Glob(filepath.Join(runDir, "weights", "*.safetensors"))
-	out := map[string]checkpoint.Tensor{}
-	for _, f := range files {
-		ts, _, err := checkpoint.Read(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, x := range ts {
-			out[x.Name] = x
-		}
+	w, err := checkpoint.ReadAll(filepath.Join(runDir, "weights"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	return out
+	return w
 }
 
 // TestLaunchEqualsReference trains the default 4-stage config for 30 steps with each

@@ -102,18 +102,11 @@ func runInProcess(t *testing.T, c *configs.Config, reference bool) string {
 
 func readWeights(t *testing.T, dir string) map[string]checkpoint.Tensor {
 	t.Helper()
-	files, _ := filepath.Glob(filepath.Join(dir, "weights", "stage-*.safetensors"))
-	out := map[string]checkpoint.Tensor{}
-	for _, f := range files {
-		ts, _, err := checkpoint.Read(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, x := range ts {
-			out[x.Name] = x
-		}
+	w, err := checkpoint.ReadAll(filepath.Join(dir, "weights"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	return out
+	return w
 }
 
 func sameFile(t *testing.T, a, b string) {

@@ -24,11 +24,15 @@ func (f *runFlags) register(c *cobra.Command, defaultRunDir string) {
 	c.MarkFlagRequired("config")
 }
 
-// load reads the config and applies the command-line overrides; flags beat
-// PIPETRAIN_* variables, which beat the file.
+// load reads the config for a training command, applies the command-line
+// overrides (flags beat PIPETRAIN_* variables, which beat the file) and checks that
+// the data is there before any process starts.
 func (f *runFlags) load() (*configs.Config, error) {
 	c, err := configs.Load(f.config)
 	if err != nil {
+		return nil, err
+	}
+	if err := c.CheckData(); err != nil {
 		return nil, err
 	}
 	if f.steps > 0 {

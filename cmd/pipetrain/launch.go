@@ -25,9 +25,6 @@ func launchCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := cfg.CheckData(); err != nil {
-				return err
-			}
 			exe, err := os.Executable()
 			if err != nil {
 				return err

@@ -20,9 +20,6 @@ func referenceCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := cfg.CheckData(); err != nil {
-				return err
-			}
 			fmt.Printf("pipetrain: reference run of %s in one process, run directory %s\n", cfg.Path, f.runDir)
 			rt, err := stages.New(stages.Options{Config: cfg, Reference: true, RunDir: f.runDir, Log: os.Stdout})
 			if err != nil {

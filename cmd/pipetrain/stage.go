@@ -24,9 +24,6 @@ func stageCmd() *cobra.Command {
 			if index < 0 || index >= len(cfg.Stages) {
 				return fmt.Errorf("--stage %d: %s has stages 0-%d", index, cfg.Path, len(cfg.Stages)-1)
 			}
-			if err := cfg.CheckData(); err != nil {
-				return err
-			}
 			links, err := stages.Connect(cmd.Context(), cfg, index)
 			if err != nil {
 				return err
