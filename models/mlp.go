@@ -59,25 +59,36 @@ func (d *Dense) Name() string { return d.name }
 
 func (d *Dense) OutShape(in tensor.Shape) tensor.Shape { return tensor.Shape{in[0], d.Out} }
 
-func (d *Dense) Build(g *G.ExprGraph, x *G.Node, seed uint64) (*G.Node, []*G.Node, error) {
+func (d *Dense) Build(g *G.ExprGraph, x *G.Node, seed uint64) (Built, error) {
 	w := G.NewMatrix(g, d.dt, G.WithShape(d.In, d.Out), G.WithName(d.name+".weight"),
 		G.WithValue(glorotUniform(d.dt, tensor.Shape{d.In, d.Out}, d.In, d.Out, paramRNG(seed, d.name, "weight"))))
 	b := G.NewVector(g, d.dt, G.WithShape(d.Out), G.WithName(d.name+".bias"),
 		G.WithValue(tensor.New(tensor.Of(d.dt), tensor.WithShape(d.Out))))
-	xw, err := G.Mul(x, w)
+	params := []*G.Node{w, b}
+	tap, err := d.Affine(g, x, params)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", d.name, err)
+		return Built{}, err
 	}
-	y, err := G.BroadcastAdd(xw, b, nil, []byte{0})
-	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", d.name, err)
-	}
+	out := tap
 	if d.Act != "" {
-		if y, err = activations[d.Act](y); err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", d.name, err)
+		if out, err = activations[d.Act](tap); err != nil {
+			return Built{}, fmt.Errorf("%s: %w", d.name, err)
 		}
 	}
-	return y, []*G.Node{w, b}, nil
+	return Built{Out: out, Params: params, Tap: tap}, nil
+}
+
+// Affine is x W + b.
+func (d *Dense) Affine(g *G.ExprGraph, x *G.Node, params []*G.Node) (*G.Node, error) {
+	xw, err := G.Mul(x, params[0])
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", d.name, err)
+	}
+	y, err := G.BroadcastAdd(xw, params[1], nil, []byte{0})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", d.name, err)
+	}
+	return y, nil
 }
 
 // SoftmaxCrossEntropy adds the mean softmax cross-entropy of logits [batch, classes]

@@ -32,8 +32,28 @@ type Layer interface {
 	Name() string
 	// OutShape is the shape of the layer's output for a micro-batch of the given input shape.
 	OutShape(in tensor.Shape) tensor.Shape
-	// Build adds the layer's forward ops for input x and returns its output and parameters.
-	Build(g *G.ExprGraph, x *G.Node, seed uint64) (out *G.Node, params []*G.Node, err error)
+	// Build adds the layer's forward ops for input x, creating its parameters.
+	Build(g *G.ExprGraph, x *G.Node, seed uint64) (Built, error)
+}
+
+// Built is what a layer added to a graph.
+type Built struct {
+	Out    *G.Node
+	Params []*G.Node
+	// Tap is, for a Splittable layer, the output of its parameterised part: with the
+	// layer's input, its gradient determines every parameter gradient.
+	Tap *G.Node
+}
+
+// Splittable layers can compute their weight gradient apart from their input
+// gradient, as zero-bubble schedules need: the weight gradient of Affine depends
+// only on its input and the gradient of its output, never on forward values, so a
+// program that holds just those two computes it without rerunning the forward.
+type Splittable interface {
+	Layer
+	// Affine adds the parameterised part, tap = f(x, params), to g, with params
+	// created by the caller in Build's order and shapes.
+	Affine(g *G.ExprGraph, x *G.Node, params []*G.Node) (*G.Node, error)
 }
 
 // Model is a built model description: its layers in order and the shape of one example.

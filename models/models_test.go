@@ -58,11 +58,11 @@ func TestInitIndependentOfSplit(t *testing.T) {
 		h := x
 		var ps []*G.Node
 		for _, l := range m.Layers[first:2] {
-			var p []*G.Node
-			if h, p, err = l.Build(g, h, 9); err != nil {
+			b, err := l.Build(g, h, 9)
+			if err != nil {
 				t.Fatal(err)
 			}
-			ps = append(ps, p...)
+			h, ps = b.Out, append(ps, b.Params...)
 		}
 		w := ps[len(ps)-2] // fc1.weight
 		if w.Name() != "fc1.weight" {

@@ -15,12 +15,20 @@ import (
 // and, any time later, its backward, without recomputing the forward: the stage is
 // one compiled gorgonia program whose tape pauses where the upstream gradient enters
 // (see pauseOp), and each micro-batch in flight keeps its own tape machine, whose
-// registers are that micro-batch's stashed activations. Weight gradients of all
-// micro-batches sum into the parameters' dual values until Step.
+// registers are that micro-batch's stashed activations.
+//
+// In fused mode (Backward) the resumed tape computes the input gradient and the
+// weight gradients together, summing the latter into the parameters' dual values.
+// In split mode, for zero-bubble schedules, the resumed tape computes only the input
+// gradient (Input) and the gradients of each layer's tap, which it copies out with
+// each layer's input; a second, small program built from the layers' affine parts
+// turns those into weight gradients whenever the schedule says (Weight). Both modes
+// use gorgonia's symbolic gradients and give identical bits.
 type Engine struct {
 	Model       *models.Model
 	First, Last int // layer range [First, Last)
 	Batch       int // examples per micro-batch
+	Split       bool
 
 	g      *G.ExprGraph
 	x      *G.Node // stage input: data on the first stage, else the upstream activation
@@ -30,19 +38,30 @@ type Engine struct {
 	params []*G.Node
 	logits G.Value // last stage: copied out by a Read node during the forward
 
-	compiled compiledProgram
-	gate     *gate
-	idle     []G.VM
-	inflight map[int]G.VM
-	peak     int
-}
-
-type compiledProgram struct {
 	newMachine func() G.VM
+	gate       *gate
+	idle       []G.VM
+	flights    map[int]*flight
+	peak       int
+
+	// Split mode only.
+	taps   []tapRead // per layer: copies of its input and of its tap's gradient
+	weight *weightProgram
+	grads  []*tensor.Dense // summed weight gradients, in params order
 }
 
-// NewEngine builds and compiles the stage program once; nothing is rebuilt per step.
-func NewEngine(m *models.Model, first, last, batch int, seed uint64) (e *Engine, err error) {
+// flight is one micro-batch between its forward and the end of its backward.
+type flight struct {
+	vm    G.VM      // paused tape; nil once the input gradient is done (split mode)
+	stash []G.Value // split mode, after Input: layer inputs then tap gradients for Weight
+}
+
+type tapRead struct {
+	in, grad G.Value // targets of Read nodes
+}
+
+// NewEngine builds and compiles the stage programs once; nothing is rebuilt per step.
+func NewEngine(m *models.Model, first, last, batch int, seed uint64, split bool) (e *Engine, err error) {
 	if first < 0 || last > len(m.Layers) || first >= last {
 		return nil, fmt.Errorf("layer range [%d, %d) is not within the model's %d layers", first, last, len(m.Layers))
 	}
@@ -52,16 +71,23 @@ func NewEngine(m *models.Model, first, last, batch int, seed uint64) (e *Engine,
 			err = fmt.Errorf("building layers [%d, %d): %v", first, last, r)
 		}
 	}()
-	e = &Engine{Model: m, First: first, Last: last, Batch: batch, g: G.NewGraph(), gate: &gate{}, inflight: map[int]G.VM{}}
+	e = &Engine{Model: m, First: first, Last: last, Batch: batch, Split: split, g: G.NewGraph(), gate: &gate{}, flights: map[int]*flight{}}
 	inShape := m.ShapeAt(first, batch)
 	e.x = G.NewTensor(e.g, m.DType, len(inShape), G.WithShape(inShape...), G.WithName("input"))
 	h := e.x
+	var inputs, taps []*G.Node
+	var counts []int // parameters per layer
 	for _, l := range m.Layers[first:last] {
-		var ps []*G.Node
-		if h, ps, err = l.Build(e.g, h, seed); err != nil {
+		if _, ok := l.(models.Splittable); split && !ok {
+			return nil, fmt.Errorf("layer %s cannot split its backward into input and weight gradients, which zero-bubble schedules need", l.Name())
+		}
+		b, err := l.Build(e.g, h, seed)
+		if err != nil {
 			return nil, err
 		}
-		e.params = append(e.params, ps...)
+		inputs, taps, counts = append(inputs, h), append(taps, b.Tap), append(counts, len(b.Params))
+		h = b.Out
+		e.params = append(e.params, b.Params...)
 	}
 	e.out = h
 	if e.IsLast() {
@@ -71,13 +97,17 @@ func NewEngine(m *models.Model, first, last, batch int, seed uint64) (e *Engine,
 			return nil, fmt.Errorf("loss: %w", err)
 		}
 	}
-	wrt := append([]*G.Node{}, e.params...)
-	if !e.IsFirst() {
-		wrt = append(wrt, e.x)
-	}
 	upstream, err := G.ApplyOp(newPause(e.gate), e.out)
 	if err != nil {
 		return nil, fmt.Errorf("adding the backward pause: %w", err)
+	}
+	wrt := e.params
+	if split {
+		wrt = taps
+	}
+	wrt = append(append([]*G.Node{}, wrt...), e.x)
+	if e.IsFirst() {
+		wrt = wrt[:len(wrt)-1]
 	}
 	grads, err := G.Backpropagate(G.Nodes{e.out}, G.Nodes{upstream}, wrt)
 	if err != nil {
@@ -86,12 +116,28 @@ func NewEngine(m *models.Model, first, last, batch int, seed uint64) (e *Engine,
 	if !e.IsFirst() {
 		e.dx = grads[len(grads)-1]
 	}
+	if split {
+		e.taps = make([]tapRead, len(taps))
+		for i := range taps {
+			G.Read(inputs[i], &e.taps[i].in)
+			G.Read(grads[i], &e.taps[i].grad)
+		}
+		if e.weight, err = newWeightProgram(m, first, last, inputs, taps, e.params, counts); err != nil {
+			return nil, err
+		}
+		for _, p := range e.params {
+			e.grads = append(e.grads, tensor.New(tensor.Of(m.DType), tensor.WithShape(p.Shape()...)))
+		}
+	}
 	prog, locMap, err := G.Compile(e.g)
 	if err != nil {
 		return nil, fmt.Errorf("compiling layers [%d, %d): %w", first, last, err)
 	}
 	params := e.params
-	e.compiled.newMachine = func() G.VM {
+	e.newMachine = func() G.VM {
+		if split {
+			return G.NewTapeMachine(e.g, G.WithPrecompiled(prog, locMap))
+		}
 		return G.NewTapeMachine(e.g, G.WithPrecompiled(prog, locMap), G.BindDualValues(params...))
 	}
 	return e, nil
@@ -111,16 +157,16 @@ func (e *Engine) OutShape() tensor.Shape { return e.Model.ShapeAt(e.Last, e.Batc
 // weight before bias); the order fixes optimizer state and checkpoint layout.
 func (e *Engine) Params() []*G.Node { return e.params }
 
-// InFlight is how many micro-batches have run forward and await backward; PeakInFlight
-// the most at once since the engine was made.
-func (e *Engine) InFlight() int     { return len(e.inflight) }
+// InFlight is how many micro-batches hold stashed activations (forward done,
+// backward not finished); PeakInFlight the most at once since the engine was made.
+func (e *Engine) InFlight() int     { return len(e.flights) }
 func (e *Engine) PeakInFlight() int { return e.peak }
 
 // Forward runs micro-batch key's forward on input. On the last stage targets holds
-// the class of each example and the result is the scalar loss; elsewhere it is the
-// activation to send downstream. The returned tensor is a copy the caller owns.
+// the class of each example and the result is the scalar loss, as a tensor of shape
+// (1); elsewhere it is the activation to send downstream. The result is the caller's.
 func (e *Engine) Forward(key int, input *tensor.Dense, targets []int) (*tensor.Dense, error) {
-	if _, busy := e.inflight[key]; busy {
+	if _, busy := e.flights[key]; busy {
 		return nil, fmt.Errorf("micro-batch %d: forward run twice before its backward", key)
 	}
 	if err := G.Let(e.x, input); err != nil {
@@ -135,17 +181,16 @@ func (e *Engine) Forward(key int, input *tensor.Dense, targets []int) (*tensor.D
 	e.gate.open, e.gate.hit = false, false
 	err := vm.RunAll()
 	if err == nil || !e.gate.hit {
-		vm.Reset()
-		e.idle = append(e.idle, vm)
+		e.release(vm)
 		if err == nil {
 			err = errors.New("program finished without reaching the backward pause")
 		}
 		return nil, fmt.Errorf("micro-batch %d forward: %w", key, err)
 	}
-	e.inflight[key] = vm
-	if len(e.inflight) > e.peak {
-		e.peak = len(e.inflight)
-	}
+	f := &flight{vm: vm}
+	e.harvest(f)
+	e.flights[key] = f
+	e.peak = max(e.peak, len(e.flights))
 	return copyDense(e.out.Value())
 }
 
@@ -161,18 +206,59 @@ func (e *Engine) Logits() (*tensor.Dense, error) {
 // (the loss scale on the last stage), adds its weight gradients to the parameters'
 // and returns the gradient w.r.t. the stage input (nil on the first stage).
 func (e *Engine) Backward(key int, grad G.Value) (*tensor.Dense, error) {
-	vm, ok := e.inflight[key]
+	if e.Split {
+		dx, err := e.Input(key, grad)
+		if err != nil {
+			return nil, err
+		}
+		return dx, e.Weight(key)
+	}
+	f, ok := e.flights[key]
 	if !ok {
 		return nil, fmt.Errorf("micro-batch %d: backward without a forward", key)
 	}
-	delete(e.inflight, key)
+	delete(e.flights, key)
+	defer e.release(f.vm)
+	return e.resume(key, f.vm, grad)
+}
+
+// Input (split mode) resumes micro-batch key's machine to compute only the gradient
+// w.r.t. the stage input, keeping what Weight needs.
+func (e *Engine) Input(key int, grad G.Value) (*tensor.Dense, error) {
+	f, ok := e.flights[key]
+	if !ok || f.vm == nil {
+		return nil, fmt.Errorf("micro-batch %d: input gradient without a forward, or twice", key)
+	}
+	if !e.Split {
+		return nil, errors.New("input gradient alone needs an engine built for split backward")
+	}
+	vm := f.vm
+	f.vm = nil
+	defer e.release(vm)
+	dx, err := e.resume(key, vm, grad)
+	if err != nil {
+		delete(e.flights, key)
+		return nil, err
+	}
+	e.harvest(f)
+	return dx, nil
+}
+
+// Weight (split mode) computes micro-batch key's weight gradients from what Input
+// kept, adds them to the summed gradients and releases the micro-batch.
+func (e *Engine) Weight(key int) error {
+	f, ok := e.flights[key]
+	if !ok || f.vm != nil {
+		return fmt.Errorf("micro-batch %d: weight gradient before its input gradient", key)
+	}
+	delete(e.flights, key)
+	return e.weight.run(f.stash, e.grads)
+}
+
+func (e *Engine) resume(key int, vm G.VM, grad G.Value) (*tensor.Dense, error) {
 	e.gate.open, e.gate.grad, e.gate.taken = true, grad, false
 	err := vm.RunAll()
 	e.gate.open, e.gate.grad = false, nil
-	defer func() {
-		vm.Reset()
-		e.idle = append(e.idle, vm)
-	}()
 	if err != nil {
 		return nil, fmt.Errorf("micro-batch %d backward: %w", key, err)
 	}
@@ -185,12 +271,34 @@ func (e *Engine) Backward(key int, grad G.Value) (*tensor.Dense, error) {
 	return copyDense(e.dx.Value())
 }
 
+// harvest moves what the Read nodes copied during the last run into f's stash:
+// the Read targets are shared by all machines, so they are emptied after each run.
+// Layer inputs come first, then tap gradients.
+func (e *Engine) harvest(f *flight) {
+	if !e.Split {
+		return
+	}
+	if f.stash == nil {
+		f.stash = make([]G.Value, 2*len(e.taps))
+	}
+	n := len(e.taps)
+	for i := range e.taps {
+		if v := e.taps[i].in; v != nil {
+			f.stash[i], e.taps[i].in = v, nil
+		}
+		if v := e.taps[i].grad; v != nil {
+			f.stash[n+i], e.taps[i].grad = v, nil
+		}
+	}
+}
+
 // Discard drops micro-batch key's stashed forward (evaluation: no backward follows).
 func (e *Engine) Discard(key int) {
-	if vm, ok := e.inflight[key]; ok {
-		delete(e.inflight, key)
-		vm.Reset()
-		e.idle = append(e.idle, vm)
+	if f, ok := e.flights[key]; ok {
+		delete(e.flights, key)
+		if f.vm != nil {
+			e.release(f.vm)
+		}
 	}
 }
 
@@ -205,11 +313,44 @@ func (e *Engine) LossScale(microBatches int) G.Value {
 
 // Step applies the optimizer to the summed gradients; the solver zeroes them.
 func (e *Engine) Step(s G.Solver) error {
-	if len(e.inflight) != 0 {
-		return fmt.Errorf("optimizer step with %d micro-batches still in flight", len(e.inflight))
+	if len(e.flights) != 0 {
+		return fmt.Errorf("optimizer step with %d micro-batches still in flight", len(e.flights))
+	}
+	if e.Split {
+		vgs := make([]G.ValueGrad, len(e.params))
+		for i, p := range e.params {
+			vgs[i] = paramGrad{p.Value(), e.grads[i]}
+		}
+		return s.Step(vgs)
 	}
 	return s.Step(G.NodesToValueGrads(e.params))
 }
+
+// Gradients returns the summed gradient of each parameter, in Params order.
+func (e *Engine) Gradients() ([]G.Value, error) {
+	out := make([]G.Value, len(e.params))
+	for i, p := range e.params {
+		if e.Split {
+			out[i] = e.grads[i]
+			continue
+		}
+		g, err := p.Grad()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", p.Name(), err)
+		}
+		out[i] = g
+	}
+	return out, nil
+}
+
+// paramGrad hands a split engine's own gradient sums to gorgonia's solvers.
+type paramGrad struct {
+	v G.Value
+	g *tensor.Dense
+}
+
+func (p paramGrad) Value() G.Value         { return p.v }
+func (p paramGrad) Grad() (G.Value, error) { return p.g, nil }
 
 func (e *Engine) machine() G.VM {
 	if n := len(e.idle); n > 0 {
@@ -217,7 +358,12 @@ func (e *Engine) machine() G.VM {
 		e.idle = e.idle[:n-1]
 		return vm
 	}
-	return e.compiled.newMachine()
+	return e.newMachine()
+}
+
+func (e *Engine) release(vm G.VM) {
+	vm.Reset()
+	e.idle = append(e.idle, vm)
 }
 
 func (e *Engine) oneHot(targets []int) *tensor.Dense {
@@ -237,7 +383,7 @@ func (e *Engine) oneHot(targets []int) *tensor.Dense {
 }
 
 // copyDense copies a value out of a machine's registers, which later instructions of
-// the same machine may overwrite in place.
+// the same machine may overwrite in place. Scalars become shape (1).
 func copyDense(v G.Value) (*tensor.Dense, error) {
 	switch t := v.(type) {
 	case *tensor.Dense:

@@ -42,12 +42,11 @@ func symbolicGrads(t *testing.T, m *models.Model, x *tensor.Dense, y []int, seed
 	h := in
 	var params G.Nodes
 	for _, l := range m.Layers {
-		var ps []*G.Node
-		var err error
-		if h, ps, err = l.Build(g, h, seed); err != nil {
+		b, err := l.Build(g, h, seed)
+		if err != nil {
 			t.Fatal(err)
 		}
-		params = append(params, ps...)
+		h, params = b.Out, append(params, b.Params...)
 	}
 	oh := make([]float64, batch*m.Classes)
 	for i, c := range y {
@@ -81,12 +80,12 @@ func engineGrads(t *testing.T, es []*Engine) map[string][]float64 {
 	t.Helper()
 	out := map[string][]float64{}
 	for _, e := range es {
-		for _, p := range e.Params() {
-			gv, err := p.Grad()
-			if err != nil {
-				t.Fatalf("%s: %v", p.Name(), err)
-			}
-			out[p.Name()] = append([]float64(nil), gv.Data().([]float64)...)
+		gs, err := e.Gradients()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, p := range e.Params() {
+			out[p.Name()] = append([]float64(nil), gs[i].Data().([]float64)...)
 		}
 	}
 	return out
@@ -95,11 +94,11 @@ func engineGrads(t *testing.T, es []*Engine) map[string][]float64 {
 // runPipeline pushes micro-batches through engines split at the given layer
 // boundaries: all forwards, then all backwards in micro-batch order (GPipe order),
 // so several micro-batches are in flight on every engine at once.
-func runPipeline(t *testing.T, m *models.Model, cuts []int, xs []*tensor.Dense, ys [][]int, seed uint64) ([]*Engine, []float64) {
+func runPipeline(t *testing.T, m *models.Model, cuts []int, xs []*tensor.Dense, ys [][]int, seed uint64, split bool) ([]*Engine, []float64) {
 	t.Helper()
 	var es []*Engine
 	for i := 0; i+1 < len(cuts); i++ {
-		e, err := NewEngine(m, cuts[i], cuts[i+1], xs[0].Shape()[0], seed)
+		e, err := NewEngine(m, cuts[i], cuts[i+1], xs[0].Shape()[0], seed, split)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -158,8 +157,13 @@ func TestEngineMatchesSymbolicGradient(t *testing.T) {
 			}
 		}
 	}
-	for _, cuts := range [][]int{{0, 3}, {0, 1, 3}, {0, 2, 3}, {0, 1, 2, 3}} {
-		es, losses := runPipeline(t, m, cuts, xs, ys, seed)
+	for _, tc := range []struct {
+		cuts  []int
+		split bool
+	}{{[]int{0, 3}, false}, {[]int{0, 1, 3}, false}, {[]int{0, 2, 3}, false}, {[]int{0, 1, 2, 3}, false},
+		{[]int{0, 3}, true}, {[]int{0, 1, 3}, true}, {[]int{0, 1, 2, 3}, true}} {
+		cuts := tc.cuts
+		es, losses := runPipeline(t, m, cuts, xs, ys, seed, tc.split)
 		for k := range losses {
 			if losses[k] != wantLoss[k] {
 				t.Errorf("cuts %v: micro-batch %d loss %v, symbolic %v", cuts, k, losses[k], wantLoss[k])
@@ -172,7 +176,7 @@ func TestEngineMatchesSymbolicGradient(t *testing.T) {
 		for name, w := range want {
 			for i := range w {
 				if d := math.Abs(got[name][i] - w[i]); d > 1e-12*(1+math.Abs(w[i])) {
-					t.Fatalf("cuts %v: %s[%d] = %v, symbolic %v", cuts, name, i, got[name][i], w[i])
+					t.Fatalf("cuts %v split %v: %s[%d] = %v, symbolic %v", cuts, tc.split, name, i, got[name][i], w[i])
 				}
 			}
 		}
@@ -190,7 +194,7 @@ func TestEngineFiniteDifferences(t *testing.T) {
 	const seed = 3
 	m := smallMLP(t, "float64")
 	x, y := randInput(rand.New(rand.NewPCG(5, 6)), 4, 6)
-	es, _ := runPipeline(t, m, []int{0, 1, 3}, []*tensor.Dense{x}, [][]int{y}, seed)
+	es, _ := runPipeline(t, m, []int{0, 1, 3}, []*tensor.Dense{x}, [][]int{y}, seed, false)
 	grads := engineGrads(t, es)
 
 	lossAt := func() float64 {
@@ -228,7 +232,7 @@ func TestEngineFiniteDifferences(t *testing.T) {
 
 func TestEngineRejectsMisuse(t *testing.T) {
 	m := smallMLP(t, "float32")
-	e, err := NewEngine(m, 1, 3, 2, 1)
+	e, err := NewEngine(m, 1, 3, 2, 1, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,7 +249,162 @@ func TestEngineRejectsMisuse(t *testing.T) {
 	if err := e.Step(G.NewVanillaSolver()); err == nil {
 		t.Error("optimizer step with a micro-batch in flight accepted")
 	}
-	if _, err := NewEngine(m, 2, 2, 2, 1); err == nil {
+	if _, err := NewEngine(m, 2, 2, 2, 1, false); err == nil {
 		t.Error("empty layer range accepted")
 	}
+}
+
+// TestSplitBackwardIsBitIdentical runs the same micro-batches through fused and
+// split engines, the split ones with weight gradients deferred and interleaved as a
+// zero-bubble schedule does: input gradients, weight gradients and the weights after
+// an Adam step must be identical bits.
+func TestSplitBackwardIsBitIdentical(t *testing.T) {
+	const seed = 5
+	for _, dtype := range []string{"float32", "float64"} {
+		m := smallMLP(t, dtype)
+		r := rand.New(rand.NewPCG(8, 9))
+		var xs []*tensor.Dense
+		var ys [][]int
+		for range 3 {
+			x, y := randInput(r, 4, 6)
+			if dtype == "float32" {
+				x = toFloat32(x)
+			}
+			xs, ys = append(xs, x), append(ys, y)
+		}
+		build := func(split bool) []*Engine {
+			var es []*Engine
+			for _, c := range [][2]int{{0, 1}, {1, 3}} {
+				e, err := NewEngine(m, c[0], c[1], 4, seed, split)
+				if err != nil {
+					t.Fatal(err)
+				}
+				es = append(es, e)
+			}
+			return es
+		}
+		fused, split := build(false), build(true)
+		forwardAll := func(es []*Engine) {
+			for k := range xs {
+				h, err := es[0].Forward(k, xs[k], nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := es[1].Forward(k, h, ys[k]); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		forwardAll(fused)
+		forwardAll(split)
+		scale := fused[1].LossScale(len(xs))
+		var fusedDx, splitDx []*tensor.Dense
+		for k := range xs {
+			dx, err := fused[1].Backward(k, scale)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fusedDx = append(fusedDx, dx)
+			if _, err := fused[0].Backward(k, dx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Split: I0 I1 W0 I2 W1 W2 on the last stage, all Is then all Ws on the first.
+		for k := range xs {
+			dx, err := split[1].Input(k, scale)
+			if err != nil {
+				t.Fatal(err)
+			}
+			splitDx = append(splitDx, dx)
+			if k >= 1 {
+				if err := split[1].Weight(k - 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := split[0].Input(k, dx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if split[1].InFlight() != 1 || split[0].InFlight() != 3 {
+			t.Errorf("%s: in flight %d and %d before the last weight passes, want 1 and 3", dtype, split[1].InFlight(), split[0].InFlight())
+		}
+		if err := split[1].Weight(2); err != nil {
+			t.Fatal(err)
+		}
+		for k := range xs {
+			if err := split[0].Weight(k); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for k := range xs {
+			if !sameBits(fusedDx[k], splitDx[k]) {
+				t.Errorf("%s: micro-batch %d input gradient differs", dtype, k)
+			}
+		}
+		for i := range fused {
+			fg, _ := fused[i].Gradients()
+			sg, _ := split[i].Gradients()
+			for j := range fg {
+				if !sameBits(fg[j].(*tensor.Dense), sg[j].(*tensor.Dense)) {
+					t.Errorf("%s: %s gradient differs", dtype, fused[i].Params()[j].Name())
+				}
+			}
+			if err := fused[i].Step(G.NewAdamSolver(G.WithLearnRate(0.01))); err != nil {
+				t.Fatal(err)
+			}
+			if err := split[i].Step(G.NewAdamSolver(G.WithLearnRate(0.01))); err != nil {
+				t.Fatal(err)
+			}
+			for j, p := range fused[i].Params() {
+				if !sameBits(p.Value().(*tensor.Dense), split[i].Params()[j].Value().(*tensor.Dense)) {
+					t.Errorf("%s: %s after a step differs", dtype, p.Name())
+				}
+			}
+		}
+		// The weight program differentiates the affine parts but never computes them.
+		for _, e := range split {
+			for _, tap := range e.weight.taps {
+				if tap.Value() != nil {
+					t.Errorf("%s: the weight program computed %v: it reran the forward", dtype, tap)
+				}
+			}
+		}
+		if err := split[0].Weight(0); err == nil {
+			t.Error("weight gradient of a released micro-batch accepted")
+		}
+	}
+}
+
+func toFloat32(x *tensor.Dense) *tensor.Dense {
+	d := x.Data().([]float64)
+	f := make([]float32, len(d))
+	for i, v := range d {
+		f[i] = float32(v)
+	}
+	return tensor.New(tensor.WithShape(x.Shape()...), tensor.WithBacking(f))
+}
+
+func sameBits(a, b *tensor.Dense) bool {
+	if a == nil || b == nil || !a.Shape().Eq(b.Shape()) {
+		return a == nil && b == nil
+	}
+	switch x := a.Data().(type) {
+	case []float32:
+		y := b.Data().([]float32)
+		for i := range x {
+			if math.Float32bits(x[i]) != math.Float32bits(y[i]) {
+				return false
+			}
+		}
+	case []float64:
+		y := b.Data().([]float64)
+		for i := range x {
+			if math.Float64bits(x[i]) != math.Float64bits(y[i]) {
+				return false
+			}
+		}
+	default:
+		return false
+	}
+	return true
 }

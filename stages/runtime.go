@@ -79,7 +79,7 @@ func New(o Options) (*Runtime, error) {
 	if o.Reference {
 		r.stage, r.stages, first, last = 0, 1, 0, len(model.Layers)
 	}
-	if r.engine, err = NewEngine(model, first, last, c.MicroBatchSize(), c.Train.Seed); err != nil {
+	if r.engine, err = NewEngine(model, first, last, c.MicroBatchSize(), c.Train.Seed, false); err != nil {
 		return nil, fmt.Errorf("stage %d: %w", r.stage, err)
 	}
 	sched, err := schedule.Build(c.Schedule, r.stages, c.Data.MicroBatches)
