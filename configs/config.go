@@ -23,14 +23,17 @@ import (
 
 // Config is one training run's description.
 type Config struct {
-	Name      string      `mapstructure:"name" json:"name"`
-	Model     models.Spec `mapstructure:"model" json:"model"`
-	Data      Data        `mapstructure:"data" json:"data"`
-	Train     Train       `mapstructure:"train" json:"train"`
-	Schedule  string      `mapstructure:"schedule" json:"schedule"`
-	Compute   Compute     `mapstructure:"compute" json:"compute"`
-	Transport Transport   `mapstructure:"transport" json:"transport"`
-	Stages    []Stage     `mapstructure:"stages" json:"stages"`
+	Name     string      `mapstructure:"name" json:"name"`
+	Model    models.Spec `mapstructure:"model" json:"model"`
+	Data     Data        `mapstructure:"data" json:"data"`
+	Train    Train       `mapstructure:"train" json:"train"`
+	Schedule string      `mapstructure:"schedule" json:"schedule"`
+	// VirtualStages is the number of model chunks each stage holds (interleaved
+	// schedules); 1 otherwise.
+	VirtualStages int       `mapstructure:"virtual_stages" json:"virtual_stages"`
+	Compute       Compute   `mapstructure:"compute" json:"compute"`
+	Transport     Transport `mapstructure:"transport" json:"transport"`
+	Stages        []Stage   `mapstructure:"stages" json:"stages"`
 
 	// Path is the file the config was read from; it is not part of the digest.
 	Path string `mapstructure:"-" json:"-"`
@@ -81,12 +84,16 @@ type Transport struct {
 	RecvTimeout time.Duration `mapstructure:"recv_timeout" json:"recv_timeout"`
 }
 
-// Stage places a contiguous range of layers on one process.
+// Stage places contiguous ranges of layers on one process: one range, or with
+// virtual_stages v, one per chunk. Chunk c of stage s is model stage c*p + s (p
+// stages), as in Megatron-LM's interleaved placement, and the model stages cover
+// the layers in order.
 type Stage struct {
-	// Layers is an inclusive range "first-last" or a single layer "n".
-	Layers  string `mapstructure:"layers" json:"layers"`
-	Address string `mapstructure:"address" json:"address"`
-	Device  string `mapstructure:"device" json:"device"`
+	// Layers holds inclusive ranges "first-last" or single layers "n", one per chunk.
+	// YAML may give a single range as a plain string.
+	Layers  []string `mapstructure:"layers" json:"layers"`
+	Address string   `mapstructure:"address" json:"address"`
+	Device  string   `mapstructure:"device" json:"device"`
 }
 
 // defaults apply where the file is silent; registering every key also lets
@@ -113,6 +120,7 @@ var defaults = map[string]any{
 	"train.optimizer.beta2":     0.999,
 	"train.optimizer.eps":       1e-8,
 	"schedule":                  "1f1b",
+	"virtual_stages":            1,
 	"compute.blas_threads":      1,
 	"transport.connect_timeout": "30s",
 	"transport.queue_depth":     4,
@@ -195,8 +203,25 @@ func (c *Config) Validate() error {
 		p.add("train.log_every", "must be at least 1, got %d", c.Train.LogEvery)
 	}
 	c.validateOptimizer(p)
-	if _, err := schedule.Build(c.Schedule, max(len(c.Stages), 1), max(c.Data.MicroBatches, 1)); err != nil {
+	if c.VirtualStages < 1 {
+		p.add("virtual_stages", "must be at least 1, got %d", c.VirtualStages)
+	} else if interleaved := c.Schedule == "interleaved"; interleaved != (c.VirtualStages > 1) {
+		if interleaved {
+			p.add("virtual_stages", "the interleaved schedule needs at least 2 chunks per stage, got %d", c.VirtualStages)
+		} else {
+			p.add("virtual_stages", "%d chunks per stage need schedule: interleaved (schedule is %s)", c.VirtualStages, c.Schedule)
+		}
+	} else if interleaved && len(c.Stages) < 2 {
+		p.add("schedule", "interleaved needs at least 2 stages, got %d", len(c.Stages))
+	} else if sched, err := schedule.Build(c.Schedule, max(len(c.Stages), 1), max(c.Data.MicroBatches, 1), c.VirtualStages); err != nil {
 		p.add("schedule", "%v", err)
+	} else if model != nil && sched.SplitsBackward() {
+		for _, l := range model.Layers {
+			if _, ok := l.(models.Splittable); !ok {
+				p.add("schedule", "%s splits the backward into input and weight gradients; layer %s of model %s cannot", c.Schedule, l.Name(), c.Model.Name)
+				break
+			}
+		}
 	}
 	if c.Compute.BLASThreads < 1 {
 		p.add("compute.blas_threads", "must be at least 1, got %d", c.Compute.BLASThreads)
@@ -247,32 +272,9 @@ func (c *Config) validateStages(p *Problems, model *models.Model) {
 		p.add("stages", "at least one stage is needed")
 		return
 	}
-	owner := map[int]int{} // layer -> stage that claimed it
 	addrs := map[string]int{}
-	next := 0 // the layer the next stage should start at, for ordering
 	for i, s := range c.Stages {
 		field := fmt.Sprintf("stages[%d]", i)
-		first, last, err := ParseLayers(s.Layers)
-		if err != nil {
-			p.add(field+".layers", "%v", err)
-		} else {
-			if model != nil && last >= len(model.Layers) {
-				p.add(field+".layers", "%q reaches layer %d but model %s has layers 0-%d", s.Layers, last, c.Model.Name, len(model.Layers)-1)
-			}
-			for l := first; l <= last; l++ {
-				if o, taken := owner[l]; taken {
-					p.add(field+".layers", "layer %d is already placed on stages[%d] (%s)", l, o, c.Stages[o].Layers)
-					break
-				}
-				owner[l] = i
-			}
-			if first > next && (model == nil || first < len(model.Layers)) {
-				p.add(field+".layers", "%s on no stage (stages must cover the model in order)", layersText(next, first-1))
-			} else if first < next && !overlapsEarlier(owner, first, i) {
-				p.add(field+".layers", "%q starts before the previous stage ends; stages must be in layer order", s.Layers)
-			}
-			next = max(next, last+1)
-		}
 		if err := checkAddress(s.Address); err != nil {
 			p.add(field+".address", "%v", err)
 		} else if o, dup := addrs[s.Address]; dup {
@@ -283,16 +285,76 @@ func (c *Config) validateStages(p *Problems, model *models.Model) {
 		if err := CheckDevice(s.Device); err != nil {
 			p.add(field+".device", "%v", err)
 		}
+		if c.VirtualStages >= 1 && len(s.Layers) != c.VirtualStages {
+			p.add(field+".layers", "lists %d layer ranges; virtual_stages is %d, so give one range per chunk", len(s.Layers), c.VirtualStages)
+		}
+	}
+	if len(p.Items) > 0 && c.VirtualStages >= 1 && !c.rangesPerChunk() {
+		return
+	}
+	c.validateCoverage(p, model)
+}
+
+func (c *Config) rangesPerChunk() bool {
+	for _, s := range c.Stages {
+		if len(s.Layers) != c.VirtualStages {
+			return false
+		}
+	}
+	return true
+}
+
+// validateCoverage walks the model stages in order (chunk 0 of every stage, then
+// chunk 1, ...) and checks they cover the model's layers once, in order.
+func (c *Config) validateCoverage(p *Problems, model *models.Model) {
+	type owner struct{ stage, chunk int }
+	owners := map[int]owner{}
+	next := 0 // the layer the next model stage should start at
+	for k := 0; k < len(c.Stages)*c.VirtualStages; k++ {
+		i, ch := k%len(c.Stages), k/len(c.Stages)
+		field := c.layersField(i, ch)
+		first, last, err := ParseLayers(c.Stages[i].Layers[ch])
+		if err != nil {
+			p.add(field, "%v", err)
+			continue
+		}
+		text := c.Stages[i].Layers[ch]
+		if model != nil && last >= len(model.Layers) {
+			p.add(field, "%q reaches layer %d but model %s has layers 0-%d", text, last, c.Model.Name, len(model.Layers)-1)
+		}
+		overlap := false
+		for l := first; l <= last; l++ {
+			if o, taken := owners[l]; taken {
+				p.add(field, "layer %d is already placed on %s (%s)", l, c.placeName(o.stage, o.chunk), c.Stages[o.stage].Layers[o.chunk])
+				overlap = true
+				break
+			}
+			owners[l] = owner{i, ch}
+		}
+		if first > next && (model == nil || first < len(model.Layers)) {
+			p.add(field, "%s on no stage (stages must cover the model in order)", layersText(next, first-1))
+		} else if first < next && !overlap {
+			p.add(field, "%q starts before the previous model stage ends; stages must be in layer order", text)
+		}
+		next = max(next, last+1)
 	}
 	if model != nil && next < len(model.Layers) {
 		p.add("stages", "%s of model %s on no stage", layersText(next, len(model.Layers)-1), c.Model.Name)
 	}
 }
 
-// overlapsEarlier reports whether an out-of-order range was already reported as an overlap.
-func overlapsEarlier(owner map[int]int, first, stage int) bool {
-	o, ok := owner[first]
-	return ok && o != stage
+func (c *Config) layersField(stage, chunk int) string {
+	if c.VirtualStages == 1 {
+		return fmt.Sprintf("stages[%d].layers", stage)
+	}
+	return fmt.Sprintf("stages[%d].layers[%d]", stage, chunk)
+}
+
+func (c *Config) placeName(stage, chunk int) string {
+	if c.VirtualStages == 1 {
+		return fmt.Sprintf("stages[%d]", stage)
+	}
+	return fmt.Sprintf("stages[%d] chunk %d", stage, chunk)
 }
 
 // layersText names an inclusive layer range for messages: "layer 3", "layers 1-2".
@@ -356,11 +418,17 @@ func CheckDevice(d string) error {
 	return fmt.Errorf("unknown device %q (known: cpu, cuda:N)", d)
 }
 
-// StageLayers returns stage i's layers as a half-open range [first, last).
-func (c *Config) StageLayers(i int) (first, last int) {
-	f, l, _ := ParseLayers(c.Stages[i].Layers)
+// ChunkLayers returns the layers of a stage's chunk as a half-open range [first, last).
+func (c *Config) ChunkLayers(stage, chunk int) (first, last int) {
+	f, l, _ := ParseLayers(c.Stages[stage].Layers[chunk])
 	return f, l + 1
 }
+
+// ModelStages is the number of pieces the model is cut into: stages times chunks.
+func (c *Config) ModelStages() int { return len(c.Stages) * c.VirtualStages }
+
+// Place returns the stage and chunk that hold model stage k.
+func (c *Config) Place(k int) (stage, chunk int) { return k % len(c.Stages), k / len(c.Stages) }
 
 // MicroBatchSize is the number of examples in one micro-batch.
 func (c *Config) MicroBatchSize() int { return c.Data.BatchSize / c.Data.MicroBatches }

@@ -37,7 +37,7 @@ func TestLoadGood(t *testing.T) {
 	if c.Train.Optimizer.LR != 0.1 || c.Model.DType != "float32" || c.Transport.QueueDepth != 4 {
 		t.Errorf("defaults or values wrong: %+v", c)
 	}
-	if f, l := c.StageLayers(1); f != 1 || l != 3 {
+	if f, l := c.ChunkLayers(1, 0); f != 1 || l != 3 {
 		t.Errorf("stage 1 layers [%d, %d), want [1, 3)", f, l)
 	}
 }
@@ -80,6 +80,8 @@ func TestValidationRules(t *testing.T) {
 		{"cuda device", "address: 127.0.0.1:7002}", "address: 127.0.0.1:7002, device: \"cuda:0\"}", []string{"stages[1].device", "built without CUDA"}},
 		{"unknown device", "address: 127.0.0.1:7002}", "address: 127.0.0.1:7002, device: tpu}", []string{"stages[1].device", "unknown device"}},
 		{"zero receive timeout", "schedule: gpipe", "schedule: gpipe\ntransport: {recv_timeout: 0s}", []string{"transport.recv_timeout", "positive"}},
+		{"interleaved without chunks", "schedule: gpipe", "schedule: interleaved", []string{"virtual_stages", "at least 2 chunks per stage"}},
+		{"chunks without interleaving", "schedule: gpipe", "schedule: gpipe\nvirtual_stages: 2", []string{"virtual_stages", "need schedule: interleaved"}},
 		{"unknown dtype", "name: mlp,", "name: mlp, dtype: float16,", []string{"model:", `unknown dtype "float16"`}},
 	}
 	for _, tc := range cases {
@@ -158,6 +160,45 @@ func TestShippedExamplesAreValid(t *testing.T) {
 	for _, f := range files {
 		if _, err := Load(f); err != nil {
 			t.Errorf("%v", err)
+		}
+	}
+}
+
+func TestInterleavedConfig(t *testing.T) {
+	base := `
+model: {name: mlp, input: 8, hidden: [6, 5, 4, 6, 5, 4, 3], classes: 3}
+data: {batch_size: 16, micro_batches: 4}
+schedule: interleaved
+virtual_stages: 2
+stages:
+  - {layers: ["0", "4"], address: 127.0.0.1:7001}
+  - {layers: ["1", "5"], address: 127.0.0.1:7002}
+  - {layers: ["2", "6"], address: 127.0.0.1:7003}
+  - {layers: ["3", "7"], address: 127.0.0.1:7004}
+`
+	c, err := Load(writeConfig(t, base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ModelStages() != 8 {
+		t.Errorf("%d model stages", c.ModelStages())
+	}
+	if s, ch := c.Place(5); s != 1 || ch != 1 {
+		t.Errorf("model stage 5 on stage %d chunk %d, want 1, 1", s, ch)
+	}
+	if f, l := c.ChunkLayers(2, 1); f != 6 || l != 7 {
+		t.Errorf("stage 2 chunk 1 = [%d, %d)", f, l)
+	}
+	cases := []struct{ from, to, want string }{
+		{`["1", "5"]`, `["1"]`, "stages[1].layers: lists 1 layer ranges; virtual_stages is 2"},
+		{`["1", "5"]`, `["5", "1"]`, "stages[1].layers[0]"},
+		{`["2", "6"]`, `["2", "5"]`, "stages[2].layers[1]: layer 5 is already placed on stages[1] chunk 1"},
+		{"micro_batches: 4", "micro_batches: 6", "multiple"},
+	}
+	for _, tc := range cases {
+		_, err := Load(writeConfig(t, strings.Replace(base, tc.from, tc.to, 1)))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s -> %s: error %v, want %q", tc.from, tc.to, err, tc.want)
 		}
 	}
 }

@@ -19,16 +19,20 @@ import (
 // Event kinds.
 const (
 	Forward   = "F"
-	Backward  = "B"
-	Optimizer = "OPT"
+	Backward  = "B"   // full backward, or the input-gradient part (I) of a split one
+	Input     = "I"   // input gradient of a split backward (zero-bubble schedules)
+	Weight    = "W"   // weight gradient of a split backward
+	Optimizer = "OPT" // optimizer step after the pipeline flush
 )
 
 // Event is one action executed by a stage.
 type Event struct {
 	Stage int    `json:"stage"`
 	Step  int    `json:"step"`
-	Kind  string `json:"kind"` // Forward, Backward or Optimizer
+	Kind  string `json:"kind"` // Forward, Backward, Input, Weight or Optimizer
 	MB    int    `json:"mb"`   // micro-batch; meaningless for Optimizer
+	// Chunk is the virtual stage (interleaved schedules); 0 otherwise.
+	Chunk int `json:"chunk,omitempty"`
 	// StartNS and EndNS are wall-clock ns (time.Now().UnixNano()) of the
 	// compute. Wall clock, not monotonic, so that stages in different
 	// processes on one host share a time base.
@@ -49,6 +53,7 @@ type RunInfo struct {
 	Stages            int     `json:"stages"`
 	MicroBatches      int     `json:"micro_batches"`
 	Steps             int     `json:"steps"`
+	Chunks            int     `json:"chunks,omitempty"`   // virtual stages per stage; 0 or 1 without interleaving
 	TheoreticalBubble float64 `json:"theoretical_bubble"` // fraction, e.g. (p-1)/(m+p-1)
 }
 
@@ -121,7 +126,7 @@ func (e *Event) check(stage int) error {
 	switch {
 	case e.Stage != stage:
 		return fmt.Errorf("event of stage %d in stage %d's log", e.Stage, stage)
-	case e.Kind != Forward && e.Kind != Backward && e.Kind != Optimizer:
+	case e.Kind != Forward && e.Kind != Backward && e.Kind != Input && e.Kind != Weight && e.Kind != Optimizer:
 		return fmt.Errorf("unknown kind %q: want F, B or OPT", e.Kind)
 	case e.EndNS < e.StartNS:
 		return fmt.Errorf("end_ns %d before start_ns %d", e.EndNS, e.StartNS)

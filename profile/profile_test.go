@@ -168,9 +168,9 @@ func TestWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	const want = "" +
-		"stage  F ms  B ms  opt ms  wait ms  busy ms  idle ms  bubble %  theory %  peak stash  MiB sent\n" +
-		"    0   2.0   2.0     1.0      2.0      4.0      2.0      33.3      33.3           2      2.00\n" +
-		"    1   2.0   2.0     1.0      1.0      4.0      2.0      33.3      33.3           2      2.00\n" +
+		"stage  F ms  B ms  W ms  opt ms  wait ms  busy ms  idle ms  bubble %  theory %  peak stash  MiB sent\n" +
+		"    0   2.0   2.0   0.0     1.0      2.0      4.0      2.0      33.3      33.3           2      2.00\n" +
+		"    1   2.0   2.0   0.0     1.0      1.0      4.0      2.0      33.3      33.3           2      2.00\n" +
 		"mean bubble 33.3% vs theory 33.3% (schedule gpipe, 2 stages, 2 micro-batches, 1 steps analysed, window 6.0 ms)\n" +
 		"bottleneck: stage 0 (busy 4.0 ms)\n"
 	if got := b.String(); got != want {
@@ -261,5 +261,25 @@ func TestReadRunErrors(t *testing.T) {
 	dir = t.TempDir()
 	if _, _, err := ReadRun(dir); err == nil || !strings.Contains(err.Error(), "run.json") {
 		t.Errorf("missing run.json: err = %v", err)
+	}
+}
+
+func TestMeanCosts(t *testing.T) {
+	ev := func(step int, kind string, d int64) Event {
+		return Event{Step: step, Kind: kind, StartNS: 1000, EndNS: 1000 + d}
+	}
+	events := [][]Event{
+		{ev(0, Forward, 100), ev(1, Forward, 10), ev(1, Forward, 20), ev(1, Backward, 40)},
+		{ev(0, Forward, 100), ev(1, Forward, 30), ev(1, Input, 20), ev(1, Weight, 10), ev(1, Optimizer, 5)},
+	}
+	got := MeanCosts(events, 1)
+	want := []ActionCosts{{F: 15, B: 40}, {F: 30, B: 30, I: 20, W: 10}}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("stage %d: %+v, want %+v", i, got[i], want[i])
+		}
+	}
+	if all := MeanCosts(events[:1], 5); all[0].F != (100+10+20)/3 {
+		t.Errorf("skip beyond the run must analyse every step: %+v", all[0])
 	}
 }

@@ -15,8 +15,10 @@ type StageReport struct {
 	Stage int
 	Steps int // analysed steps in which the stage executed any action
 	// Sums over the analysed steps.
-	Forward, Backward, Optimizer, Wait time.Duration
-	// Busy = Forward+Backward; Idle = Window - Busy: the stage's share of
+	// Backward counts full backwards and input-gradient passes; Weight the
+	// weight-gradient passes of a split backward.
+	Forward, Backward, Weight, Optimizer, Wait time.Duration
+	// Busy = Forward+Backward+Weight; Idle = Window - Busy: the stage's share of
 	// the pipeline window spent not computing.
 	Busy, Idle  time.Duration
 	Bubble      float64 // Idle / Window
@@ -96,8 +98,10 @@ func Analyse(info RunInfo, events [][]Event, skip int) (*Report, error) {
 			switch e.Kind {
 			case Forward:
 				sr.Forward += d
-			case Backward:
+			case Backward, Input:
 				sr.Backward += d
+			case Weight:
+				sr.Weight += d
 			case Optimizer:
 				sr.Optimizer += d
 			}
@@ -106,7 +110,7 @@ func Analyse(info RunInfo, events [][]Event, skip int) (*Report, error) {
 			sr.BytesSent += e.BytesSent
 		}
 		sr.Steps = len(stepsSeen)
-		sr.Busy = sr.Forward + sr.Backward
+		sr.Busy = sr.Forward + sr.Backward + sr.Weight
 		sr.Idle = r.Window - sr.Busy
 		if r.Window > 0 {
 			sr.Bubble = float64(sr.Idle) / float64(r.Window)
@@ -135,9 +139,9 @@ func (r *Report) Write(w io.Writer) error {
 		}
 		fmt.Fprint(tw, "\n")
 	}
-	row("stage", "F ms", "B ms", "opt ms", "wait ms", "busy ms", "idle ms", "bubble %", "theory %", "peak stash", "MiB sent")
+	row("stage", "F ms", "B ms", "W ms", "opt ms", "wait ms", "busy ms", "idle ms", "bubble %", "theory %", "peak stash", "MiB sent")
 	for _, s := range r.Stages {
-		row(fmt.Sprint(s.Stage), ms(s.Forward), ms(s.Backward), ms(s.Optimizer), ms(s.Wait), ms(s.Busy), ms(s.Idle),
+		row(fmt.Sprint(s.Stage), ms(s.Forward), ms(s.Backward), ms(s.Weight), ms(s.Optimizer), ms(s.Wait), ms(s.Busy), ms(s.Idle),
 			fmt.Sprintf("%.1f", 100*s.Bubble), theory, fmt.Sprint(s.PeakStashed), fmt.Sprintf("%.2f", float64(s.BytesSent)/(1<<20)))
 	}
 	if err := tw.Flush(); err != nil {

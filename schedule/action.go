@@ -5,17 +5,29 @@
 // of one micro-batch) that stage executes in one training step, in the style
 // of torch.distributed.pipelining's schedules: printable, parsable, and
 // checkable. Like etcd's raft package, everything here is pure and
-// deterministic: no I/O, no goroutines, no clocks. That lets the trainer, the
-// CLI and the tests share one definition of what a schedule means, and lets a
-// user-written schedule be rejected (with the offending action named) before
-// any GPU time is spent on it.
+// deterministic: no I/O beyond the reader or writer a caller hands in, no
+// goroutines, no clocks. That lets the trainer, the CLI and the tests share one
+// definition of what a schedule means, and lets a user-written schedule be
+// rejected (with the offending action named) before any GPU time is spent on
+// it.
 //
-// Model: p stages, m micro-batches. Forward of micro-batch i on stage s reads
-// its input from stage s-1 (stage 0 reads data) and sends to s+1 (the last
-// stage computes the loss). Backward of i on stage s reads the gradient from
-// s+1 (the last stage reads its own loss) and sends to s-1 (stage 0 sends
-// nothing); it also needs forward of i on the same stage, whose activations it
-// consumes. Sends never block.
+// Model: p stages (devices, one process each), m micro-batches, and v chunks
+// (virtual stages) per device. The model is cut into p*v model stages; model
+// stage k = chunk*p + stage lives on device k%p as chunk k/p (Megatron-LM's
+// interleaved placement: device d holds model stages d, d+p, d+2p, ...). With
+// v = 1 a chunk is the whole stage and model stage k is device k.
+//
+// Forward of micro-batch i at model stage k reads its input from model stage
+// k-1 (model stage 0 reads data) and sends to k+1 (the last model stage
+// computes the loss); so the last device's chunk c feeds the first device's
+// chunk c+1. The backward either runs whole (Backward, "B") or split in two:
+// Input ("I") computes the gradient with respect to the stage input, which is
+// what the previous model stage waits for, and Weight ("W") computes the
+// weight gradients from what Input left behind and sends nothing. A backward
+// or input-gradient pass at model stage k reads the gradient from k+1 (the
+// last model stage reads its own loss), needs the same device's forward of
+// that micro-batch, and sends to k-1; a weight pass needs only the same
+// device's input-gradient pass. Sends never block.
 package schedule
 
 import (
@@ -28,24 +40,31 @@ type Kind uint8
 
 const (
 	Forward  Kind = iota // printed "F"
-	Backward             // printed "B"
+	Backward             // printed "B": the full backward (input and weight gradients)
+	Input                // printed "I": gradient with respect to the stage input only
+	Weight               // printed "W": weight gradients only, after Input
+	numKinds
 )
 
-// String returns "F" or "B" (or "Kind(n)" for an invalid value, so that a
-// corrupt action still prints recognisably in error messages).
+// String returns "F", "B", "I" or "W" (or "Kind(n)" for an invalid value, so
+// that a corrupt action still prints recognisably in error messages).
 func (k Kind) String() string {
 	switch k {
 	case Forward:
 		return "F"
 	case Backward:
 		return "B"
+	case Input:
+		return "I"
+	case Weight:
+		return "W"
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }
 
-// Action is one unit of work a stage executes. Chunk is reserved for
-// interleaved schedules (several model chunks per stage) and is 0 for now;
-// Check rejects other values.
+// Action is one unit of work a stage executes: Kind of MicroBatch on the
+// stage's chunk Chunk (always 0 unless the schedule has several chunks per
+// stage).
 type Action struct {
 	Stage      int
 	Kind       Kind
@@ -56,7 +75,7 @@ type Action struct {
 // String renders the action compactly, stage then kind then micro-batch:
 // "2F0" is stage 2, forward, micro-batch 0. A non-zero Chunk is appended as
 // "c<chunk>" ("2F0c1") so that String stays injective and ParseAction can
-// invert it; today's schedules never print it.
+// invert it.
 func (a Action) String() string {
 	s := strconv.Itoa(a.Stage) + a.Kind.String() + strconv.Itoa(a.MicroBatch)
 	if a.Chunk != 0 {
@@ -70,7 +89,7 @@ func (a Action) String() string {
 // error rather than a silently different action.
 func ParseAction(s string) (Action, error) {
 	fail := func(why string) (Action, error) {
-		return Action{}, fmt.Errorf("parse action %q: %s (want <stage><F|B><micro-batch>, e.g. \"2F0\")", s, why)
+		return Action{}, fmt.Errorf("parse action %q: %s (want <stage><F|B|I|W><micro-batch>[c<chunk>], e.g. \"2F0\")", s, why)
 	}
 	rest := s
 	stage, rest, ok := leadingInt(rest)
@@ -87,6 +106,10 @@ func ParseAction(s string) (Action, error) {
 		a.Kind = Forward
 	case 'B':
 		a.Kind = Backward
+	case 'I':
+		a.Kind = Input
+	case 'W':
+		a.Kind = Weight
 	default:
 		return fail(fmt.Sprintf("unknown kind %q", rest[0]))
 	}
@@ -123,34 +146,59 @@ func leadingInt(s string) (n int, rest string, ok bool) {
 	return n, s[i:], true
 }
 
-// RecvFrom returns the stage this action takes its input from, or -1 when the
-// input is local: data for a forward on stage 0, the loss for a backward on
-// the last stage.
-func (a Action) RecvFrom(stages int) int {
-	if a.Kind == Forward {
-		if a.Stage == 0 {
-			return -1
-		}
-		return a.Stage - 1
-	}
-	if a.Stage == stages-1 {
-		return -1
-	}
-	return a.Stage + 1
+// ModelStage returns the index of the model stage the action runs, Chunk *
+// stages + Stage, in [0, stages*chunks).
+func (a Action) ModelStage(stages int) int { return a.Chunk*stages + a.Stage }
+
+// onModelStage returns the action of kind k and the same micro-batch at model
+// stage ms.
+func (a Action) onModelStage(k Kind, ms, stages int) Action {
+	return Action{Stage: ms % stages, Kind: k, MicroBatch: a.MicroBatch, Chunk: ms / stages}
 }
 
-// SendTo returns the stage this action sends its output to, or -1 when none:
-// a forward on the last stage feeds the local loss, a backward on stage 0 has
-// no one upstream.
-func (a Action) SendTo(stages int) int {
-	if a.Kind == Forward {
-		if a.Stage == stages-1 {
+// RecvFrom returns the stage (device) this action takes its input from, or
+// -1 when the input is local: data for a forward on model stage 0, the loss
+// for a backward or input-gradient pass on the last model stage, and the
+// stashed results of the same device's input-gradient pass for a weight pass.
+// With several chunks the previous model stage of chunk 0 on stage 0 is the
+// last stage's chunk c-1 (and so on round the ring); the result is a.Stage
+// itself only when stages == 1 and the neighbour is another chunk of the same
+// device.
+func (a Action) RecvFrom(stages, chunks int) int {
+	ms := a.ModelStage(stages)
+	switch a.Kind {
+	case Forward:
+		if ms == 0 {
 			return -1
 		}
-		return a.Stage + 1
+		return (ms - 1) % stages
+	case Backward, Input:
+		if ms == stages*chunks-1 {
+			return -1
+		}
+		return (ms + 1) % stages
 	}
-	if a.Stage == 0 {
-		return -1
+	return -1
+}
+
+// SendTo returns the stage (device) this action sends its output to, or -1
+// when none: a forward on the last model stage feeds the local loss, a
+// backward or input-gradient pass on model stage 0 has no one upstream, and a
+// weight pass never sends. As for RecvFrom, the result is a.Stage itself only
+// when stages == 1 and chunks > 1.
+func (a Action) SendTo(stages, chunks int) int {
+	ms := a.ModelStage(stages)
+	switch a.Kind {
+	case Forward:
+		if ms == stages*chunks-1 {
+			return -1
+		}
+		return (ms + 1) % stages
+	case Backward, Input:
+		if ms == 0 {
+			return -1
+		}
+		return (ms - 1) % stages
 	}
-	return a.Stage - 1
+	return -1
 }

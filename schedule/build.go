@@ -7,28 +7,48 @@ import (
 
 // Schedule is the work of one training step: Actions[s] is stage s's list of
 // actions in execution order. It is plain data so that it can be printed
-// (Grid), read back (ParseGrid), checked (Check) and simulated (Simulate) the
-// same way whether it came from Build or from a user's file.
+// (Grid, WriteCSV, WriteYAML), read back (ParseGrid, Load), checked (Check)
+// and simulated (Simulate) the same way whether it came from Build or from a
+// user's file. Chunks is the number of chunks (virtual stages) per stage, 1
+// unless the schedule interleaves.
 type Schedule struct {
 	Name         string
 	Stages       int
 	MicroBatches int
+	Chunks       int
 	Actions      [][]Action
 }
 
-// builtin describes one named schedule: how to build a stage's list and its
-// closed-form bubble, kept side by side so the two cannot drift apart silently
-// (the tests compare them against the simulator).
+// SplitsBackward reports whether any stage runs a backward as separate
+// input-gradient and weight passes (I and W) rather than whole (B): the
+// trainer must then be able to split its layers' backward.
+func (s *Schedule) SplitsBackward() bool {
+	for _, list := range s.Actions {
+		for _, a := range list {
+			if a.Kind == Input || a.Kind == Weight {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// builtin describes one named schedule: its size rules, how to build it and
+// its closed-form bubble, kept side by side so the three cannot drift apart
+// silently (the tests compare them against the simulator).
 type builtin struct {
 	name   string
-	stage  func(s, p, m int) []Action
-	bubble func(p, m int) float64
+	sizes  func(p, m, v int) error // rules beyond checkSize; the error omits the name
+	build  func(p, m, v int) [][]Action
+	bubble func(p, m, v int) float64
 }
 
 // builtins is ordered; Names reports this order.
 var builtins = []builtin{
-	{"gpipe", gpipeStage, fillDrainBubble},
-	{"1f1b", oneFOneBStage, fillDrainBubble},
+	{"gpipe", oneChunk, perStage(gpipeStage), fillDrainBubble},
+	{"1f1b", oneChunk, perStage(oneFOneBStage), fillDrainBubble},
+	{"interleaved", interleavedSizes, perStage(interleavedStage), interleavedBubble},
+	{"zb-h1", oneChunk, zbH1, zbH1Bubble},
 }
 
 func lookup(name string) (builtin, bool) {
@@ -49,43 +69,117 @@ func Names() []string {
 	return out
 }
 
-// Build returns the named schedule for the given number of stages and
-// micro-batches per step.
+// Build returns the named schedule for the given number of stages,
+// micro-batches per step and chunks (virtual stages) per stage.
 //
 // gpipe: every stage runs all forwards then all backwards (F0..F(m-1),
 // B0..B(m-1)); simple, but each stage stashes activations for all m
-// micro-batches.
+// micro-batches. chunks must be 1.
 //
 // 1f1b (PipeDream-Flush): stage s runs min(p-s-1, m) warm-up forwards, then
 // alternates one forward and one backward while forwards remain, then drains
 // the remaining backwards. Same bubble as gpipe, but stage s stashes at most
-// min(p-s, m) activations.
-func Build(name string, stages, microBatches int) (*Schedule, error) {
+// min(p-s, m) activations. chunks must be 1.
+//
+// interleaved (Megatron-LM's interleaved 1F1B, Narayanan et al., SC'21): each
+// stage holds v >= 2 chunks, and the model stages are placed round-robin
+// (stage s holds model stages s, s+p, ...). Each stage walks its m*v
+// (micro-batch, chunk) units in groups of p micro-batches: forwards of chunk
+// 0 for micro-batches 0..p-1, chunk 1 for the same micro-batches, ...,
+// chunk v-1, then chunk 0 for micro-batches p..2p-1 and so on; backwards in
+// the same order with the chunks reversed. Stage s runs
+// min(2(p-s-1) + (v-1)p, m*v) warm-up forwards (as Megatron's
+// forward_backward_pipelining_with_interleaving), then alternates one forward
+// and one backward, then drains; so it stashes at most one more than that
+// many micro-batch chunks, each a v-th of a stage's activations. Like
+// Megatron it needs at least two stages and m a multiple of p; it cuts the
+// bubble by v at the cost of v times as many transfers.
+//
+// zb-h1 (Zero Bubble's ZB-H1, Qi et al., ICLR 2024): the backward is split
+// into I and W. Each stage runs 1F1B's order of forwards and input-gradient
+// passes and defers each weight pass to a point where the stage would
+// otherwise wait, or must free memory: the order is the list schedule with
+// unit F = I = W that runs the oldest pending W whenever the next forward or
+// input-gradient pass is not ready yet (or is a forward while min(p, m)
+// micro-batches are in flight), and drains the remaining Ws at the end.
+// Every stage then stashes at most min(p, m) micro-batches (released at W),
+// which is 1F1B's peak, reached on 1F1B's first stage; the paper keeps the
+// pipeline's peak, not each stage's, and no schedule can keep each stage
+// within 1F1B's min(p-s, m) and reach ZB-H1's bubble: with the last stage
+// holding one micro-batch, the first stage cannot finish before
+// (p-1)(F+I) + m(F+I+W). chunks must be 1.
+func Build(name string, stages, microBatches, chunks int) (*Schedule, error) {
 	b, ok := lookup(name)
 	if !ok {
 		return nil, fmt.Errorf("unknown schedule %q (known: %s)", name, strings.Join(Names(), ", "))
 	}
-	if err := checkSize(stages, microBatches); err != nil {
+	if err := b.check(stages, microBatches, chunks); err != nil {
 		return nil, err
 	}
-	s := &Schedule{Name: name, Stages: stages, MicroBatches: microBatches, Actions: make([][]Action, stages)}
-	for st := range stages {
-		s.Actions[st] = b.stage(st, stages, microBatches)
-	}
-	return s, nil
+	return &Schedule{
+		Name:         name,
+		Stages:       stages,
+		MicroBatches: microBatches,
+		Chunks:       chunks,
+		Actions:      b.build(stages, microBatches, chunks),
+	}, nil
 }
 
-func checkSize(stages, microBatches int) error {
+// check applies checkSize and then b's own rules.
+func (b builtin) check(p, m, v int) error {
+	if err := checkSize(p, m, v); err != nil {
+		return err
+	}
+	if err := b.sizes(p, m, v); err != nil {
+		return fmt.Errorf("%s needs %w", b.name, err)
+	}
+	return nil
+}
+
+func checkSize(stages, microBatches, chunks int) error {
 	if stages < 1 {
 		return fmt.Errorf("stages must be >= 1, got %d", stages)
 	}
 	if microBatches < 1 {
 		return fmt.Errorf("micro-batches must be >= 1, got %d", microBatches)
 	}
+	if chunks < 1 {
+		return fmt.Errorf("chunks must be >= 1, got %d", chunks)
+	}
 	return nil
 }
 
-func gpipeStage(s, p, m int) []Action {
+func oneChunk(p, m, v int) error {
+	if v != 1 {
+		return fmt.Errorf("chunks == 1, got %d", v)
+	}
+	return nil
+}
+
+func interleavedSizes(p, m, v int) error {
+	switch {
+	case v < 2:
+		return fmt.Errorf("chunks >= 2, got %d", v)
+	case p < 2:
+		return fmt.Errorf("stages >= 2, got %d", p)
+	case m%p != 0:
+		return fmt.Errorf("micro_batches to be a multiple of stages (%d micro-batches, %d stages)", m, p)
+	}
+	return nil
+}
+
+// perStage turns a builder of one stage's list into a builder of all lists.
+func perStage(stage func(s, p, m, v int) []Action) func(p, m, v int) [][]Action {
+	return func(p, m, v int) [][]Action {
+		out := make([][]Action, p)
+		for s := range p {
+			out[s] = stage(s, p, m, v)
+		}
+		return out
+	}
+}
+
+func gpipeStage(s, p, m, v int) []Action {
 	out := make([]Action, 0, 2*m)
 	for i := range m {
 		out = append(out, Action{Stage: s, Kind: Forward, MicroBatch: i})
@@ -96,7 +190,12 @@ func gpipeStage(s, p, m int) []Action {
 	return out
 }
 
-func oneFOneBStage(s, p, m int) []Action {
+func oneFOneBStage(s, p, m, v int) []Action {
+	return oneFOneB(s, p, m, Backward)
+}
+
+// oneFOneB is stage s's 1F1B order, with backwards of kind back.
+func oneFOneB(s, p, m int, back Kind) []Action {
 	out := make([]Action, 0, 2*m)
 	f, b := 0, 0 // next forward / backward micro-batch
 	for f < min(p-s-1, m) {
@@ -105,31 +204,179 @@ func oneFOneBStage(s, p, m int) []Action {
 	}
 	for f < m {
 		out = append(out, Action{Stage: s, Kind: Forward, MicroBatch: f})
-		out = append(out, Action{Stage: s, Kind: Backward, MicroBatch: b})
+		out = append(out, Action{Stage: s, Kind: back, MicroBatch: b})
 		f++
 		b++
 	}
 	for b < m {
-		out = append(out, Action{Stage: s, Kind: Backward, MicroBatch: b})
+		out = append(out, Action{Stage: s, Kind: back, MicroBatch: b})
 		b++
 	}
 	return out
 }
 
+// interleavedWarmup is the number of warm-up forwards of stage s in the
+// interleaved schedule.
+func interleavedWarmup(s, p, m, v int) int {
+	return min(2*(p-s-1)+(v-1)*p, m*v)
+}
+
+// interleavedUnit returns the j-th (micro-batch, chunk) unit of stage s's
+// forward (or, with the chunks reversed, backward) order.
+func interleavedUnit(j, s, p, v int, k Kind) Action {
+	group, r := j/(p*v), j%(p*v)
+	c := r / p
+	if k != Forward {
+		c = v - 1 - c
+	}
+	return Action{Stage: s, Kind: k, MicroBatch: group*p + r%p, Chunk: c}
+}
+
+func interleavedStage(s, p, m, v int) []Action {
+	total := m * v
+	warm := interleavedWarmup(s, p, m, v)
+	out := make([]Action, 0, 2*total)
+	for j := range warm {
+		out = append(out, interleavedUnit(j, s, p, v, Forward))
+	}
+	for j := range total - warm {
+		out = append(out, interleavedUnit(warm+j, s, p, v, Forward))
+		out = append(out, interleavedUnit(j, s, p, v, Backward))
+	}
+	for j := total - warm; j < total; j++ {
+		out = append(out, interleavedUnit(j, s, p, v, Backward))
+	}
+	return out
+}
+
+// zbH1 builds ZB-H1 by list scheduling on unit costs (F = I = W = 1, free
+// transfers), one time unit at a time, so that every decision is made
+// knowing exactly which inputs have arrived: a free stage runs the next
+// forward or input-gradient pass of its 1F1B order if that is ready (and, for
+// a forward, fewer than min(p, m) micro-batches are in flight), else its
+// oldest pending weight pass, else idles.
+func zbH1(p, m, v int) [][]Action {
+	limit := min(p, m)
+	out := make([][]Action, p)
+	order := make([][]Action, p)
+	next := make([]int, p)      // position in order
+	pending := make([][]int, p) // micro-batches whose I is done and W is not, oldest first
+	inFlight := make([]int, p)
+	free := make([]int, p) // when each stage finishes its last action
+	// done[k][s][i] is the end of stage s's action of kind k (Forward or
+	// Input) on micro-batch i, or -1.
+	var done [2][][]int
+	for s := range p {
+		order[s] = oneFOneB(s, p, m, Input)
+	}
+	for k := range done {
+		done[k] = make([][]int, p)
+		for s := range p {
+			done[k][s] = make([]int, m)
+			for i := range m {
+				done[k][s][i] = -1
+			}
+		}
+	}
+	arrived := func(k, s, i, t int) bool { return done[k][s][i] >= 0 && done[k][s][i] <= t }
+	ready := func(a Action, t int) bool {
+		s, i := a.Stage, a.MicroBatch
+		if a.Kind == Forward {
+			return inFlight[s] < limit && (s == 0 || arrived(0, s-1, i, t))
+		}
+		return arrived(0, s, i, t) && (s == p-1 || arrived(1, s+1, i, t))
+	}
+	left := 3 * p * m
+	for t := 0; left > 0; t++ {
+		if t > 6*p*m+2*p {
+			panic(fmt.Sprintf("schedule: zb-h1 list scheduling stalled (p=%d, m=%d)", p, m))
+		}
+		for s := range p {
+			if free[s] > t {
+				continue
+			}
+			var a Action
+			switch {
+			case next[s] < len(order[s]) && ready(order[s][next[s]], t):
+				a = order[s][next[s]]
+				next[s]++
+			case len(pending[s]) > 0:
+				a = Action{Stage: s, Kind: Weight, MicroBatch: pending[s][0]}
+				pending[s] = pending[s][1:]
+			default:
+				continue
+			}
+			out[s] = append(out[s], a)
+			free[s] = t + 1
+			left--
+			switch a.Kind {
+			case Forward:
+				done[0][s][a.MicroBatch] = t + 1
+				inFlight[s]++
+			case Input:
+				done[1][s][a.MicroBatch] = t + 1
+				pending[s] = append(pending[s], a.MicroBatch)
+			case Weight:
+				inFlight[s]--
+			}
+		}
+	}
+	return out
+}
+
+// The closed forms below are the idle fraction of the makespan, the same on
+// every stage, for uniform costs F = B/2 = I = W on every stage and free
+// transfers: a forward costs one unit, a full backward two, an input-gradient
+// or weight pass one each. Each chunk's actions cost a v-th of that.
+
 // fillDrainBubble is the idle fraction of a schedule that fills and drains the
-// pipeline once per step with equal per-stage costs: each stage is busy for
-// m*(f+b) out of (m+p-1)*(f+b).
-func fillDrainBubble(p, m int) float64 {
+// pipeline once per step: each stage is busy for m*(f+b) out of
+// (m+p-1)*(f+b).
+func fillDrainBubble(p, m, v int) float64 {
 	return float64(p-1) / float64(m+p-1)
 }
 
-// TheoreticalBubble returns the closed-form idle fraction of each stage for the
-// named schedule (equal per-stage costs, free transfers). ok is false for an
-// unknown name or a non-positive size.
-func TheoreticalBubble(name string, stages, microBatches int) (frac float64, ok bool) {
+// interleavedBubble: the fill and drain shrink to (p-1)(f+b)/v, so each stage
+// is busy m(f+b) out of m(f+b) + (p-1)(f+b)/v; that is Megatron's bubble of
+// (p-1)/(v m) of the ideal time.
+func interleavedBubble(p, m, v int) float64 {
+	return float64(p-1) / float64(v*m+p-1)
+}
+
+// zbH1Bubble: for m >= p, ZB-H1 idles (p-1)(F+I-W) per stage (the paper's
+// handcrafted schedules, where its B is our I) against 1F1B's (p-1)(F+I+W),
+// out of a makespan of m(F+I+W) + (p-1)(F+I-W); with F = I = W = 1 that is
+// p-1 units, and (p-1)/(3m+p-1). The last stage cannot start before (p-1)F and then works
+// 3m units, so no schedule does better. For m < p there are too few
+// micro-batches to hide the weight passes behind: the makespan is 2m+2p-1
+// units (the last stage runs m forwards and m input-gradient passes from p-1
+// on, the last I goes back through p-1 stages, and stage 0 then runs its last
+// W; again no schedule does better), so the idle fraction is
+// (2p-1-m)/(2m+2p-1); both agree at m = p.
+func zbH1Bubble(p, m, v int) float64 {
+	if m < p {
+		return float64(2*p-1-m) / float64(2*m+2*p-1)
+	}
+	return float64(p-1) / float64(3*m+p-1)
+}
+
+// TheoreticalBubble returns the closed-form idle fraction of each stage for
+// the named schedule with v chunks per stage, for uniform costs F = B/2 = I =
+// W on every stage (a forward one unit, a full backward two, an input-gradient
+// or weight pass one each) and free transfers:
+//
+//	gpipe, 1f1b:  (p-1)/(m+p-1)
+//	interleaved:  (p-1)/(v*m+p-1), i.e. Megatron's (p-1)/(v*m) of the ideal time
+//	zb-h1:        (p-1)(F+I-W) / (m(F+I+W) + (p-1)(F+I-W)) = (p-1)/(3m+p-1) for m >= p,
+//	              (2p-1-m)/(2m+2p-1) for m < p (see zbH1Bubble)
+//
+// The first two hold for any uniform forward and backward costs (the idle
+// time scales with F+B); zb-h1's needs F = I = W, since its order is built for
+// those costs. ok is false for an unknown name or sizes Build rejects.
+func TheoreticalBubble(name string, stages, microBatches, chunks int) (frac float64, ok bool) {
 	b, ok := lookup(name)
-	if !ok || checkSize(stages, microBatches) != nil {
+	if !ok || b.check(stages, microBatches, chunks) != nil {
 		return 0, false
 	}
-	return b.bubble(stages, microBatches), true
+	return b.bubble(stages, microBatches, chunks), true
 }

@@ -6,22 +6,50 @@ import (
 	"strings"
 )
 
-// Costs gives the simulator the duration of each action, per stage (F[s] and
-// B[s], any unit), and the transfer cost added between the end of a sending
-// action and the message becoming available on the neighbouring stage.
+// Costs gives the simulator the duration of each kind of action, per stage
+// (any unit), and the transfer cost added between the end of a sending action
+// and the message becoming available on another stage. F[s] and B[s] are the
+// forward and full backward of all of stage s's layers; I[s] and W[s] the
+// input-gradient and weight passes, which split B[s]. I or W may be nil,
+// meaning B/2. With v chunks per stage a chunk holds 1/v of the stage's
+// layers, so an action on one chunk costs a v-th of these. A transfer between
+// two chunks of the same stage is free.
 type Costs struct {
 	F, B     []float64 // len == Stages
+	I, W     []float64 // len == Stages, or nil for B/2
 	Transfer float64
 }
 
-// UniformCosts returns Costs with the same forward and backward duration on
-// every stage.
+// UniformCosts returns Costs with the same forward and full backward duration
+// on every stage, and I = W = b/2 (I and W left nil).
 func UniformCosts(stages int, f, b, transfer float64) Costs {
 	c := Costs{F: make([]float64, stages), B: make([]float64, stages), Transfer: transfer}
 	for s := range stages {
 		c.F[s], c.B[s] = f, b
 	}
 	return c
+}
+
+// duration returns how long a runs on its stage under c with v chunks.
+func (c Costs) duration(a Action, v int) float64 {
+	var d float64
+	switch a.Kind {
+	case Forward:
+		d = c.F[a.Stage]
+	case Backward:
+		d = c.B[a.Stage]
+	case Input:
+		d = c.B[a.Stage] / 2
+		if c.I != nil {
+			d = c.I[a.Stage]
+		}
+	case Weight:
+		d = c.B[a.Stage] / 2
+		if c.W != nil {
+			d = c.W[a.Stage]
+		}
+	}
+	return d / float64(v)
 }
 
 // Span is one action's execution interval in a Timeline.
@@ -40,31 +68,78 @@ type Timeline struct {
 }
 
 // Simulate plays the schedule: each stage runs its list in order, and an
-// action starts when its stage is free and its input is available (the
-// sender's end plus Costs.Transfer for a remote input; the stage's own forward
-// for a backward). It first checks the schedule's structure and returns the
-// same errors as Check, including on deadlock.
+// action starts when its stage is free and its inputs are available (the
+// sender's end, plus Costs.Transfer when the sender is another stage; the
+// stage's own forward for a backward or input-gradient pass, its own
+// input-gradient pass for a weight pass). It first checks the schedule's
+// structure and returns the same errors as Check, including on deadlock.
 func Simulate(s *Schedule, c Costs) (*Timeline, error) {
-	if err := s.validate(); err != nil {
+	x, err := s.validate()
+	if err != nil {
 		return nil, err
 	}
-	if len(c.F) != s.Stages || len(c.B) != s.Stages {
-		return nil, fmt.Errorf("costs have %d forward and %d backward entries, want %d each", len(c.F), len(c.B), s.Stages)
+	p := s.Stages
+	if len(c.F) != p || len(c.B) != p {
+		return nil, fmt.Errorf("costs have %d forward and %d backward entries, want %d each", len(c.F), len(c.B), p)
 	}
-	for st := range s.Stages {
-		if !nonNegative(c.F[st]) || !nonNegative(c.B[st]) {
-			return nil, fmt.Errorf("stage %d: costs must be finite and >= 0, got F=%v B=%v", st, c.F[st], c.B[st])
+	for _, opt := range []struct {
+		what string
+		vals []float64
+	}{{"input-gradient", c.I}, {"weight", c.W}} {
+		if opt.vals != nil && len(opt.vals) != p {
+			return nil, fmt.Errorf("costs have %d %s entries, want %d (or none, for B/2)", len(opt.vals), opt.what, p)
+		}
+	}
+	for st := range p {
+		ok := nonNegative(c.F[st]) && nonNegative(c.B[st])
+		got := fmt.Sprintf("F=%v B=%v", c.F[st], c.B[st])
+		if c.I != nil {
+			ok = ok && nonNegative(c.I[st])
+			got += fmt.Sprintf(" I=%v", c.I[st])
+		}
+		if c.W != nil {
+			ok = ok && nonNegative(c.W[st])
+			got += fmt.Sprintf(" W=%v", c.W[st])
+		}
+		if !ok {
+			return nil, fmt.Errorf("stage %d: costs must be finite and >= 0, got %s", st, got)
 		}
 	}
 	if !nonNegative(c.Transfer) {
 		return nil, fmt.Errorf("transfer cost must be finite and >= 0, got %v", c.Transfer)
 	}
-	return simulate(s, c)
+	return simulate(s, x, c)
 }
 
 func nonNegative(x float64) bool { return x >= 0 && !math.IsInf(x, 1) }
 
-// simulate assumes a validated schedule and valid costs.
+// deps returns what a waits for, the same stage's earlier work first (its
+// forward, or its input-gradient pass), then the input from the neighbouring
+// model stage.
+func (x *index) deps(a Action) []Action {
+	ms, last := a.ModelStage(x.p), x.p*x.v-1
+	var out []Action
+	switch a.Kind {
+	case Forward:
+		if ms > 0 {
+			out = append(out, a.onModelStage(Forward, ms-1, x.p))
+		}
+	case Backward, Input:
+		f := a
+		f.Kind = Forward
+		out = append(out, f)
+		if ms < last {
+			out = append(out, x.gradient(a, ms+1))
+		}
+	case Weight:
+		in := a
+		in.Kind = Input
+		out = append(out, in)
+	}
+	return out
+}
+
+// simulate assumes a validated schedule (x is its index) and valid costs.
 //
 // Stages share nothing and sends never block, so an action's start time is
 // determined solely by its stage's previous action and the actions it depends
@@ -74,42 +149,25 @@ func nonNegative(x float64) bool { return x >= 0 && !math.IsInf(x, 1) }
 // and is trivially deterministic. If actions remain when nothing moves, every
 // remaining stage is blocked on a dependency that will never finish: a
 // deadlock.
-func simulate(s *Schedule, c Costs) (*Timeline, error) {
-	p, m := s.Stages, s.MicroBatches
-	// end[kind][stage][mb] is the finishing time, or -1 while not yet run.
-	var end [2][][]float64
-	for k := range end {
-		end[k] = make([][]float64, p)
-		for st := range p {
-			end[k][st] = make([]float64, m)
-			for i := range m {
-				end[k][st][i] = -1
-			}
-		}
-	}
-	done := func(a Action) (float64, bool) {
-		e := end[a.Kind][a.Stage][a.MicroBatch]
-		return e, e >= 0
+func simulate(s *Schedule, x *index, c Costs) (*Timeline, error) {
+	p, v := s.Stages, s.Chunks
+	end := make([]float64, len(x.pos)) // finishing time by index slot, -1 while not yet run
+	for i := range end {
+		end[i] = -1
 	}
 	// ready returns when a's inputs are available, or the first dependency
 	// that has not run yet.
 	ready := func(a Action) (float64, Action, bool) {
 		t := 0.0
-		if a.Kind == Backward {
-			f := Action{Stage: a.Stage, Kind: Forward, MicroBatch: a.MicroBatch}
-			e, ok := done(f)
-			if !ok {
-				return 0, f, false
-			}
-			t = e
-		}
-		if src := a.RecvFrom(p); src >= 0 {
-			dep := Action{Stage: src, Kind: a.Kind, MicroBatch: a.MicroBatch}
-			e, ok := done(dep)
-			if !ok {
+		for _, dep := range x.deps(a) {
+			e := end[x.slot(dep)]
+			if e < 0 {
 				return 0, dep, false
 			}
-			t = max(t, e+c.Transfer)
+			if dep.Stage != a.Stage {
+				e += c.Transfer
+			}
+			t = max(t, e)
 		}
 		return t, Action{}, true
 	}
@@ -130,13 +188,10 @@ func simulate(s *Schedule, c Costs) (*Timeline, error) {
 				if !ok {
 					break
 				}
-				d := c.F[st]
-				if a.Kind == Backward {
-					d = c.B[st]
-				}
+				d := c.duration(a, v)
 				start := max(free[st], t)
 				free[st] = start + d
-				end[a.Kind][st][a.MicroBatch] = free[st]
+				end[x.slot(a)] = free[st]
 				tl.Spans[st] = append(tl.Spans[st], Span{Action: a, Start: start, End: free[st]})
 				tl.Busy[st] += d
 				moved = true

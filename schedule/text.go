@@ -30,47 +30,72 @@ func (s *Schedule) Grid() string {
 
 // ParseGrid reads a schedule written as Grid prints it: one line
 // "stage N: a a a" per stage, N counting up from 0. Blank lines and lines
-// starting with '#' are ignored. Stages is the number of stage lines and
-// MicroBatches is one more than the largest micro-batch mentioned; Name is
-// left empty. ParseGrid checks only the syntax: call Check on the result to
-// learn whether the schedule is runnable.
+// starting with '#' are ignored. Stages is the number of stage lines,
+// MicroBatches one more than the largest micro-batch mentioned and Chunks one
+// more than the largest chunk (at least 1); Name is left empty. ParseGrid
+// checks only the syntax, naming the line and column of a bad action: call
+// Check on the result to learn whether the schedule is runnable.
 func ParseGrid(text string) (*Schedule, error) {
-	s := &Schedule{}
+	var rows [][]Action
 	for n, line := range strings.Split(text, "\n") {
-		line = strings.TrimSpace(line)
-		if line == "" || strings.HasPrefix(line, "#") {
+		trimmed := strings.TrimSpace(line)
+		if trimmed == "" || strings.HasPrefix(trimmed, "#") {
 			continue
 		}
-		head, body, ok := strings.Cut(line, ":")
+		head, _, ok := strings.Cut(line, ":")
 		f := strings.Fields(head)
 		if !ok || len(f) != 2 || f[0] != "stage" {
-			return nil, fmt.Errorf("line %d: want \"stage N: actions...\", got %q", n+1, line)
+			return nil, fmt.Errorf("line %d: want \"stage N: actions...\", got %q", n+1, trimmed)
 		}
 		st, err := strconv.Atoi(f[1])
-		if err != nil || st != len(s.Actions) {
-			return nil, fmt.Errorf("line %d: want stage %d, got %q", n+1, len(s.Actions), f[1])
+		if err != nil || st != len(rows) {
+			return nil, fmt.Errorf("line %d: want stage %d, got %q", n+1, len(rows), f[1])
 		}
 		list := []Action{}
-		for _, w := range strings.Fields(body) {
-			a, err := ParseAction(w)
+		for col := len(head) + 1; col < len(line); {
+			for col < len(line) && isSpace(line[col]) {
+				col++
+			}
+			w := col
+			for col < len(line) && !isSpace(line[col]) {
+				col++
+			}
+			if w == col {
+				break
+			}
+			a, err := ParseAction(line[w:col])
 			if err != nil {
-				return nil, fmt.Errorf("line %d: %w", n+1, err)
+				return nil, fmt.Errorf("line %d, column %d: %w", n+1, w+1, err)
 			}
 			list = append(list, a)
-			s.MicroBatches = max(s.MicroBatches, a.MicroBatch+1)
 		}
-		s.Actions = append(s.Actions, list)
+		rows = append(rows, list)
 	}
-	s.Stages = len(s.Actions)
-	if s.Stages == 0 {
+	if len(rows) == 0 {
 		return nil, fmt.Errorf("no stage lines found")
 	}
-	return s, nil
+	return fromRows(rows), nil
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f' }
+
+// fromRows wraps parsed stage lists in a Schedule, inferring its sizes from
+// the actions as ParseGrid describes.
+func fromRows(rows [][]Action) *Schedule {
+	s := &Schedule{Stages: len(rows), Chunks: 1, Actions: rows}
+	for _, list := range rows {
+		for _, a := range list {
+			s.MicroBatches = max(s.MicroBatches, a.MicroBatch+1)
+			s.Chunks = max(s.Chunks, a.Chunk+1)
+		}
+	}
+	return s
 }
 
 // Text renders the timeline as one row per stage, one character per time slot
-// of width slot: 'F' or 'B' for the action running at the middle of the slot,
-// '.' for idle. Sampling the middle keeps the output exact when slot divides
+// of width slot: the kind of the action running at the middle of the slot
+// ('F', 'B', 'I' or 'W', lower-case for a chunk other than 0 so that the
+// interleaving shows), '.' for idle. Sampling the middle keeps the output exact when slot divides
 // the costs; a coarser slot is only a sketch (short actions can vanish). A
 // header gives the makespan and a time ruler marking every tenth slot; each
 // row ends with the stage's bubble. A slot <= 0 (or NaN) means 1.
@@ -103,7 +128,11 @@ func (t *Timeline) Text(slot float64) string {
 				j++
 			}
 			if j < len(spans) && spans[j].Start <= mid {
-				row[k] = spans[j].Action.Kind.String()[0]
+				a := spans[j].Action
+				row[k] = a.Kind.String()[0]
+				if a.Chunk != 0 && 'A' <= row[k] && row[k] <= 'Z' {
+					row[k] += 'a' - 'A'
+				}
 			}
 		}
 		fmt.Fprintf(&b, "%s %s  bubble %.1f%%\n", stageLabel(st, stages), row, 100*t.Bubble[st])

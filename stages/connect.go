@@ -31,18 +31,22 @@ func (l *Links) Close() error {
 	return errors.Join(errs...)
 }
 
-// Connect opens stage i's links: it listens on its address for the upstream stage
-// and dials the downstream one at the same time, each bounded by
+// Connect opens stage i's links: it listens on its address for the previous stage
+// and dials the next one at the same time, each bounded by
 // transport.connect_timeout, and runs the handshake that checks both sides agree on
-// the config digest and the shape and dtype of the tensors between them.
+// the config digest and the shapes and dtype of the tensors between them. With
+// virtual stages the last stage also feeds stage 0 (the ring), so every stage
+// listens and dials.
 func Connect(ctx context.Context, c *configs.Config, i int) (*Links, error) {
 	up, down, err := Hellos(c, i)
 	if err != nil {
 		return nil, err
 	}
+	p, ring := len(c.Stages), up.Ring
 	opts := transport.Options{ConnectTimeout: c.Transport.ConnectTimeout, QueueDepth: c.Transport.QueueDepth}
 	links := &Links{}
-	if i > 0 {
+	listen, dial := i > 0 || ring, i+1 < p || ring
+	if listen {
 		if links.server, err = transport.Listen(c.Stages[i].Address, up, opts); err != nil {
 			return nil, fmt.Errorf("stage %d: %w", i, err)
 		}
@@ -59,15 +63,15 @@ func Connect(ctx context.Context, c *configs.Config, i int) (*Links, error) {
 	}
 	var wg sync.WaitGroup
 	var acceptErr, dialErr error
-	if i > 0 {
+	if listen {
 		wg.Go(func() {
 			links.Prev, acceptErr = links.server.Accept(ctx)
 			cancelOnRefusal(acceptErr)
 		})
 	}
-	if i+1 < len(c.Stages) {
+	if dial {
 		wg.Go(func() {
-			links.Next, dialErr = transport.Dial(ctx, c.Stages[i+1].Address, down, opts)
+			links.Next, dialErr = transport.Dial(ctx, c.Stages[(i+1)%p].Address, down, opts)
 			cancelOnRefusal(dialErr)
 		})
 	}
@@ -86,8 +90,8 @@ func Connect(ctx context.Context, c *configs.Config, i int) (*Links, error) {
 	return links, nil
 }
 
-// Hellos are stage i's handshakes on its link to the previous stage (describing the
-// activations it receives) and to the next (the activations it sends).
+// Hellos are stage i's handshakes on its link from the previous stage and on its
+// link to the next, each naming the activation shape of every chunk it carries.
 func Hellos(c *configs.Config, i int) (up, down transport.Hello, err error) {
 	model, err := models.Build(c.Model)
 	if err != nil {
@@ -97,10 +101,27 @@ func Hellos(c *configs.Config, i int) (up, down transport.Hello, err error) {
 	if err != nil {
 		return up, down, err
 	}
-	first, last := c.StageLayers(i)
-	hello := func(layer int) transport.Hello {
-		return transport.Hello{Stage: i, Stages: len(c.Stages), ConfigDigest: c.Digest(), Address: c.Stages[i].Address,
-			DType: dt, Shape: []int(model.ShapeAt(layer, c.MicroBatchSize()))}
+	p := len(c.Stages)
+	hello := func(from int) transport.Hello {
+		return transport.Hello{Stage: i, Stages: p, ConfigDigest: c.Digest(), Address: c.Stages[i].Address,
+			DType: dt, Shapes: LinkShapes(c, model, from), Ring: c.VirtualStages > 1 && p > 1}
 	}
-	return hello(first), hello(last), nil
+	return hello((i + p - 1) % p), hello(i), nil
+}
+
+// LinkShapes lists, by chunk tag, the activation shapes on the link from stage
+// `from` to the next stage: tag c is the boundary after model stage c*p + from, for
+// as long as that is not the model's last stage. Gradients have the same shapes.
+func LinkShapes(c *configs.Config, model *models.Model, from int) [][]int {
+	var out [][]int
+	for ch := 0; ch < c.VirtualStages; ch++ {
+		k := ch*len(c.Stages) + from
+		if k+1 >= c.ModelStages() {
+			break
+		}
+		stage, chunk := c.Place(k + 1)
+		first, _ := c.ChunkLayers(stage, chunk)
+		out = append(out, []int(model.ShapeAt(first, c.MicroBatchSize())))
+	}
+	return out
 }

@@ -15,32 +15,34 @@ import (
 // what the link carries (kind, dtype, shape) and hands them out by (step,
 // micro-batch), holding early arrivals, so a schedule may consume in any order.
 type peer struct {
-	link  transport.Link
-	name  string
-	kind  transport.Kind // what arrives on this link
-	dtype transport.DType
-	shape []int
-	held  map[slot]*transport.Tensor
+	link   transport.Link
+	name   string
+	kind   transport.Kind // what arrives on this link
+	dtype  transport.DType
+	shapes [][]int // by chunk tag
+	held   map[slot]*transport.Tensor
 	// timeout bounds each wait for a tensor; 0 means only ctx bounds it.
 	timeout time.Duration
 }
 
 type slot struct {
-	step int64
-	mb   int
+	step  int64
+	mb    int
+	chunk int
 }
 
 // maxHeld bounds early arrivals; more means the neighbour runs a different schedule.
 const maxHeld = 1024
 
-func newPeer(l transport.Link, kind transport.Kind, dt transport.DType, shape tensor.Shape, timeout time.Duration) *peer {
+func newPeer(l transport.Link, kind transport.Kind, dt transport.DType, shapes [][]int, timeout time.Duration) *peer {
 	h := l.Peer()
-	return &peer{link: l, name: fmt.Sprintf("stage %d (%s)", h.Stage, h.Address), kind: kind, dtype: dt, shape: []int(shape.Clone()), held: map[slot]*transport.Tensor{}, timeout: timeout}
+	return &peer{link: l, name: fmt.Sprintf("stage %d (%s)", h.Stage, h.Address), kind: kind, dtype: dt, shapes: shapes, held: map[slot]*transport.Tensor{}, timeout: timeout}
 }
 
-// recv returns micro-batch mb of step as a tensor the caller owns.
-func (p *peer) recv(ctx context.Context, step int64, mb int) (*tensor.Dense, error) {
-	want := slot{step, mb}
+// recv returns micro-batch mb of step, for the boundary tagged chunk, as a tensor
+// the caller owns.
+func (p *peer) recv(ctx context.Context, step int64, mb, chunk int) (*tensor.Dense, error) {
+	want := slot{step, mb, chunk}
 	t, ok := p.held[want]
 	delete(p.held, want)
 	if !ok && p.timeout > 0 {
@@ -54,39 +56,52 @@ func (p *peer) recv(ctx context.Context, step int64, mb int) (*tensor.Dense, err
 			if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
 				err = cause
 			}
-			return nil, fmt.Errorf("waiting for %s of step %d micro-batch %d from %s: %w", p.kind, step+1, mb, p.name, err)
+			return nil, fmt.Errorf("waiting for %s of step %d micro-batch %d%s from %s: %w", p.kind, step+1, mb, chunkText(chunk), p.name, err)
 		}
 		if err := p.check(got); err != nil {
 			return nil, err
 		}
-		s := slot{got.Step, int(got.MicroBatch)}
+		s := slot{got.Step, int(got.MicroBatch), int(got.Chunk)}
 		if s == want {
 			t, ok = got, true
 			break
 		}
 		if _, dup := p.held[s]; dup || len(p.held) >= maxHeld {
-			return nil, fmt.Errorf("%s sent %s for step %d micro-batch %d while this stage waits for step %d micro-batch %d: the stages disagree on the schedule", p.name, got.Kind, got.Step+1, got.MicroBatch, step+1, mb)
+			return nil, fmt.Errorf("%s sent %s for step %d micro-batch %d%s while this stage waits for step %d micro-batch %d%s: the stages disagree on the schedule",
+				p.name, got.Kind, got.Step+1, got.MicroBatch, chunkText(int(got.Chunk)), step+1, mb, chunkText(chunk))
 		}
 		p.held[s] = got
 	}
+	shape := p.shapes[chunk]
 	switch p.dtype {
 	case transport.Float64:
-		return tensor.New(tensor.WithShape(p.shape...), tensor.WithBacking(t.Float64s())), nil
+		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(t.Float64s())), nil
 	default:
-		return tensor.New(tensor.WithShape(p.shape...), tensor.WithBacking(t.Float32s())), nil
+		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(t.Float32s())), nil
 	}
 }
 
+func chunkText(chunk int) string {
+	if chunk == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" chunk %d", chunk)
+}
+
 func (p *peer) check(t *transport.Tensor) error {
-	if t.Kind != p.kind || t.DType != p.dtype || !slices.Equal(t.Shape, p.shape) {
-		return fmt.Errorf("%s sent %s %v %s for step %d micro-batch %d; this link carries %s %v %s",
-			p.name, t.Kind, t.Shape, t.DType, t.Step+1, t.MicroBatch, p.kind, p.shape, p.dtype)
+	c := int(t.Chunk)
+	if c < 0 || c >= len(p.shapes) {
+		return fmt.Errorf("%s sent %s for chunk %d; this link carries chunks 0-%d", p.name, t.Kind, c, len(p.shapes)-1)
+	}
+	if t.Kind != p.kind || t.DType != p.dtype || !slices.Equal(t.Shape, p.shapes[c]) {
+		return fmt.Errorf("%s sent %s %v %s for step %d micro-batch %d%s; this link carries %s %v %s",
+			p.name, t.Kind, t.Shape, t.DType, t.Step+1, t.MicroBatch, chunkText(c), p.kind, p.shapes[c], p.dtype)
 	}
 	return nil
 }
 
 // send queues v for the neighbour and returns the payload size.
-func (p *peer) send(ctx context.Context, kind transport.Kind, step int64, mb int, v *tensor.Dense) (int64, error) {
+func (p *peer) send(ctx context.Context, kind transport.Kind, step int64, mb, chunk int, v *tensor.Dense) (int64, error) {
 	var t *transport.Tensor
 	var err error
 	switch d := v.Data().(type) {
@@ -100,8 +115,9 @@ func (p *peer) send(ctx context.Context, kind transport.Kind, step int64, mb int
 	if err != nil {
 		return 0, err
 	}
+	t.Chunk = int32(chunk)
 	if err := p.link.Send(ctx, t); err != nil {
-		return 0, fmt.Errorf("sending %s of step %d micro-batch %d to %s: %w", kind, step+1, mb, p.name, err)
+		return 0, fmt.Errorf("sending %s of step %d micro-batch %d%s to %s: %w", kind, step+1, mb, chunkText(chunk), p.name, err)
 	}
 	return int64(len(t.Data)), nil
 }

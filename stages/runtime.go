@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	G "gorgonia.org/gorgonia"
@@ -45,13 +46,15 @@ type Options struct {
 	Train, Test *data.Dataset
 }
 
-// Runtime executes one stage's actions, step after step.
+// Runtime executes one stage's actions, step after step. A stage holds one engine
+// per chunk (virtual stage); chunk c of stage d is model stage c*p + d.
 type Runtime struct {
 	cfg           *configs.Config
 	stage, stages int // position in the pipeline, and its length
-	engine        *Engine
+	engines       []*Engine
+	solvers       []G.Solver // one per engine: solver state and step counts are per parameter list
 	actions       []schedule.Action
-	solver        G.Solver
+	schedName     string
 	prev, next    *peer
 	train, test   *data.Dataset
 	sampler       *data.Sampler
@@ -63,7 +66,7 @@ type Runtime struct {
 	losses []float64 // this step's micro-batch losses (last stage)
 }
 
-// New builds the stage: its slice of the model, its schedule and its data.
+// New builds the stage: its slices of the model, its schedule and its data.
 func New(o Options) (*Runtime, error) {
 	c := o.Config
 	r := &Runtime{cfg: c, stage: o.Stage, stages: len(c.Stages), runDir: o.RunDir, log: o.Log}
@@ -75,39 +78,24 @@ func New(o Options) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	first, last := c.StageLayers(o.Stage)
-	if o.Reference {
-		r.stage, r.stages, first, last = 0, 1, 0, len(model.Layers)
-	}
-	if r.engine, err = NewEngine(model, first, last, c.MicroBatchSize(), c.Train.Seed, false); err != nil {
-		return nil, fmt.Errorf("stage %d: %w", r.stage, err)
-	}
-	sched, err := schedule.Build(c.Schedule, r.stages, c.Data.MicroBatches)
+	sched, ranges, err := r.plan(c, model, o.Reference)
 	if err != nil {
 		return nil, err
 	}
-	if err := sched.Check(); err != nil {
-		return nil, fmt.Errorf("schedule %s: %w", c.Schedule, err)
-	}
-	r.actions = sched.Actions[r.stage]
-	if r.solver, err = NewSolver(c.Train.Optimizer); err != nil {
-		return nil, err
-	}
-	dt, err := transport.ParseDType(model.DType.String())
-	if err != nil {
-		return nil, err
-	}
-	if !r.engine.IsFirst() {
-		if o.Prev == nil {
-			return nil, fmt.Errorf("stage %d: no link to the previous stage", r.stage)
+	r.actions, r.schedName = sched.Actions[r.stage], sched.Name
+	for chunk, lr := range ranges {
+		e, err := NewEngine(model, lr[0], lr[1], c.MicroBatchSize(), c.Train.Seed, splitsChunk(r.actions, chunk))
+		if err != nil {
+			return nil, fmt.Errorf("stage %d chunk %d: %w", r.stage, chunk, err)
 		}
-		r.prev = newPeer(o.Prev, transport.Activation, dt, r.engine.InShape(), c.Transport.RecvTimeout)
-	}
-	if !r.engine.IsLast() {
-		if o.Next == nil {
-			return nil, fmt.Errorf("stage %d: no link to the next stage", r.stage)
+		s, err := NewSolver(c.Train.Optimizer)
+		if err != nil {
+			return nil, err
 		}
-		r.next = newPeer(o.Next, transport.Gradient, dt, r.engine.OutShape(), c.Transport.RecvTimeout)
+		r.engines, r.solvers = append(r.engines, e), append(r.solvers, s)
+	}
+	if err := r.attach(o, model); err != nil {
+		return nil, err
 	}
 	if err := r.loadData(o); err != nil {
 		return nil, err
@@ -115,8 +103,84 @@ func New(o Options) (*Runtime, error) {
 	return r, nil
 }
 
+// plan returns this stage's schedule and the layer range of each of its chunks. The
+// reference holds every layer in one chunk and trains with 1F1B on one stage: any
+// schedule, split or not, computes the same bits as that.
+func (r *Runtime) plan(c *configs.Config, model *models.Model, reference bool) (*schedule.Schedule, [][2]int, error) {
+	if reference {
+		r.stage, r.stages = 0, 1
+		sched, err := schedule.Build("1f1b", 1, c.Data.MicroBatches, 1)
+		return sched, [][2]int{{0, len(model.Layers)}}, err
+	}
+	sched, err := schedule.Build(c.Schedule, r.stages, c.Data.MicroBatches, c.VirtualStages)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := sched.Check(); err != nil {
+		return nil, nil, fmt.Errorf("schedule %s: %w", c.Schedule, err)
+	}
+	var ranges [][2]int
+	for chunk := 0; chunk < c.VirtualStages; chunk++ {
+		first, last := c.ChunkLayers(r.stage, chunk)
+		ranges = append(ranges, [2]int{first, last})
+	}
+	return sched, ranges, nil
+}
+
+// splitsChunk reports whether the schedule runs this chunk's backward as separate
+// input and weight gradients.
+func splitsChunk(actions []schedule.Action, chunk int) bool {
+	for _, a := range actions {
+		if a.Chunk == chunk && (a.Kind == schedule.Input || a.Kind == schedule.Weight) {
+			return true
+		}
+	}
+	return false
+}
+
+// attach wraps the links the stage needs: from the previous stage unless every
+// chunk is the model's first, to the next unless every chunk is its last; with
+// chunks, stage 0 and the last stage are linked too (the ring).
+func (r *Runtime) attach(o Options, model *models.Model) error {
+	needPrev, needNext := false, false
+	for _, e := range r.engines {
+		needPrev = needPrev || !e.IsFirst()
+		needNext = needNext || !e.IsLast()
+	}
+	dt, err := transport.ParseDType(model.DType.String())
+	if err != nil {
+		return err
+	}
+	if needPrev {
+		if o.Prev == nil {
+			return fmt.Errorf("stage %d: no link to the previous stage", r.stage)
+		}
+		r.prev = newPeer(o.Prev, transport.Activation, dt, LinkShapes(r.cfg, model, (r.stage+r.stages-1)%r.stages), r.cfg.Transport.RecvTimeout)
+	}
+	if needNext {
+		if o.Next == nil {
+			return fmt.Errorf("stage %d: no link to the next stage", r.stage)
+		}
+		r.next = newPeer(o.Next, transport.Gradient, dt, LinkShapes(r.cfg, model, r.stage), r.cfg.Transport.RecvTimeout)
+	}
+	return nil
+}
+
+// upTag is the chunk tag of the boundary into chunk c of this stage: tensors are
+// tagged with the chunk of the boundary's upstream model stage, which for stage 0
+// (fed by the last stage over the ring) is the previous chunk.
+func (r *Runtime) upTag(c int) int {
+	if r.stage == 0 {
+		return c - 1
+	}
+	return c
+}
+
+func (r *Runtime) first() *Engine { return r.engines[0] }
+func (r *Runtime) last() *Engine  { return r.engines[len(r.engines)-1] }
+
 func (r *Runtime) loadData(o Options) error {
-	first, last := r.engine.IsFirst(), r.engine.IsLast()
+	first, last := r.first().IsFirst(), r.last().IsLast()
 	var err error
 	if r.train = o.Train; r.train == nil {
 		if r.train, err = data.LoadFashionMNIST(r.cfg.Data.Dir, "train", first, last); err != nil {
@@ -128,15 +192,24 @@ func (r *Runtime) loadData(o Options) error {
 			return err
 		}
 	}
-	if r.train.Dim != r.engine.Model.Example.TotalSize() && first {
-		return fmt.Errorf("data: %s examples have %d features, model.input is %d", r.train.Name, r.train.Dim, r.engine.Model.Example.TotalSize())
+	if n := r.first().Model.Example.TotalSize(); first && r.train.Dim != n {
+		return fmt.Errorf("data: %s examples have %d features, model.input is %d", r.train.Name, r.train.Dim, n)
 	}
 	r.sampler, err = data.NewSampler(r.cfg.Train.Seed, r.train.N, r.cfg.Data.BatchSize)
 	return err
 }
 
-// Engine exposes the stage's compute, for tests and tools.
-func (r *Runtime) Engine() *Engine { return r.engine }
+// Engines exposes the stage's compute, one engine per chunk, for tests and tools.
+func (r *Runtime) Engines() []*Engine { return r.engines }
+
+// inFlight is the number of micro-batch chunks whose activations the stage holds.
+func (r *Runtime) inFlight() int {
+	n := 0
+	for _, e := range r.engines {
+		n += e.InFlight()
+	}
+	return n
+}
 
 // Run trains for the configured steps, evaluates if asked, and saves the stage's
 // final weights under RUN_DIR/weights.
@@ -145,9 +218,12 @@ func (r *Runtime) Run(ctx context.Context) error {
 		return err
 	}
 	defer r.close()
-	first, last := r.engine.First, r.engine.Last-1
-	fmt.Fprintf(r.log, "stage %d: layers %d-%d, %s schedule, %d micro-batches of %d, %d steps\n",
-		r.stage, first, last, r.cfg.Schedule, r.cfg.Data.MicroBatches, r.cfg.MicroBatchSize(), r.cfg.Train.Steps)
+	var layers []string
+	for _, e := range r.engines {
+		layers = append(layers, fmt.Sprintf("%d-%d", e.First, e.Last-1))
+	}
+	fmt.Fprintf(r.log, "stage %d: layers %s, %s schedule, %d micro-batches of %d, %d steps\n",
+		r.stage, strings.Join(layers, " and "), r.cfg.Schedule, r.cfg.Data.MicroBatches, r.cfg.MicroBatchSize(), r.cfg.Train.Steps)
 	start := time.Now()
 	lastLog := start
 	for step := 0; step < r.cfg.Train.Steps; step++ {
@@ -161,7 +237,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 		if err := r.events.flush(); err != nil {
 			return err
 		}
-		if r.engine.IsLast() {
+		if r.last().IsLast() {
 			done := step + 1
 			now := time.Now()
 			loss := r.stepLoss()
@@ -188,7 +264,11 @@ func (r *Runtime) Run(ctx context.Context) error {
 	if err := r.saveWeights(); err != nil {
 		return err
 	}
-	fmt.Fprintf(r.log, "stage %d: done in %.1fs, peak %d micro-batches stashed\n", r.stage, time.Since(start).Seconds(), r.engine.PeakInFlight())
+	peak := 0
+	for _, e := range r.engines {
+		peak += e.PeakInFlight()
+	}
+	fmt.Fprintf(r.log, "stage %d: done in %.1fs, peak %d micro-batches stashed\n", r.stage, time.Since(start).Seconds(), peak)
 	return nil
 }
 
@@ -207,7 +287,7 @@ func (r *Runtime) open() error {
 			return err
 		}
 	}
-	if r.engine.IsLast() {
+	if r.last().IsLast() {
 		if r.metrics, err = os.Create(filepath.Join(r.runDir, "metrics.jsonl")); err != nil {
 			return err
 		}
@@ -223,8 +303,8 @@ func (r *Runtime) close() {
 }
 
 func (r *Runtime) writeRunInfo() error {
-	theory, _ := schedule.TheoreticalBubble(r.cfg.Schedule, r.stages, r.cfg.Data.MicroBatches)
-	info := profile.RunInfo{Schedule: r.cfg.Schedule, Stages: r.stages, MicroBatches: r.cfg.Data.MicroBatches, Steps: r.cfg.Train.Steps, TheoreticalBubble: theory}
+	theory, _ := schedule.TheoreticalBubble(r.schedName, r.stages, r.cfg.Data.MicroBatches, len(r.engines))
+	info := profile.RunInfo{Schedule: r.schedName, Stages: r.stages, MicroBatches: r.cfg.Data.MicroBatches, Steps: r.cfg.Train.Steps, Chunks: len(r.engines), TheoreticalBubble: theory}
 	b, _ := json.MarshalIndent(info, "", "  ")
 	return checkpoint.WriteAtomic(filepath.Join(r.runDir, "run.json"), func(w io.Writer) error {
 		_, err := w.Write(append(b, '\n'))
@@ -240,86 +320,108 @@ func (r *Runtime) trainStep(ctx context.Context, step int) error {
 		var err error
 		switch a.Kind {
 		case schedule.Forward:
-			err = r.forward(ctx, step, a.MicroBatch, idx)
-		case schedule.Backward:
-			err = r.backward(ctx, step, a.MicroBatch)
+			err = r.forward(ctx, step, a, idx)
+		case schedule.Backward, schedule.Input:
+			err = r.backward(ctx, step, a)
+		case schedule.Weight:
+			err = r.weight(step, a)
 		default:
-			err = fmt.Errorf("action %v: kind not supported by this runtime", a)
+			err = fmt.Errorf("kind not supported by this runtime")
 		}
 		if err != nil {
 			return fmt.Errorf("%v: %w", a, err)
 		}
 	}
 	t0 := time.Now()
-	if err := r.engine.Step(r.solver); err != nil {
-		return fmt.Errorf("optimizer: %w", err)
+	for i, e := range r.engines {
+		if err := e.Step(r.solvers[i]); err != nil {
+			return fmt.Errorf("optimizer: %w", err)
+		}
 	}
 	return r.events.add(profile.Event{Stage: r.stage, Step: step, Kind: profile.Optimizer, StartNS: t0.UnixNano(), EndNS: time.Now().UnixNano()})
 }
 
-func (r *Runtime) forward(ctx context.Context, step, mb int, idx []int) error {
+func (r *Runtime) forward(ctx context.Context, step int, a schedule.Action, idx []int) error {
+	e, mb := r.engines[a.Chunk], a.MicroBatch
 	waitStart := time.Now()
-	rows := idx[mb*r.engine.Batch : (mb+1)*r.engine.Batch]
-	input, err := r.input(ctx, int64(step), mb, rows)
-	if err != nil {
+	rows := idx[mb*e.Batch : (mb+1)*e.Batch]
+	var input *tensor.Dense
+	var err error
+	if e.IsFirst() {
+		input = r.examples(e, r.train, rows)
+	} else if input, err = r.prev.recv(ctx, int64(step), mb, r.upTag(a.Chunk)); err != nil {
 		return err
 	}
 	start := time.Now()
-	out, err := r.engine.Forward(mb, input, r.targets(r.train, rows))
+	var targets []int
+	if e.IsLast() {
+		targets = r.targets(r.train, rows)
+	}
+	out, err := e.Forward(mb, input, targets)
 	if err != nil {
 		return err
 	}
 	var sent int64
-	if r.engine.IsLast() {
+	if e.IsLast() {
 		r.losses[mb] = scalar(out)
-	} else if sent, err = r.next.send(ctx, transport.Activation, int64(step), mb, out); err != nil {
+	} else if sent, err = r.next.send(ctx, transport.Activation, int64(step), mb, a.Chunk, out); err != nil {
 		return err
 	}
-	return r.events.add(profile.Event{Stage: r.stage, Step: step, Kind: profile.Forward, MB: mb,
-		StartNS: start.UnixNano(), EndNS: time.Now().UnixNano(), WaitNS: start.Sub(waitStart).Nanoseconds(),
-		BytesSent: sent, Stashed: r.engine.InFlight()})
+	return r.record(step, a, profile.Forward, waitStart, start, sent)
 }
 
-func (r *Runtime) backward(ctx context.Context, step, mb int) error {
+// backward runs a full backward (B) or its input-gradient part (I).
+func (r *Runtime) backward(ctx context.Context, step int, a schedule.Action) error {
+	e, mb := r.engines[a.Chunk], a.MicroBatch
 	waitStart := time.Now()
-	var grad G.Value = r.engine.LossScale(r.cfg.Data.MicroBatches)
-	if !r.engine.IsLast() {
-		t, err := r.next.recv(ctx, int64(step), mb)
+	var grad G.Value = e.LossScale(r.cfg.Data.MicroBatches)
+	if !e.IsLast() {
+		t, err := r.next.recv(ctx, int64(step), mb, a.Chunk)
 		if err != nil {
 			return err
 		}
 		grad = t
 	}
 	start := time.Now()
-	dx, err := r.engine.Backward(mb, grad)
+	var dx *tensor.Dense
+	var err error
+	kind := profile.Backward
+	if a.Kind == schedule.Input {
+		dx, err = e.Input(mb, grad)
+		kind = profile.Input
+	} else {
+		dx, err = e.Backward(mb, grad)
+	}
 	if err != nil {
 		return err
 	}
 	var sent int64
-	if !r.engine.IsFirst() {
-		if sent, err = r.prev.send(ctx, transport.Gradient, int64(step), mb, dx); err != nil {
+	if !e.IsFirst() {
+		if sent, err = r.prev.send(ctx, transport.Gradient, int64(step), mb, r.upTag(a.Chunk), dx); err != nil {
 			return err
 		}
 	}
-	return r.events.add(profile.Event{Stage: r.stage, Step: step, Kind: profile.Backward, MB: mb,
-		StartNS: start.UnixNano(), EndNS: time.Now().UnixNano(), WaitNS: start.Sub(waitStart).Nanoseconds(),
-		BytesSent: sent, Stashed: r.engine.InFlight()})
+	return r.record(step, a, kind, waitStart, start, sent)
 }
 
-// input is the micro-batch entering the stage: examples on the first stage, the
-// upstream activation elsewhere.
-func (r *Runtime) input(ctx context.Context, step int64, mb int, rows []int) (*tensor.Dense, error) {
-	if r.engine.IsFirst() {
-		return r.examples(r.train, rows), nil
+func (r *Runtime) weight(step int, a schedule.Action) error {
+	start := time.Now()
+	if err := r.engines[a.Chunk].Weight(a.MicroBatch); err != nil {
+		return err
 	}
-	return r.prev.recv(ctx, step, mb)
+	return r.record(step, a, profile.Weight, start, start, 0)
 }
 
-// examples gathers rows of ds into a micro-batch; rows past the batch (the padding
-// of a short last evaluation batch) stay zero.
-func (r *Runtime) examples(ds *data.Dataset, rows []int) *tensor.Dense {
-	shape := r.engine.InShape()
-	t := tensor.New(tensor.Of(r.engine.Model.DType), tensor.WithShape(shape...))
+func (r *Runtime) record(step int, a schedule.Action, kind string, waitStart, start time.Time, sent int64) error {
+	return r.events.add(profile.Event{Stage: r.stage, Step: step, Kind: kind, MB: a.MicroBatch, Chunk: a.Chunk,
+		StartNS: start.UnixNano(), EndNS: time.Now().UnixNano(), WaitNS: start.Sub(waitStart).Nanoseconds(),
+		BytesSent: sent, Stashed: r.inFlight()})
+}
+
+// examples gathers rows of ds into a micro-batch for engine e; rows past the batch
+// (the padding of a short last evaluation batch) stay zero.
+func (r *Runtime) examples(e *Engine, ds *data.Dataset, rows []int) *tensor.Dense {
+	t := tensor.New(tensor.Of(e.Model.DType), tensor.WithShape(e.InShape()...))
 	n := len(rows) * ds.Dim
 	switch d := t.Data().(type) {
 	case []float32:
@@ -331,9 +433,6 @@ func (r *Runtime) examples(ds *data.Dataset, rows []int) *tensor.Dense {
 }
 
 func (r *Runtime) targets(ds *data.Dataset, rows []int) []int {
-	if !r.engine.IsLast() {
-		return nil
-	}
 	y := make([]int, len(rows))
 	data.GatherLabels(ds, rows, y)
 	return y
@@ -372,9 +471,9 @@ type EvalResult struct {
 }
 
 // evaluate runs the whole test split forward through the pipeline in micro-batches
-// (the last one padded) and, on the last stage, scores the predictions.
+// (the last one padded), chunk by chunk, and on the last stage scores the predictions.
 func (r *Runtime) evaluate(ctx context.Context) error {
-	b := r.engine.Batch
+	b := r.first().Batch
 	n := r.test.N
 	var res EvalResult
 	for k := 0; k*b < n; k++ {
@@ -382,38 +481,40 @@ func (r *Runtime) evaluate(ctx context.Context) error {
 		for i := k * b; i < min(n, (k+1)*b); i++ {
 			rows = append(rows, i)
 		}
-		var input *tensor.Dense
-		var err error
-		if r.engine.IsFirst() {
-			input = r.examples(r.test, rows)
-		} else if input, err = r.prev.recv(ctx, EvalStep, k); err != nil {
-			return err
-		}
-		targets := r.targets(r.test, rows)
-		if targets != nil {
-			targets = append(targets, make([]int, b-len(rows))...)
-		}
-		out, err := r.engine.Forward(k, input, targets)
-		if err != nil {
-			return err
-		}
-		r.engine.Discard(k)
-		if !r.engine.IsLast() {
-			if _, err := r.next.send(ctx, transport.Activation, EvalStep, k, out); err != nil {
+		for c, e := range r.engines {
+			var input *tensor.Dense
+			var err error
+			if e.IsFirst() {
+				input = r.examples(e, r.test, rows)
+			} else if input, err = r.prev.recv(ctx, EvalStep, k, r.upTag(c)); err != nil {
 				return err
 			}
-			continue
+			var targets []int
+			if e.IsLast() {
+				targets = append(r.targets(r.test, rows), make([]int, b-len(rows))...)
+			}
+			out, err := e.Forward(k, input, targets)
+			if err != nil {
+				return err
+			}
+			e.Discard(k)
+			if !e.IsLast() {
+				if _, err := r.next.send(ctx, transport.Activation, EvalStep, k, c, out); err != nil {
+					return err
+				}
+				continue
+			}
+			logits, err := e.Logits()
+			if err != nil {
+				return err
+			}
+			correct, loss := score(logits, targets[:len(rows)])
+			res.Correct += correct
+			res.Loss += loss
+			res.Examples += len(rows)
 		}
-		logits, err := r.engine.Logits()
-		if err != nil {
-			return err
-		}
-		correct, loss := score(logits, targets[:len(rows)])
-		res.Correct += correct
-		res.Loss += loss
-		res.Examples += len(rows)
 	}
-	if !r.engine.IsLast() {
+	if !r.last().IsLast() {
 		return nil
 	}
 	res.Accuracy = float64(res.Correct) / float64(res.Examples)
@@ -470,7 +571,11 @@ func scalar(t *tensor.Dense) float64 { return asFloat64s(t)[0] }
 // saveWeights writes the stage's parameters to RUN_DIR/weights/stage-<i>.safetensors.
 func (r *Runtime) saveWeights() error {
 	var ts []checkpoint.Tensor
-	for _, p := range r.engine.Params() {
+	var params []*G.Node
+	for _, e := range r.engines {
+		params = append(params, e.Params()...)
+	}
+	for _, p := range params {
 		t := checkpoint.Tensor{Name: p.Name(), Shape: p.Shape().Clone()}
 		switch d := p.Value().Data().(type) {
 		case []float32:

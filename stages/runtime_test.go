@@ -16,6 +16,7 @@ import (
 	"github.com/pipetrain/pipetrain/data"
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/profile"
+	"github.com/pipetrain/pipetrain/schedule"
 	"github.com/pipetrain/pipetrain/transport"
 )
 
@@ -32,19 +33,41 @@ func synthetic(n, dim, classes int, seed uint64) *data.Dataset {
 	return d
 }
 
-func testConfig(sched string, stageLayers []string, micro int, dtype, opt string) *configs.Config {
-	c := &configs.Config{
-		Model:     models.Spec{Name: "mlp", DType: dtype, Input: 8, Hidden: []int{7, 6, 5}, Classes: 3, Activation: "relu"},
-		Data:      configs.Data{Dataset: "fashion-mnist", BatchSize: 4 * micro, MicroBatches: micro},
-		Train:     configs.Train{Steps: 6, Seed: 11, LogEvery: 2, Evaluate: true, Optimizer: configs.Optimizer{Name: opt, LR: 0.05, Momentum: 0.5, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8}},
-		Schedule:  sched,
-		Compute:   configs.Compute{BLASThreads: 1},
-		Transport: configs.Transport{ConnectTimeout: time.Second, QueueDepth: 2, RecvTimeout: 10 * time.Second},
+// testConfig is a small MLP run; layers[s] lists stage s's range per chunk.
+func testConfig(sched string, layers [][]string, micro int, dtype, opt string) *configs.Config {
+	n := 0 // layers the ranges cover
+	for _, stage := range layers {
+		for _, r := range stage {
+			_, last, err := configs.ParseLayers(r)
+			if err != nil {
+				panic(err)
+			}
+			n = max(n, last+1)
+		}
 	}
-	for i, l := range stageLayers {
+	hidden := []int{7, 6, 5, 6, 7, 6, 5, 7}[:n-1]
+	c := &configs.Config{
+		Model:         models.Spec{Name: "mlp", DType: dtype, Input: 8, Hidden: hidden, Classes: 3, Activation: "relu"},
+		Data:          configs.Data{Dataset: "fashion-mnist", BatchSize: 4 * micro, MicroBatches: micro},
+		Train:         configs.Train{Steps: 6, Seed: 11, LogEvery: 2, Evaluate: true, Optimizer: configs.Optimizer{Name: opt, LR: 0.05, Momentum: 0.5, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8}},
+		Schedule:      sched,
+		VirtualStages: len(layers[0]),
+		Compute:       configs.Compute{BLASThreads: 1},
+		Transport:     configs.Transport{ConnectTimeout: time.Second, QueueDepth: 2, RecvTimeout: 10 * time.Second},
+	}
+	for i, l := range layers {
 		c.Stages = append(c.Stages, configs.Stage{Layers: l, Address: fmt.Sprintf("127.0.0.1:%d", 7000+i), Device: "cpu"})
 	}
 	return c
+}
+
+// plain gives each stage one chunk.
+func plain(ranges ...string) [][]string {
+	out := make([][]string, len(ranges))
+	for i, r := range ranges {
+		out[i] = []string{r}
+	}
+	return out
 }
 
 // runInProcess runs every stage of c as a goroutine, linked by in-memory pipes, and
@@ -61,17 +84,21 @@ func runInProcess(t *testing.T, c *configs.Config, reference bool) string {
 		n = 1
 	}
 	links := make([][2]transport.Link, n) // [prev, next]
-	for i := 0; i+1 < n; i++ {
+	for i := 0; i < n && n > 1; i++ {
+		j := (i + 1) % n
 		_, down, err := Hellos(c, i)
 		if err != nil {
 			t.Fatal(err)
 		}
-		up, _, err := Hellos(c, i+1)
+		up, _, err := Hellos(c, j)
 		if err != nil {
 			t.Fatal(err)
 		}
+		if j == 0 && !down.Ring {
+			break
+		}
 		a, b := transport.Pipe(down, up, c.Transport.QueueDepth)
-		links[i][1], links[i+1][0] = a, b
+		links[i][1], links[j][0] = a, b
 	}
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -123,37 +150,51 @@ func sameFile(t *testing.T, a, b string) {
 
 // TestPipelineEqualsReference is the in-process form of pipetrain's first test: a
 // pipelined run gives the same losses (bit for bit), evaluation and final weights as
-// the same model trained in one runtime.
+// the same model trained in one runtime, for every schedule and several (p, m, v).
 func TestPipelineEqualsReference(t *testing.T) {
-	splits := [][]string{{"0-1", "2-3"}, {"0", "1-2", "3"}, {"0", "1", "2", "3"}}
-	for _, sched := range []string{"gpipe", "1f1b"} {
-		for _, split := range splits {
-			for _, micro := range []int{1, 3, 5} {
-				for _, opt := range []string{"adam", "sgd"} {
-					name := fmt.Sprintf("%s/p%d/m%d/%s", sched, len(split), micro, opt)
-					t.Run(name, func(t *testing.T) {
-						c := testConfig(sched, split, micro, "float64", opt)
-						ref := runInProcess(t, c, true)
-						pipe := runInProcess(t, c, false)
-						sameFile(t, filepath.Join(ref, "eval.json"), filepath.Join(pipe, "eval.json"))
-						wr, wp := readWeights(t, ref), readWeights(t, pipe)
-						if len(wr) != 8 || len(wp) != len(wr) {
-							t.Fatalf("reference has %d tensors, pipeline %d", len(wr), len(wp))
-						}
-						for name, r := range wr {
-							p := wp[name]
-							for i := range r.F64 {
-								if r.F64[i] != p.F64[i] {
-									t.Fatalf("%s[%d]: pipeline %v, reference %v", name, i, p.F64[i], r.F64[i])
-								}
+	type tc struct {
+		sched  string
+		layers [][]string
+		micro  []int
+	}
+	var cases []tc
+	for _, sched := range []string{"gpipe", "1f1b", "zb-h1"} {
+		for _, split := range [][][]string{plain("0-1", "2-3"), plain("0", "1-2", "3"), plain("0", "1", "2", "3")} {
+			cases = append(cases, tc{sched, split, []int{1, 3, 5}})
+		}
+	}
+	cases = append(cases,
+		tc{"interleaved", [][]string{{"0", "2"}, {"1", "3"}}, []int{2, 4}},
+		tc{"interleaved", [][]string{{"0", "3"}, {"1", "4"}, {"2", "5"}}, []int{3, 6}},
+		tc{"interleaved", [][]string{{"0", "2", "4"}, {"1", "3", "5"}}, []int{4}},
+		tc{"interleaved", [][]string{{"0-1", "4"}, {"2", "5"}, {"3", "6-7"}}, []int{3}},
+	)
+	for _, c := range cases {
+		for _, micro := range c.micro {
+			for _, opt := range []string{"adam", "sgd"} {
+				name := fmt.Sprintf("%s/p%d/v%d/m%d/%s", c.sched, len(c.layers), len(c.layers[0]), micro, opt)
+				t.Run(name, func(t *testing.T) {
+					cfg := testConfig(c.sched, c.layers, micro, "float64", opt)
+					ref := runInProcess(t, cfg, true)
+					pipe := runInProcess(t, cfg, false)
+					sameFile(t, filepath.Join(ref, "eval.json"), filepath.Join(pipe, "eval.json"))
+					wr, wp := readWeights(t, ref), readWeights(t, pipe)
+					if want := 2 * (len(cfg.Model.Hidden) + 1); len(wr) != want || len(wp) != len(wr) {
+						t.Fatalf("reference has %d tensors, pipeline %d, model %d", len(wr), len(wp), want)
+					}
+					for name, r := range wr {
+						p := wp[name]
+						for i := range r.F64 {
+							if r.F64[i] != p.F64[i] {
+								t.Fatalf("%s[%d]: pipeline %v, reference %v", name, i, p.F64[i], r.F64[i])
 							}
 						}
-						lr, lp := readLosses(t, ref), readLosses(t, pipe)
-						if len(lr) != c.Train.Steps || fmt.Sprint(lr) != fmt.Sprint(lp) {
-							t.Errorf("losses differ:\nreference %v\npipeline  %v", lr, lp)
-						}
-					})
-				}
+					}
+					lr, lp := readLosses(t, ref), readLosses(t, pipe)
+					if len(lr) != cfg.Train.Steps || fmt.Sprint(lr) != fmt.Sprint(lp) {
+						t.Errorf("losses differ:\nreference %v\npipeline  %v", lr, lp)
+					}
+				})
 			}
 		}
 	}
@@ -172,37 +213,52 @@ func readLosses(t *testing.T, dir string) []float64 {
 	return out
 }
 
-// TestStashFollowsSchedule checks the in-flight activations each stage held: at most
-// p-s under 1F1B, m under GPipe, as recorded in its events.
+// TestStashFollowsSchedule checks the activations each stage held, as recorded in
+// its events: what the schedule predicts (PeakInFlight), which is p-s under 1F1B and
+// m under GPipe.
 func TestStashFollowsSchedule(t *testing.T) {
-	for _, sched := range []string{"gpipe", "1f1b"} {
-		c := testConfig(sched, []string{"0", "1", "2", "3"}, 6, "float32", "adam")
+	cases := []struct {
+		sched  string
+		layers [][]string
+		micro  int
+	}{
+		{"gpipe", plain("0", "1", "2", "3"), 6},
+		{"1f1b", plain("0", "1", "2", "3"), 6},
+		{"zb-h1", plain("0", "1", "2", "3"), 6},
+		{"interleaved", [][]string{{"0", "2"}, {"1", "3"}}, 4},
+	}
+	for _, tc := range cases {
+		c := testConfig(tc.sched, tc.layers, tc.micro, "float32", "adam")
 		dir := runInProcess(t, c, false)
-		info, events, err := profile.ReadRun(dir)
+		_, events, err := profile.ReadRun(dir)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if info.Stages != 4 || info.MicroBatches != 6 {
-			t.Fatalf("run info %+v", info)
+		sched, err := schedule.Build(tc.sched, len(tc.layers), tc.micro, len(tc.layers[0]))
+		if err != nil {
+			t.Fatal(err)
 		}
+		want := sched.PeakInFlight()
 		for s, evs := range events {
 			peak := 0
 			for _, e := range evs {
 				peak = max(peak, e.Stashed)
 			}
-			want := 6
-			if sched == "1f1b" {
-				want = 4 - s
+			if peak != want[s] {
+				t.Errorf("%s stage %d: peak stash %d, schedule says %d", tc.sched, s, peak, want[s])
 			}
-			if peak != want {
-				t.Errorf("%s stage %d: peak stash %d, want %d", sched, s, peak, want)
+			if tc.sched == "1f1b" && peak != len(tc.layers)-s {
+				t.Errorf("1f1b stage %d: peak %d, want p-s = %d", s, peak, len(tc.layers)-s)
+			}
+			if tc.sched == "gpipe" && peak != tc.micro {
+				t.Errorf("gpipe stage %d: peak %d, want m = %d", s, peak, tc.micro)
 			}
 		}
 	}
 }
 
 func TestLossFalls(t *testing.T) {
-	c := testConfig("1f1b", []string{"0-1", "2-3"}, 2, "float32", "adam")
+	c := testConfig("1f1b", plain("0-1", "2-3"), 2, "float32", "adam")
 	c.Train.Steps = 40
 	c.Train.Optimizer.LR = 0.01
 	losses := readLosses(t, runInProcess(t, c, false))
@@ -214,7 +270,7 @@ func TestLossFalls(t *testing.T) {
 // TestStalledNeighbourTimesOut runs stage 1 of 2 against a stage 0 that connects
 // but never sends: the wait must end at transport.recv_timeout, naming the peer.
 func TestStalledNeighbourTimesOut(t *testing.T) {
-	c := testConfig("1f1b", []string{"0-1", "2-3"}, 2, "float32", "sgd")
+	c := testConfig("1f1b", plain("0-1", "2-3"), 2, "float32", "sgd")
 	c.Transport.RecvTimeout = 200 * time.Millisecond
 	_, down, err := Hellos(c, 0)
 	if err != nil {

@@ -35,7 +35,8 @@ func dialOptions() []grpc.DialOption {
 	}
 }
 
-// Dial connects to the downstream neighbour's address, retrying until
+// Dial connects to the downstream neighbour's address (stage self.Stage+1,
+// or stage 0 from the last stage when self.Ring), retrying until
 // ConnectTimeout, sends its hello, waits for the reply hello and checks it.
 // A refusal by either side is a *HandshakeError naming both stages.
 func Dial(ctx context.Context, addr string, self Hello, opts Options) (Link, error) {
@@ -43,13 +44,14 @@ func Dial(ctx context.Context, addr string, self Hello, opts Options) (Link, err
 	if err := self.validate(); err != nil {
 		return nil, err
 	}
-	if self.Stage == self.Stages-1 {
-		return nil, fmt.Errorf("stage %d is the last stage: it has no downstream neighbour to dial", self.Stage)
+	if self.downstream() < 0 {
+		return nil, fmt.Errorf("stage %d is the last stage: it has no downstream neighbour to dial (Ring is false)", self.Stage)
 	}
+	self = self.clone()
 	// passthrough: addr is used as is, without a DNS lookup.
 	conn, err := grpc.NewClient("passthrough:///"+addr, dialOptions()...)
 	if err != nil {
-		return nil, fmt.Errorf("stage %d: downstream stage %d at %s: %w", self.Stage, self.Stage+1, addr, err)
+		return nil, fmt.Errorf("stage %d: downstream stage %d at %s: %w", self.Stage, self.downstream(), addr, err)
 	}
 	l, err := dialLink(ctx, conn, addr, self, opts)
 	if err != nil {
@@ -60,7 +62,7 @@ func Dial(ctx context.Context, addr string, self Hello, opts Options) (Link, err
 }
 
 func dialLink(ctx context.Context, conn *grpc.ClientConn, addr string, self Hello, opts Options) (*streamLink, error) {
-	who := fmt.Sprintf("stage %d: downstream stage %d at %s", self.Stage, self.Stage+1, addr)
+	who := fmt.Sprintf("stage %d: downstream stage %d at %s", self.Stage, self.downstream(), addr)
 	dctx, cancelDial := context.WithTimeout(ctx, opts.ConnectTimeout)
 	defer cancelDial()
 	var lastErr error

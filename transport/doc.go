@@ -2,10 +2,14 @@
 //
 // Each stage is a process. The downstream stage of each neighbour pair
 // listens (Listen, Accept) and the upstream stage dials (Dial); one gRPC
-// bidirectional stream then carries activations down and gradients up. The
-// first message each way is a Hello; a mismatched run (stage count, config
-// digest, dtype, shape, non-adjacent stage) is refused on both sides with an
-// error naming both stages.
+// bidirectional stream then carries activations down and gradients up. With
+// an interleaved schedule a stage holds several model chunks: one link
+// carries the tensors of all of them (Tensor.Chunk, one shape per chunk in
+// Hello.Shapes), and with Hello.Ring the last stage also dials stage 0 (the
+// ring link, which carries chunk c's output to stage 0's chunk c+1). The
+// first message each way is a Hello; a mismatched run (stage count, ring,
+// config digest, dtype, per-chunk shapes, non-adjacent stage) is refused on
+// both sides with an error naming both stages.
 //
 // Tensors travel in a small binary format (Tensor.MarshalBinary) through a
 // raw-bytes gRPC codec with large flow-control windows and socket buffers,

@@ -1,21 +1,34 @@
 package transport
 
 import (
-	"encoding/json"
+	"encoding/binary"
 	"fmt"
+	"math"
 	"slices"
 )
 
 // Hello is exchanged once when a stream opens (the handshake), so that two
 // stages started from different configs fail at once with a clear message
 // instead of exchanging tensors they would misread.
+//
+// A stage process may hold several model chunks (interleaved schedules with
+// v virtual stages per process); one link then carries the tensors of every
+// chunk, told apart by Tensor.Chunk, and Shapes has one entry per chunk. A
+// plain pipeline has one chunk and one entry.
 type Hello struct {
 	Stage        int    // sender's stage index
 	Stages       int    // total stages in the run
 	ConfigDigest string // hex digest of the run's config; must match
 	Address      string // sender's listen address (for messages)
 	DType        DType  // dtype of tensors on this link
-	Shape        []int  // shape of one activation message on this link (the gradient has the same shape)
+	// Shapes[c] is the shape of one activation message of chunk c
+	// (Tensor.Chunk == c) on this link; chunk c's gradient messages have the
+	// same shape. Both sides must agree on the whole list.
+	Shapes [][]int
+	// Ring says that the run uses the ring link of interleaved schedules: the
+	// last stage (Stages-1) also dials stage 0, to send its chunk-c output to
+	// stage 0's chunk c+1. Both sides of every link must agree on it.
+	Ring bool
 }
 
 // name is how errors refer to a stage: "stage 2 (127.0.0.1:7102)".
@@ -26,14 +39,54 @@ func (h Hello) name() string {
 	return fmt.Sprintf("stage %d (%s)", h.Stage, h.Address)
 }
 
+// clone deep-copies h, so a link never shares Shapes with its caller.
+func (h Hello) clone() Hello {
+	if old := h.Shapes; old != nil {
+		h.Shapes = make([][]int, len(old))
+		for i, s := range old {
+			h.Shapes[i] = slices.Clone(s)
+		}
+	}
+	return h
+}
+
+// downstream is the stage h's stage dials (the one it sends activations to),
+// or -1 if it has none: stage+1, or 0 from the last stage with the ring link.
+func (h Hello) downstream() int {
+	switch {
+	case h.Stage < h.Stages-1:
+		return h.Stage + 1
+	case h.Ring:
+		return 0
+	}
+	return -1
+}
+
+// upstream is the stage that dials h's stage, or -1 if there is none:
+// stage-1, or the last stage for stage 0 with the ring link.
+func (h Hello) upstream() int {
+	switch {
+	case h.Stage > 0:
+		return h.Stage - 1
+	case h.Ring:
+		return h.Stages - 1
+	}
+	return -1
+}
+
 // validate checks a local hello before it is used for a link.
 func (h Hello) validate() error {
-	if h.Stages < 2 || h.Stage < 0 || h.Stage >= h.Stages {
+	if h.Stages < 2 || h.Stages > math.MaxInt32 || h.Stage < 0 || h.Stage >= h.Stages {
 		return fmt.Errorf("stage %d of %d: a link needs 0 <= stage < stages and at least 2 stages", h.Stage, h.Stages)
 	}
-	t := Tensor{Kind: Activation, DType: h.DType, Shape: h.Shape}
-	if _, err := t.payloadSize(); err != nil {
-		return fmt.Errorf("stage %d: link dtype/shape: %w", h.Stage, err)
+	if len(h.Shapes) == 0 {
+		return fmt.Errorf("stage %d: the link has no activation shapes (Hello.Shapes needs one per model chunk)", h.Stage)
+	}
+	for c, s := range h.Shapes {
+		t := Tensor{Kind: Activation, DType: h.DType, Shape: s}
+		if _, err := t.payloadSize(); err != nil {
+			return fmt.Errorf("stage %d: link dtype/shape of chunk %d: %w", h.Stage, c, err)
+		}
 	}
 	return nil
 }
@@ -46,25 +99,48 @@ func (e *HandshakeError) Error() string { return e.Msg }
 
 // CheckPeer verifies a remote hello against the local one for the link.
 // dialer says whether the local side dialed (is the upstream stage). Rules:
-// the dialer is the listener's upstream neighbour, and the stage count, config
-// digest, dtype and shape are equal. In messages the remote value comes first:
+// the stage count and Ring are equal; the dialer is the listener's upstream
+// neighbour (dialer.Stage == listener.Stage-1, or with Ring the last stage
+// dialing stage 0); and the config digest, dtype and the per-chunk shape
+// list are equal. In messages the remote value comes first:
 //
 //	stage 2 (127.0.0.1:7102) refused stage 1 (127.0.0.1:7101): config digest 3fa2c1 differs from 9b01de
+//	stage 2 (127.0.0.1:7102) refused stage 1 (127.0.0.1:7101): chunk 1 activation shape [32 256] float32 differs from [32 128] float32
 func CheckPeer(local, remote Hello, dialer bool) error {
 	refuse := func(format string, args ...any) error {
 		return &HandshakeError{fmt.Sprintf("%s refused %s: ", local.name(), remote.name()) + fmt.Sprintf(format, args...)}
 	}
-	switch {
-	case remote.Stages != local.Stages:
+	if remote.Stages != local.Stages {
 		return refuse("stage count %d differs from %d", remote.Stages, local.Stages)
-	case dialer && remote.Stage != local.Stage+1:
-		return refuse("expected downstream neighbour stage %d", local.Stage+1)
-	case !dialer && remote.Stage != local.Stage-1:
-		return refuse("only upstream neighbour stage %d may connect", local.Stage-1)
-	case remote.ConfigDigest != local.ConfigDigest:
+	}
+	if remote.Ring != local.Ring {
+		return refuse("ring %t differs from %t (whether stage %d also dials stage 0 for an interleaved schedule)", remote.Ring, local.Ring, local.Stages-1)
+	}
+	if dialer {
+		switch want := local.downstream(); {
+		case want < 0:
+			return refuse("stage %d is the last stage and has no downstream neighbour without the ring link", local.Stage)
+		case remote.Stage != want:
+			return refuse("expected downstream neighbour stage %d", want)
+		}
+	} else {
+		switch want := local.upstream(); {
+		case want < 0:
+			return refuse("no upstream neighbour may connect to stage %d without the ring link", local.Stage)
+		case remote.Stage != want:
+			return refuse("only upstream neighbour stage %d may connect", want)
+		}
+	}
+	if remote.ConfigDigest != local.ConfigDigest {
 		return refuse("config digest %s differs from %s (started from different configs or overrides)", short(remote.ConfigDigest), short(local.ConfigDigest))
-	case remote.DType != local.DType || !slices.Equal(remote.Shape, local.Shape):
-		return refuse("activation shape %v %s differs from %v %s", remote.Shape, remote.DType, local.Shape, local.DType)
+	}
+	if len(remote.Shapes) != len(local.Shapes) {
+		return refuse("chunk count %d differs from %d (activation shapes %v vs %v)", len(remote.Shapes), len(local.Shapes), remote.Shapes, local.Shapes)
+	}
+	for c := range local.Shapes {
+		if remote.DType != local.DType || !slices.Equal(remote.Shapes[c], local.Shapes[c]) {
+			return refuse("chunk %d activation shape %v %s differs from %v %s", c, remote.Shapes[c], remote.DType, local.Shapes[c], local.DType)
+		}
 	}
 	return nil
 }
@@ -72,29 +148,174 @@ func CheckPeer(local, remote Hello, dialer bool) error {
 // handshake is the first message in each direction. The listener answers
 // with its own hello, or with Refused set before it ends the stream.
 type handshake struct {
-	Hello   Hello  `json:"hello"`
-	Refused string `json:"refused,omitempty"`
+	Hello   Hello
+	Refused string
 }
 
-// handshakeMagic differs from the tensor magic, so a stray frame of the
-// wrong type is reported rather than misread.
-const handshakeMagic = "PTH\x00"
+// Handshake wire format, all integers little-endian:
+//
+//	magic    [3]byte "PTH"
+//	version  uint8   (1)
+//	flags    uint8   bit 0: Ring; the other bits are zero
+//	dtype    uint8
+//	stage    int32
+//	stages   int32
+//	digest   uint32 length, then the bytes of ConfigDigest
+//	address  uint32 length, then the bytes of Address
+//	refused  uint32 length, then the bytes of Refused
+//	chunks   uint32 count, then per chunk:
+//	           rank uint8 (<= MaxRank), dims rank × int64 (each >= 0)
+//
+// and nothing after. Every field has one encoding, so a decoded handshake
+// re-encodes to exactly the same bytes. Version 0 was the JSON handshake of
+// builds before per-chunk shapes ("PTH\x00" then JSON): such a peer is
+// refused with an "unsupported handshake version" message on this side,
+// and it reports a non-handshake message on its side, never misreads one.
+const (
+	handshakeMagic   = "PTH"
+	handshakeVersion = 1
+	handshakeFixed   = 3 + 1 + 1 + 1 + 4 + 4
 
-func (h *handshake) marshal() []byte {
-	b, err := json.Marshal(h)
-	if err != nil {
-		panic(err) // plain struct of strings and ints: cannot fail
+	flagRing = 1 << 0
+)
+
+func appendString(b []byte, s string) []byte {
+	if uint64(len(s)) > math.MaxUint32 {
+		panic("transport: handshake string longer than 4 GiB")
 	}
-	return append([]byte(handshakeMagic), b...)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(s)))
+	return append(b, s...)
 }
 
+// marshal encodes h. It cannot fail for a hello that passed validate or that
+// unmarshal produced, nor for any other whose Shapes have ranks <= MaxRank.
+func (h *handshake) marshal() []byte {
+	x := &h.Hello
+	n := handshakeFixed + 4*4 + len(x.ConfigDigest) + len(x.Address) + len(h.Refused)
+	for _, s := range x.Shapes {
+		n += 1 + 8*len(s)
+	}
+	b := make([]byte, 0, n)
+	b = append(b, handshakeMagic...)
+	var flags byte
+	if x.Ring {
+		flags |= flagRing
+	}
+	b = append(b, handshakeVersion, flags, byte(x.DType))
+	b = binary.LittleEndian.AppendUint32(b, uint32(int32(x.Stage)))
+	b = binary.LittleEndian.AppendUint32(b, uint32(int32(x.Stages)))
+	b = appendString(b, x.ConfigDigest)
+	b = appendString(b, x.Address)
+	b = appendString(b, h.Refused)
+	if uint64(len(x.Shapes)) > math.MaxUint32 {
+		panic("transport: too many chunks for a handshake")
+	}
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(x.Shapes)))
+	for _, s := range x.Shapes {
+		if len(s) > MaxRank {
+			panic(fmt.Sprintf("transport: handshake shape %v has rank > %d", s, MaxRank))
+		}
+		b = append(b, byte(len(s)))
+		for _, d := range s {
+			b = binary.LittleEndian.AppendUint64(b, uint64(d))
+		}
+	}
+	return b
+}
+
+// unmarshal decodes a handshake, validating the framing of every field. It
+// never panics and allocates no more than a small multiple of len(b). The
+// hello's values are checked by CheckPeer, not here.
 func (h *handshake) unmarshal(b []byte) error {
-	if len(b) < len(handshakeMagic) || string(b[:len(handshakeMagic)]) != handshakeMagic {
+	if len(b) < 4 || string(b[:3]) != handshakeMagic {
 		return fmt.Errorf("protocol error: expected a handshake message, got %d bytes starting %q", len(b), b[:min(len(b), 4)])
 	}
-	if err := json.Unmarshal(b[len(handshakeMagic):], h); err != nil {
-		return fmt.Errorf("protocol error: bad handshake message: %w", err)
+	if b[3] != handshakeVersion {
+		return fmt.Errorf("protocol error: unsupported handshake version %d (this build speaks version %d): the peer runs an incompatible pipetrain build", b[3], handshakeVersion)
 	}
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("protocol error: bad handshake message: "+format, args...)
+	}
+	if len(b) < handshakeFixed {
+		return bad("%d bytes is shorter than the %d-byte header", len(b), handshakeFixed)
+	}
+	flags := b[4]
+	if flags&^flagRing != 0 {
+		return bad("unknown flags %#x", flags)
+	}
+	x := Hello{
+		Ring:   flags&flagRing != 0,
+		DType:  DType(b[5]),
+		Stage:  int(int32(binary.LittleEndian.Uint32(b[6:]))),
+		Stages: int(int32(binary.LittleEndian.Uint32(b[10:]))),
+	}
+	rest := b[handshakeFixed:]
+	u32 := func(what string) (int, error) {
+		if len(rest) < 4 {
+			return 0, bad("truncated %s", what)
+		}
+		v := binary.LittleEndian.Uint32(rest)
+		rest = rest[4:]
+		return int(v), nil
+	}
+	str := func(what string) (string, error) {
+		n, err := u32(what + " length")
+		if err != nil {
+			return "", err
+		}
+		if uint64(n) > uint64(len(rest)) {
+			return "", bad("%s of %d bytes is longer than the %d bytes left", what, n, len(rest))
+		}
+		s := string(rest[:n])
+		rest = rest[n:]
+		return s, nil
+	}
+	var refused string
+	var err error
+	if x.ConfigDigest, err = str("config digest"); err != nil {
+		return err
+	}
+	if x.Address, err = str("address"); err != nil {
+		return err
+	}
+	if refused, err = str("refusal"); err != nil {
+		return err
+	}
+	chunks, err := u32("chunk count")
+	if err != nil {
+		return err
+	}
+	if uint64(chunks) > uint64(len(rest)) { // each chunk takes at least its rank byte
+		return bad("%d chunks do not fit in the %d bytes left", chunks, len(rest))
+	}
+	x.Shapes = make([][]int, chunks)
+	for c := range x.Shapes {
+		if len(rest) < 1 {
+			return bad("truncated shape of chunk %d", c)
+		}
+		rank := int(rest[0])
+		rest = rest[1:]
+		if rank > MaxRank {
+			return bad("chunk %d: rank %d exceeds %d", c, rank, MaxRank)
+		}
+		if len(rest) < 8*rank {
+			return bad("truncated shape of chunk %d", c)
+		}
+		s := make([]int, rank)
+		for i := range s {
+			d := binary.LittleEndian.Uint64(rest[8*i:])
+			if d > maxPayload {
+				return bad("chunk %d: dimension %d of %d is out of range", c, i, d)
+			}
+			s[i] = int(d)
+		}
+		rest = rest[8*rank:]
+		x.Shapes[c] = s
+	}
+	if len(rest) != 0 {
+		return bad("%d unexpected bytes after the shapes", len(rest))
+	}
+	*h = handshake{Hello: x, Refused: refused}
 	return nil
 }
 

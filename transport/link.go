@@ -18,7 +18,8 @@ type Link interface {
 	// Data) must not be modified after Send: it is written without copying,
 	// possibly after Send returns. t must match the link: the dialer (upstream)
 	// sends Activation, the listener Gradient, with the handshake's dtype and
-	// shape.
+	// the shape of its chunk, Shapes[t.Chunk] (a chunk outside Shapes is
+	// refused).
 	Send(ctx context.Context, t *Tensor) error
 	// Recv returns the next tensor from the neighbour in arrival order; the
 	// caller owns it (its Data is a fresh buffer, so Float32s views of it may
@@ -26,7 +27,7 @@ type Link interface {
 	// Errors name the peer: "stage 2 (127.0.0.1:7102): stream closed:
 	// <cause>"; a clean close by the peer wraps io.EOF.
 	Recv(ctx context.Context) (*Tensor, error)
-	// Peer is the neighbour's handshake.
+	// Peer is the neighbour's handshake (a copy).
 	Peer() Hello
 	// Close flushes queued sends (bounded by Options.CloseTimeout), closes
 	// the stream and stops the link's goroutines. Idempotent.
@@ -69,8 +70,11 @@ func checkOutgoing(self, peer Hello, out Kind, t *Tensor) error {
 	if t.Kind != out {
 		return fmt.Errorf("send to %s: stage %d sends %s tensors on this link, not %s", peer.name(), self.Stage, out, t.Kind)
 	}
-	if t.DType != self.DType || !slices.Equal(t.Shape, self.Shape) {
-		return fmt.Errorf("send to %s: tensor shape %v %s does not match the link's %v %s", peer.name(), t.Shape, t.DType, self.Shape, self.DType)
+	if t.Chunk < 0 || int64(t.Chunk) >= int64(len(self.Shapes)) {
+		return fmt.Errorf("send to %s: chunk %d is out of range: the link carries %d chunk(s), 0..%d", peer.name(), t.Chunk, len(self.Shapes), len(self.Shapes)-1)
+	}
+	if want := self.Shapes[t.Chunk]; t.DType != self.DType || !slices.Equal(t.Shape, want) {
+		return fmt.Errorf("send to %s: chunk %d tensor shape %v %s does not match the link's %v %s", peer.name(), t.Chunk, t.Shape, t.DType, want, self.DType)
 	}
 	if len(t.Data)+fixedHeader+8*len(t.Shape) > maxMsgSize {
 		return fmt.Errorf("send to %s: tensor of %d bytes exceeds the %d-byte message limit", peer.name(), len(t.Data), maxMsgSize)
@@ -144,11 +148,7 @@ func (l *streamLink) streamErr(cause error) error {
 
 func (l *streamLink) closedErr() error { return fmt.Errorf("%s: %w", l.peer.name(), ErrClosed) }
 
-func (l *streamLink) Peer() Hello {
-	p := l.peer
-	p.Shape = slices.Clone(p.Shape)
-	return p
-}
+func (l *streamLink) Peer() Hello { return l.peer.clone() }
 
 func (l *streamLink) Send(ctx context.Context, t *Tensor) error {
 	if err := checkOutgoing(l.self, l.peer, l.out, t); err != nil {

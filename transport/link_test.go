@@ -14,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
 )
 
 // checkLeaks fails the test if goroutines started during it are still
@@ -36,10 +38,16 @@ func checkLeaks(t *testing.T) {
 	})
 }
 
-// hellos returns matching hellos for stages 1 (dialer) and 2 (listener).
+// hellos returns matching hellos for stages 1 (dialer) and 2 (listener) of a
+// plain pipeline (one chunk of the given shape).
 func hellos(shape ...int) (up, down Hello) {
-	up = Hello{Stage: 1, Stages: 4, ConfigDigest: "3fa2c1", Address: "127.0.0.1:7101", DType: Float32, Shape: shape}
-	down = up
+	return chunkHellos([][]int{shape})
+}
+
+// chunkHellos is hellos with one activation shape per model chunk.
+func chunkHellos(shapes [][]int) (up, down Hello) {
+	up = Hello{Stage: 1, Stages: 4, ConfigDigest: "3fa2c1", Address: "127.0.0.1:7101", DType: Float32, Shapes: shapes}
+	down = up.clone()
 	down.Stage = 2
 	down.Address = ""
 	return up, down
@@ -79,31 +87,38 @@ func connect(t *testing.T, up, down Hello, opts Options) (srv *Server, upLink, d
 	return srv, upLink, r.l
 }
 
-// pattern makes a tensor whose bytes depend on kind, step and micro-batch.
+// pattern makes a chunk-0 tensor whose bytes depend on kind, step and
+// micro-batch.
 func pattern(kind Kind, step int64, mb int32, shape []int) *Tensor {
+	return chunkPattern(kind, step, mb, 0, shape)
+}
+
+// chunkPattern is pattern for a given chunk; the bytes depend on it too.
+func chunkPattern(kind Kind, step int64, mb, chunk int32, shape []int) *Tensor {
 	n := 4
 	for _, d := range shape {
 		n *= d
 	}
 	data := make([]byte, n)
 	for i := range data {
-		data[i] = byte(int64(i)*31 + step*7 + int64(mb)*3 + int64(kind))
+		data[i] = byte(int64(i)*31 + step*7 + int64(mb)*3 + int64(kind) + int64(chunk)*11)
 	}
-	return &Tensor{Kind: kind, Step: step, MicroBatch: mb, DType: Float32, Shape: shape, Data: data}
+	return &Tensor{Kind: kind, Step: step, MicroBatch: mb, Chunk: chunk, DType: Float32, Shape: shape, Data: data}
 }
 
 func sameTensor(a, b *Tensor) error {
-	if a.Kind != b.Kind || a.Step != b.Step || a.MicroBatch != b.MicroBatch || a.DType != b.DType ||
+	if a.Kind != b.Kind || a.Step != b.Step || a.MicroBatch != b.MicroBatch || a.Chunk != b.Chunk || a.DType != b.DType ||
 		fmt.Sprint(a.Shape) != fmt.Sprint(b.Shape) || !bytes.Equal(a.Data, b.Data) {
-		return fmt.Errorf("got %v step %d mb %d %v %s (%d bytes), want %v step %d mb %d %v %s (%d bytes)",
-			b.Kind, b.Step, b.MicroBatch, b.Shape, b.DType, len(b.Data), a.Kind, a.Step, a.MicroBatch, a.Shape, a.DType, len(a.Data))
+		return fmt.Errorf("got %v step %d mb %d chunk %d %v %s (%d bytes), want %v step %d mb %d chunk %d %v %s (%d bytes)",
+			b.Kind, b.Step, b.MicroBatch, b.Chunk, b.Shape, b.DType, len(b.Data), a.Kind, a.Step, a.MicroBatch, a.Chunk, a.Shape, a.DType, len(a.Data))
 	}
 	return nil
 }
 
 // exchange sends n activations up->down and n gradients down->up
-// concurrently and checks that all arrive in order and intact.
-func exchange(t *testing.T, up, down Link, n int, shape []int) {
+// concurrently and checks that all arrive in order and intact. Message i
+// belongs to chunk i%len(shapes), of shape shapes[chunk].
+func exchange(t *testing.T, up, down Link, n int, shapes ...[]int) {
 	t.Helper()
 	ctx := ctxT(t, 30*time.Second)
 	var wg sync.WaitGroup
@@ -111,7 +126,8 @@ func exchange(t *testing.T, up, down Link, n int, shape []int) {
 	send := func(l Link, kind Kind) {
 		defer wg.Done()
 		for i := range n {
-			if err := l.Send(ctx, pattern(kind, int64(i), int32(i%8), shape)); err != nil {
+			c := i % len(shapes)
+			if err := l.Send(ctx, chunkPattern(kind, int64(i), int32(i%8), int32(c), shapes[c])); err != nil {
 				errs <- fmt.Errorf("send %s %d: %w", kind, i, err)
 				return
 			}
@@ -125,7 +141,8 @@ func exchange(t *testing.T, up, down Link, n int, shape []int) {
 				errs <- fmt.Errorf("recv %s %d: %w", kind, i, err)
 				return
 			}
-			if err := sameTensor(pattern(kind, int64(i), int32(i%8), shape), got); err != nil {
+			c := i % len(shapes)
+			if err := sameTensor(chunkPattern(kind, int64(i), int32(i%8), int32(c), shapes[c]), got); err != nil {
 				errs <- fmt.Errorf("%s %d: %w", kind, i, err)
 				return
 			}
@@ -186,15 +203,18 @@ func TestHandshakeMismatch(t *testing.T) {
 		want   string
 	}{
 		{"digest", func(h *Hello) { h.ConfigDigest = "9b01de" }, "config digest 9b01de differs from 3fa2c1"},
-		{"shape", func(h *Hello) { h.Shape = []int{64, 256} }, "activation shape [64 256] float32 differs from [64 128] float32"},
-		{"dtype", func(h *Hello) { h.DType = Float64 }, "activation shape [64 128] float64 differs from [64 128] float32"},
+		{"shape", func(h *Hello) { h.Shapes = [][]int{{64, 256}, {32, 128}} }, "chunk 0 activation shape [64 256] float32 differs from [64 128] float32"},
+		{"shape of chunk 1", func(h *Hello) { h.Shapes = [][]int{{64, 128}, {32, 256}} }, "chunk 1 activation shape [32 256] float32 differs from [32 128] float32"},
+		{"chunk count", func(h *Hello) { h.Shapes = [][]int{{64, 128}} }, "chunk count 1 differs from 2 (activation shapes [[64 128]] vs [[64 128] [32 128]])"},
+		{"dtype", func(h *Hello) { h.DType = Float64 }, "chunk 0 activation shape [64 128] float64 differs from [64 128] float32"},
 		{"stage count", func(h *Hello) { h.Stages = 5 }, "stage count 5 differs from 4"},
+		{"ring", func(h *Hello) { h.Ring = true }, "ring true differs from false (whether stage 3 also dials stage 0 for an interleaved schedule)"},
 		{"non-adjacent", func(h *Hello) { h.Stage = 0 }, "only upstream neighbour stage 1 may connect"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			checkLeaks(t)
-			up, down := hellos(64, 128)
+			up, down := chunkHellos([][]int{{64, 128}, {32, 128}})
 			c.mutate(&up)
 			opts := Options{ConnectTimeout: 5 * time.Second}
 			srv, err := Listen("127.0.0.1:0", down, opts)
@@ -454,11 +474,37 @@ func TestSendChecks(t *testing.T) {
 	}{
 		{a, pattern(Gradient, 0, 0, []int{2, 3}), "stage 1 sends activation tensors on this link, not gradient"},
 		{b, pattern(Activation, 0, 0, []int{2, 3}), "stage 2 sends gradient tensors on this link, not activation"},
-		{a, pattern(Activation, 0, 0, []int{3, 2}), "tensor shape [3 2] float32 does not match the link's [2 3] float32"},
+		{a, pattern(Activation, 0, 0, []int{3, 2}), "send to stage 2: chunk 0 tensor shape [3 2] float32 does not match the link's [2 3] float32"},
 		{a, &Tensor{Kind: Activation, DType: Float32, Shape: []int{2, 3}, Data: make([]byte, 4)}, "payload is 4 bytes, shape [2 3] float32 needs 24"},
+		{a, chunkPattern(Activation, 0, 0, 1, []int{2, 3}), "send to stage 2: chunk 1 is out of range: the link carries 1 chunk(s), 0..0"},
+		{b, chunkPattern(Gradient, 0, 0, -1, []int{2, 3}), "send to stage 1 (127.0.0.1:7101): chunk -1 is out of range: the link carries 1 chunk(s), 0..0"},
 	} {
 		if err := c.l.Send(ctx, c.t); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("got %v, want %q", err, c.want)
+		}
+	}
+
+	// Per-chunk shapes: each chunk's tensors are checked against its own
+	// shape, in both directions.
+	up, down = chunkHellos([][]int{{2, 3}, {4}})
+	a, b = Pipe(up, down, 4)
+	defer a.Close()
+	defer b.Close()
+	for _, c := range []struct {
+		l    Link
+		t    *Tensor
+		want string // "" for accepted
+	}{
+		{a, chunkPattern(Activation, 0, 0, 0, []int{2, 3}), ""},
+		{a, chunkPattern(Activation, 0, 0, 1, []int{4}), ""},
+		{b, chunkPattern(Gradient, 0, 0, 1, []int{4}), ""},
+		{a, chunkPattern(Activation, 0, 0, 1, []int{2, 3}), "chunk 1 tensor shape [2 3] float32 does not match the link's [4] float32"},
+		{b, chunkPattern(Gradient, 0, 0, 0, []int{4}), "chunk 0 tensor shape [4] float32 does not match the link's [2 3] float32"},
+		{a, chunkPattern(Activation, 0, 0, 2, []int{4}), "chunk 2 is out of range: the link carries 2 chunk(s), 0..1"},
+	} {
+		err := c.l.Send(ctx, c.t)
+		if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("chunk %d %v: got %v, want %q", c.t.Chunk, c.t.Shape, err, c.want)
 		}
 	}
 }
@@ -616,4 +662,239 @@ func BenchmarkStream4MiB(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// TestChunksOverGRPC sends the tensors of two chunks of different shapes
+// both ways over one link, interleaved.
+func TestChunksOverGRPC(t *testing.T) {
+	checkLeaks(t)
+	shapes := [][]int{{8, 16}, {4, 32, 2}}
+	up, down := chunkHellos(shapes)
+	_, ul, dl := connect(t, up, down, Options{})
+	for side, l := range map[string]Link{"dialer": ul, "listener": dl} {
+		p := l.Peer()
+		if fmt.Sprint(p.Shapes) != fmt.Sprint(shapes) {
+			t.Errorf("%s's peer shapes = %v", side, p.Shapes)
+		}
+		p.Shapes[1][0] = 99 // a copy: the link is unaffected
+		if l.Peer().Shapes[1][0] != 4 {
+			t.Errorf("%s: Peer shares Shapes with the link", side)
+		}
+	}
+	exchange(t, ul, dl, 40, shapes...)
+	// A chunk outside the handshake's list is refused at Send, both ways.
+	ctx := ctxT(t, 5*time.Second)
+	if err := ul.Send(ctx, chunkPattern(Activation, 0, 0, 2, []int{8, 16})); err == nil ||
+		!strings.Contains(err.Error(), ": chunk 2 is out of range: the link carries 2 chunk(s), 0..1") {
+		t.Errorf("dialer sending chunk 2: %v", err)
+	}
+	if err := dl.Send(ctx, chunkPattern(Gradient, 0, 0, 1, []int{8, 16})); err == nil ||
+		!strings.Contains(err.Error(), "chunk 1 tensor shape [8 16] float32 does not match the link's [4 32 2] float32") {
+		t.Errorf("listener sending chunk 1 with chunk 0's shape: %v", err)
+	}
+}
+
+// ringHellos returns the hellos of the ring link of a 4-stage run: stage 3
+// dials stage 0.
+func ringHellos(shapes [][]int) (up, down Hello) {
+	up = Hello{Stage: 3, Stages: 4, ConfigDigest: "3fa2c1", Address: "127.0.0.1:7103", DType: Float32, Shapes: shapes, Ring: true}
+	down = up.clone()
+	down.Stage = 0
+	down.Address = ""
+	return up, down
+}
+
+func TestRingLink(t *testing.T) {
+	checkLeaks(t)
+	shapes := [][]int{{8, 16}, {8, 32}}
+	up, down := ringHellos(shapes)
+	srv, ul, dl := connect(t, up, down, Options{})
+	if p := dl.Peer(); p.Stage != 3 || !p.Ring {
+		t.Errorf("stage 0's peer = %+v", p)
+	}
+	if p := ul.Peer(); p.Stage != 0 || !p.Ring || p.Address != srv.Addr() {
+		t.Errorf("stage 3's peer = %+v", p)
+	}
+	exchange(t, ul, dl, 20, shapes...)
+}
+
+func TestRingRefusals(t *testing.T) {
+	checkLeaks(t)
+	shapes := [][]int{{2}, {3}}
+	up, down := ringHellos(shapes)
+	opts := Options{ConnectTimeout: 5 * time.Second}
+
+	// Without Ring, stage 3 -> stage 0 is not a link: neither side may
+	// start it, and the handshake check refuses it as non-adjacent.
+	noUp, noDown := up.clone(), down.clone()
+	noUp.Ring, noDown.Ring = false, false
+	if _, err := Listen("127.0.0.1:0", noDown, opts); err == nil || err.Error() != "stage 0 has no upstream neighbour to listen for (Ring is false)" {
+		t.Errorf("Listen on stage 0 without Ring: %v", err)
+	}
+	if _, err := Dial(ctxT(t, 5*time.Second), freeAddr(t), noUp, opts); err == nil ||
+		err.Error() != "stage 3 is the last stage: it has no downstream neighbour to dial (Ring is false)" {
+		t.Errorf("Dial from stage 3 without Ring: %v", err)
+	}
+	var he *HandshakeError
+	err := CheckPeer(noDown, noUp, false)
+	if !errors.As(err, &he) || err.Error() != "stage 0 refused stage 3 (127.0.0.1:7103): no upstream neighbour may connect to stage 0 without the ring link" {
+		t.Errorf("listener's CheckPeer without Ring: %v", err)
+	}
+	err = CheckPeer(noUp, noDown, true)
+	if !errors.As(err, &he) || err.Error() != "stage 3 (127.0.0.1:7103) refused stage 0: stage 3 is the last stage and has no downstream neighbour without the ring link" {
+		t.Errorf("dialer's CheckPeer without Ring: %v", err)
+	}
+	// With Ring, the link is accepted by the check...
+	if err := CheckPeer(down, up, false); err != nil {
+		t.Errorf("listener's CheckPeer with Ring: %v", err)
+	}
+	if err := CheckPeer(up, down, true); err != nil {
+		t.Errorf("dialer's CheckPeer with Ring: %v", err)
+	}
+	// ...and so are the plain links of a ring run (2 -> 3, and 0 -> 1 where
+	// stage 1 of 2 also dials stage 0).
+	s2, s3 := up.clone(), up.clone()
+	s2.Stage = 2
+	if err := CheckPeer(s3, s2, false); err != nil {
+		t.Errorf("2 -> 3 with Ring: %v", err)
+	}
+	two0, two1 := down.clone(), up.clone()
+	two0.Stages, two1.Stages, two1.Stage = 2, 2, 1
+	for _, c := range [][2]Hello{{two0, two1}, {two1, two0}} { // (dialer, listener)
+		if err := CheckPeer(c[1], c[0], false); err != nil {
+			t.Errorf("2 stages with Ring, %d -> %d: %v", c[0].Stage, c[1].Stage, err)
+		}
+		if err := CheckPeer(c[0], c[1], true); err != nil {
+			t.Errorf("2 stages with Ring, %d -> %d: %v", c[0].Stage, c[1].Stage, err)
+		}
+	}
+	// Ring disagreement is refused naming both stages.
+	err = CheckPeer(down, noUp, false)
+	if !errors.As(err, &he) || err.Error() != "stage 0 refused stage 3 (127.0.0.1:7103): ring false differs from true (whether stage 3 also dials stage 0 for an interleaved schedule)" {
+		t.Errorf("ring disagreement: %v", err)
+	}
+	// A single stage has no links, ring or not.
+	single := Hello{Stage: 0, Stages: 1, DType: Float32, Shapes: shapes, Ring: true}
+	if _, err := Listen("127.0.0.1:0", single, opts); err == nil || !strings.Contains(err.Error(), "at least 2 stages") {
+		t.Errorf("Listen with 1 stage: %v", err)
+	}
+	if _, err := Dial(ctxT(t, 5*time.Second), freeAddr(t), single, opts); err == nil || !strings.Contains(err.Error(), "at least 2 stages") {
+		t.Errorf("Dial with 1 stage: %v", err)
+	}
+
+	// Over gRPC, with Ring: only the last stage may dial stage 0.
+	srv, err := Listen("127.0.0.1:0", down, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	wrong := up.clone()
+	wrong.Stage, wrong.Address = 2, "127.0.0.1:7102" // stage 2's downstream is 3; dialing stage 0's address is a mistake
+	_, dialErr := Dial(ctxT(t, 10*time.Second), srv.Addr(), wrong, opts)
+	_, acceptErr := srv.Accept(ctxT(t, 10*time.Second))
+	want := fmt.Sprintf("stage 0 (%s) refused stage 2 (127.0.0.1:7102): only upstream neighbour stage 3 may connect", srv.Addr())
+	for side, err := range map[string]error{"Dial": dialErr, "Accept": acceptErr} {
+		if !errors.As(err, &he) || err.Error() != want {
+			t.Errorf("%s: got %v, want %q", side, err, want)
+		}
+	}
+	// Stage 0 waits for stage 3, and says so.
+	srv2, err := Listen("127.0.0.1:0", down, Options{ConnectTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv2.Close()
+	if _, err := srv2.Accept(context.Background()); err == nil || !strings.HasPrefix(err.Error(), "stage 0: upstream stage 3 did not connect to ") {
+		t.Errorf("Accept timeout on stage 0: %v", err)
+	}
+}
+
+// TestRingDisagreementOverGRPC: a dialer that uses the ring and a listener
+// that does not are refused on both sides.
+func TestRingDisagreementOverGRPC(t *testing.T) {
+	checkLeaks(t)
+	up, down := ringHellos([][]int{{2}, {3}})
+	up.Stage, up.Address, down.Stage = 1, "127.0.0.1:7101", 2
+	down.Ring = false
+	opts := Options{ConnectTimeout: 5 * time.Second}
+	srv, err := Listen("127.0.0.1:0", down, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	_, dialErr := Dial(ctxT(t, 10*time.Second), srv.Addr(), up, opts)
+	_, acceptErr := srv.Accept(ctxT(t, 10*time.Second))
+	want := fmt.Sprintf("stage 2 (%s) refused stage 1 (127.0.0.1:7101): ring true differs from false", srv.Addr())
+	for side, err := range map[string]error{"Dial": dialErr, "Accept": acceptErr} {
+		var he *HandshakeError
+		if !errors.As(err, &he) || !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("%s: got %v, want a HandshakeError starting %q", side, err, want)
+		}
+	}
+}
+
+// oldHandshake is what a build before per-chunk shapes sent: "PTH\x00" and
+// JSON.
+const oldHandshake = "PTH\x00" + `{"hello":{"Stage":1,"Stages":4,"ConfigDigest":"3fa2c1","Address":"127.0.0.1:7101","DType":1,"Shape":[2]}}`
+
+// oldListener answers every stream as an old build's listener would.
+type oldListener struct{}
+
+func (oldListener) serveLink(stream grpc.ServerStream) error {
+	var b []byte
+	if err := stream.RecvMsg(&b); err != nil {
+		return err
+	}
+	return stream.SendMsg(frame{[]byte(strings.Replace(oldHandshake, `"Stage":1`, `"Stage":2`, 1))})
+}
+
+// TestOldPeerRefused: a peer speaking the previous handshake version is
+// refused with a clear message, in both roles.
+func TestOldPeerRefused(t *testing.T) {
+	checkLeaks(t)
+	up, down := hellos(2)
+	t.Run("old dialer", func(t *testing.T) {
+		srv, err := Listen("127.0.0.1:0", down, Options{ConnectTimeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer srv.Close()
+		conn, err := grpc.NewClient("passthrough:///"+srv.Addr(), dialOptions()...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		ctx := ctxT(t, 10*time.Second)
+		cs, err := conn.NewStream(ctx, &streamDesc, fullMethod)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cs.SendMsg(frame{[]byte(oldHandshake)}); err != nil {
+			t.Fatal(err)
+		}
+		var reply []byte
+		const want = "protocol error: unsupported handshake version 0 (this build speaks version 1): the peer runs an incompatible pipetrain build"
+		// What the old dialer prints: the listener's reason, in the status.
+		if err := cs.RecvMsg(&reply); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("old dialer got %v", err)
+		}
+		if _, err := srv.Accept(ctx); err == nil || err.Error() != "stage 2: from a dialer: "+want {
+			t.Errorf("Accept: %v", err)
+		}
+	})
+	t.Run("old listener", func(t *testing.T) {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		gs := grpc.NewServer(serverOptions()...)
+		gs.RegisterService(&serviceDesc, oldListener{})
+		go gs.Serve(lis)
+		defer gs.Stop()
+		_, err = Dial(ctxT(t, 10*time.Second), lis.Addr().String(), up, Options{ConnectTimeout: 5 * time.Second})
+		want := fmt.Sprintf("stage 1: downstream stage 2 at %s: protocol error: unsupported handshake version 0", lis.Addr())
+		if err == nil || !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("got %v, want prefix %q", err, want)
+		}
+	})
 }

@@ -3,19 +3,20 @@ package transport
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sync"
 )
 
 // Pipe returns two connected in-memory Links (a is upstream, b downstream)
 // for unit tests of other packages. They behave like a gRPC link: bounded
-// queues of depth (min 1), the same Send checks, tensors copied so the ends
-// share no memory, and Recv on one end fails with ErrPeerClosed (after
+// queues of depth (min 1), the same Send checks (kind, chunk in range, dtype
+// and a.Shapes[chunk] / b.Shapes[chunk]), tensors copied so the ends share no
+// memory, and Recv on one end fails with ErrPeerClosed (after
 // draining what was sent) once the other end is closed. No goroutines.
 func Pipe(a, b Hello, depth int) (Link, Link) {
 	depth = max(depth, 1)
 	down, up := make(chan *Tensor, depth), make(chan *Tensor, depth)
 	ac, bc := make(chan struct{}), make(chan struct{})
+	a, b = a.clone(), b.clone()
 	pa := &pipeEnd{self: a, peer: b, out: Activation, in: up, send: down, closed: ac, peerClosed: bc}
 	pb := &pipeEnd{self: b, peer: a, out: Gradient, in: down, send: up, closed: bc, peerClosed: ac}
 	return pa, pb
@@ -31,11 +32,7 @@ type pipeEnd struct {
 	once       sync.Once
 }
 
-func (p *pipeEnd) Peer() Hello {
-	h := p.peer
-	h.Shape = slices.Clone(h.Shape)
-	return h
-}
+func (p *pipeEnd) Peer() Hello { return p.peer.clone() }
 
 func (p *pipeEnd) Send(ctx context.Context, t *Tensor) error {
 	if err := checkOutgoing(p.self, p.peer, p.out, t); err != nil {

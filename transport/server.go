@@ -39,16 +39,18 @@ type acceptResult struct {
 }
 
 // Listen binds addr now, so a taken port fails at startup naming the
-// address, and serves the stage's upstream neighbour. If self.Address is
-// empty it is set to the bound address.
+// address, and serves the stage's upstream neighbour (stage self.Stage-1, or
+// the last stage for stage 0 when self.Ring). If self.Address is empty it is
+// set to the bound address.
 func Listen(addr string, self Hello, opts Options) (*Server, error) {
 	opts = opts.withDefaults()
 	if err := self.validate(); err != nil {
 		return nil, err
 	}
-	if self.Stage == 0 {
-		return nil, errors.New("stage 0 has no upstream neighbour to listen for")
+	if self.upstream() < 0 {
+		return nil, errors.New("stage 0 has no upstream neighbour to listen for (Ring is false)")
 	}
+	self = self.clone()
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		var oe *net.OpError
@@ -93,10 +95,10 @@ func (s *Server) Accept(ctx context.Context) (Link, error) {
 		}
 		return r.link, nil
 	case <-ctx.Done():
-		return nil, fmt.Errorf("stage %d: waiting for upstream stage %d: %w", s.self.Stage, s.self.Stage-1, ctx.Err())
+		return nil, fmt.Errorf("stage %d: waiting for upstream stage %d: %w", s.self.Stage, s.self.upstream(), ctx.Err())
 	case <-timer.C:
 		return nil, fmt.Errorf("stage %d: upstream stage %d did not connect to %s within %v",
-			s.self.Stage, s.self.Stage-1, s.Addr(), s.opts.ConnectTimeout)
+			s.self.Stage, s.self.upstream(), s.Addr(), s.opts.ConnectTimeout)
 	case <-s.done:
 		return nil, closed
 	}

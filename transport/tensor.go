@@ -77,7 +77,7 @@ type Tensor struct {
 	Kind       Kind
 	Step       int64
 	MicroBatch int32
-	Chunk      int32 // reserved for interleaved schedules; 0 now
+	Chunk      int32 // model chunk (interleaved schedules); indexes Hello.Shapes; 0 for a plain pipeline
 	DType      DType
 	Shape      []int
 	Data       []byte // little-endian values, len == prod(Shape)*DType.Size()

@@ -25,12 +25,18 @@ func validateCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			theory, _ := schedule.TheoreticalBubble(cfg.Schedule, len(cfg.Stages), cfg.Data.MicroBatches)
+			theory, _ := schedule.TheoreticalBubble(cfg.Schedule, len(cfg.Stages), cfg.Data.MicroBatches, cfg.VirtualStages)
 			fmt.Printf("%s: ok\n  model %s, %d layers, %s\n  %s schedule, %d stages, %d micro-batches of %d, theoretical bubble %.1f%%\n",
 				cfg.Path, cfg.Model.Name, len(m.Layers), cfg.Model.DType, cfg.Schedule, len(cfg.Stages), cfg.Data.MicroBatches, cfg.MicroBatchSize(), 100*theory)
 			for i, s := range cfg.Stages {
-				first, last := cfg.StageLayers(i)
-				fmt.Printf("  stage %d  %-21s layers %-5s in %v -> out %v\n", i, s.Address, s.Layers, m.ShapeAt(first, cfg.MicroBatchSize()), m.ShapeAt(last, cfg.MicroBatchSize()))
+				for chunk := range s.Layers {
+					first, last := cfg.ChunkLayers(i, chunk)
+					name := fmt.Sprintf("stage %d", i)
+					if cfg.VirtualStages > 1 {
+						name += fmt.Sprintf(" chunk %d", chunk)
+					}
+					fmt.Printf("  %-16s %-21s layers %-5s in %v -> out %v\n", name, s.Address, s.Layers[chunk], m.ShapeAt(first, cfg.MicroBatchSize()), m.ShapeAt(last, cfg.MicroBatchSize()))
+				}
 			}
 			if err := cfg.CheckData(); err != nil {
 				fmt.Printf("  warning: %v\n", err)

@@ -1,0 +1,154 @@
+package stages
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"time"
+
+	"gorgonia.org/tensor"
+
+	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/internal/blas"
+	"github.com/pipetrain/pipetrain/models"
+)
+
+// Cost is the measured time of one micro-batch's actions on one model piece, and
+// the bytes of activations it keeps per stashed micro-batch.
+type Cost struct {
+	F, B, I, W time.Duration
+	StashBytes int64
+}
+
+// MeasureCosts times each stage's chunks on this machine: forward, fused backward,
+// and the split input and weight gradients, on random micro-batches of the
+// configured shapes. Each figure is the median of reps runs after one warm-up.
+// The result is indexed [stage][chunk].
+func MeasureCosts(c *configs.Config, reps int) ([][]Cost, error) {
+	blas.SetThreads(c.Compute.BLASThreads)
+	model, err := models.Build(c.Model)
+	if err != nil {
+		return nil, err
+	}
+	out := make([][]Cost, len(c.Stages))
+	for s := range c.Stages {
+		for chunk := 0; chunk < c.VirtualStages; chunk++ {
+			first, last := c.ChunkLayers(s, chunk)
+			cost, err := measureRange(model, first, last, c.MicroBatchSize(), c.Train.Seed, reps)
+			if err != nil {
+				return nil, fmt.Errorf("stage %d chunk %d: %w", s, chunk, err)
+			}
+			out[s] = append(out[s], cost)
+		}
+	}
+	return out, nil
+}
+
+// MeasureLayers times each layer of the model alone, for planners that choose the
+// stage boundaries.
+func MeasureLayers(spec models.Spec, batch int, seed uint64, reps int) ([]Cost, error) {
+	model, err := models.Build(spec)
+	if err != nil {
+		return nil, err
+	}
+	var out []Cost
+	for l := range model.Layers {
+		cost, err := measureRange(model, l, l+1, batch, seed, reps)
+		if err != nil {
+			return nil, fmt.Errorf("layer %d: %w", l, err)
+		}
+		out = append(out, cost)
+	}
+	return out, nil
+}
+
+func measureRange(model *models.Model, first, last, batch int, seed uint64, reps int) (Cost, error) {
+	fused, err := NewEngine(model, first, last, batch, seed, false)
+	if err != nil {
+		return Cost{}, err
+	}
+	split, err := NewEngine(model, first, last, batch, seed, true)
+	if err != nil {
+		split = nil // a model whose layers cannot split: I and W stay unmeasured
+	}
+	r := rand.New(rand.NewPCG(seed, 99))
+	input := randomDense(r, model.DType, fused.InShape())
+	targets := make([]int, batch)
+	for i := range targets {
+		targets[i] = r.IntN(model.Classes)
+	}
+	grad := fused.LossScale(1)
+	if !fused.IsLast() {
+		grad = randomDense(r, model.DType, fused.OutShape())
+	}
+	var fs, bs, is, ws []time.Duration
+	for rep := 0; rep <= reps; rep++ {
+		t0 := time.Now()
+		if _, err := fused.Forward(0, input, targets); err != nil {
+			return Cost{}, err
+		}
+		t1 := time.Now()
+		if _, err := fused.Backward(0, grad); err != nil {
+			return Cost{}, err
+		}
+		t2 := time.Now()
+		if split != nil {
+			if _, err := split.Forward(0, input, targets); err != nil {
+				return Cost{}, err
+			}
+			t3 := time.Now()
+			if _, err := split.Input(0, grad); err != nil {
+				return Cost{}, err
+			}
+			t4 := time.Now()
+			if err := split.Weight(0); err != nil {
+				return Cost{}, err
+			}
+			if rep > 0 {
+				is, ws = append(is, t4.Sub(t3)), append(ws, time.Since(t4))
+			}
+		}
+		if rep > 0 { // the first run warms caches and allocators
+			fs, bs = append(fs, t1.Sub(t0)), append(bs, t2.Sub(t1))
+		}
+	}
+	cost := Cost{F: median(fs), B: median(bs), I: median(is), W: median(ws), StashBytes: stashBytes(model, first, last, batch)}
+	if split == nil {
+		cost.I, cost.W = cost.B/2, cost.B/2
+	}
+	return cost, nil
+}
+
+// stashBytes estimates what one micro-batch in flight keeps: each layer's input and
+// output activations.
+func stashBytes(m *models.Model, first, last, batch int) int64 {
+	var n int64
+	for l := first; l < last; l++ {
+		n += int64(m.ShapeAt(l, batch).TotalSize() + m.ShapeAt(l+1, batch).TotalSize())
+	}
+	return n * int64(m.DType.Size())
+}
+
+func randomDense(r *rand.Rand, dt tensor.Dtype, shape tensor.Shape) *tensor.Dense {
+	t := tensor.New(tensor.Of(dt), tensor.WithShape(shape...))
+	switch d := t.Data().(type) {
+	case []float32:
+		for i := range d {
+			d[i] = r.Float32()*2 - 1
+		}
+	case []float64:
+		for i := range d {
+			d[i] = r.Float64()*2 - 1
+		}
+	}
+	return t
+}
+
+func median(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
+}
