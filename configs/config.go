@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -28,6 +29,12 @@ type Config struct {
 	Data     Data        `mapstructure:"data" json:"data"`
 	Train    Train       `mapstructure:"train" json:"train"`
 	Schedule string      `mapstructure:"schedule" json:"schedule"`
+	// ScheduleFile holds a user's schedule (with schedule: custom): CSV, YAML or
+	// the grid the simulator prints; a relative path is relative to the config.
+	ScheduleFile string `mapstructure:"schedule_file" json:"schedule_file,omitempty"`
+	// ScheduleText is the loaded custom schedule, so the digest covers its
+	// contents, not just its path.
+	ScheduleText string `mapstructure:"-" json:"schedule_text,omitempty"`
 	// VirtualStages is the number of model chunks each stage holds (interleaved
 	// schedules); 1 otherwise.
 	VirtualStages int       `mapstructure:"virtual_stages" json:"virtual_stages"`
@@ -120,6 +127,7 @@ var defaults = map[string]any{
 	"train.optimizer.beta2":     0.999,
 	"train.optimizer.eps":       1e-8,
 	"schedule":                  "1f1b",
+	"schedule_file":             "",
 	"virtual_stages":            1,
 	"compute.blas_threads":      1,
 	"transport.connect_timeout": "30s",
@@ -203,26 +211,7 @@ func (c *Config) Validate() error {
 		p.add("train.log_every", "must be at least 1, got %d", c.Train.LogEvery)
 	}
 	c.validateOptimizer(p)
-	if c.VirtualStages < 1 {
-		p.add("virtual_stages", "must be at least 1, got %d", c.VirtualStages)
-	} else if interleaved := c.Schedule == "interleaved"; interleaved != (c.VirtualStages > 1) {
-		if interleaved {
-			p.add("virtual_stages", "the interleaved schedule needs at least 2 chunks per stage, got %d", c.VirtualStages)
-		} else {
-			p.add("virtual_stages", "%d chunks per stage need schedule: interleaved (schedule is %s)", c.VirtualStages, c.Schedule)
-		}
-	} else if interleaved && len(c.Stages) < 2 {
-		p.add("schedule", "interleaved needs at least 2 stages, got %d", len(c.Stages))
-	} else if sched, err := schedule.Build(c.Schedule, max(len(c.Stages), 1), max(c.Data.MicroBatches, 1), c.VirtualStages); err != nil {
-		p.add("schedule", "%v", err)
-	} else if model != nil && sched.SplitsBackward() {
-		for _, l := range model.Layers {
-			if _, ok := l.(models.Splittable); !ok {
-				p.add("schedule", "%s splits the backward into input and weight gradients; layer %s of model %s cannot", c.Schedule, l.Name(), c.Model.Name)
-				break
-			}
-		}
-	}
+	c.validateSchedule(p, model)
 	if c.Compute.BLASThreads < 1 {
 		p.add("compute.blas_threads", "must be at least 1, got %d", c.Compute.BLASThreads)
 	}
@@ -240,6 +229,101 @@ func (c *Config) Validate() error {
 		return p
 	}
 	return nil
+}
+
+// validateSchedule builds the configured schedule, or loads the user's from
+// schedule_file, and checks it by simulation: a schedule that is incomplete,
+// duplicates an action or deadlocks never starts a run.
+func (c *Config) validateSchedule(p *Problems, model *models.Model) {
+	if c.VirtualStages < 1 {
+		p.add("virtual_stages", "must be at least 1, got %d", c.VirtualStages)
+		return
+	}
+	custom := c.Schedule == "custom"
+	if custom != (c.ScheduleFile != "") {
+		if custom {
+			p.add("schedule_file", "schedule: custom needs schedule_file, a CSV, YAML or grid file of actions per stage")
+		} else {
+			p.add("schedule_file", "is only read with schedule: custom (schedule is %s)", c.Schedule)
+		}
+		return
+	}
+	if !custom {
+		if interleaved := c.Schedule == "interleaved"; interleaved != (c.VirtualStages > 1) {
+			if interleaved {
+				p.add("virtual_stages", "the interleaved schedule needs at least 2 chunks per stage, got %d", c.VirtualStages)
+			} else {
+				p.add("virtual_stages", "%d chunks per stage need schedule: interleaved (schedule is %s)", c.VirtualStages, c.Schedule)
+			}
+			return
+		}
+	}
+	if c.VirtualStages > 1 && len(c.Stages) < 2 {
+		p.add("virtual_stages", "chunks need at least 2 stages (the last stage feeds the first), got %d", len(c.Stages))
+		return
+	}
+	sched, err := c.BuildSchedule()
+	if err != nil {
+		field := "schedule"
+		if custom {
+			field = "schedule_file"
+		}
+		p.add(field, "%v", err)
+		return
+	}
+	if model != nil && sched.SplitsBackward() {
+		for _, l := range model.Layers {
+			if _, ok := l.(models.Splittable); !ok {
+				p.add("schedule", "%s splits the backward into input and weight gradients; layer %s of model %s cannot", c.Schedule, l.Name(), c.Model.Name)
+				break
+			}
+		}
+	}
+}
+
+// BuildSchedule returns the run's schedule, checked: the named one, or for
+// schedule: custom the one in schedule_file, which must fit the config's stages,
+// micro-batches and virtual stages.
+func (c *Config) BuildSchedule() (*schedule.Schedule, error) {
+	p, m := max(len(c.Stages), 1), max(c.Data.MicroBatches, 1)
+	if c.Schedule != "custom" {
+		return schedule.Build(c.Schedule, p, m, c.VirtualStages)
+	}
+	path := c.ScheduleFile
+	if !filepath.IsAbs(path) && c.Path != "" {
+		path = filepath.Join(filepath.Dir(c.Path), path)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	format := strings.TrimPrefix(filepath.Ext(path), ".")
+	switch format {
+	case "yml":
+		format = "yaml"
+	case "csv", "yaml":
+	default:
+		format = "grid"
+	}
+	s, err := schedule.Load(f, format)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if s.Stages != p || s.MicroBatches != m || s.Chunks != c.VirtualStages {
+		return nil, fmt.Errorf("%s has %d stages, %d micro-batches and %d chunks; the config has %d, %d and %d (virtual_stages)",
+			path, s.Stages, s.MicroBatches, s.Chunks, p, m, c.VirtualStages)
+	}
+	if err := s.Check(); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	s.Name = "custom"
+	var text strings.Builder
+	if err := s.WriteCSV(&text); err != nil {
+		return nil, err
+	}
+	c.ScheduleText = text.String()
+	return s, nil
 }
 
 func (c *Config) validateOptimizer(p *Problems) {

@@ -202,3 +202,51 @@ stages:
 		}
 	}
 }
+
+func TestCustomScheduleFile(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := func(file string) string {
+		p := filepath.Join(dir, "run.yaml")
+		text := strings.Replace(good, "schedule: gpipe", "schedule: custom\nschedule_file: "+file, 1)
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	// 2 stages, 4 micro-batches: a valid order that is neither gpipe nor 1f1b.
+	write("ok.csv", "0F0,0F1,0F2,0B0,0B1,0F3,0B2,0B3\n1F0,1B0,1F1,1F2,1B1,1B2,1F3,1B3\n")
+	c, err := Load(cfg("ok.csv"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.BuildSchedule()
+	if err != nil || s.Name != "custom" || len(s.Actions[1]) != 8 {
+		t.Fatalf("custom schedule: %v %+v", err, s)
+	}
+	digest := c.Digest()
+	write("ok.csv", "0F0,0F1,0F2,0F3,0B0,0B1,0B2,0B3\n1F0,1B0,1F1,1F2,1B1,1B2,1F3,1B3\n")
+	if c2, err := Load(cfg("ok.csv")); err != nil || c2.Digest() == digest {
+		t.Errorf("changing the file's contents must change the digest (%v)", err)
+	}
+	cases := map[string]struct{ text, want string }{
+		"dup.csv":      {"0F0,0F1,0F2,0F3,0B0,0B1,0B2,0B3,0B3\n1F0,1B0,1F1,1B1,1F2,1B2,1F3,1B3\n", "0B3 appears twice"},
+		"missing.csv":  {"0F0,0F1,0F2,0F3,0B0,0B1,0B2\n1F0,1B0,1F1,1B1,1F2,1B2,1F3,1B3\n", "missing action 0B3"},
+		"deadlock.csv": {"0F0,0B0,0F1,0F2,0F3,0B1,0B2,0B3\n1F1,1F0,1B0,1B1,1F2,1B2,1F3,1B3\n", "deadlock"},
+		"small.csv":    {"0F0,0B0\n1F0,1B0\n", "1 micro-batches"},
+	}
+	for name, tc := range cases {
+		write(name, tc.text)
+		_, err := Load(cfg(name))
+		if err == nil || !strings.Contains(err.Error(), "schedule_file") || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %v, want schedule_file and %q", name, err, tc.want)
+		}
+	}
+	if _, err := Load(cfg("absent.csv")); err == nil || !strings.Contains(err.Error(), "absent.csv") {
+		t.Errorf("missing file: %v", err)
+	}
+}

@@ -112,7 +112,7 @@ func (r *Runtime) plan(c *configs.Config, model *models.Model, reference bool) (
 		sched, err := schedule.Build("1f1b", 1, c.Data.MicroBatches, 1)
 		return sched, [][2]int{{0, len(model.Layers)}}, err
 	}
-	sched, err := schedule.Build(c.Schedule, r.stages, c.Data.MicroBatches, c.VirtualStages)
+	sched, err := c.BuildSchedule()
 	if err != nil {
 		return nil, nil, err
 	}

@@ -300,3 +300,19 @@ func TestStalledNeighbourTimesOut(t *testing.T) {
 		t.Errorf("gave up after %v", took)
 	}
 }
+
+// TestCustomScheduleTrainsLikeReference runs a hand-written schedule file.
+func TestCustomScheduleTrainsLikeReference(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "mine.csv")
+	text := "0F0,0F1,0F2,0B0,0B1,0F3,0B2,0B3\n1F0,1B0,1F1,1F2,1B1,1B2,1F3,1B3\n"
+	if err := os.WriteFile(file, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := testConfig("custom", plain("0-1", "2-3"), 4, "float64", "adam")
+	c.ScheduleFile = file
+	ref, pipe := runInProcess(t, c, true), runInProcess(t, c, false)
+	if lr, lp := readLosses(t, ref), readLosses(t, pipe); fmt.Sprint(lr) != fmt.Sprint(lp) {
+		t.Errorf("losses differ:\nreference %v\ncustom    %v", lr, lp)
+	}
+	sameFile(t, filepath.Join(ref, "eval.json"), filepath.Join(pipe, "eval.json"))
+}
