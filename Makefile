@@ -7,7 +7,7 @@ CONFIG ?= configs/fmnist-mlp-4stage.yaml
 RUN_DIR ?= runs/demo
 APT_PACKAGES := libopenblas-dev dataset-fashion-mnist
 
-.PHONY: all deps build demo reference test vet race bench clean
+.PHONY: all deps build demo reference test vet race bench bench-schedules clean
 
 all: build
 
@@ -44,6 +44,10 @@ test: deps vet race
 
 bench: deps
 	go test -run '^$$' -bench . -benchtime 2s ./transport/ ./stages/
+
+# Measured against simulated bubble and throughput per schedule: docs/schedules-benchmark.md.
+bench-schedules: build
+	go run ./bench/schedules -bin $(BIN) -out docs/schedules-benchmark.md
 
 clean:
 	rm -rf bin runs

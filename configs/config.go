@@ -18,6 +18,7 @@ import (
 
 	"github.com/spf13/viper"
 
+	"github.com/pipetrain/pipetrain/internal/affinity"
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/schedule"
 )
@@ -101,6 +102,9 @@ type Stage struct {
 	Layers  []string `mapstructure:"layers" json:"layers"`
 	Address string   `mapstructure:"address" json:"address"`
 	Device  string   `mapstructure:"device" json:"device"`
+	// CPUs optionally pins the stage process to CPUs ("0", "2-3", "0,4"), so that
+	// a stage owns its cores as it would own a device.
+	CPUs string `mapstructure:"cpus" json:"cpus,omitempty"`
 }
 
 // defaults apply where the file is silent; registering every key also lets
@@ -368,6 +372,11 @@ func (c *Config) validateStages(p *Problems, model *models.Model) {
 		}
 		if err := CheckDevice(s.Device); err != nil {
 			p.add(field+".device", "%v", err)
+		}
+		if s.CPUs != "" {
+			if _, err := affinity.Parse(s.CPUs); err != nil {
+				p.add(field+".cpus", "%v", err)
+			}
 		}
 		if c.VirtualStages >= 1 && len(s.Layers) != c.VirtualStages {
 			p.add(field+".layers", "lists %d layer ranges; virtual_stages is %d, so give one range per chunk", len(s.Layers), c.VirtualStages)

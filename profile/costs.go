@@ -1,6 +1,10 @@
 package profile
 
-import "time"
+import (
+	"time"
+
+	"github.com/pipetrain/pipetrain/schedule"
+)
 
 // ActionCosts are a stage's mean action durations: what the schedule simulator
 // needs to replay a run. Kinds the run did not execute are zero.
@@ -41,4 +45,30 @@ func MeanCosts(events [][]Event, skip int) []ActionCosts {
 		}
 	}
 	return out
+}
+
+// ScheduleCosts turns a run's mean action costs into the simulator's per-stage
+// costs in ms. An action of an interleaved run is one chunk's, and the simulator
+// charges a chunk 1/chunks of its stage's cost, so durations scale by chunks. A run
+// without split backwards leaves I and W to the simulator's default (half of B each).
+func ScheduleCosts(means []ActionCosts, chunks int, transferMS float64) schedule.Costs {
+	v := float64(max(chunks, 1))
+	p := len(means)
+	c := schedule.Costs{F: make([]float64, p), B: make([]float64, p), Transfer: transferMS}
+	split := true
+	for _, m := range means {
+		split = split && m.I > 0 && m.W > 0
+	}
+	if split {
+		c.I, c.W = make([]float64, p), make([]float64, p)
+	}
+	ms := func(d time.Duration) float64 { return v * float64(d) / 1e6 }
+	for s, m := range means {
+		c.F[s], c.B[s] = ms(m.F), ms(m.B)
+		if split {
+			c.I[s], c.W[s] = ms(m.I), ms(m.W)
+			c.B[s] = c.I[s] + c.W[s]
+		}
+	}
+	return c
 }

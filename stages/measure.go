@@ -119,6 +119,20 @@ func measureRange(model *models.Model, first, last, batch int, seed uint64, reps
 	return cost, nil
 }
 
+// StashBytes estimates, per stage, what one micro-batch in flight keeps there
+// (averaged over its chunks): each layer's input and output activations.
+func StashBytes(c *configs.Config, m *models.Model) []int64 {
+	out := make([]int64, len(c.Stages))
+	for s := range c.Stages {
+		for ch := 0; ch < c.VirtualStages; ch++ {
+			first, last := c.ChunkLayers(s, ch)
+			out[s] += stashBytes(m, first, last, c.MicroBatchSize())
+		}
+		out[s] /= int64(c.VirtualStages)
+	}
+	return out
+}
+
 // stashBytes estimates what one micro-batch in flight keeps: each layer's input and
 // output activations.
 func stashBytes(m *models.Model, first, last, batch int) int64 {
@@ -151,4 +165,16 @@ func median(ds []time.Duration) time.Duration {
 	s := append([]time.Duration(nil), ds...)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	return s[len(s)/2]
+}
+
+// EstimateTransfer is the time to move the largest activation between stages over
+// gRPC on loopback: its size at 2 GB/s plus 100us per message, as measured here.
+func EstimateTransfer(c *configs.Config, m *models.Model) time.Duration {
+	var largest int
+	for k := 1; k < c.ModelStages(); k++ {
+		s, ch := c.Place(k)
+		first, _ := c.ChunkLayers(s, ch)
+		largest = max(largest, m.ShapeAt(first, c.MicroBatchSize()).TotalSize()*int(m.DType.Size()))
+	}
+	return 100*time.Microsecond + time.Duration(float64(largest)/2e9*float64(time.Second))
 }

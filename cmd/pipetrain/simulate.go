@@ -36,12 +36,13 @@ func simulateCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			costs, stash, source, err := simulationCosts(cfg, costsFrom, reps)
+			costs, source, err := simulationCosts(cfg, costsFrom, reps)
 			if err != nil {
 				return err
 			}
+			stash := stages.StashBytes(cfg, model)
 			if transfer < 0 {
-				transfer = estimateTransfer(cfg, model)
+				transfer = stages.EstimateTransfer(cfg, model)
 			}
 			costs.Transfer = ms(transfer)
 			fmt.Printf("%s: %d stages, %d micro-batches; costs per micro-batch (%s), transfer %.3f ms\n", cfg.Path, len(cfg.Stages), cfg.Data.MicroBatches, source, costs.Transfer)
@@ -92,57 +93,50 @@ func simulateCmd() *cobra.Command {
 	return c
 }
 
-// simulationCosts returns per-stage action costs in ms and the stashed bytes per
-// micro-batch on each stage.
-func simulationCosts(cfg *configs.Config, from string, reps int) (schedule.Costs, []int64, string, error) {
+// simulationCosts returns per-stage action costs in ms.
+func simulationCosts(cfg *configs.Config, from string, reps int) (schedule.Costs, string, error) {
 	p := len(cfg.Stages)
 	c := schedule.Costs{F: make([]float64, p), B: make([]float64, p), I: make([]float64, p), W: make([]float64, p)}
-	stash := make([]int64, p)
-	measured, err := stages.MeasureCosts(cfg, max(reps, 1))
-	if err != nil {
-		return c, nil, "", err
-	}
-	for s, chunks := range measured {
-		for _, m := range chunks {
-			c.F[s] += ms(m.F)
-			c.B[s] += ms(m.B)
-			c.I[s] += ms(m.I)
-			c.W[s] += ms(m.W)
-			stash[s] += m.StashBytes
-		}
-		stash[s] /= int64(len(chunks))
-	}
 	switch {
 	case from == "measure":
-		return c, stash, fmt.Sprintf("measured on this machine, median of %d", reps), nil
+		measured, err := stages.MeasureCosts(cfg, max(reps, 1))
+		if err != nil {
+			return c, "", err
+		}
+		for s, chunks := range measured {
+			for _, m := range chunks {
+				c.F[s] += ms(m.F)
+				c.B[s] += ms(m.B)
+				c.I[s] += ms(m.I)
+				c.W[s] += ms(m.W)
+			}
+		}
+		return c, fmt.Sprintf("measured on this machine, median of %d", reps), nil
 	case strings.Contains(from, "="):
 		u, err := parseUniform(from)
 		if err != nil {
-			return c, nil, "", err
+			return c, "", err
 		}
 		for s := range c.F {
 			c.F[s], c.B[s], c.I[s], c.W[s] = u[0], u[1], u[1]-u[2], u[2]
 		}
-		return c, stash, "given: " + from, nil
+		return c, "given: " + from, nil
 	default:
 		info, events, err := profile.ReadRun(from)
 		if err != nil {
-			return c, nil, "", err
+			return c, "", err
 		}
 		if info.Stages != p {
-			return c, nil, "", fmt.Errorf("%s ran %d stages, %s has %d", from, info.Stages, cfg.Path, p)
+			return c, "", fmt.Errorf("%s ran %d stages, %s has %d", from, info.Stages, cfg.Path, p)
 		}
-		means := profile.MeanCosts(events, 1)
-		for s, m := range means {
-			v := float64(max(info.Chunks, 1))
-			c.F[s], c.B[s] = v*ms(m.F), v*ms(m.B)
-			if m.I > 0 && m.W > 0 {
-				c.I[s], c.W[s] = v*ms(m.I), v*ms(m.W)
-				c.B[s] = c.I[s] + c.W[s]
+		c = profile.ScheduleCosts(profile.MeanCosts(events, 1), info.Chunks, 0)
+		if c.I == nil { // the run did not split its backwards: assume half each
+			c.I, c.W = make([]float64, p), make([]float64, p)
+			for s := range c.B {
+				c.I[s], c.W[s] = c.B[s]/2, c.B[s]/2
 			}
-			// A run without split backwards keeps the measured I/W ratio.
 		}
-		return c, stash, "from the events of " + from, nil
+		return c, "from the events of " + from, nil
 	}
 }
 
@@ -172,18 +166,6 @@ func parseUniform(s string) ([3]float64, error) {
 		return [3]float64{}, fmt.Errorf("--costs %q: need f > 0, b > 0 and w <= b", s)
 	}
 	return [3]float64{f, b, w}, nil
-}
-
-// estimateTransfer is the time to move the largest activation between stages at
-// 2 GB/s plus 100us per message (gRPC on loopback here).
-func estimateTransfer(cfg *configs.Config, m *models.Model) time.Duration {
-	var largest int
-	for k := 1; k < cfg.ModelStages(); k++ {
-		s, c := cfg.Place(k)
-		first, _ := cfg.ChunkLayers(s, c)
-		largest = max(largest, m.ShapeAt(first, cfg.MicroBatchSize()).TotalSize()*int(m.DType.Size()))
-	}
-	return 100*time.Microsecond + time.Duration(float64(largest)/2e9*1e9)
 }
 
 func simulateOne(w io.Writer, s *schedule.Schedule, costs schedule.Costs, stash []int64, svg string) error {

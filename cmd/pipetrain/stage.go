@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/pipetrain/pipetrain/internal/affinity"
 	"github.com/pipetrain/pipetrain/stages"
 )
 
@@ -23,6 +24,12 @@ func stageCmd() *cobra.Command {
 			}
 			if index < 0 || index >= len(cfg.Stages) {
 				return fmt.Errorf("--stage %d: %s has stages 0-%d", index, cfg.Path, len(cfg.Stages)-1)
+			}
+			if list := cfg.Stages[index].CPUs; list != "" {
+				cpus, _ := affinity.Parse(list) // checked by Validate
+				if err := affinity.Pin(cpus); err != nil {
+					return fmt.Errorf("stages[%d].cpus: %w", index, err)
+				}
 			}
 			links, err := stages.Connect(cmd.Context(), cfg, index)
 			if err != nil {

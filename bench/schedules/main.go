@@ -1,0 +1,194 @@
+// Command schedules benchmarks pipetrain's schedules on this machine. For each
+// schedule and micro-batch count it launches real multi-process runs and reports
+// the measured bubble beside the bubble the simulator predicts from that run's own
+// action costs, and throughput relative to 1F1B measured in the same sweep. It
+// writes a Markdown table (docs/schedules-benchmark.md by default).
+//
+//	go run ./bench/schedules -bin bin/pipetrain -out docs/schedules-benchmark.md
+package main
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/internal/blas"
+	"github.com/pipetrain/pipetrain/models"
+	"github.com/pipetrain/pipetrain/profile"
+	"github.com/pipetrain/pipetrain/schedule"
+	"github.com/pipetrain/pipetrain/stages"
+)
+
+type result struct {
+	measured, simulated, stepMS []float64
+}
+
+// setup is one placement of the benchmark model.
+type setup struct {
+	title, plain, interleaved string
+}
+
+func main() {
+	bin := flag.String("bin", "bin/pipetrain", "pipetrain binary")
+	out := flag.String("out", "docs/schedules-benchmark.md", "Markdown file to write")
+	reps := flag.Int("reps", 3, "runs per schedule and micro-batch count (medians are reported)")
+	steps := flag.Int("steps", 60, "training steps per run")
+	skip := flag.Int("skip", 10, "warm-up steps left out of every figure")
+	flag.Parse()
+
+	setups := []setup{
+		{"4 stages sharing this machine's cores", "configs/bench-mlp-4stage.yaml", "configs/bench-mlp-interleaved.yaml"},
+		{"2 stages, each pinned to its own core", "configs/bench-mlp-2stage-pinned.yaml", "configs/bench-mlp-2stage-pinned-interleaved.yaml"},
+	}
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "# Schedules measured on this machine\n\n")
+	fmt.Fprintf(&b, "Made by `make bench-schedules` (`go run ./bench/schedules`) on %s: %s, %d cores, %s, BLAS %s, 1 BLAS thread per stage.\n",
+		time.Now().UTC().Format("2006-01-02"), cpuModel(), runtime.NumCPU(), runtime.Version(), blas.Name)
+	fmt.Fprintf(&b, "Each row: %d runs of %d steps of `pipetrain launch` (one process per stage, gRPC on loopback), the first %d steps of each left out; medians. Global batch 512.\n\n", *reps, *steps, *skip)
+	fmt.Fprintf(&b, "- measured bubble: `pipetrain profile`'s mean over stages of idle / step window, the window running from a step's first forward to its last backward on any stage;\n")
+	fmt.Fprintf(&b, "- simulated bubble: `schedule.Simulate` with that run's own mean action costs per stage and the estimated transfer time;\n")
+	fmt.Fprintf(&b, "- step time: median of the last stage's per-step wall time; throughput relative to 1F1B at the same micro-batch count, from the same sweep.\n")
+	for _, su := range setups {
+		if err := bench(&b, su, *bin, *reps, *steps, *skip); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
+	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if err := os.WriteFile(*out, b.Bytes(), 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	fmt.Print(b.String())
+}
+
+func bench(b *bytes.Buffer, su setup, bin string, reps, steps, skip int) error {
+	names := []string{"gpipe", "1f1b", "interleaved", "zb-h1"}
+	micros := []int{8, 16}
+	results := map[string]*result{}
+	key := func(name string, m int) string { return fmt.Sprintf("%s/%d", name, m) }
+	// Repetitions are the outer loop, so slow drift of the machine touches every
+	// schedule alike.
+	for rep := 0; rep < reps; rep++ {
+		for _, m := range micros {
+			for _, name := range names {
+				cfgPath := su.plain
+				if name == "interleaved" {
+					cfgPath = su.interleaved
+				}
+				meas, sim, step, err := run(bin, cfgPath, name, m, steps, skip)
+				if err != nil {
+					return fmt.Errorf("%s, %s m=%d: %v", su.title, name, m, err)
+				}
+				r := results[key(name, m)]
+				if r == nil {
+					r = &result{}
+					results[key(name, m)] = r
+				}
+				r.measured, r.simulated, r.stepMS = append(r.measured, meas), append(r.simulated, sim), append(r.stepMS, step)
+				fmt.Fprintf(os.Stderr, "%s, rep %d  %-12s m=%-2d  measured bubble %5.1f%%  simulated %5.1f%%  step %.2f ms\n", su.title, rep+1, name, m, 100*meas, 100*sim, step)
+			}
+		}
+	}
+	fmt.Fprintf(b, "\n## %s\n\nConfigs: `%s` (gpipe, 1f1b, zb-h1) and `%s` (interleaved, 2 chunks per stage).\n\n", su.title, su.plain, su.interleaved)
+	fmt.Fprintf(b, "| schedule | micro-batches | measured bubble | simulated bubble | difference | step time | throughput vs 1F1B |\n")
+	fmt.Fprintf(b, "|---|---|---|---|---|---|---|\n")
+	for _, m := range micros {
+		base := median(results[key("1f1b", m)].stepMS)
+		for _, name := range names {
+			r := results[key(name, m)]
+			meas, sim, step := median(r.measured), median(r.simulated), median(r.stepMS)
+			fmt.Fprintf(b, "| %s | %d | %.1f%% | %.1f%% | %+.1f pp | %.2f ms | %.2fx |\n", name, m, 100*meas, 100*sim, 100*(meas-sim), step, base/step)
+		}
+	}
+	return nil
+}
+
+// run launches one training run and returns its measured mean bubble, the
+// simulated one from its own costs, and its median step time in ms.
+func run(bin, cfgPath, name string, micro, steps, skip int) (measured, simulated, stepMS float64, err error) {
+	dir, err := os.MkdirTemp("", "pipetrain-bench")
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	defer os.RemoveAll(dir)
+	env := []string{"PIPETRAIN_SCHEDULE=" + name, fmt.Sprintf("PIPETRAIN_DATA_MICRO_BATCHES=%d", micro), fmt.Sprintf("PIPETRAIN_TRAIN_STEPS=%d", steps)}
+	cmd := exec.Command(bin, "launch", "--config", cfgPath, "--run-dir", dir)
+	cmd.Env = append(os.Environ(), env...)
+	if outb, err := cmd.CombinedOutput(); err != nil {
+		return 0, 0, 0, fmt.Errorf("%v\n%s", err, outb)
+	}
+	info, events, err := profile.ReadRun(dir)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	rep, err := profile.Analyse(info, events, skip)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	for _, k := range env {
+		kv := strings.SplitN(k, "=", 2)
+		os.Setenv(kv[0], kv[1])
+	}
+	cfg, err := configs.Load(cfgPath)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	model, err := models.Build(cfg.Model)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	sched, err := cfg.BuildSchedule()
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	transfer := float64(stages.EstimateTransfer(cfg, model)) / 1e6
+	tl, err := schedule.Simulate(sched, profile.ScheduleCosts(profile.MeanCosts(events, skip), info.Chunks, transfer))
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	for _, x := range tl.Bubble {
+		simulated += x / float64(len(tl.Bubble))
+	}
+	ms, err := stages.ReadMetrics(filepath.Join(dir, "metrics.jsonl"))
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	var steptimes []float64
+	for _, m := range ms[min(skip, len(ms)-1):] {
+		steptimes = append(steptimes, float64(cfg.Data.BatchSize)/m.SamplesPerSec*1e3)
+	}
+	return rep.MeanBubble, simulated, median(steptimes), nil
+}
+
+func median(xs []float64) float64 {
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	return s[len(s)/2]
+}
+
+func cpuModel() string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return runtime.GOARCH
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "model name") {
+			if _, v, ok := strings.Cut(line, ":"); ok {
+				return strings.TrimSpace(v)
+			}
+		}
+	}
+	return runtime.GOARCH
+}
