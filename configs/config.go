@@ -105,6 +105,9 @@ type Stage struct {
 	// CPUs optionally pins the stage process to CPUs ("0", "2-3", "0,4"), so that
 	// a stage owns its cores as it would own a device.
 	CPUs string `mapstructure:"cpus" json:"cpus,omitempty"`
+	// MetricsAddress optionally serves the stage's Prometheus metrics at
+	// http://ADDRESS/metrics while it trains.
+	MetricsAddress string `mapstructure:"metrics_address" json:"metrics_address,omitempty"`
 }
 
 // defaults apply where the file is silent; registering every key also lets
@@ -372,6 +375,15 @@ func (c *Config) validateStages(p *Problems, model *models.Model) {
 		}
 		if err := CheckDevice(s.Device); err != nil {
 			p.add(field+".device", "%v", err)
+		}
+		if s.MetricsAddress != "" {
+			if err := checkAddress(s.MetricsAddress); err != nil {
+				p.add(field+".metrics_address", "%v", err)
+			} else if o, dup := addrs[s.MetricsAddress]; dup {
+				p.add(field+".metrics_address", "%s is also used by stages[%d]", s.MetricsAddress, o)
+			} else {
+				addrs[s.MetricsAddress] = i
+			}
 		}
 		if s.CPUs != "" {
 			if _, err := affinity.Parse(s.CPUs); err != nil {

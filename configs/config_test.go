@@ -82,6 +82,7 @@ func TestValidationRules(t *testing.T) {
 		{"zero receive timeout", "schedule: gpipe", "schedule: gpipe\ntransport: {recv_timeout: 0s}", []string{"transport.recv_timeout", "positive"}},
 		{"interleaved without chunks", "schedule: gpipe", "schedule: interleaved", []string{"virtual_stages", "at least 2 chunks per stage"}},
 		{"chunks without interleaving", "schedule: gpipe", "schedule: gpipe\nvirtual_stages: 2", []string{"virtual_stages", "need schedule: interleaved"}},
+		{"metrics address clash", "address: 127.0.0.1:7002}", "address: 127.0.0.1:7002, metrics_address: \"127.0.0.1:7001\"}", []string{"stages[1].metrics_address", "also used by stages[0]"}},
 		{"bad cpu list", "address: 127.0.0.1:7002}", "address: 127.0.0.1:7002, cpus: \"3-1\"}", []string{"stages[1].cpus", "not a CPU list"}},
 		{"unknown dtype", "name: mlp,", "name: mlp, dtype: float16,", []string{"model:", `unknown dtype "float16"`}},
 	}

@@ -30,6 +30,9 @@ type Options struct {
 	Out io.Writer
 	// Grace is how long stages get to exit after SIGTERM before SIGKILL.
 	Grace time.Duration
+	// Decorate, if set, may rewrite a stage's output line before it is shown
+	// (not in the stage's log file), e.g. to add the live bubble to progress.
+	Decorate func(stage int, line string) string
 }
 
 // StageError is the first stage failure of a launch.
@@ -155,8 +158,12 @@ func start(o Options, i int, logDir string, outMu *sync.Mutex) (*child, error) {
 			c.mu.Lock()
 			c.last = line
 			c.mu.Unlock()
+			shown := line
+			if o.Decorate != nil {
+				shown = o.Decorate(i, line)
+			}
 			outMu.Lock()
-			fmt.Fprintln(o.Out, prefix+line)
+			fmt.Fprintln(o.Out, prefix+shown)
 			outMu.Unlock()
 		}
 		pr.Close()

@@ -23,6 +23,7 @@ type peer struct {
 	held   map[slot]*transport.Tensor
 	// timeout bounds each wait for a tensor; 0 means only ctx bounds it.
 	timeout time.Duration
+	metrics *Metrics // counts received bytes; may be nil
 }
 
 type slot struct {
@@ -71,6 +72,9 @@ func (p *peer) recv(ctx context.Context, step int64, mb, chunk int) (*tensor.Den
 				p.name, got.Kind, got.Step+1, got.MicroBatch, chunkText(int(got.Chunk)), step+1, mb, chunkText(chunk))
 		}
 		p.held[s] = got
+	}
+	if p.metrics != nil {
+		p.metrics.received(int64(len(t.Data)))
 	}
 	shape := p.shapes[chunk]
 	switch p.dtype {

@@ -64,12 +64,13 @@ type Runtime struct {
 	metrics       *os.File
 
 	losses []float64 // this step's micro-batch losses (last stage)
+	live   *Metrics
 }
 
 // New builds the stage: its slices of the model, its schedule and its data.
 func New(o Options) (*Runtime, error) {
 	c := o.Config
-	r := &Runtime{cfg: c, stage: o.Stage, stages: len(c.Stages), runDir: o.RunDir, log: o.Log}
+	r := &Runtime{cfg: c, stage: o.Stage, stages: len(c.Stages), runDir: o.RunDir, log: o.Log, live: newMetrics(o.Stage)}
 	if r.log == nil {
 		r.log = io.Discard
 	}
@@ -156,12 +157,14 @@ func (r *Runtime) attach(o Options, model *models.Model) error {
 			return fmt.Errorf("stage %d: no link to the previous stage", r.stage)
 		}
 		r.prev = newPeer(o.Prev, transport.Activation, dt, LinkShapes(r.cfg, model, (r.stage+r.stages-1)%r.stages), r.cfg.Transport.RecvTimeout)
+		r.prev.metrics, r.live.links["prev"] = r.live, o.Prev
 	}
 	if needNext {
 		if o.Next == nil {
 			return fmt.Errorf("stage %d: no link to the next stage", r.stage)
 		}
 		r.next = newPeer(o.Next, transport.Gradient, dt, LinkShapes(r.cfg, model, r.stage), r.cfg.Transport.RecvTimeout)
+		r.next.metrics, r.live.links["next"] = r.live, o.Next
 	}
 	return nil
 }
@@ -199,6 +202,9 @@ func (r *Runtime) loadData(o Options) error {
 	return err
 }
 
+// Metrics is the stage's live metrics, for ServeMetrics.
+func (r *Runtime) Metrics() *Metrics { return r.live }
+
 // Engines exposes the stage's compute, one engine per chunk, for tests and tools.
 func (r *Runtime) Engines() []*Engine { return r.engines }
 
@@ -234,6 +240,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 		if err := r.trainStep(ctx, step); err != nil {
 			return fmt.Errorf("stage %d, step %d: %w", r.stage, step+1, err)
 		}
+		r.live.step(time.Since(stepStart))
 		if err := r.events.flush(); err != nil {
 			return err
 		}
@@ -338,6 +345,7 @@ func (r *Runtime) trainStep(ctx context.Context, step int) error {
 			return fmt.Errorf("optimizer: %w", err)
 		}
 	}
+	r.live.action(profile.Optimizer, time.Since(t0), 0, r.inFlight())
 	return r.events.add(profile.Event{Stage: r.stage, Step: step, Kind: profile.Optimizer, StartNS: t0.UnixNano(), EndNS: time.Now().UnixNano()})
 }
 
@@ -413,6 +421,7 @@ func (r *Runtime) weight(step int, a schedule.Action) error {
 }
 
 func (r *Runtime) record(step int, a schedule.Action, kind string, waitStart, start time.Time, sent int64) error {
+	r.live.action(kind, time.Since(start), sent, r.inFlight())
 	return r.events.add(profile.Event{Stage: r.stage, Step: step, Kind: kind, MB: a.MicroBatch, Chunk: a.Chunk,
 		StartNS: start.UnixNano(), EndNS: time.Now().UnixNano(), WaitNS: start.Sub(waitStart).Nanoseconds(),
 		BytesSent: sent, Stashed: r.inFlight()})

@@ -3,7 +3,9 @@ package stages
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -74,6 +76,13 @@ func plain(ranges ...string) [][]string {
 // returns the run directory.
 func runInProcess(t *testing.T, c *configs.Config, reference bool) string {
 	t.Helper()
+	dir, _ := runStages(t, c, reference)
+	return dir
+}
+
+// runStages is runInProcess that also returns the finished runtimes.
+func runStages(t *testing.T, c *configs.Config, reference bool) (string, []*Runtime) {
+	t.Helper()
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -102,11 +111,13 @@ func runInProcess(t *testing.T, c *configs.Config, reference bool) string {
 	}
 	errs := make([]error, n)
 	var wg sync.WaitGroup
+	var rts []*Runtime
 	for i := 0; i < n; i++ {
 		rt, err := New(Options{Config: c, Stage: i, Reference: reference, RunDir: dir, Prev: links[i][0], Next: links[i][1], Train: train, Test: test})
 		if err != nil {
 			t.Fatal(err)
 		}
+		rts = append(rts, rt)
 		wg.Go(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
@@ -124,7 +135,7 @@ func runInProcess(t *testing.T, c *configs.Config, reference bool) string {
 			t.Fatalf("stage %d: %v", i, err)
 		}
 	}
-	return dir
+	return dir, rts
 }
 
 func readWeights(t *testing.T, dir string) map[string]checkpoint.Tensor {
@@ -315,4 +326,47 @@ func TestCustomScheduleTrainsLikeReference(t *testing.T) {
 		t.Errorf("losses differ:\nreference %v\ncustom    %v", lr, lp)
 	}
 	sameFile(t, filepath.Join(ref, "eval.json"), filepath.Join(pipe, "eval.json"))
+}
+
+// TestMetricsServed runs two stages, then reads each one's Prometheus metrics over
+// HTTP on loopback.
+func TestMetricsServed(t *testing.T) {
+	c := testConfig("zb-h1", plain("0-1", "2-3"), 3, "float32", "adam")
+	_, rts := runStages(t, c, false)
+	for i, rt := range rts {
+		stop, addr, err := ServeMetrics("127.0.0.1:0", rt.Metrics())
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			stop()
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		stop()
+		text := string(body)
+		want := []string{
+			fmt.Sprintf(`pipetrain_steps_total{stage="%d"} 6`, i),
+			fmt.Sprintf(`pipetrain_action_seconds_count{stage="%d",kind="F"} 18`, i),
+			fmt.Sprintf(`pipetrain_action_seconds_count{stage="%d",kind="W"} 18`, i),
+			fmt.Sprintf(`pipetrain_action_seconds_count{stage="%d",kind="OPT"} 6`, i),
+			fmt.Sprintf(`pipetrain_stashed_microbatches{stage="%d"} 0`, i),
+			"# TYPE pipetrain_queue_depth gauge",
+		}
+		link := "next"
+		if i == 1 {
+			link = "prev"
+		}
+		want = append(want, fmt.Sprintf(`pipetrain_queue_depth{stage="%d",link=%q,queue="send"}`, i, link))
+		for _, w := range want {
+			if !strings.Contains(text, w) {
+				t.Errorf("stage %d metrics lack %q:\n%s", i, w, text)
+			}
+		}
+		if strings.Contains(text, fmt.Sprintf(`pipetrain_sent_bytes_total{stage="%d"} 0`, i)) {
+			t.Errorf("stage %d sent nothing:\n%s", i, text)
+		}
+	}
 }

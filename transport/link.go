@@ -288,3 +288,13 @@ func (l *streamLink) isDead() bool {
 		return false
 	}
 }
+
+// Queues reports how many tensors wait in the link's send queue (not yet written
+// to the stream) and receive queue (read ahead, not yet taken by Recv): the
+// backpressure a stage's metrics show.
+func (l *streamLink) Queues() (send, recv int) { return len(l.sendQ), len(l.recvQ) }
+
+// QueueReporter is implemented by links that can report their queue depths.
+type QueueReporter interface {
+	Queues() (send, recv int)
+}

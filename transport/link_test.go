@@ -898,3 +898,26 @@ func TestOldPeerRefused(t *testing.T) {
 		}
 	})
 }
+
+func TestPipeReportsQueues(t *testing.T) {
+	up := Hello{Stage: 0, Stages: 2, ConfigDigest: "d", Address: "a", DType: Float32, Shapes: [][]int{{2}}}
+	down := Hello{Stage: 1, Stages: 2, ConfigDigest: "d", Address: "b", DType: Float32, Shapes: [][]int{{2}}}
+	a, b := Pipe(up, down, 4)
+	defer a.Close()
+	defer b.Close()
+	tensor, err := FromFloat32s(Activation, 0, 0, []int{2}, []float32{1, 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := a.Send(context.Background(), tensor); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s, _ := a.(QueueReporter).Queues(); s != 3 {
+		t.Errorf("sender queue %d, want 3", s)
+	}
+	if _, r := b.(QueueReporter).Queues(); r != 3 {
+		t.Errorf("receiver queue %d, want 3", r)
+	}
+}

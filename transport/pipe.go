@@ -84,3 +84,6 @@ func (p *pipeEnd) Close() error {
 	p.once.Do(func() { close(p.closed) })
 	return nil
 }
+
+// Queues reports the tensors queued towards the peer and waiting to be received.
+func (p *pipeEnd) Queues() (send, recv int) { return len(p.send), len(p.in) }

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -34,9 +36,24 @@ func launchCmd() *cobra.Command {
 				extra = append(extra, "--steps", strconv.Itoa(f.steps))
 			}
 			fmt.Printf("pipetrain: %d stages of %s, run directory %s\n", len(cfg.Stages), cfg.Path, f.runDir)
+			live := launcher.NewLive(f.runDir, len(cfg.Stages), 10)
+			stopLive := make(chan struct{})
+			go live.Follow(500*time.Millisecond, stopLive)
+			defer close(stopLive)
+			last := len(cfg.Stages) - 1
 			err = launcher.Run(cmd.Context(), launcher.Options{
 				Binary: exe, ConfigPath: cfg.Path, Stages: len(cfg.Stages), RunDir: f.runDir,
 				ExtraArgs: extra, Out: os.Stdout,
+				Decorate: func(stage int, line string) string {
+					if stage != last || !strings.HasPrefix(line, "step ") {
+						return line
+					}
+					live.Poll()
+					if b, slowest, ok := live.Bubble(); ok {
+						return fmt.Sprintf("%s  bubble %.0f%% (busiest: stage %d)", line, 100*b, slowest)
+					}
+					return line
+				},
 			})
 			if err != nil {
 				return err

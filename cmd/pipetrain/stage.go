@@ -40,6 +40,14 @@ func stageCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if addr := cfg.Stages[index].MetricsAddress; addr != "" {
+				stop, _, err := stages.ServeMetrics(addr, rt.Metrics())
+				if err != nil {
+					return fmt.Errorf("stages[%d].metrics_address: %w", index, err)
+				}
+				defer stop()
+				fmt.Printf("stage %d: Prometheus metrics on http://%s/metrics\n", index, addr)
+			}
 			return rt.Run(cmd.Context())
 		},
 	}
