@@ -90,9 +90,10 @@ func NewEngine(m *models.Model, first, last, batch int, seed uint64, split bool)
 		e.params = append(e.params, b.Params...)
 	}
 	e.out = h
+	var keep G.Nodes // what a split program must compute besides the gradients
 	if e.IsLast() {
 		e.onehot = G.NewMatrix(e.g, m.DType, G.WithShape(batch, m.Classes), G.WithName("targets"))
-		G.Read(h, &e.logits)
+		keep = append(keep, G.Read(h, &e.logits))
 		if e.out, err = models.SoftmaxCrossEntropy(h, e.onehot); err != nil {
 			return nil, fmt.Errorf("loss: %w", err)
 		}
@@ -119,8 +120,7 @@ func NewEngine(m *models.Model, first, last, batch int, seed uint64, split bool)
 	if split {
 		e.taps = make([]tapRead, len(taps))
 		for i := range taps {
-			G.Read(inputs[i], &e.taps[i].in)
-			G.Read(grads[i], &e.taps[i].grad)
+			keep = append(keep, G.Read(inputs[i], &e.taps[i].in), G.Read(grads[i], &e.taps[i].grad))
 		}
 		if e.weight, err = newWeightProgram(m, first, last, inputs, taps, e.params, counts); err != nil {
 			return nil, err
@@ -129,15 +129,31 @@ func NewEngine(m *models.Model, first, last, batch int, seed uint64, split bool)
 			e.grads = append(e.grads, tensor.New(tensor.Of(m.DType), tensor.WithShape(p.Shape()...)))
 		}
 	}
+	// The derivative of a matmul has nodes for both operands whatever was asked
+	// for, so a split program is compiled from its outputs back: a whole-graph
+	// compile would compute the weight gradients here too.
+	if split {
+		outputs := append(G.Nodes{e.out}, keep...)
+		if e.dx != nil {
+			outputs = append(outputs, e.dx)
+		}
+		inputs := append(G.Nodes{e.x}, e.params...)
+		if e.onehot != nil {
+			inputs = append(inputs, e.onehot)
+		}
+		prog, locMap, err := G.CompileFunction(e.g, inputs, outputs)
+		if err != nil {
+			return nil, fmt.Errorf("compiling layers [%d, %d): %w", first, last, err)
+		}
+		e.newMachine = func() G.VM { return G.NewTapeMachine(e.g, G.WithPrecompiled(prog, locMap)) }
+		return e, nil
+	}
 	prog, locMap, err := G.Compile(e.g)
 	if err != nil {
 		return nil, fmt.Errorf("compiling layers [%d, %d): %w", first, last, err)
 	}
 	params := e.params
 	e.newMachine = func() G.VM {
-		if split {
-			return G.NewTapeMachine(e.g, G.WithPrecompiled(prog, locMap))
-		}
 		return G.NewTapeMachine(e.g, G.WithPrecompiled(prog, locMap), G.BindDualValues(params...))
 	}
 	return e, nil

@@ -3,6 +3,7 @@ package stages
 import (
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	G "gorgonia.org/gorgonia"
@@ -407,4 +408,34 @@ func sameBits(a, b *tensor.Dense) bool {
 		return false
 	}
 	return true
+}
+
+// TestInputPassSkipsWeightGradients: gorgonia's matmul derivative builds nodes for
+// both operands, so the input-gradient program must be compiled without them, or
+// a split backward would compute every weight gradient twice.
+func TestInputPassSkipsWeightGradients(t *testing.T) {
+	m := smallMLP(t, "float64")
+	e, err := NewEngine(m, 1, 3, 4, 1, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, y := randInput(rand.New(rand.NewPCG(3, 4)), 4, 5)
+	if _, err := e.Forward(0, x, y); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Input(0, e.LossScale(1)); err != nil {
+		t.Fatal(err)
+	}
+	weightGrads := 0
+	for _, n := range e.g.AllNodes() {
+		if n.Op() != nil && strings.HasPrefix(n.Op().String(), "Aᵀ × B") {
+			weightGrads++
+			if n.Value() != nil {
+				t.Errorf("the input pass computed %v", n)
+			}
+		}
+	}
+	if weightGrads == 0 {
+		t.Fatal("no weight-gradient matmul found in the graph; the test no longer looks at the right nodes")
+	}
 }

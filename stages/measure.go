@@ -18,6 +18,11 @@ import (
 type Cost struct {
 	F, B, I, W time.Duration
 	StashBytes int64
+	// ParamBytes counts the parameters with their gradients and two optimizer
+	// moments (Adam's), the memory a piece keeps whatever the schedule.
+	ParamBytes int64
+	// OutBytes is one micro-batch's output, what crosses a stage boundary.
+	OutBytes int64
 }
 
 // MeasureCosts times each stage's chunks on this machine: forward, fused backward,
@@ -112,7 +117,13 @@ func measureRange(model *models.Model, first, last, batch int, seed uint64, reps
 			fs, bs = append(fs, t1.Sub(t0)), append(bs, t2.Sub(t1))
 		}
 	}
-	cost := Cost{F: median(fs), B: median(bs), I: median(is), W: median(ws), StashBytes: stashBytes(model, first, last, batch)}
+	var params int64
+	for _, p := range fused.Params() {
+		params += int64(p.Shape().TotalSize())
+	}
+	size := int64(model.DType.Size())
+	cost := Cost{F: median(fs), B: median(bs), I: median(is), W: median(ws), StashBytes: stashBytes(model, first, last, batch),
+		ParamBytes: 4 * params * size, OutBytes: int64(model.ShapeAt(last, batch).TotalSize()) * size}
 	if split == nil {
 		cost.I, cost.W = cost.B/2, cost.B/2
 	}
