@@ -4,6 +4,13 @@
 //
 // Each stage process writes RUN_DIR/events/stage-<i>.jsonl, one JSON object
 // per executed action, and the launcher writes RUN_DIR/run.json.
+//
+// Stages may run on hosts whose clocks differ: Align estimates each stage's
+// offset from the messages neighbours exchange, and Analyse, Chart and
+// WriteTrace work on stage 0's clock. Analyse reports per stage, per step
+// (with straggler steps) and per link, beside the schedule simulator's
+// prediction for the run's own action costs; Chart, WriteTrace and WriteHTML
+// draw a few steps of the run.
 package profile
 
 import (
@@ -35,11 +42,17 @@ type Event struct {
 	Chunk int `json:"chunk,omitempty"`
 	// StartNS and EndNS are wall-clock ns (time.Now().UnixNano()) of the
 	// compute. Wall clock, not monotonic, so that stages in different
-	// processes on one host share a time base.
+	// processes on one host share a time base (across hosts, see Align).
+	// StartNS is just after the input arrived; what the action sends leaves at
+	// EndNS.
 	StartNS int64 `json:"start_ns"`
 	EndNS   int64 `json:"end_ns"`
 	// WaitNS is time spent blocked waiting for the input before StartNS.
 	WaitNS int64 `json:"wait_ns"`
+	// SendNS is the part of the action (between StartNS and EndNS) spent
+	// blocked in Send because the link's queue was full. Logs written before
+	// the field existed read as 0.
+	SendNS int64 `json:"send_ns"`
 	// BytesSent is what the action sent to a neighbouring stage.
 	BytesSent int64 `json:"bytes_sent"`
 	// Stashed is how many micro-batches' activations the stage held after
@@ -55,6 +68,9 @@ type RunInfo struct {
 	Steps             int     `json:"steps"`
 	Chunks            int     `json:"chunks,omitempty"`   // virtual stages per stage; 0 or 1 without interleaving
 	TheoreticalBubble float64 `json:"theoretical_bubble"` // fraction, e.g. (p-1)/(m+p-1)
+	// ScheduleCSV is, for a user-written ("custom") schedule, the schedule in
+	// schedule.Load's "csv" format, so that the profiler can simulate it.
+	ScheduleCSV string `json:"schedule_csv,omitempty"`
 }
 
 // EventsFile is the path of stage's event log inside a run directory.
@@ -127,11 +143,13 @@ func (e *Event) check(stage int) error {
 	case e.Stage != stage:
 		return fmt.Errorf("event of stage %d in stage %d's log", e.Stage, stage)
 	case e.Kind != Forward && e.Kind != Backward && e.Kind != Input && e.Kind != Weight && e.Kind != Optimizer:
-		return fmt.Errorf("unknown kind %q: want F, B or OPT", e.Kind)
+		return fmt.Errorf("unknown kind %q: want F, B, I, W or OPT", e.Kind)
 	case e.EndNS < e.StartNS:
 		return fmt.Errorf("end_ns %d before start_ns %d", e.EndNS, e.StartNS)
 	case e.Step < 0:
 		return fmt.Errorf("negative step %d", e.Step)
+	case e.SendNS < 0:
+		return fmt.Errorf("negative send_ns %d", e.SendNS)
 	}
 	return nil
 }

@@ -85,9 +85,17 @@ func TestAnalyseSkipsWarmup(t *testing.T) {
 			PeakStashed: 2, BytesSent: 2 << 20},
 	}
 	for i := range want {
-		if got := r.Stages[i]; !near(got.Bubble, want[i].Bubble) {
-			t.Errorf("stage %d bubble %v, want %v", i, got.Bubble, want[i].Bubble)
-		} else if got.Bubble = want[i].Bubble; got != want[i] {
+		// The simulated gpipe step with these costs has the same bubble;
+		// 2 MiB were sent in the 6 ms window.
+		want[i].PredictedBubble, want[i].Throughput = 1.0/3, float64(2<<20)/0.006
+		got := r.Stages[i]
+		if !near(got.Bubble, want[i].Bubble) || !near(got.PredictedBubble, want[i].PredictedBubble) ||
+			math.Abs(got.Throughput-want[i].Throughput) > 1e-6 {
+			t.Errorf("stage %d bubble %v predicted %v throughput %v, want %v %v %v", i, got.Bubble, got.PredictedBubble,
+				got.Throughput, want[i].Bubble, want[i].PredictedBubble, want[i].Throughput)
+		}
+		got.Bubble, got.PredictedBubble, got.Throughput = want[i].Bubble, want[i].PredictedBubble, want[i].Throughput
+		if got != want[i] {
 			t.Errorf("stage %d:\n got %+v\nwant %+v", i, got, want[i])
 		}
 	}
@@ -168,10 +176,19 @@ func TestWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	const want = "" +
-		"stage  F ms  B ms  W ms  opt ms  wait ms  busy ms  idle ms  bubble %  theory %  peak stash  MiB sent\n" +
-		"    0   2.0   2.0   0.0     1.0      2.0      4.0      2.0      33.3      33.3           2      2.00\n" +
-		"    1   2.0   2.0   0.0     1.0      1.0      4.0      2.0      33.3      33.3           2      2.00\n" +
-		"mean bubble 33.3% vs theory 33.3% (schedule gpipe, 2 stages, 2 micro-batches, 1 steps analysed, window 6.0 ms)\n" +
+		"stage  F ms  B ms  W ms  opt ms  wait ms  send wait ms  busy ms  idle ms\n" +
+		"    0   2.0   2.0   0.0     1.0      2.0           0.0      4.0      2.0\n" +
+		"    1   2.0   2.0   0.0     1.0      1.0           0.0      4.0      2.0\n" +
+		"stage  bubble %  sim %  theory %  peak stash  MiB sent  MiB/s of window  clock offset ms\n" +
+		"    0      33.3   33.3      33.3           2      2.00            333.3           +0.000\n" +
+		"    1      33.3   33.3      33.3           2      2.00            333.3           +0.000\n" +
+		"  link  act MiB  msgs  delay ms  grad MiB  msgs  delay ms\n" +
+		"0 -> 1     2.00     2     0.000      2.00     2     0.000\n" +
+		"mean bubble 33.3% vs simulated 33.3% vs theory 33.3%\n" +
+		"(schedule gpipe, 2 stages, 2 micro-batches, 1 steps analysed, window 6.0 ms)\n" +
+		"clocks: offsets below 1.000 ms (largest 0.000 ms), times not shifted\n" +
+		"steps: median window 6.0 ms, MAD 0.0 ms\n" +
+		"stragglers (window > median + 3 MAD and >= 1.5x median): none\n" +
 		"bottleneck: stage 0 (busy 4.0 ms)\n"
 	if got := b.String(); got != want {
 		t.Errorf("got:\n%s\nwant:\n%s", got, want)
@@ -219,7 +236,8 @@ func TestReadRunFormat(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "run.json"),
 		[]byte(`{"schedule":"1f1b","stages":1,"micro_batches":8,"steps":200,"theoretical_bubble":0.2727}`), 0o644)
 	os.WriteFile(EventsFile(dir, 0), []byte("\n"+
-		`{"stage":0,"step":0,"kind":"F","mb":2,"start_ns":1700000000000,"end_ns":1700000050000,"wait_ns":1200,"bytes_sent":65536,"stashed":3}`+"\n"), 0o644)
+		`{"stage":0,"step":0,"kind":"F","mb":2,"start_ns":1700000000000,"end_ns":1700000050000,"wait_ns":1200,"bytes_sent":65536,"stashed":3}`+"\n"+
+		`{"stage":0,"step":0,"kind":"B","mb":2,"chunk":1,"start_ns":1700000060000,"end_ns":1700000090000,"wait_ns":0,"bytes_sent":4096,"stashed":2,"send_ns":700}`+"\n"), 0o644)
 	info, events, err := ReadRun(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -227,8 +245,17 @@ func TestReadRunFormat(t *testing.T) {
 	wantInfo := RunInfo{Schedule: "1f1b", Stages: 1, MicroBatches: 8, Steps: 200, TheoreticalBubble: 0.2727}
 	wantEvent := Event{Stage: 0, Step: 0, Kind: "F", MB: 2, StartNS: 1700000000000, EndNS: 1700000050000,
 		WaitNS: 1200, BytesSent: 65536, Stashed: 3}
-	if info != wantInfo || len(events) != 1 || len(events[0]) != 1 || events[0][0] != wantEvent {
+	wantNew := Event{Stage: 0, Step: 0, Kind: "B", MB: 2, Chunk: 1, StartNS: 1700000060000, EndNS: 1700000090000,
+		BytesSent: 4096, Stashed: 2, SendNS: 700}
+	if info != wantInfo || len(events) != 1 || len(events[0]) != 2 || events[0][0] != wantEvent || events[0][1] != wantNew {
 		t.Errorf("got %+v %+v", info, events)
+	}
+
+	// A custom schedule's run.json carries the schedule.
+	os.WriteFile(filepath.Join(dir, "run.json"), []byte(`{"schedule":"custom","stages":1,"micro_batches":1,"steps":2,`+
+		`"theoretical_bubble":0,"schedule_csv":"0F0,0B0\n"}`), 0o644)
+	if info, _, err = ReadRun(dir); err != nil || info.ScheduleCSV != "0F0,0B0\n" {
+		t.Errorf("schedule_csv: %+v, %v", info, err)
 	}
 }
 

@@ -1,13 +1,17 @@
 package profile
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"math"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/pipetrain/pipetrain/schedule"
 )
 
 // StageReport is where one stage's time went over the analysed steps.
@@ -16,14 +20,68 @@ type StageReport struct {
 	Steps int // analysed steps in which the stage executed any action
 	// Sums over the analysed steps.
 	// Backward counts full backwards and input-gradient passes; Weight the
-	// weight-gradient passes of a split backward.
+	// weight-gradient passes of a split backward. Wait is the time spent
+	// waiting for an input before an action started.
 	Forward, Backward, Weight, Optimizer, Wait time.Duration
+	// SendBlocked is the time actions spent blocked in Send because the
+	// link's queue was full (send_ns); it is part of Forward and Backward.
+	SendBlocked time.Duration
 	// Busy = Forward+Backward+Weight; Idle = Window - Busy: the stage's share of
 	// the pipeline window spent not computing.
-	Busy, Idle  time.Duration
-	Bubble      float64 // Idle / Window
-	PeakStashed int
-	BytesSent   int64
+	Busy, Idle time.Duration
+	Bubble     float64 // Idle / Window
+	// PredictedBubble is the stage's bubble in Report.Predicted: what the
+	// schedule would give with this run's mean action costs and free
+	// transfers. 0 when Report.Predicted is nil.
+	PredictedBubble float64
+	PeakStashed     int
+	BytesSent       int64
+	// Throughput is BytesSent per second of the pipeline window (Window), in
+	// bytes per second: the stage's mean outgoing rate over the time the
+	// pipeline ran. The logs time blocked sends only, not whole transfers, so a
+	// rate per second of sending is not known.
+	Throughput float64
+}
+
+// StepReport is one analysed step.
+type StepReport struct {
+	Step int
+	// Start is the step's earliest forward start (ns, stage 0's clock) and
+	// Window its pipeline window, as Report.Window.
+	Start  int64
+	Window time.Duration
+	Bubble float64 // mean over the stages of their idle share of the step's window
+	// Slowest is the stage with the most busy time in the step (the lowest on a
+	// tie), and SlowestBusy that time.
+	Slowest     int
+	SlowestBusy time.Duration
+	// Straggler marks a step whose window exceeds the median step's by more
+	// than 3 median absolute deviations and is at least 1.5 times the median.
+	Straggler bool
+}
+
+// LinkReport is the traffic on one link between neighbouring stages over the
+// analysed steps.
+type LinkReport struct {
+	// Activations go From -> To and gradients To -> From: To = From+1, or on
+	// the ring (chunks > 1) From is the last stage and To = 0, carrying model
+	// stage k's output to model stage k+1 on the first stage's next chunk.
+	From, To int
+	Ring     bool
+	Down, Up LinkTraffic // activations From -> To, gradients To -> From
+}
+
+// LinkTraffic is one direction of a link.
+type LinkTraffic struct {
+	Messages int   // sends the logs show (as the schedule routes them)
+	Bytes    int64 // their bytes_sent
+	// Timed counts the messages whose receiver was already waiting for them
+	// when they were sent (on the aligned clocks): their receiver started as
+	// soon as they arrived, so receive start - send end is the transfer's
+	// delay. A message that arrived while its receiver was busy waited there
+	// for an unknown time, so it does not count.
+	Timed     int
+	MeanDelay time.Duration // mean delay of the Timed messages; 0 when none
 }
 
 // Report summarises a run.
@@ -38,12 +96,44 @@ type Report struct {
 	Stages     []StageReport
 	MeanBubble float64 // mean of the stages' Bubble
 	Bottleneck int     // stage with the largest Busy (the lowest on a tie)
+
+	// Clock is the clock alignment found by Align; the analysis used times
+	// shifted to stage 0's clock when Clock.Shifted.
+	Clock Alignment
+	// Steps holds the analysed steps in order. MedianStep is the median of
+	// their windows and StepMAD the median absolute deviation from it.
+	Steps               []StepReport
+	MedianStep, StepMAD time.Duration
+	// Links holds each link between neighbouring stages (s -> s+1), then the
+	// ring when chunks > 1; none for a single stage without chunks.
+	Links []LinkReport
+	// Predicted is one step of the run's schedule played by schedule.Simulate
+	// with the run's mean action costs over the analysed steps (MeanCosts,
+	// ScheduleCosts) and free transfers; times in ms. It is nil when the
+	// schedule could not be rebuilt or simulated, and PredictErr says why.
+	Predicted       *schedule.Timeline
+	PredictErr      error
+	PredictedBubble float64 // mean of Predicted.Bubble
+}
+
+// Stragglers returns the analysed steps marked Straggler, in step order.
+func (r *Report) Stragglers() []StepReport {
+	var out []StepReport
+	for _, s := range r.Steps {
+		if s.Straggler {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // Analyse builds a report from the events of every stage (events[i] is stage
 // i's log). It skips the first skip steps, which include one-off warm-up
 // costs such as allocation, when there are more steps than that; with fewer
 // it analyses them all rather than nothing.
+//
+// The stages' clocks are aligned first (Align), so the logs of stages on
+// different hosts can be analysed together.
 func Analyse(info RunInfo, events [][]Event, skip int) (*Report, error) {
 	if len(events) == 0 {
 		return nil, errors.New("profile: no stages")
@@ -51,12 +141,13 @@ func Analyse(info RunInfo, events [][]Event, skip int) (*Report, error) {
 	if info.Stages != 0 && info.Stages != len(events) {
 		return nil, fmt.Errorf("profile: run has %d stages but events for %d", info.Stages, len(events))
 	}
+	clock, aligned := Align(events)
 
 	// Each step's pipeline window across all stages.
 	type span struct{ start, end int64 }
 	spans := map[int]span{}
 	var steps []int
-	for _, stage := range events {
+	for _, stage := range aligned {
 		for _, e := range stage {
 			sp, seen := spans[e.Step]
 			if !seen {
@@ -76,21 +167,28 @@ func Analyse(info RunInfo, events [][]Event, skip int) (*Report, error) {
 	if len(steps) > skip && skip > 0 {
 		steps = steps[skip:]
 	}
-	analysed := map[int]bool{}
-	r := &Report{Info: info, StepsAnalysed: len(steps), Stages: make([]StageReport, len(events))}
-	for _, s := range steps {
-		analysed[s] = true
+	p := len(events)
+	analysed := map[int]int{} // step -> index in r.Steps
+	r := &Report{Info: info, StepsAnalysed: len(steps), Stages: make([]StageReport, p), Clock: clock,
+		Steps: make([]StepReport, len(steps))}
+	busy := make([][]time.Duration, len(steps)) // per analysed step, per stage
+	for i, s := range steps {
+		analysed[s] = i
+		r.Steps[i].Step = s
 		if sp := spans[s]; sp.end > sp.start {
-			r.Window += time.Duration(sp.end - sp.start)
+			r.Steps[i].Start, r.Steps[i].Window = sp.start, time.Duration(sp.end-sp.start)
+			r.Window += r.Steps[i].Window
 		}
+		busy[i] = make([]time.Duration, p)
 	}
 
-	for i, stage := range events {
+	for i, stage := range aligned {
 		sr := &r.Stages[i]
 		sr.Stage = i
 		stepsSeen := map[int]bool{}
 		for _, e := range stage {
-			if !analysed[e.Step] {
+			step, ok := analysed[e.Step]
+			if !ok {
 				continue
 			}
 			stepsSeen[e.Step] = true
@@ -105,7 +203,11 @@ func Analyse(info RunInfo, events [][]Event, skip int) (*Report, error) {
 			case Optimizer:
 				sr.Optimizer += d
 			}
+			if e.Kind != Optimizer {
+				busy[step][i] += d
+			}
 			sr.Wait += time.Duration(e.WaitNS)
+			sr.SendBlocked += time.Duration(e.SendNS)
 			sr.PeakStashed = max(sr.PeakStashed, e.Stashed)
 			sr.BytesSent += e.BytesSent
 		}
@@ -114,42 +216,356 @@ func Analyse(info RunInfo, events [][]Event, skip int) (*Report, error) {
 		sr.Idle = r.Window - sr.Busy
 		if r.Window > 0 {
 			sr.Bubble = float64(sr.Idle) / float64(r.Window)
+			sr.Throughput = float64(sr.BytesSent) / r.Window.Seconds()
 		}
-		r.MeanBubble += sr.Bubble / float64(len(events))
+		r.MeanBubble += sr.Bubble / float64(p)
 		if sr.Busy > r.Stages[r.Bottleneck].Busy {
 			r.Bottleneck = i
+		}
+	}
+
+	r.analyseSteps(busy)
+	r.Links = links(aligned, analysed)
+
+	if r.Predicted, r.PredictErr = predict(info, events, analysed); r.Predicted != nil {
+		for i := range r.Stages {
+			r.Stages[i].PredictedBubble = r.Predicted.Bubble[i]
+			r.PredictedBubble += r.Predicted.Bubble[i] / float64(p)
 		}
 	}
 	return r, nil
 }
 
-// Write prints one aligned row per stage, then the mean bubble against the
-// schedule's theoretical one and the bottleneck stage.
-func (r *Report) Write(w io.Writer) error {
-	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d)/1e6) }
-	theory := fmt.Sprintf("%.1f", 100*r.Info.TheoreticalBubble)
+// analyseSteps fills in each step's bubble and slowest stage from busy (per
+// step, per stage), the median window and the stragglers.
+func (r *Report) analyseSteps(busy [][]time.Duration) {
+	windows := make([]time.Duration, len(r.Steps))
+	for i := range r.Steps {
+		st := &r.Steps[i]
+		for s, b := range busy[i] {
+			if b > busy[i][st.Slowest] {
+				st.Slowest = s
+			}
+			if st.Window > 0 {
+				st.Bubble += float64(st.Window-b) / float64(st.Window) / float64(len(busy[i]))
+			}
+		}
+		st.SlowestBusy = busy[i][st.Slowest]
+		windows[i] = st.Window
+	}
+	r.MedianStep = median(windows)
+	devs := make([]time.Duration, len(windows))
+	for i, w := range windows {
+		devs[i] = max(w-r.MedianStep, r.MedianStep-w)
+	}
+	r.StepMAD = median(devs)
+	for i := range r.Steps {
+		w := r.Steps[i].Window
+		r.Steps[i].Straggler = r.MedianStep > 0 && w > r.MedianStep+3*r.StepMAD && float64(w) >= 1.5*float64(r.MedianStep)
+	}
+}
 
+// median returns the median of xs (the mean of the middle two for an even
+// count), 0 for none.
+func median(xs []time.Duration) time.Duration {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// links sums the traffic of each link over the analysed steps from aligned
+// events.
+func links(events [][]Event, analysed map[int]int) []LinkReport {
+	p, v := topology(events)
+	out := make([]LinkReport, numLinks(p, v))
+	for i := range out {
+		out[i] = LinkReport{From: i, To: i + 1}
+		if i == p-1 {
+			out[i] = LinkReport{From: p - 1, To: 0, Ring: true}
+		}
+	}
+	delays := make([][2]time.Duration, len(out)) // summed delays of timed messages, down and up
+	for _, m := range messages(events) {
+		send := &events[m.send[0]][m.send[1]]
+		if _, ok := analysed[send.Step]; !ok {
+			continue
+		}
+		t, dir := &out[m.link].Down, 0
+		if m.grad {
+			t, dir = &out[m.link].Up, 1
+		}
+		t.Messages++
+		t.Bytes += send.BytesSent
+		if m.recv[0] < 0 {
+			continue
+		}
+		recv := &events[m.recv[0]][m.recv[1]]
+		if recv.StartNS-recv.WaitNS <= send.EndNS {
+			t.Timed++
+			delays[m.link][dir] += time.Duration(recv.StartNS - send.EndNS)
+		}
+	}
+	for i := range out {
+		if n := out[i].Down.Timed; n > 0 {
+			out[i].Down.MeanDelay = delays[i][0] / time.Duration(n)
+		}
+		if n := out[i].Up.Timed; n > 0 {
+			out[i].Up.MeanDelay = delays[i][1] / time.Duration(n)
+		}
+	}
+	return out
+}
+
+// RunSchedule rebuilds the schedule a run executed: from info.ScheduleCSV when
+// the run has one (a custom schedule), else schedule.Build with info's name and
+// sizes (Chunks < 1 meaning 1).
+func RunSchedule(info RunInfo) (*schedule.Schedule, error) {
+	if info.ScheduleCSV != "" {
+		s, err := schedule.Load(strings.NewReader(info.ScheduleCSV), "csv")
+		if err != nil {
+			return nil, fmt.Errorf("schedule_csv: %w", err)
+		}
+		return s, nil
+	}
+	if info.Schedule == "custom" {
+		return nil, errors.New(`custom schedule without "schedule_csv" in run.json`)
+	}
+	return schedule.Build(info.Schedule, info.Stages, info.MicroBatches, max(info.Chunks, 1))
+}
+
+// predict simulates the run's schedule with its mean action costs over the
+// analysed steps.
+func predict(info RunInfo, events [][]Event, analysed map[int]int) (*schedule.Timeline, error) {
+	if info.Stages == 0 {
+		info.Stages = len(events)
+	}
+	if _, v := topology(events); info.Chunks < 1 {
+		info.Chunks = v
+	}
+	s, err := RunSchedule(info)
+	if err != nil {
+		return nil, err
+	}
+	if s.Stages != len(events) {
+		return nil, fmt.Errorf("schedule has %d stages, the run %d", s.Stages, len(events))
+	}
+	kept := make([][]Event, len(events))
+	for i, stage := range events {
+		for _, e := range stage {
+			if _, ok := analysed[e.Step]; ok {
+				kept[i] = append(kept[i], e)
+			}
+		}
+	}
+	return schedule.Simulate(s, ScheduleCosts(MeanCosts(kept, 0), s.Chunks, 0))
+}
+
+// Options select what Write prints beyond its default.
+type Options struct {
+	// Steps adds one row per analysed step (WriteSteps).
+	Steps bool
+}
+
+// timeUnit picks the unit of a report's time columns: ms, or s once the
+// window reaches 100 s so that long runs keep the table narrow.
+func timeUnit(window time.Duration) (string, func(time.Duration) string) {
+	if window >= 100*time.Second {
+		return "s", func(d time.Duration) string { return fmt.Sprintf("%.2f", d.Seconds()) }
+	}
+	return "ms", fmtMS
+}
+
+func fmtMS(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d)/1e6) }
+
+func pct(x float64) string { return fmt.Sprintf("%.1f", 100*x) }
+
+// table returns a row writer for an aligned table of right-aligned cells and
+// the function that writes the table to w.
+func table(w io.Writer) (row func(cells ...string), flush func() error) {
 	// Right-aligned numbers read best; padding 0 plus two spaces before all
 	// but the first cell keeps the table from starting indented.
-	tw := tabwriter.NewWriter(w, 0, 0, 0, ' ', tabwriter.AlignRight)
-	row := func(cells ...string) {
-		fmt.Fprint(tw, cells[0], "\t")
-		for _, c := range cells[1:] {
-			fmt.Fprint(tw, "  ", c, "\t")
+	var buf bytes.Buffer
+	tw := tabwriter.NewWriter(&buf, 0, 0, 0, ' ', tabwriter.AlignRight)
+	return func(cells ...string) {
+			fmt.Fprint(tw, cells[0], "\t")
+			for _, c := range cells[1:] {
+				fmt.Fprint(tw, "  ", c, "\t")
+			}
+			fmt.Fprint(tw, "\n")
+		}, func() error {
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			// An empty last cell leaves padding behind.
+			var out []byte
+			for line := range bytes.Lines(buf.Bytes()) {
+				out = append(append(out, bytes.TrimRight(line, " \n")...), '\n')
+			}
+			_, err := w.Write(out)
+			return err
 		}
-		fmt.Fprint(tw, "\n")
+}
+
+// Write prints the report for a person, within 100 columns for runs of
+// ordinary size: one table of where each stage's time went (time blocked in
+// Send included, as part of F and B), one of each stage's measured, simulated
+// and theoretical bubble, memory, traffic and clock offset, one of the links'
+// traffic; then the mean bubbles, the clock alignment, the step windows with
+// their stragglers, and the bottleneck stage. With Options.Steps it ends with
+// the per-step table (WriteSteps).
+func (r *Report) Write(w io.Writer, opts ...Options) error {
+	var opt Options
+	for _, o := range opts {
+		opt.Steps = opt.Steps || o.Steps
 	}
-	row("stage", "F ms", "B ms", "W ms", "opt ms", "wait ms", "busy ms", "idle ms", "bubble %", "theory %", "peak stash", "MiB sent")
+	unit, tf := timeUnit(r.Window)
+	theory := pct(r.Info.TheoreticalBubble)
+
+	row, flush := table(w)
+	h := func(s string) string { return s + " " + unit }
+	row("stage", h("F"), h("B"), h("W"), h("opt"), h("wait"), h("send wait"), h("busy"), h("idle"))
 	for _, s := range r.Stages {
-		row(fmt.Sprint(s.Stage), ms(s.Forward), ms(s.Backward), ms(s.Weight), ms(s.Optimizer), ms(s.Wait), ms(s.Busy), ms(s.Idle),
-			fmt.Sprintf("%.1f", 100*s.Bubble), theory, fmt.Sprint(s.PeakStashed), fmt.Sprintf("%.2f", float64(s.BytesSent)/(1<<20)))
+		row(fmt.Sprint(s.Stage), tf(s.Forward), tf(s.Backward), tf(s.Weight), tf(s.Optimizer), tf(s.Wait),
+			tf(s.SendBlocked), tf(s.Busy), tf(s.Idle))
 	}
-	if err := tw.Flush(); err != nil {
+	if err := flush(); err != nil {
 		return err
 	}
-	b := r.Stages[r.Bottleneck]
-	_, err := fmt.Fprintf(w, "mean bubble %.1f%% vs theory %s%% (schedule %s, %d stages, %d micro-batches, %d steps analysed, window %s ms)\nbottleneck: stage %d (busy %s ms)\n",
-		100*r.MeanBubble, theory, r.Info.Schedule, len(r.Stages), r.Info.MicroBatches, r.StepsAnalysed, ms(r.Window),
-		b.Stage, ms(b.Busy))
-	return err
+
+	row, flush = table(w)
+	row("stage", "bubble %", "sim %", "theory %", "peak stash", "MiB sent", "MiB/s of window", "clock offset ms")
+	for _, s := range r.Stages {
+		sim := "-"
+		if r.Predicted != nil {
+			sim = pct(s.PredictedBubble)
+		}
+		off := time.Duration(0)
+		if s.Stage < len(r.Clock.Offsets) {
+			off = r.Clock.Offsets[s.Stage]
+		}
+		row(fmt.Sprint(s.Stage), pct(s.Bubble), sim, theory, fmt.Sprint(s.PeakStashed),
+			fmt.Sprintf("%.2f", float64(s.BytesSent)/(1<<20)), fmt.Sprintf("%.1f", s.Throughput/(1<<20)),
+			fmt.Sprintf("%+.3f", float64(off)/1e6))
+	}
+	if err := flush(); err != nil {
+		return err
+	}
+
+	if len(r.Links) > 0 {
+		row, flush = table(w)
+		row("link", "act MiB", "msgs", "delay ms", "grad MiB", "msgs", "delay ms")
+		traffic := func(t LinkTraffic) (string, string, string) {
+			delay := "-"
+			if t.Timed > 0 {
+				delay = fmt.Sprintf("%.3f", float64(t.MeanDelay)/1e6)
+			}
+			return fmt.Sprintf("%.2f", float64(t.Bytes)/(1<<20)), fmt.Sprint(t.Messages), delay
+		}
+		for _, l := range r.Links {
+			name := fmt.Sprintf("%d -> %d", l.From, l.To)
+			if l.Ring {
+				name = "ring " + name
+			}
+			db, dm, dd := traffic(l.Down)
+			ub, um, ud := traffic(l.Up)
+			row(name, db, dm, dd, ub, um, ud)
+		}
+		if err := flush(); err != nil {
+			return err
+		}
+	}
+
+	var b strings.Builder
+	sim := "-"
+	if r.Predicted != nil {
+		sim = pct(r.PredictedBubble) + "%"
+	}
+	fmt.Fprintf(&b, "mean bubble %s%% vs simulated %s vs theory %s%%\n", pct(r.MeanBubble), sim, theory)
+	fmt.Fprintf(&b, "(schedule %s, %d stages, %d micro-batches, %d steps analysed, window %s %s)\n",
+		r.Info.Schedule, len(r.Stages), r.Info.MicroBatches, r.StepsAnalysed, tf(r.Window), unit)
+	if r.PredictErr != nil {
+		fmt.Fprintf(&b, "simulation: %v\n", r.PredictErr)
+	}
+	r.writeClock(&b)
+	r.writeStragglers(&b)
+	bn := r.Stages[r.Bottleneck]
+	fmt.Fprintf(&b, "bottleneck: stage %d (busy %s %s)\n", bn.Stage, tf(bn.Busy), unit)
+	if _, err := io.WriteString(w, b.String()); err != nil {
+		return err
+	}
+	if opt.Steps {
+		return r.WriteSteps(w)
+	}
+	return nil
+}
+
+// writeClock says whether and how far the clocks were shifted, and which
+// offsets could not be measured.
+func (r *Report) writeClock(b *strings.Builder) {
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.3f ms", float64(d)/1e6) }
+	if r.Clock.Shifted {
+		var u time.Duration
+		for _, l := range r.Clock.Links {
+			u += l.Uncertainty
+		}
+		fmt.Fprintf(b, "clocks: shifted to stage 0's (largest offset %s, error at most %s)\n", ms(r.Clock.MaxOffset()), ms(u))
+	} else {
+		fmt.Fprintf(b, "clocks: offsets below %s (largest %s), times not shifted\n", ms(AlignThreshold), ms(r.Clock.MaxOffset()))
+	}
+	for _, l := range r.Clock.Links {
+		if !l.OffsetKnown {
+			fmt.Fprintf(b, "clocks: no messages both ways between stages %d and %d: offset taken as 0\n", l.From, l.To)
+		}
+	}
+}
+
+// maxStragglersListed bounds the stragglers Write lists one per line.
+const maxStragglersListed = 20
+
+func (r *Report) writeStragglers(b *strings.Builder) {
+	fmt.Fprintf(b, "steps: median window %s ms, MAD %s ms\n", fmtMS(r.MedianStep), fmtMS(r.StepMAD))
+	b.WriteString("stragglers (window > median + 3 MAD and >= 1.5x median): ")
+	st := r.Stragglers()
+	if len(st) == 0 {
+		b.WriteString("none\n")
+		return
+	}
+	fmt.Fprintf(b, "%d\n", len(st))
+	for i, s := range st {
+		if i == maxStragglersListed {
+			fmt.Fprintf(b, "  ... and %d more (see the per-step table)\n", len(st)-i)
+			break
+		}
+		fmt.Fprintf(b, "  step %d: window %s ms, +%s ms (%.2fx median), slowest stage %d (busy %s ms)\n",
+			s.Step, fmtMS(s.Window), fmtMS(s.Window-r.MedianStep), float64(s.Window)/float64(r.MedianStep),
+			s.Slowest, fmtMS(s.SlowestBusy))
+	}
+}
+
+// WriteSteps prints one row per analysed step: its start (from the first
+// analysed step's), window, bubble and slowest stage with that stage's busy
+// time, and for a straggler how many times the median window it took.
+func (r *Report) WriteSteps(w io.Writer) error {
+	row, flush := table(w)
+	row("step", "start ms", "window ms", "bubble %", "slowest", "busy ms", "straggler")
+	var t0 int64
+	if len(r.Steps) > 0 {
+		t0 = r.Steps[0].Start
+	}
+	for _, s := range r.Steps {
+		mark := ""
+		if s.Straggler {
+			mark = fmt.Sprintf("%.2fx", float64(s.Window)/float64(r.MedianStep))
+		}
+		row(fmt.Sprint(s.Step), fmtMS(time.Duration(s.Start-t0)), fmtMS(s.Window), pct(s.Bubble),
+			fmt.Sprint(s.Slowest), fmtMS(s.SlowestBusy), mark)
+	}
+	return flush()
 }

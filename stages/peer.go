@@ -104,10 +104,10 @@ func (p *peer) check(t *transport.Tensor) error {
 	return nil
 }
 
-// send queues v for the neighbour and returns the payload size.
-func (p *peer) send(ctx context.Context, kind transport.Kind, step int64, mb, chunk int, v *tensor.Dense) (int64, error) {
+// send queues v for the neighbour and returns the payload size and how long the
+// send was blocked by a full queue (backpressure).
+func (p *peer) send(ctx context.Context, kind transport.Kind, step int64, mb, chunk int, v *tensor.Dense) (sent int64, blocked time.Duration, err error) {
 	var t *transport.Tensor
-	var err error
 	switch d := v.Data().(type) {
 	case []float32:
 		t, err = transport.FromFloat32s(kind, step, int32(mb), []int(v.Shape()), d)
@@ -117,11 +117,12 @@ func (p *peer) send(ctx context.Context, kind transport.Kind, step int64, mb, ch
 		err = fmt.Errorf("unsupported value type %T", d)
 	}
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	t.Chunk = int32(chunk)
+	start := time.Now()
 	if err := p.link.Send(ctx, t); err != nil {
-		return 0, fmt.Errorf("sending %s of step %d micro-batch %d%s to %s: %w", kind, step+1, mb, chunkText(chunk), p.name, err)
+		return 0, 0, fmt.Errorf("sending %s of step %d micro-batch %d%s to %s: %w", kind, step+1, mb, chunkText(chunk), p.name, err)
 	}
-	return int64(len(t.Data)), nil
+	return int64(len(t.Data)), time.Since(start), nil
 }

@@ -312,6 +312,9 @@ func (r *Runtime) close() {
 func (r *Runtime) writeRunInfo() error {
 	theory, _ := schedule.TheoreticalBubble(r.schedName, r.stages, r.cfg.Data.MicroBatches, len(r.engines))
 	info := profile.RunInfo{Schedule: r.schedName, Stages: r.stages, MicroBatches: r.cfg.Data.MicroBatches, Steps: r.cfg.Train.Steps, Chunks: len(r.engines), TheoreticalBubble: theory}
+	if r.schedName == "custom" {
+		info.ScheduleCSV = r.cfg.ScheduleText
+	}
 	b, _ := json.MarshalIndent(info, "", "  ")
 	return checkpoint.WriteAtomic(filepath.Join(r.runDir, "run.json"), func(w io.Writer) error {
 		_, err := w.Write(append(b, '\n'))
@@ -370,12 +373,13 @@ func (r *Runtime) forward(ctx context.Context, step int, a schedule.Action, idx 
 		return err
 	}
 	var sent int64
+	var blocked time.Duration
 	if e.IsLast() {
 		r.losses[mb] = scalar(out)
-	} else if sent, err = r.next.send(ctx, transport.Activation, int64(step), mb, a.Chunk, out); err != nil {
+	} else if sent, blocked, err = r.next.send(ctx, transport.Activation, int64(step), mb, a.Chunk, out); err != nil {
 		return err
 	}
-	return r.record(step, a, profile.Forward, waitStart, start, sent)
+	return r.record(step, a, profile.Forward, waitStart, start, sent, blocked)
 }
 
 // backward runs a full backward (B) or its input-gradient part (I).
@@ -404,12 +408,13 @@ func (r *Runtime) backward(ctx context.Context, step int, a schedule.Action) err
 		return err
 	}
 	var sent int64
+	var blocked time.Duration
 	if !e.IsFirst() {
-		if sent, err = r.prev.send(ctx, transport.Gradient, int64(step), mb, r.upTag(a.Chunk), dx); err != nil {
+		if sent, blocked, err = r.prev.send(ctx, transport.Gradient, int64(step), mb, r.upTag(a.Chunk), dx); err != nil {
 			return err
 		}
 	}
-	return r.record(step, a, kind, waitStart, start, sent)
+	return r.record(step, a, kind, waitStart, start, sent, blocked)
 }
 
 func (r *Runtime) weight(step int, a schedule.Action) error {
@@ -417,14 +422,14 @@ func (r *Runtime) weight(step int, a schedule.Action) error {
 	if err := r.engines[a.Chunk].Weight(a.MicroBatch); err != nil {
 		return err
 	}
-	return r.record(step, a, profile.Weight, start, start, 0)
+	return r.record(step, a, profile.Weight, start, start, 0, 0)
 }
 
-func (r *Runtime) record(step int, a schedule.Action, kind string, waitStart, start time.Time, sent int64) error {
+func (r *Runtime) record(step int, a schedule.Action, kind string, waitStart, start time.Time, sent int64, blocked time.Duration) error {
 	r.live.action(kind, time.Since(start), sent, r.inFlight())
 	return r.events.add(profile.Event{Stage: r.stage, Step: step, Kind: kind, MB: a.MicroBatch, Chunk: a.Chunk,
 		StartNS: start.UnixNano(), EndNS: time.Now().UnixNano(), WaitNS: start.Sub(waitStart).Nanoseconds(),
-		BytesSent: sent, Stashed: r.inFlight()})
+		BytesSent: sent, SendNS: blocked.Nanoseconds(), Stashed: r.inFlight()})
 }
 
 // examples gathers rows of ds into a micro-batch for engine e; rows past the batch
@@ -508,7 +513,7 @@ func (r *Runtime) evaluate(ctx context.Context) error {
 			}
 			e.Discard(k)
 			if !e.IsLast() {
-				if _, err := r.next.send(ctx, transport.Activation, EvalStep, k, c, out); err != nil {
+				if _, _, err := r.next.send(ctx, transport.Activation, EvalStep, k, c, out); err != nil {
 					return err
 				}
 				continue

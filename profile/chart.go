@@ -1,0 +1,331 @@
+package profile
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"html"
+	"io"
+	"math"
+	"strings"
+
+	"github.com/pipetrain/pipetrain/timeline"
+)
+
+// DefaultChartSteps is how many steps Chart and WriteTrace show when asked for
+// none: enough to see the pipeline fill and drain, and the steady state
+// between one step's drain and the next one's fill.
+const DefaultChartSteps = 3
+
+// ChartOptions tune Chart.
+type ChartOptions struct {
+	// Waits draws each action's wait for its input (wait_ns before start_ns)
+	// as a WAIT span.
+	Waits bool
+	// ArrowSteps is how many of the shown steps, from the first, get an arrow
+	// from each send to its receive: 0 means 1, and a negative number none.
+	// Arrows over every step of a long chart hide the boxes.
+	ArrowSteps int
+}
+
+// shownSteps aligns the clocks and picks the steps to show: steps from
+// firstStep (the run's first step when negative), DefaultChartSteps when
+// steps <= 0. in reports whether a step is shown, and t0 is the earliest start
+// among the shown actions (the earliest wait's start, with waits).
+func shownSteps(events [][]Event, firstStep, steps int, waits bool) (clock Alignment, aligned [][]Event, first, n int, in func(int) bool, t0 int64) {
+	clock, aligned = Align(events)
+	if n = steps; n <= 0 {
+		n = DefaultChartSteps
+	}
+	if first = firstStep; first < 0 {
+		first = math.MaxInt
+		for _, stage := range aligned {
+			for _, e := range stage {
+				first = min(first, e.Step)
+			}
+		}
+		if first == math.MaxInt {
+			first = 0
+		}
+	}
+	in = func(s int) bool { return s >= first && s-first < n }
+	t0 = math.MaxInt64
+	for _, stage := range aligned {
+		for _, e := range stage {
+			if in(e.Step) {
+				t0 = min(t0, e.StartNS)
+				if waits {
+					t0 = min(t0, e.StartNS-e.WaitNS)
+				}
+			}
+		}
+	}
+	if t0 == math.MaxInt64 {
+		t0 = 0
+	}
+	return clock, aligned, first, n, in, t0
+}
+
+// chartKind maps an event kind to the timeline's.
+func chartKind(k string) timeline.Kind {
+	switch k {
+	case Input:
+		return timeline.InputGrad
+	case Weight:
+		return timeline.WeightGrad
+	case Optimizer:
+		return timeline.Optimizer
+	}
+	return timeline.Kind(k) // F and B are spelled alike
+}
+
+// Chart draws steps [firstStep, firstStep+steps) of a measured run (the run's
+// first step when firstStep < 0; DefaultChartSteps when steps <= 0): one row
+// per stage, one span per action, optimizer steps included, in ms from the
+// first shown action, with the clocks aligned (Align). Each row's note gives
+// the stage's busy time and bubble over the shown steps' pipeline windows,
+// measured as Analyse does. Arrows run from each send to its receive in the
+// first ChartOptions.ArrowSteps shown steps.
+func Chart(events [][]Event, firstStep, steps int, opts ...ChartOptions) *timeline.Chart {
+	var opt ChartOptions
+	for _, o := range opts {
+		opt.Waits = opt.Waits || o.Waits
+		opt.ArrowSteps = o.ArrowSteps
+	}
+	clock, aligned, first, n, in, t0 := shownSteps(events, firstStep, steps, opt.Waits)
+	ms := func(ns int64) float64 { return float64(ns-t0) / 1e6 }
+
+	title := fmt.Sprintf("measured run, steps %d-%d", first, first+n-1)
+	if n == 1 {
+		title = fmt.Sprintf("measured run, step %d", first)
+	}
+	if clock.Shifted {
+		title += fmt.Sprintf(" (clocks aligned to stage 0's, largest offset %.3f ms)", float64(clock.MaxOffset())/1e6)
+	}
+	c := &timeline.Chart{Title: title, Unit: "ms", Rows: make([]timeline.Row, len(aligned))}
+
+	// The shown steps' pipeline windows, as Analyse measures them.
+	type span struct{ start, end int64 }
+	windows := map[int]span{}
+	for _, stage := range aligned {
+		for _, e := range stage {
+			if !in(e.Step) || e.Kind == Optimizer {
+				continue
+			}
+			w, ok := windows[e.Step]
+			if !ok {
+				w = span{e.StartNS, e.EndNS}
+			}
+			windows[e.Step] = span{min(w.start, e.StartNS), max(w.end, e.EndNS)}
+		}
+	}
+	var window int64
+	for _, w := range windows {
+		window += w.end - w.start
+	}
+
+	for s, stage := range aligned {
+		row := timeline.Row{Name: fmt.Sprintf("stage %d", s)}
+		var busy int64
+		for _, e := range stage {
+			if !in(e.Step) {
+				continue
+			}
+			if opt.Waits && e.WaitNS > 0 {
+				row.Spans = append(row.Spans, timeline.Span{Start: ms(e.StartNS - e.WaitNS), End: ms(e.StartNS),
+					Kind: timeline.Wait, MicroBatch: e.MB, Chunk: e.Chunk, Step: e.Step})
+			}
+			row.Spans = append(row.Spans, timeline.Span{Start: ms(e.StartNS), End: ms(e.EndNS),
+				Kind: chartKind(e.Kind), MicroBatch: e.MB, Chunk: e.Chunk, Step: e.Step})
+			if e.Kind != Optimizer {
+				busy += e.EndNS - e.StartNS
+			}
+		}
+		if window > 0 {
+			row.Note = fmt.Sprintf("busy %.1f ms, bubble %.1f%%", float64(busy)/1e6, 100*float64(window-busy)/float64(window))
+		}
+		c.Rows[s] = row
+	}
+
+	arrowSteps := opt.ArrowSteps
+	if arrowSteps == 0 {
+		arrowSteps = 1
+	}
+	for _, m := range messages(aligned) {
+		send := &aligned[m.send[0]][m.send[1]]
+		if m.recv[0] < 0 || send.Step < first || send.Step-first >= min(arrowSteps, n) {
+			continue
+		}
+		recv := &aligned[m.recv[0]][m.recv[1]]
+		c.Arrows = append(c.Arrows, timeline.Arrow{FromRow: m.from, FromTime: ms(send.EndNS), ToRow: m.to, ToTime: ms(recv.StartNS)})
+	}
+	return c
+}
+
+// traceEvent is one entry of a Chrome trace ("Trace Event Format").
+type traceEvent struct {
+	Name string         `json:"name"`
+	Cat  string         `json:"cat,omitempty"`
+	Ph   string         `json:"ph"`
+	Ts   float64        `json:"ts"`
+	Dur  *float64       `json:"dur,omitempty"`
+	Pid  int            `json:"pid"`
+	Tid  int            `json:"tid"`
+	ID   int            `json:"id,omitempty"`
+	BP   string         `json:"bp,omitempty"`
+	Args map[string]any `json:"args,omitempty"`
+}
+
+// traceName names an action's slice: "F3", "B3", "I3", "W3", lower-case for a
+// chunk > 0 ("f3"), "OPT" for the optimizer.
+func traceName(e *Event) string {
+	if e.Kind == Optimizer {
+		return "OPT"
+	}
+	name := fmt.Sprintf("%s%d", e.Kind, e.MB)
+	if e.Chunk > 0 {
+		name = strings.ToLower(name)
+	}
+	return name
+}
+
+// WriteTrace writes steps [firstStep, firstStep+steps) of a measured run
+// (chosen as for Chart) as Chrome trace-event JSON in the JSON Object Format,
+// for chrome://tracing or https://ui.perfetto.dev: one process for the run,
+// one thread per stage ("stage 0", ...), one complete event ("ph":"X") per
+// action with its step, micro-batch, chunk, bytes sent, wait and blocked-send
+// time as args, and a flow ("ph":"s" at the sender's slice end, "ph":"f" with
+// "bp":"e" at the receiver's slice start) from each send to its receive. Times
+// are microseconds from the first shown action, clocks aligned (Align).
+func WriteTrace(w io.Writer, events [][]Event, firstStep, steps int) error {
+	clock, aligned, first, n, in, t0 := shownSteps(events, firstStep, steps, false)
+	us := func(ns int64) float64 { return float64(ns-t0) / 1e3 }
+
+	var out []traceEvent
+	out = append(out, traceEvent{Name: "process_name", Ph: "M", Args: map[string]any{"name": "pipetrain run"}})
+	for s := range aligned {
+		out = append(out,
+			traceEvent{Name: "thread_name", Ph: "M", Tid: s, Args: map[string]any{"name": fmt.Sprintf("stage %d", s)}},
+			traceEvent{Name: "thread_sort_index", Ph: "M", Tid: s, Args: map[string]any{"sort_index": s}})
+	}
+	for s, stage := range aligned {
+		for i := range stage {
+			e := &stage[i]
+			if !in(e.Step) {
+				continue
+			}
+			dur := us(e.EndNS) - us(e.StartNS)
+			args := map[string]any{"step": e.Step}
+			if e.Kind != Optimizer {
+				args["micro_batch"], args["chunk"], args["bytes_sent"] = e.MB, e.Chunk, e.BytesSent
+				args["wait_us"], args["send_wait_us"], args["stashed"] = float64(e.WaitNS)/1e3, float64(e.SendNS)/1e3, e.Stashed
+			}
+			out = append(out, traceEvent{Name: traceName(e), Cat: e.Kind, Ph: "X", Ts: us(e.StartNS), Dur: &dur, Tid: s, Args: args})
+		}
+	}
+	id := 0
+	for _, m := range messages(aligned) {
+		send := &aligned[m.send[0]][m.send[1]]
+		if m.recv[0] < 0 || !in(send.Step) {
+			continue
+		}
+		recv := &aligned[m.recv[0]][m.recv[1]]
+		id++
+		name := "activation"
+		if m.grad {
+			name = "gradient"
+		}
+		// The start binds to the slice enclosing its time: one ns before the
+		// sender's end keeps it inside.
+		ts := max(us(send.EndNS-1), us(send.StartNS))
+		out = append(out,
+			traceEvent{Name: name, Cat: "transfer", Ph: "s", Ts: ts, Tid: m.from, ID: id},
+			traceEvent{Name: name, Cat: "transfer", Ph: "f", BP: "e", Ts: us(recv.StartNS), Tid: m.to, ID: id})
+	}
+
+	offsets := make([]float64, len(clock.Offsets))
+	for i, o := range clock.Offsets {
+		offsets[i] = float64(o) / 1e6
+	}
+	other, err := json.Marshal(map[string]any{"first_step": first, "steps": n, "t0_unix_ns": t0,
+		"clock_offsets_ms": offsets, "clocks_shifted": clock.Shifted})
+	if err != nil {
+		return err
+	}
+	bw := bufio.NewWriter(w)
+	bw.WriteString(`{"traceEvents":[`)
+	for i, e := range out {
+		b, err := json.Marshal(e)
+		if err != nil {
+			return err
+		}
+		if i > 0 {
+			bw.WriteString(",")
+		}
+		bw.WriteString("\n")
+		bw.Write(b)
+	}
+	fmt.Fprintf(bw, "\n],\n\"displayTimeUnit\":\"ms\",\n\"otherData\":%s}\n", other)
+	return bw.Flush()
+}
+
+// WriteHTML writes a self-contained HTML page, with no scripts and no
+// external resources, that shows c (as SVG) above r's text report (r may be
+// nil), so that a person can open a run's picture from disk with no server.
+func WriteHTML(w io.Writer, c *timeline.Chart, r *Report) error {
+	// The chart draws its own title; the page's names the run.
+	title := "pipetrain run"
+	if r != nil {
+		title = fmt.Sprintf("pipetrain run: schedule %s, %d stages, %d micro-batches", r.Info.Schedule, len(r.Stages), r.Info.MicroBatches)
+	} else if c != nil && c.Title != "" {
+		title = c.Title
+	}
+	var svg bytes.Buffer
+	if c != nil {
+		if err := c.SVG(&svg); err != nil {
+			return err
+		}
+	}
+	// The XML declaration has no place inside an HTML document.
+	body := svg.Bytes()
+	if bytes.HasPrefix(body, []byte("<?xml")) {
+		if i := bytes.Index(body, []byte("?>")); i >= 0 {
+			body = bytes.TrimLeft(body[i+2:], "\r\n")
+		}
+	}
+	var report strings.Builder
+	if r != nil {
+		if err := r.Write(&report); err != nil {
+			return err
+		}
+	}
+
+	bw := bufio.NewWriter(w)
+	esc := html.EscapeString
+	fmt.Fprintf(bw, `<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>%s</title>
+<style>
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif; margin: 24px; color: #1f2937; }
+h1 { font-size: 18px; font-weight: 600; }
+.chart { overflow-x: auto; }
+pre { font: 12px/1.4 ui-monospace, Menlo, Consolas, monospace; background: #f6f8fa; padding: 12px; overflow-x: auto; }
+</style>
+</head>
+<body>
+<h1>%s</h1>
+`, esc(title), esc(title))
+	if len(body) > 0 {
+		bw.WriteString(`<div class="chart">` + "\n")
+		bw.Write(body)
+		bw.WriteString("</div>\n")
+	}
+	if r != nil {
+		fmt.Fprintf(bw, "<pre>%s</pre>\n", esc(report.String()))
+	}
+	bw.WriteString("</body>\n</html>\n")
+	return bw.Flush()
+}
