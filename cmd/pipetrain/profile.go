@@ -63,7 +63,7 @@ func profileCmd() *cobra.Command {
 	c.Flags().StringVar(&trace, "trace", "", "write a Chrome trace-event JSON file (Perfetto, chrome://tracing)")
 	c.Flags().StringVar(&svg, "svg", "", "write the timeline as a self-contained SVG")
 	c.Flags().StringVar(&html, "html", "", "write the timeline and the report as a self-contained HTML page")
-	c.Flags().IntVar(&first, "first-step", 0, "first step shown in the pictures (0-based)")
+	c.Flags().IntVar(&first, "first-step", 1, "first step shown in the pictures (0-based; step 0 is warm-up)")
 	c.Flags().IntVar(&shown, "chart-steps", profile.DefaultChartSteps, "steps shown in the pictures")
 	return c
 }

@@ -1,0 +1,456 @@
+// Package plan chooses where to cut a model into pipeline stages, in the
+// style of PipeDream's planner: given per-layer costs measured on this
+// machine, it picks stage boundaries (contiguous layer ranges, every stage
+// non-empty, in order) that minimise the simulated step time under a
+// per-stage memory limit, and recommends a schedule and a micro-batch count.
+//
+// # Cost model
+//
+// Layer costs are measured for one micro-batch of Problem.MicroBatch samples.
+// With m micro-batches a step's micro-batch holds Batch/m samples, and every
+// size-dependent quantity (F, B, I, W, ActBytes, OutBytes) is scaled linearly
+// by (Batch/m)/MicroBatch. That is an approximation: kernels are not linear in
+// the batch size (small batches under-use the device), so the further the
+// micro-batch is from the measured one the rougher the estimate; measuring at
+// the size you expect to run keeps it honest. To stand for launch and
+// bookkeeping costs that do not shrink with the micro-batch, every action (a
+// stage's forward, backward, input-gradient or weight pass of one
+// micro-batch) also costs a fixed OverheadMS.
+//
+// A boundary after layer j carries layer j's output (and, backwards, its
+// gradient, of the same size): LatencyMS + OutBytes*scale/TransferBytesPerMS
+// (TransferBytesPerMS 0 means no bandwidth cost, latency only). The simulator
+// takes one transfer cost for every link, so a split is charged its slowest
+// boundary on every link: a slight over-estimate when boundaries differ, and
+// exactly what the simulator would say when they do not. Transfers overlap
+// with compute (sends never block), as in schedule.Simulate.
+//
+// A stage's memory is its layers' ParamBytes plus, for the activations,
+// PeakInFlight(stage) micro-batches of its layers' scaled ActBytes (rounded
+// up to a byte), where PeakInFlight comes from the schedule: under 1f1b the
+// first stage stashes the most micro-batches, under gpipe every stage stashes
+// all m.
+//
+// # Search
+//
+// See Solve. The result is deterministic. On small problems (a few stages,
+// tens of layers) the search runs to the end and the plan is optimal, up to
+// a relative 1e-12 in the step time, among all contiguous splits for the cost
+// model above; on large ones (16 stages of 64 layers, say) it stops after a
+// fixed amount of work (a few seconds) with the fastest split found.
+package plan
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+
+	"github.com/pipetrain/pipetrain/schedule"
+)
+
+// Layer is one layer's measured cost for ONE micro-batch of size
+// Problem.MicroBatch, and its memory.
+type Layer struct {
+	Name       string
+	F, B       float64 // forward, full backward (ms)
+	I, W       float64 // split backward parts (ms); both 0 if unknown (then B/2 each); one 0: B minus the other
+	ActBytes   int64   // activations one in-flight micro-batch keeps for this layer
+	ParamBytes int64   // parameters plus optimizer state and gradients
+	OutBytes   int64   // the layer's output for one micro-batch (what crosses a stage boundary)
+}
+
+// Problem is what Solve plans and Evaluate simulates.
+type Problem struct {
+	Layers       []Layer
+	Stages       int
+	MicroBatches int   // fixed, or 0 to let Solve choose among Candidates
+	Candidates   []int // micro-batch counts to try when MicroBatches == 0 (each must divide Batch)
+	// Batch is the global batch (samples per step). Costs scale linearly
+	// with the micro-batch size Batch/m relative to MicroBatch (see the
+	// package comment for this approximation).
+	Batch      int
+	MicroBatch int      // micro-batch size the layer costs were measured at
+	OverheadMS float64  // fixed cost per action, not scaling with size (e.g. 0.05)
+	Schedules  []string // schedule names to consider (gpipe, 1f1b, zb-h1); empty = {"1f1b"}
+	// MemoryLimit is the per-stage limit in bytes; 0 = none. Stage memory =
+	// sum ParamBytes + PeakInFlight(stage) * sum scaled ActBytes.
+	MemoryLimit int64
+	// A boundary tensor of n bytes costs LatencyMS + n/TransferBytesPerMS
+	// (TransferBytesPerMS 0: latency only).
+	TransferBytesPerMS float64
+	LatencyMS          float64
+}
+
+// Plan is a split with its schedule and simulated numbers.
+type Plan struct {
+	Boundaries   []int // first layer of each stage, Boundaries[0] == 0, len == Stages
+	Schedule     string
+	MicroBatches int
+	StepMS       float64   // simulated makespan of one step
+	Bubble       []float64 // per stage, from the simulator
+	MemoryBytes  []int64   // per stage
+}
+
+// Schedules lists the schedule names the planner accepts: the built-in
+// schedules with one chunk per stage.
+func Schedules() []string { return []string{"gpipe", "1f1b", "zb-h1"} }
+
+// Solve returns the best plan. For each candidate (micro-batch count, in
+// increasing order, then schedule, in the order given) it searches the
+// boundaries, simulating splits with schedule.Simulate, and keeps the fastest
+// (ties within a relative 1e-12: fewer micro-batches, then schedule order).
+//
+// The search:
+//
+//  1. A dynamic programme over (stage index, first layer) finds, for every
+//     suffix of layers and every number of remaining stages, the smallest
+//     achievable largest per-stage cost among splits whose stages fit the
+//     memory limit. The stage index is part of the state because a stage's
+//     memory depends on its position (PeakInFlight differs per stage). If
+//     nothing fits, the same programme over memory finds the smallest limit
+//     that would.
+//  2. With per-stage cost F+B (F+I+W when the backward is split) plus the
+//     outgoing boundary transfer it gives the classic bottleneck split,
+//     which sets the steady-state throughput. Because a finite pipeline's
+//     step also pays for fill and drain, and 1F1B-like schedules keep only a
+//     few micro-batches in flight on the late stages, the programme is run
+//     again with each stage's own lower bound on the step time (below) as
+//     its cost; the faster of the two splits, simulated, is the seed.
+//  3. The seeds of all candidates are compared, and each candidate, the most
+//     promising first, descends from its seed: one cut moved by one layer at
+//     a time, simulated, while that helps.
+//  4. A depth-first branch and bound over the cuts then visits every split
+//     that could still beat the fastest time found and simulates it. A
+//     partial split is pruned when a lower bound on its makespan, valid for
+//     any schedule, already reaches that time: the bound follows the
+//     dependency chains the simulator enforces (forwards flowing to the
+//     stage, the round trip through the later stages, the backward chain
+//     down to stage 0, the schedule's in-flight limit) and, for the stages not
+//     yet placed, tables from the same dynamic programme. The bound is
+//     exact for gpipe and close for the others, so in practice the
+//     simulator ranks the seed's near-ties and little else; the bound makes
+//     the choice exact, not heuristic.
+//
+// Steps 3 and 4 share a budget of work per call (see searchBudget); when it
+// runs out, the fastest split found so far is the plan.
+//
+// Errors: fewer layers than stages, no split fits the memory limit (the
+// message gives the smallest limit that would fit), bad inputs.
+func Solve(p Problem) (*Plan, error) {
+	mdl, err := newModel(p)
+	if err != nil {
+		return nil, err
+	}
+	counts := []int{p.MicroBatches}
+	if p.MicroBatches == 0 {
+		if len(p.Candidates) == 0 {
+			return nil, errors.New("plan: set MicroBatches or list Candidates")
+		}
+		counts = slices.Clone(p.Candidates)
+		slices.Sort(counts)
+		counts = slices.Compact(counts)
+	}
+	for _, m := range counts {
+		if err := checkMicroBatches(p, m); err != nil {
+			return nil, err
+		}
+	}
+	names := p.Schedules
+	if len(names) == 0 {
+		names = []string{"1f1b"}
+	}
+	for _, name := range names {
+		if err := checkSchedule(name); err != nil {
+			return nil, err
+		}
+	}
+
+	// Every candidate's seed first: the fastest of them is the time to beat,
+	// so that hopeless candidates are pruned at once.
+	var cands []*candidate
+	beat := math.Inf(1)
+	for _, m := range counts {
+		for _, name := range names {
+			c, err := mdl.candidate(name, m)
+			if err != nil {
+				return nil, err
+			}
+			if err := c.prepare(); err != nil {
+				return nil, err
+			}
+			cands = append(cands, c)
+			if c.seed != nil {
+				beat = min(beat, c.seed.StepMS)
+			}
+		}
+	}
+	if math.IsInf(beat, 1) {
+		fit := slices.MinFunc(cands, func(a, b *candidate) int { return cmp.Compare(a.need, b.need) })
+		return nil, fmt.Errorf("plan: no split of %d layers into %d stages fits the memory limit of %d bytes per stage; the smallest limit that fits is %d bytes (%s, %d micro-batches)",
+			len(p.Layers), p.Stages, p.MemoryLimit, int64(fit.need), fit.name, fit.m)
+	}
+	// Then each candidate's own search, for a split that could tie or beat
+	// the best so far, the most promising first, while the budget lasts: a
+	// quick descent from the seed for all, then the exhaustive branch and
+	// bound. Last, the first candidate (fewest micro-batches, then schedule
+	// order) whose split ties the fastest.
+	left := searchBudget
+	found := make([]*Plan, len(cands))
+	searches := make([]*bnb, len(cands))
+	for k, c := range cands {
+		found[k] = c.seed
+	}
+	for _, phase := range []func(*bnb){(*bnb).descend, (*bnb).exhaust} {
+		var order []int
+		for k := range cands {
+			if found[k] != nil {
+				order = append(order, k)
+			}
+		}
+		slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(found[a].StepMS, found[b].StepMS) })
+		for _, k := range order {
+			if left <= 0 {
+				break
+			}
+			b := searches[k]
+			if b == nil {
+				b = cands[k].newSearch(above(beat), &left)
+				searches[k] = b
+			}
+			b.limit = min(b.limit, above(beat))
+			phase(b)
+			if b.err != nil {
+				return nil, b.err
+			}
+			if b.best != nil {
+				found[k], beat = b.best, min(beat, b.best.StepMS)
+			}
+		}
+	}
+	for _, pl := range found {
+		if pl != nil && pl.StepMS <= above(beat) {
+			return pl, nil
+		}
+	}
+	panic("plan: lost the fastest plan") // beat is some found plan's time
+}
+
+// Evaluate simulates the given boundaries with the named schedule and
+// micro-batch count, for reporting a user's current split next to Solve's
+// plan. Problem.MicroBatches, Candidates and Schedules are ignored, and so is
+// MemoryLimit: a split over the limit is still evaluated (compare its
+// MemoryBytes with the limit).
+func Evaluate(p Problem, boundaries []int, sched string, microBatches int) (*Plan, error) {
+	mdl, err := newModel(p)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkSchedule(sched); err != nil {
+		return nil, err
+	}
+	if err := checkMicroBatches(p, microBatches); err != nil {
+		return nil, err
+	}
+	if len(boundaries) != p.Stages {
+		return nil, fmt.Errorf("plan: %d boundaries for %d stages", len(boundaries), p.Stages)
+	}
+	if boundaries[0] != 0 {
+		return nil, fmt.Errorf("plan: boundaries must start at layer 0, got %d", boundaries[0])
+	}
+	for s := 1; s < len(boundaries); s++ {
+		if boundaries[s] <= boundaries[s-1] || boundaries[s] >= mdl.n {
+			return nil, fmt.Errorf("plan: boundaries %v: stage %d would be empty or past the %d layers (each must be greater than the previous and less than %d)",
+				boundaries, s, mdl.n, mdl.n)
+		}
+	}
+	c, err := mdl.candidate(sched, microBatches)
+	if err != nil {
+		return nil, err
+	}
+	return c.simulate(boundaries)
+}
+
+func checkSchedule(name string) error {
+	if !slices.Contains(Schedules(), name) {
+		return fmt.Errorf("plan: schedule %q not supported (one chunk per stage: %s)", name, strings.Join(Schedules(), ", "))
+	}
+	return nil
+}
+
+func checkMicroBatches(p Problem, m int) error {
+	if m < 1 || p.Batch%m != 0 {
+		return fmt.Errorf("plan: %d micro-batches: must be >= 1 and divide the batch of %d", m, p.Batch)
+	}
+	return nil
+}
+
+// model holds a validated problem's layer costs as prefix sums, so that any
+// contiguous range costs O(1).
+type model struct {
+	p                Problem
+	n                int
+	f, b, i, w       []float64 // prefix sums of the measured costs, len n+1
+	act, param       []int64   // prefix sums of the bytes, len n+1
+	out              []float64 // OutBytes per layer
+	fwdBack, fwdInpt []float64 // prefix sums of F+B and F+I
+}
+
+func finite(x float64) bool { return x >= 0 && !math.IsInf(x, 1) && !math.IsNaN(x) }
+
+func newModel(p Problem) (*model, error) {
+	n := len(p.Layers)
+	switch {
+	case p.Stages < 1:
+		return nil, fmt.Errorf("plan: stages must be >= 1, got %d", p.Stages)
+	case n < p.Stages:
+		return nil, fmt.Errorf("plan: %d layers cannot fill %d stages (every stage needs a layer)", n, p.Stages)
+	case p.Batch < 1 || p.MicroBatch < 1:
+		return nil, fmt.Errorf("plan: batch and measured micro-batch size must be >= 1, got %d and %d", p.Batch, p.MicroBatch)
+	case !finite(p.OverheadMS) || !finite(p.LatencyMS) || !finite(p.TransferBytesPerMS):
+		return nil, fmt.Errorf("plan: overhead, latency and link speed must be finite and >= 0, got %v, %v and %v",
+			p.OverheadMS, p.LatencyMS, p.TransferBytesPerMS)
+	case p.MemoryLimit < 0:
+		return nil, fmt.Errorf("plan: memory limit must be >= 0, got %d", p.MemoryLimit)
+	}
+	d := &model{p: p, n: n, out: make([]float64, n)}
+	for _, s := range []*[]float64{&d.f, &d.b, &d.i, &d.w, &d.fwdBack, &d.fwdInpt} {
+		*s = make([]float64, n+1)
+	}
+	d.act, d.param = make([]int64, n+1), make([]int64, n+1)
+	const maxBytes = 1 << 53 // keeps every byte count exact in a float64
+	for k, l := range p.Layers {
+		if !finite(l.F) || !finite(l.B) || !finite(l.I) || !finite(l.W) {
+			return nil, fmt.Errorf("plan: layer %d (%s): costs must be finite and >= 0, got F=%v B=%v I=%v W=%v", k, l.Name, l.F, l.B, l.I, l.W)
+		}
+		if l.ActBytes < 0 || l.ParamBytes < 0 || l.OutBytes < 0 {
+			return nil, fmt.Errorf("plan: layer %d (%s): byte counts must be >= 0", k, l.Name)
+		}
+		in, wt := l.I, l.W
+		switch {
+		case in == 0 && wt == 0:
+			in, wt = l.B/2, l.B/2
+		case in == 0:
+			in = max(l.B-wt, 0)
+		case wt == 0:
+			wt = max(l.B-in, 0)
+		}
+		d.f[k+1] = d.f[k] + l.F
+		d.b[k+1] = d.b[k] + l.B
+		d.i[k+1] = d.i[k] + in
+		d.w[k+1] = d.w[k] + wt
+		d.fwdBack[k+1] = d.fwdBack[k] + l.F + l.B
+		d.fwdInpt[k+1] = d.fwdInpt[k] + l.F + in
+		d.act[k+1] = d.act[k] + l.ActBytes
+		d.param[k+1] = d.param[k] + l.ParamBytes
+		if d.act[k+1] > maxBytes || d.param[k+1] > maxBytes {
+			return nil, fmt.Errorf("plan: layer byte counts sum past %d", int64(maxBytes))
+		}
+		d.out[k] = float64(l.OutBytes)
+	}
+	return d, nil
+}
+
+// candidate is one (schedule, micro-batch count) to plan for.
+type candidate struct {
+	*model
+	name    string
+	m       int
+	sched   *schedule.Schedule
+	peak    []int
+	split   bool    // the schedule runs I and W instead of B
+	scale   float64 // micro-batch size / measured size
+	mbs     float64 // micro-batch size
+	actions int     // in the schedule, all stages
+
+	// Set by prepare, see there and bnb.
+	shape   []shape
+	back    []float64 // prefix sums of the measured K (B, or I when split)
+	fk      []float64 // prefix sums of the measured F+K
+	rest    [][]float64
+	chain   [][]float64
+	maxF    [][]float64
+	tmin    [][]float64
+	alone0  [][]float64
+	minPost [][3]float64
+	seed    *Plan
+	need    float64
+}
+
+func (d *model) candidate(name string, m int) (*candidate, error) {
+	s, err := schedule.Build(name, d.p.Stages, m, 1)
+	if err != nil {
+		return nil, fmt.Errorf("plan: %w", err)
+	}
+	mbs := float64(d.p.Batch / m)
+	c := &candidate{model: d, name: name, m: m, sched: s, peak: s.PeakInFlight(),
+		split: s.SplitsBackward(), scale: mbs / float64(d.p.MicroBatch), mbs: mbs}
+	for _, list := range s.Actions {
+		c.actions += len(list)
+	}
+	return c, nil
+}
+
+// cost is one stage's per-micro-batch action durations.
+type cost struct {
+	F, B, I, W float64
+	work       float64 // all of one micro-batch's actions: F+B, or F+I+W when split
+	back       float64 // the pass the previous stage waits for: B, or I when split
+}
+
+// stage returns the costs of a stage holding layers [i, j).
+func (c *candidate) stage(i, j int) cost {
+	ov, k := c.p.OverheadMS, c.scale
+	x := cost{F: k*(c.f[j]-c.f[i]) + ov, B: k*(c.b[j]-c.b[i]) + ov, I: k*(c.i[j]-c.i[i]) + ov, W: k*(c.w[j]-c.w[i]) + ov}
+	x.work, x.back = x.F+x.B, x.B
+	if c.split {
+		x.work, x.back = x.F+x.I+x.W, x.I
+	}
+	return x
+}
+
+// memory returns the bytes stage s needs holding layers [i, j), as a float64
+// (exact: byte sums are kept below 2^53).
+func (c *candidate) memory(s, i, j int) float64 {
+	act := math.Ceil(float64(c.act[j]-c.act[i]) * c.mbs / float64(c.p.MicroBatch))
+	return float64(c.param[j]-c.param[i]) + float64(c.peak[s])*act
+}
+
+func (c *candidate) fits(s, i, j int) bool {
+	return c.p.MemoryLimit == 0 || c.memory(s, i, j) <= float64(c.p.MemoryLimit)
+}
+
+// transfer returns the cost of the boundary before layer j (layer j-1's
+// output), 0 < j < n.
+func (c *candidate) transfer(j int) float64 {
+	t := c.p.LatencyMS
+	if c.p.TransferBytesPerMS > 0 {
+		t += c.out[j-1] * c.scale / c.p.TransferBytesPerMS
+	}
+	return t
+}
+
+// simulate builds the simulator's costs for the split and plays it.
+func (c *candidate) simulate(bounds []int) (*Plan, error) {
+	p := len(bounds)
+	costs := schedule.Costs{F: make([]float64, p), B: make([]float64, p), I: make([]float64, p), W: make([]float64, p)}
+	mem := make([]int64, p)
+	for s := range p {
+		end := c.n
+		if s+1 < p {
+			end = bounds[s+1]
+			costs.Transfer = max(costs.Transfer, c.transfer(end))
+		}
+		x := c.stage(bounds[s], end)
+		costs.F[s], costs.B[s], costs.I[s], costs.W[s] = x.F, x.B, x.I, x.W
+		mem[s] = int64(c.memory(s, bounds[s], end))
+	}
+	tl, err := schedule.Simulate(c.sched, costs)
+	if err != nil {
+		return nil, fmt.Errorf("plan: %w", err)
+	}
+	return &Plan{Boundaries: slices.Clone(bounds), Schedule: c.name, MicroBatches: c.m,
+		StepMS: tl.Makespan, Bubble: tl.Bubble, MemoryBytes: mem}, nil
+}
