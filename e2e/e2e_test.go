@@ -5,6 +5,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -202,9 +203,21 @@ func TestLaunchEqualsReference(t *testing.T) {
 					}
 				}
 			}
-			prof := run(t, time.Minute, nil, "profile", pipeDir)
-			if prof.err != nil || !strings.Contains(prof.out, "theory %") || !strings.Contains(prof.out, "bottleneck: stage") {
-				t.Errorf("profile: %v\n%s", prof.err, prof.out)
+			pics := t.TempDir()
+			prof := run(t, time.Minute, nil, "profile", pipeDir, "--trace", filepath.Join(pics, "t.json"), "--svg", filepath.Join(pics, "t.svg"), "--html", filepath.Join(pics, "t.html"))
+			for _, want := range []string{"theory %", "sim %", "bottleneck: stage", "link", "stragglers"} {
+				if prof.err != nil || !strings.Contains(prof.out, want) {
+					t.Errorf("profile lacks %q (%v):\n%s", want, prof.err, prof.out)
+				}
+			}
+			var trace struct {
+				TraceEvents []map[string]any `json:"traceEvents"`
+			}
+			if err := json.Unmarshal([]byte(readFile(filepath.Join(pics, "t.json"))), &trace); err != nil || len(trace.TraceEvents) == 0 {
+				t.Errorf("trace: %v, %d events", err, len(trace.TraceEvents))
+			}
+			if !strings.Contains(readFile(filepath.Join(pics, "t.svg")), "<svg") || !strings.Contains(readFile(filepath.Join(pics, "t.html")), "<svg") {
+				t.Error("no SVG timeline written")
 			}
 		})
 	}
@@ -351,4 +364,31 @@ func TestStagesFromDifferentConfigsRefuseEachOther(t *testing.T) {
 func readFile(p string) string {
 	b, _ := os.ReadFile(p)
 	return string(b)
+}
+
+// TestPlanFixesUnbalancedConfig runs the planner on a config whose first stage
+// holds all the wide layers: it must move the boundary, predict a speedup, and
+// write a config that validates and keeps the stages' other settings.
+func TestPlanFixesUnbalancedConfig(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "planned.yaml")
+	r := run(t, 3*time.Minute, nil, "plan", "--config", "../configs/fmnist-mlp-unbalanced-2stage.yaml", "--schedules", "1f1b", "--micro-batches", "8", "--reps", "3", "--out", out)
+	if r.err != nil {
+		t.Fatalf("plan: %v\n%s", r.err, r.out)
+	}
+	m := regexp.MustCompile(`predicted speedup over the given config: ([0-9.]+)x`).FindStringSubmatch(r.out)
+	if m == nil {
+		t.Fatalf("no speedup reported:\n%s", r.out)
+	}
+	var speedup float64
+	fmt.Sscan(m[1], &speedup)
+	if speedup < 1.1 {
+		t.Errorf("predicted speedup %.2f for a split with stage 1 idle most of the time", speedup)
+	}
+	c, err := configs.Load(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Stages[0].Layers[0] == "0-3" || c.Stages[0].CPUs != "0" || c.Stages[1].CPUs != "1" {
+		t.Errorf("planned stages %+v", c.Stages)
+	}
 }
