@@ -300,22 +300,9 @@ func (c *Config) BuildSchedule() (*schedule.Schedule, error) {
 	if !filepath.IsAbs(path) && c.Path != "" {
 		path = filepath.Join(filepath.Dir(c.Path), path)
 	}
-	f, err := os.Open(path)
+	s, err := schedule.ReadFile(path)
 	if err != nil {
 		return nil, err
-	}
-	defer f.Close()
-	format := strings.TrimPrefix(filepath.Ext(path), ".")
-	switch format {
-	case "yml":
-		format = "yaml"
-	case "csv", "yaml":
-	default:
-		format = "grid"
-	}
-	s, err := schedule.Load(f, format)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	if s.Stages != p || s.MicroBatches != m || s.Chunks != c.VirtualStages {
 		return nil, fmt.Errorf("%s has %d stages, %d micro-batches and %d chunks; the config has %d, %d and %d (virtual_stages)",

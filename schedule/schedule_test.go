@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -1319,5 +1321,37 @@ func TestSplitsBackward(t *testing.T) {
 	}
 	if !mustParse(t, "stage 0: 0F0 0F1 0B0 0I1 0W1").SplitsBackward() {
 		t.Error("a schedule splitting one backward does not split")
+	}
+}
+
+func TestReadFilePicksFormatByExtension(t *testing.T) {
+	want, err := Build("1f1b", 2, 3, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	var csv, yml strings.Builder
+	if err := want.WriteCSV(&csv); err != nil {
+		t.Fatal(err)
+	}
+	if err := want.WriteYAML(&yml); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{"s.csv": csv.String(), "s.yml": yml.String(), "s.txt": want.Grid()}
+	for name, text := range files {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		got, err := ReadFile(p)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if got.Grid() != want.Grid() {
+			t.Errorf("%s read back as\n%s", name, got.Grid())
+		}
+	}
+	if _, err := ReadFile(filepath.Join(dir, "absent.csv")); err == nil {
+		t.Error("missing file accepted")
 	}
 }

@@ -228,21 +228,9 @@ func simulateOne(w io.Writer, s *schedule.Schedule, costs schedule.Costs, stash 
 
 // loadScheduleFile reads a hand-written schedule and checks it before anything runs.
 func loadScheduleFile(path string) (*schedule.Schedule, error) {
-	f, err := os.Open(path)
+	s, err := schedule.ReadFile(path)
 	if err != nil {
 		return nil, err
-	}
-	defer f.Close()
-	format := strings.TrimPrefix(filepath.Ext(path), ".")
-	if format == "yml" {
-		format = "yaml"
-	}
-	if format != "csv" && format != "yaml" {
-		format = "grid"
-	}
-	s, err := schedule.Load(f, format)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	if err := s.Check(); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
