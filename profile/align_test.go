@@ -126,7 +126,9 @@ func TestAlignAsymmetricDelays(t *testing.T) {
 	}
 	for i := range rp.Stages {
 		p, q := rp.Stages[i], rs.Stages[i]
-		if p.Busy != q.Busy || p.Wait != q.Wait || p.BytesSent != q.BytesSent || !near(p.PredictedBubble, q.PredictedBubble) ||
+		// The prediction uses the measured link delays, which move with the
+		// alignment error like the bubble does.
+		if p.Busy != q.Busy || p.Wait != q.Wait || p.BytesSent != q.BytesSent || abs(p.PredictedBubble-q.PredictedBubble) > 0.005 ||
 			abs(p.Bubble-q.Bubble) > 0.005 {
 			t.Errorf("stage %d: %+v vs %+v", i, q, p)
 		}

@@ -72,3 +72,21 @@ func ScheduleCosts(means []ActionCosts, chunks int, transferMS float64) schedule
 	}
 	return c
 }
+
+// MeanTransfer is the mean delay of the timed messages over all links and both
+// directions: the transfer cost to simulate this run with. ok is false when no
+// message was timed.
+func (r *Report) MeanTransfer() (d time.Duration, ok bool) {
+	var sum time.Duration
+	n := 0
+	for _, l := range r.Links {
+		for _, t := range []LinkTraffic{l.Down, l.Up} {
+			sum += t.MeanDelay * time.Duration(t.Timed)
+			n += t.Timed
+		}
+	}
+	if n == 0 {
+		return 0, false
+	}
+	return sum / time.Duration(n), true
+}

@@ -310,3 +310,16 @@ func TestMeanCosts(t *testing.T) {
 		t.Errorf("skip beyond the run must analyse every step: %+v", all[0])
 	}
 }
+
+func TestMeanTransferWeighsTimedMessages(t *testing.T) {
+	r := &Report{Links: []LinkReport{
+		{Down: LinkTraffic{Timed: 3, MeanDelay: time.Millisecond}, Up: LinkTraffic{Timed: 1, MeanDelay: 5 * time.Millisecond}},
+		{Down: LinkTraffic{Timed: 0, MeanDelay: 0}},
+	}}
+	if d, ok := r.MeanTransfer(); !ok || d != 2*time.Millisecond {
+		t.Errorf("MeanTransfer = %v, %v; want 2ms", d, ok)
+	}
+	if _, ok := (&Report{}).MeanTransfer(); ok {
+		t.Error("a report without timed messages gave a transfer time")
+	}
+}

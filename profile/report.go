@@ -109,7 +109,8 @@ type Report struct {
 	Links []LinkReport
 	// Predicted is one step of the run's schedule played by schedule.Simulate
 	// with the run's mean action costs over the analysed steps (MeanCosts,
-	// ScheduleCosts) and free transfers; times in ms. It is nil when the
+	// ScheduleCosts) and the run's measured mean link delay as the transfer
+	// time (MeanTransfer); times in ms. It is nil when the
 	// schedule could not be rebuilt or simulated, and PredictErr says why.
 	Predicted       *schedule.Timeline
 	PredictErr      error
@@ -227,7 +228,8 @@ func Analyse(info RunInfo, events [][]Event, skip int) (*Report, error) {
 	r.analyseSteps(busy)
 	r.Links = links(aligned, analysed)
 
-	if r.Predicted, r.PredictErr = predict(info, events, analysed); r.Predicted != nil {
+	transfer, _ := r.MeanTransfer()
+	if r.Predicted, r.PredictErr = predict(info, events, analysed, float64(transfer)/1e6); r.Predicted != nil {
 		for i := range r.Stages {
 			r.Stages[i].PredictedBubble = r.Predicted.Bubble[i]
 			r.PredictedBubble += r.Predicted.Bubble[i] / float64(p)
@@ -342,7 +344,7 @@ func RunSchedule(info RunInfo) (*schedule.Schedule, error) {
 
 // predict simulates the run's schedule with its mean action costs over the
 // analysed steps.
-func predict(info RunInfo, events [][]Event, analysed map[int]int) (*schedule.Timeline, error) {
+func predict(info RunInfo, events [][]Event, analysed map[int]int, transferMS float64) (*schedule.Timeline, error) {
 	if info.Stages == 0 {
 		info.Stages = len(events)
 	}
@@ -364,7 +366,7 @@ func predict(info RunInfo, events [][]Event, analysed map[int]int) (*schedule.Ti
 			}
 		}
 	}
-	return schedule.Simulate(s, ScheduleCosts(MeanCosts(kept, 0), s.Chunks, 0))
+	return schedule.Simulate(s, ScheduleCosts(MeanCosts(kept, 0), s.Chunks, transferMS))
 }
 
 // Options select what Write prints beyond its default.

@@ -54,7 +54,7 @@ func main() {
 		time.Now().UTC().Format("2006-01-02"), cpuModel(), runtime.NumCPU(), runtime.Version(), blas.Name)
 	fmt.Fprintf(&b, "Each row: %d runs of %d steps of `pipetrain launch` (one process per stage, gRPC on loopback), the first %d steps of each left out; medians. Global batch 512.\n\n", *reps, *steps, *skip)
 	fmt.Fprintf(&b, "- measured bubble: `pipetrain profile`'s mean over stages of idle / step window, the window running from a step's first forward to its last backward on any stage;\n")
-	fmt.Fprintf(&b, "- simulated bubble: `schedule.Simulate` with that run's own mean action costs per stage and the estimated transfer time;\n")
+	fmt.Fprintf(&b, "- simulated bubble: `schedule.Simulate` with that run's own mean action costs per stage and its measured mean link delay as the transfer time;\n")
 	fmt.Fprintf(&b, "- step time: median of the last stage's per-step wall time; throughput relative to 1F1B at the same micro-batch count, from the same sweep.\n")
 	for _, su := range setups {
 		if err := bench(&b, su, *bin, *reps, *steps, *skip); err != nil {
@@ -153,7 +153,12 @@ func run(bin, cfgPath, name string, micro, steps, skip int) (measured, simulated
 	if err != nil {
 		return 0, 0, 0, err
 	}
+	// The run's own measured link delay, as for every other cost; the size-based
+	// estimate only when no message was timed.
 	transfer := float64(stages.EstimateTransfer(cfg, model)) / 1e6
+	if d, ok := rep.MeanTransfer(); ok {
+		transfer = float64(d) / 1e6
+	}
 	tl, err := schedule.Simulate(sched, profile.ScheduleCosts(profile.MeanCosts(events, skip), info.Chunks, transfer))
 	if err != nil {
 		return 0, 0, 0, err

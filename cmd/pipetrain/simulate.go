@@ -36,9 +36,12 @@ func simulateCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			costs, source, err := simulationCosts(cfg, costsFrom, reps)
+			costs, measuredTransfer, source, err := simulationCosts(cfg, costsFrom, reps)
 			if err != nil {
 				return err
+			}
+			if transfer < 0 && measuredTransfer > 0 {
+				transfer = measuredTransfer
 			}
 			stash := stages.StashBytes(cfg, model)
 			if transfer < 0 {
@@ -86,7 +89,7 @@ func simulateCmd() *cobra.Command {
 	c.Flags().StringVar(&which, "schedule", "all", "schedules to simulate: all, or names separated by commas")
 	c.Flags().StringVar(&scheduleFile, "schedule-file", "", "simulate a schedule written by hand (.csv, .yaml or a grid as printed by the simulator), after checking it")
 	c.Flags().StringVar(&costsFrom, "costs", "measure", "action costs: measure (time the config's stages here), a run directory (its events), or f=F,b=B[,w=W] in ms")
-	c.Flags().DurationVar(&transfer, "transfer", -1, "time to move one activation between stages (default: estimated from its size at 2 GB/s plus 100us)")
+	c.Flags().DurationVar(&transfer, "transfer", -1, "time to move one activation between stages (default: a run's measured mean link delay with --costs RUN_DIR, else estimated from its size at 2 GB/s plus 100us)")
 	c.Flags().IntVar(&reps, "reps", 5, "measurements per action when --costs measure (the median is used)")
 	c.Flags().StringVar(&svg, "svg", "", "write each schedule's timeline as an SVG: FILE.svg gets the schedule name added before .svg")
 	c.MarkFlagRequired("config")
@@ -94,14 +97,14 @@ func simulateCmd() *cobra.Command {
 }
 
 // simulationCosts returns per-stage action costs in ms.
-func simulationCosts(cfg *configs.Config, from string, reps int) (schedule.Costs, string, error) {
+func simulationCosts(cfg *configs.Config, from string, reps int) (schedule.Costs, time.Duration, string, error) {
 	p := len(cfg.Stages)
 	c := schedule.Costs{F: make([]float64, p), B: make([]float64, p), I: make([]float64, p), W: make([]float64, p)}
 	switch {
 	case from == "measure":
 		measured, err := stages.MeasureCosts(cfg, max(reps, 1))
 		if err != nil {
-			return c, "", err
+			return c, 0, "", err
 		}
 		for s, chunks := range measured {
 			for _, m := range chunks {
@@ -111,23 +114,27 @@ func simulationCosts(cfg *configs.Config, from string, reps int) (schedule.Costs
 				c.W[s] += ms(m.W)
 			}
 		}
-		return c, fmt.Sprintf("measured on this machine, median of %d", reps), nil
+		return c, 0, fmt.Sprintf("measured on this machine, median of %d", reps), nil
 	case strings.Contains(from, "="):
 		u, err := parseUniform(from)
 		if err != nil {
-			return c, "", err
+			return c, 0, "", err
 		}
 		for s := range c.F {
 			c.F[s], c.B[s], c.I[s], c.W[s] = u[0], u[1], u[1]-u[2], u[2]
 		}
-		return c, "given: " + from, nil
+		return c, 0, "given: " + from, nil
 	default:
 		info, events, err := profile.ReadRun(from)
 		if err != nil {
-			return c, "", err
+			return c, 0, "", err
 		}
 		if info.Stages != p {
-			return c, "", fmt.Errorf("%s ran %d stages, %s has %d", from, info.Stages, cfg.Path, p)
+			return c, 0, "", fmt.Errorf("%s ran %d stages, %s has %d", from, info.Stages, cfg.Path, p)
+		}
+		var transfer time.Duration
+		if rep, err := profile.Analyse(info, events, 1); err == nil {
+			transfer, _ = rep.MeanTransfer()
 		}
 		c = profile.ScheduleCosts(profile.MeanCosts(events, 1), info.Chunks, 0)
 		if c.I == nil { // the run did not split its backwards: assume half each
@@ -136,7 +143,7 @@ func simulationCosts(cfg *configs.Config, from string, reps int) (schedule.Costs
 				c.I[s], c.W[s] = c.B[s]/2, c.B[s]/2
 			}
 		}
-		return c, "from the events of " + from, nil
+		return c, transfer, "from the events of " + from + " (transfer: its measured mean link delay)", nil
 	}
 }
 
