@@ -300,7 +300,15 @@ func (c *Config) BuildSchedule() (*schedule.Schedule, error) {
 	if !filepath.IsAbs(path) && c.Path != "" {
 		path = filepath.Join(filepath.Dir(c.Path), path)
 	}
-	s, err := schedule.ReadFile(path)
+	// Once loaded, the schedule comes from the text the digest covers, never from
+	// the file again: a file edited after validation cannot change a running job.
+	var s *schedule.Schedule
+	var err error
+	if c.ScheduleText != "" {
+		s, err = schedule.Load(strings.NewReader(c.ScheduleText), "csv")
+	} else {
+		s, err = schedule.ReadFile(path)
+	}
 	if err != nil {
 		return nil, err
 	}

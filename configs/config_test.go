@@ -231,6 +231,13 @@ func TestCustomScheduleFile(t *testing.T) {
 		t.Fatalf("custom schedule: %v %+v", err, s)
 	}
 	digest := c.Digest()
+	// The loaded schedule is kept: later builds do not read the file again.
+	if err := os.Remove(filepath.Join(dir, "ok.csv")); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := c.BuildSchedule(); err != nil || again.Grid() != s.Grid() {
+		t.Errorf("second build after the file was removed: %v", err)
+	}
 	write("ok.csv", "0F0,0F1,0F2,0F3,0B0,0B1,0B2,0B3\n1F0,1B0,1F1,1F2,1B1,1B2,1F3,1B3\n")
 	if c2, err := Load(cfg("ok.csv")); err != nil || c2.Digest() == digest {
 		t.Errorf("changing the file's contents must change the digest (%v)", err)
