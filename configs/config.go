@@ -42,6 +42,11 @@ type Config struct {
 	Compute       Compute   `mapstructure:"compute" json:"compute"`
 	Transport     Transport `mapstructure:"transport" json:"transport"`
 	Stages        []Stage   `mapstructure:"stages" json:"stages"`
+	// Checkpoint and Recovery change how a run survives faults, never what it
+	// computes, so they are left out of the digest: a run may be resumed with
+	// other settings.
+	Checkpoint Checkpoint `mapstructure:"checkpoint" json:"-"`
+	Recovery   Recovery   `mapstructure:"recovery" json:"-"`
 
 	// Path is the file the config was read from; it is not part of the digest.
 	Path string `mapstructure:"-" json:"-"`
@@ -90,6 +95,43 @@ type Transport struct {
 	// RecvTimeout bounds each wait for a neighbour's tensor during training, so a
 	// stalled neighbour stops the run with an error instead of hanging it.
 	RecvTimeout time.Duration `mapstructure:"recv_timeout" json:"recv_timeout"`
+	// Heartbeat is the interval of keep-alive pings on an idle link and
+	// PeerTimeout how long a ping may go unanswered before the link is declared
+	// dead: they catch a hung peer or a dead host between actions.
+	Heartbeat   time.Duration `mapstructure:"heartbeat" json:"-"`
+	PeerTimeout time.Duration `mapstructure:"peer_timeout" json:"-"`
+	// Token, or the first line of TokenFile, is a shared secret every link must
+	// present on connect. Secrets never enter the digest.
+	Token     string `mapstructure:"token" json:"-"`
+	TokenFile string `mapstructure:"token_file" json:"-"`
+	// TLS turns on mutual TLS between stages.
+	TLS TLS `mapstructure:"tls" json:"-"`
+}
+
+// TLS names PEM files; "{stage}" in Cert and Key is replaced by the stage index, so
+// one config serves every stage. Relative paths are relative to the config file.
+type TLS struct {
+	CA   string `mapstructure:"ca" json:"-"`
+	Cert string `mapstructure:"cert" json:"-"`
+	Key  string `mapstructure:"key" json:"-"`
+}
+
+// Enabled reports whether mutual TLS is configured.
+func (t TLS) Enabled() bool { return t.CA != "" || t.Cert != "" || t.Key != "" }
+
+// Checkpoint says how often each stage saves its weights and optimizer state.
+type Checkpoint struct {
+	// Every is the step interval; 0 turns checkpoints off.
+	Every int `mapstructure:"every"`
+	// Keep is how many complete checkpoints are kept; older ones are deleted.
+	Keep int `mapstructure:"keep"`
+}
+
+// Recovery bounds what launch does when a stage fails.
+type Recovery struct {
+	// MaxRestarts is how many times launch restarts a failed job from its last
+	// complete checkpoint; 0 stops at the first failure.
+	MaxRestarts int `mapstructure:"max_restarts"`
 }
 
 // Stage places contiguous ranges of layers on one process: one range, or with
@@ -140,6 +182,16 @@ var defaults = map[string]any{
 	"transport.connect_timeout": "30s",
 	"transport.queue_depth":     4,
 	"transport.recv_timeout":    "2m",
+	"transport.heartbeat":       "10s",
+	"transport.peer_timeout":    "5s",
+	"transport.token":           "",
+	"transport.token_file":      "",
+	"transport.tls.ca":          "",
+	"transport.tls.cert":        "",
+	"transport.tls.key":         "",
+	"checkpoint.every":          50,
+	"checkpoint.keep":           3,
+	"recovery.max_restarts":     3,
 }
 
 // Load reads a YAML config, applies PIPETRAIN_* environment overrides (a key's dots
@@ -230,6 +282,21 @@ func (c *Config) Validate() error {
 	}
 	if c.Transport.QueueDepth < 1 {
 		p.add("transport.queue_depth", "must be at least 1, got %d", c.Transport.QueueDepth)
+	}
+	if c.Transport.Heartbeat <= 0 {
+		p.add("transport.heartbeat", "must be positive, got %v", c.Transport.Heartbeat)
+	}
+	if c.Transport.PeerTimeout <= 0 {
+		p.add("transport.peer_timeout", "must be positive, got %v", c.Transport.PeerTimeout)
+	}
+	if c.Checkpoint.Every < 0 {
+		p.add("checkpoint.every", "must be 0 (off) or a number of steps, got %d", c.Checkpoint.Every)
+	}
+	if c.Checkpoint.Keep < 1 {
+		p.add("checkpoint.keep", "must be at least 1, got %d", c.Checkpoint.Keep)
+	}
+	if c.Recovery.MaxRestarts < 0 {
+		p.add("recovery.max_restarts", "must be 0 or more, got %d", c.Recovery.MaxRestarts)
 	}
 	c.validateStages(p, model)
 	if len(p.Items) > 0 {
