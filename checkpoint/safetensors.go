@@ -7,7 +7,9 @@ package checkpoint
 
 import (
 	"bufio"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -52,6 +54,13 @@ const maxHeader = 100 << 20
 // Write stores tensors (sorted by name) and string metadata at path atomically:
 // temporary file in the same directory, fsync, rename, fsync of the directory.
 func Write(path string, tensors []Tensor, meta map[string]string) error {
+	_, err := WriteSum(path, tensors, meta)
+	return err
+}
+
+// WriteSum is Write that also returns the file's SHA-256 (hex), computed as it is
+// written.
+func WriteSum(path string, tensors []Tensor, meta map[string]string) (string, error) {
 	sorted := append([]Tensor(nil), tensors...)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Name < sorted[j].Name })
 	header := map[string]any{}
@@ -65,23 +74,25 @@ func Write(path string, tensors []Tensor, meta map[string]string) error {
 			n *= d
 		}
 		if size := t.byteLen() / map[string]int{"F32": 4, "F64": 8}[t.dtype()]; size != n {
-			return fmt.Errorf("checkpoint: tensor %s has %d values, shape %v needs %d", t.Name, size, t.Shape, n)
+			return "", fmt.Errorf("checkpoint: tensor %s has %d values, shape %v needs %d", t.Name, size, t.Shape, n)
 		}
 		if _, dup := header[t.Name]; dup {
-			return fmt.Errorf("checkpoint: tensor name %s used twice", t.Name)
+			return "", fmt.Errorf("checkpoint: tensor name %s used twice", t.Name)
 		}
 		header[t.Name] = entry{DType: t.dtype(), Shape: append([]int{}, t.Shape...), Offsets: [2]int{off, off + t.byteLen()}}
 		off += t.byteLen()
 	}
 	hdr, err := json.Marshal(header)
 	if err != nil {
-		return err
+		return "", err
 	}
 	// Pad the header with spaces to 8 bytes so the data that follows stays aligned.
 	for len(hdr)%8 != 0 {
 		hdr = append(hdr, ' ')
 	}
-	return WriteAtomic(path, func(w io.Writer) error {
+	sum := sha256.New()
+	err = WriteAtomic(path, func(out io.Writer) error {
+		w := io.MultiWriter(out, sum)
 		if err := binary.Write(w, binary.LittleEndian, uint64(len(hdr))); err != nil {
 			return err
 		}
@@ -107,6 +118,10 @@ func Write(path string, tensors []Tensor, meta map[string]string) error {
 		}
 		return nil
 	})
+	if err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(sum.Sum(nil)), nil
 }
 
 // WriteAtomic writes a file through fill so that path never holds a partial file.

@@ -33,6 +33,11 @@ type Options struct {
 	// Decorate, if set, may rewrite a stage's output line before it is shown
 	// (not in the stage's log file), e.g. to add the live bubble to progress.
 	Decorate func(stage int, line string) string
+	// Resume has every stage continue from the run's newest complete checkpoint;
+	// stage logs are then appended to, not replaced.
+	Resume bool
+	// Attempt numbers restarts (0 for the first run) in the stage logs.
+	Attempt int
 }
 
 // StageError is the first stage failure of a launch.
@@ -104,12 +109,47 @@ func Run(ctx context.Context, o Options) error {
 		}
 		return nil
 	case c := <-failed:
+		c = culprit(c, failed)
 		stopAll(children, o.Grace)
 		return c.stageError()
 	case <-ctx.Done():
 		stopAll(children, o.Grace)
 		return context.Cause(ctx)
 	}
+}
+
+// culprit picks the stage to blame among those failing together. When a stage is
+// killed its neighbours fail within moments, complaining about it, and any of them
+// may be reaped first: a stage that died of a signal the launcher did not send is
+// the cause, so failures are gathered briefly and such a stage is preferred.
+func culprit(first *child, failed <-chan *child) *child {
+	if first.signaled() {
+		return first
+	}
+	timeout := time.After(300 * time.Millisecond)
+	for {
+		select {
+		case c := <-failed:
+			if c.signaled() {
+				return c
+			}
+		case <-timeout:
+			return first
+		}
+	}
+}
+
+// signaled reports whether the stage process was ended by a signal.
+func (c *child) signaled() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var ee *exec.ExitError
+	if errors.As(c.err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok {
+			return ws.Signaled()
+		}
+	}
+	return false
 }
 
 func (c *child) stageError() error {
@@ -120,6 +160,9 @@ func (c *child) stageError() error {
 
 func start(o Options, i int, logDir string, outMu *sync.Mutex) (*child, error) {
 	args := append([]string{"stage", "--config", o.ConfigPath, "--stage", strconv.Itoa(i), "--run-dir", o.RunDir}, o.ExtraArgs...)
+	if o.Resume {
+		args = append(args, "--resume")
+	}
 	cmd := exec.Command(o.Binary, args...)
 	cmd.Env = os.Environ()
 	// Own process group: a terminal's Ctrl-C reaches only the launcher, which then
@@ -131,7 +174,14 @@ func start(o Options, i int, logDir string, outMu *sync.Mutex) (*child, error) {
 		return nil, err
 	}
 	cmd.Stdout, cmd.Stderr = pw, pw
-	logFile, err := os.Create(filepath.Join(logDir, fmt.Sprintf("stage-%d.log", i)))
+	flags := os.O_WRONLY | os.O_CREATE | os.O_TRUNC
+	if o.Resume {
+		flags = os.O_WRONLY | os.O_CREATE | os.O_APPEND
+	}
+	logFile, err := os.OpenFile(filepath.Join(logDir, fmt.Sprintf("stage-%d.log", i)), flags, 0o644)
+	if err == nil && o.Attempt > 0 {
+		_, err = fmt.Fprintf(logFile, "--- restart %d, resuming from the newest complete checkpoint ---\n", o.Attempt)
+	}
 	if err != nil {
 		pr.Close()
 		pw.Close()
@@ -189,6 +239,8 @@ func stopAll(children []*child, grace time.Duration) {
 		case <-c.done:
 		default:
 			c.cmd.Process.Signal(syscall.SIGTERM)
+			// A stopped (hung) stage handles SIGTERM only once continued.
+			c.cmd.Process.Signal(syscall.SIGCONT)
 		}
 	}
 	deadline := time.After(grace)

@@ -7,7 +7,9 @@ import (
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
+	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/models"
+	"github.com/pipetrain/pipetrain/optim"
 )
 
 // Engine computes one stage's slice of a model: layers [First, Last) of the model,
@@ -327,19 +329,32 @@ func (e *Engine) LossScale(microBatches int) G.Value {
 	return G.NewF32(1 / float32(microBatches))
 }
 
-// Step applies the optimizer to the summed gradients; the solver zeroes them.
-func (e *Engine) Step(s G.Solver) error {
+// Step applies the optimizer to the summed gradients and zeroes them.
+func (e *Engine) Step(o *optim.Optimizer) error {
 	if len(e.flights) != 0 {
 		return fmt.Errorf("optimizer step with %d micro-batches still in flight", len(e.flights))
 	}
-	if e.Split {
-		vgs := make([]G.ValueGrad, len(e.params))
-		for i, p := range e.params {
-			vgs[i] = paramGrad{p.Value(), e.grads[i]}
-		}
-		return s.Step(vgs)
+	grads, err := e.Gradients()
+	if err != nil {
+		return err
 	}
-	return s.Step(G.NodesToValueGrads(e.params))
+	params, sums := make([]*tensor.Dense, len(e.params)), make([]*tensor.Dense, len(e.params))
+	for i, p := range e.params {
+		params[i] = p.Value().(*tensor.Dense)
+		if sums[i], _ = grads[i].(*tensor.Dense); sums[i] == nil {
+			return fmt.Errorf("%s: gradient is a %T, not a dense tensor", p.Name(), grads[i])
+		}
+	}
+	return o.Step(params, sums)
+}
+
+// NewOptimizer makes the configured optimizer for this engine's parameters.
+func (e *Engine) NewOptimizer(c configs.Optimizer) (*optim.Optimizer, error) {
+	shapes := make([]tensor.Shape, len(e.params))
+	for i, p := range e.params {
+		shapes[i] = p.Shape().Clone()
+	}
+	return optim.New(c, e.Model.DType, shapes)
 }
 
 // Gradients returns the summed gradient of each parameter, in Params order.
@@ -358,15 +373,6 @@ func (e *Engine) Gradients() ([]G.Value, error) {
 	}
 	return out, nil
 }
-
-// paramGrad hands a split engine's own gradient sums to gorgonia's solvers.
-type paramGrad struct {
-	v G.Value
-	g *tensor.Dense
-}
-
-func (p paramGrad) Value() G.Value         { return p.v }
-func (p paramGrad) Grad() (G.Value, error) { return p.g, nil }
 
 func (e *Engine) machine() G.VM {
 	if n := len(e.idle); n > 0 {

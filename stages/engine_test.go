@@ -9,6 +9,7 @@ import (
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
+	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/models"
 )
 
@@ -247,7 +248,11 @@ func TestEngineRejectsMisuse(t *testing.T) {
 	if _, err := e.Forward(0, in, []int{0, 1}); err == nil {
 		t.Error("second forward of an in-flight micro-batch accepted")
 	}
-	if err := e.Step(G.NewVanillaSolver()); err == nil {
+	sgd, err := e.NewOptimizer(configs.Optimizer{Name: "sgd", LR: 0.1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Step(sgd); err == nil {
 		t.Error("optimizer step with a micro-batch in flight accepted")
 	}
 	if _, err := NewEngine(m, 2, 2, 2, 1, false); err == nil {
@@ -350,10 +355,19 @@ func TestSplitBackwardIsBitIdentical(t *testing.T) {
 					t.Errorf("%s: %s gradient differs", dtype, fused[i].Params()[j].Name())
 				}
 			}
-			if err := fused[i].Step(G.NewAdamSolver(G.WithLearnRate(0.01))); err != nil {
+			adam := configs.Optimizer{Name: "adam", LR: 0.01, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8}
+			fo, err := fused[i].NewOptimizer(adam)
+			if err != nil {
 				t.Fatal(err)
 			}
-			if err := split[i].Step(G.NewAdamSolver(G.WithLearnRate(0.01))); err != nil {
+			so, err := split[i].NewOptimizer(adam)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := fused[i].Step(fo); err != nil {
+				t.Fatal(err)
+			}
+			if err := split[i].Step(so); err != nil {
 				t.Fatal(err)
 			}
 			for j, p := range fused[i].Params() {

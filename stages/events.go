@@ -16,8 +16,9 @@ type eventLog struct {
 	e *json.Encoder
 }
 
-func openEventLog(path string) (*eventLog, error) {
-	f, err := os.Create(path)
+// openEventLog creates the log, or appends to it when a resumed run continues it.
+func openEventLog(path string, resume bool) (*eventLog, error) {
+	f, err := openLog(path, resume)
 	if err != nil {
 		return nil, err
 	}
@@ -30,4 +31,12 @@ func (l *eventLog) flush() error              { return l.w.Flush() }
 func (l *eventLog) close() {
 	l.w.Flush()
 	l.f.Close()
+}
+
+// openLog creates a log file, or opens it for appending.
+func openLog(path string, resume bool) (*os.File, error) {
+	if resume {
+		return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	}
+	return os.Create(path)
 }

@@ -21,9 +21,11 @@ type peer struct {
 	dtype  transport.DType
 	shapes [][]int // by chunk tag
 	held   map[slot]*transport.Tensor
-	// timeout bounds each wait for a tensor; 0 means only ctx bounds it.
-	timeout time.Duration
-	metrics *Metrics // counts received bytes; may be nil
+	// timeout bounds each wait for a tensor, and for room in the send queue; 0
+	// means only ctx bounds them.
+	timeout      time.Duration
+	microBatches int      // per training step; 0 skips the range check
+	metrics      *Metrics // counts received bytes; may be nil
 }
 
 type slot struct {
@@ -60,6 +62,9 @@ func (p *peer) recv(ctx context.Context, step int64, mb, chunk int) (*tensor.Den
 			return nil, fmt.Errorf("waiting for %s of step %d micro-batch %d%s from %s: %w", p.kind, step+1, mb, chunkText(chunk), p.name, err)
 		}
 		if err := p.check(got); err != nil {
+			return nil, err
+		}
+		if err := p.checkTag(got, step); err != nil {
 			return nil, err
 		}
 		s := slot{got.Step, int(got.MicroBatch), int(got.Chunk)}
@@ -104,6 +109,21 @@ func (p *peer) check(t *transport.Tensor) error {
 	return nil
 }
 
+// checkTag rejects a tensor that cannot belong to the step being waited for or the
+// next one: a neighbour may run at most a step ahead (or have moved on to the
+// evaluation), never behind, and its micro-batch index must be in range.
+func (p *peer) checkTag(t *transport.Tensor, step int64) error {
+	ok := t.Step == step || t.Step == EvalStep || (step != EvalStep && t.Step == step+1)
+	if !ok {
+		return fmt.Errorf("%s sent %s for step %d while this stage is at step %d: the stages are out of step (a stage restarted from another checkpoint?)",
+			p.name, t.Kind, t.Step+1, step+1)
+	}
+	if t.MicroBatch < 0 || (t.Step != EvalStep && p.microBatches > 0 && int(t.MicroBatch) >= p.microBatches) {
+		return fmt.Errorf("%s sent %s for micro-batch %d of step %d; steps have micro-batches 0-%d", p.name, t.Kind, t.MicroBatch, t.Step+1, p.microBatches-1)
+	}
+	return nil
+}
+
 // send queues v for the neighbour and returns the payload size and how long the
 // send was blocked by a full queue (backpressure).
 func (p *peer) send(ctx context.Context, kind transport.Kind, step int64, mb, chunk int, v *tensor.Dense) (sent int64, blocked time.Duration, err error) {
@@ -121,7 +141,15 @@ func (p *peer) send(ctx context.Context, kind transport.Kind, step int64, mb, ch
 	}
 	t.Chunk = int32(chunk)
 	start := time.Now()
+	if p.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, p.timeout, fmt.Errorf("no room in the send queue within transport.recv_timeout %v: the neighbour stopped reading", p.timeout))
+		defer cancel()
+	}
 	if err := p.link.Send(ctx, t); err != nil {
+		if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
+			err = cause
+		}
 		return 0, 0, fmt.Errorf("sending %s of step %d micro-batch %d%s to %s: %w", kind, step+1, mb, chunkText(chunk), p.name, err)
 	}
 	return int64(len(t.Data)), time.Since(start), nil

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	G "gorgonia.org/gorgonia"
@@ -20,6 +21,7 @@ import (
 	"github.com/pipetrain/pipetrain/data"
 	"github.com/pipetrain/pipetrain/internal/blas"
 	"github.com/pipetrain/pipetrain/models"
+	"github.com/pipetrain/pipetrain/optim"
 	"github.com/pipetrain/pipetrain/profile"
 	"github.com/pipetrain/pipetrain/schedule"
 	"github.com/pipetrain/pipetrain/transport"
@@ -44,6 +46,8 @@ type Options struct {
 	Log io.Writer
 	// Train and Test are loaded from Config.Data when nil.
 	Train, Test *data.Dataset
+	// Resume continues from the newest complete checkpoint in RunDir, if any.
+	Resume bool
 }
 
 // Runtime executes one stage's actions, step after step. A stage holds one engine
@@ -52,7 +56,7 @@ type Runtime struct {
 	cfg           *configs.Config
 	stage, stages int // position in the pipeline, and its length
 	engines       []*Engine
-	solvers       []G.Solver // one per engine: solver state and step counts are per parameter list
+	optims        []*optim.Optimizer // one per engine: state and step counts are per parameter list
 	actions       []schedule.Action
 	schedName     string
 	prev, next    *peer
@@ -65,12 +69,16 @@ type Runtime struct {
 
 	losses []float64 // this step's micro-batch losses (last stage)
 	live   *Metrics
+
+	resume     bool
+	commits    sync.WaitGroup // stage 0's checkpoint commits in progress
+	lastCommit chan struct{}  // closed when the newest commit has ended
 }
 
 // New builds the stage: its slices of the model, its schedule and its data.
 func New(o Options) (*Runtime, error) {
 	c := o.Config
-	r := &Runtime{cfg: c, stage: o.Stage, stages: len(c.Stages), runDir: o.RunDir, log: o.Log, live: newMetrics(o.Stage)}
+	r := &Runtime{cfg: c, stage: o.Stage, stages: len(c.Stages), runDir: o.RunDir, log: o.Log, live: newMetrics(o.Stage), resume: o.Resume}
 	if r.log == nil {
 		r.log = io.Discard
 	}
@@ -89,11 +97,11 @@ func New(o Options) (*Runtime, error) {
 		if err != nil {
 			return nil, fmt.Errorf("stage %d chunk %d: %w", r.stage, chunk, err)
 		}
-		s, err := NewSolver(c.Train.Optimizer)
+		o, err := e.NewOptimizer(c.Train.Optimizer)
 		if err != nil {
 			return nil, err
 		}
-		r.engines, r.solvers = append(r.engines, e), append(r.solvers, s)
+		r.engines, r.optims = append(r.engines, e), append(r.optims, o)
 	}
 	if err := r.attach(o, model); err != nil {
 		return nil, err
@@ -158,6 +166,7 @@ func (r *Runtime) attach(o Options, model *models.Model) error {
 		}
 		r.prev = newPeer(o.Prev, transport.Activation, dt, LinkShapes(r.cfg, model, (r.stage+r.stages-1)%r.stages), r.cfg.Transport.RecvTimeout)
 		r.prev.metrics, r.live.links["prev"] = r.live, o.Prev
+		r.prev.microBatches = r.cfg.Data.MicroBatches
 	}
 	if needNext {
 		if o.Next == nil {
@@ -165,6 +174,7 @@ func (r *Runtime) attach(o Options, model *models.Model) error {
 		}
 		r.next = newPeer(o.Next, transport.Gradient, dt, LinkShapes(r.cfg, model, r.stage), r.cfg.Transport.RecvTimeout)
 		r.next.metrics, r.live.links["next"] = r.live, o.Next
+		r.next.microBatches = r.cfg.Data.MicroBatches
 	}
 	return nil
 }
@@ -220,10 +230,35 @@ func (r *Runtime) inFlight() int {
 // Run trains for the configured steps, evaluates if asked, and saves the stage's
 // final weights under RUN_DIR/weights.
 func (r *Runtime) Run(ctx context.Context) error {
+	first := 0
+	if r.resume {
+		var err error
+		if first, err = r.restore(); err != nil {
+			return fmt.Errorf("stage %d: resuming: %w", r.stage, err)
+		}
+		if err := r.rewindLogs(first); err != nil {
+			return fmt.Errorf("stage %d: resuming: %w", r.stage, err)
+		}
+	}
+	// Stage 0 takes part in every step, so no stage can write a checkpoint after
+	// first before this runs. A fresh run clears them all: an older run's
+	// checkpoints in the same directory must never be resumed from.
+	if r.stage == 0 {
+		if err := checkpoint.RemoveAfter(CheckpointDir(r.runDir), first-1); err != nil {
+			return err
+		}
+	}
 	if err := r.open(); err != nil {
 		return err
 	}
 	defer r.close()
+	// Commits still running when training stops are given up: a checkpoint whose
+	// manifest is not written is never resumed from.
+	commitCtx, stopCommits := context.WithCancel(ctx)
+	defer func() {
+		stopCommits()
+		r.commits.Wait()
+	}()
 	var layers []string
 	for _, e := range r.engines {
 		layers = append(layers, fmt.Sprintf("%d-%d", e.First, e.Last-1))
@@ -232,7 +267,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 		r.stage, strings.Join(layers, " and "), r.cfg.Schedule, r.cfg.Data.MicroBatches, r.cfg.MicroBatchSize(), r.cfg.Train.Steps)
 	start := time.Now()
 	lastLog := start
-	for step := 0; step < r.cfg.Train.Steps; step++ {
+	for step := first; step < r.cfg.Train.Steps; step++ {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("stage %d stopped before step %d: %w", r.stage, step+1, context.Cause(ctx))
 		}
@@ -243,6 +278,11 @@ func (r *Runtime) Run(ctx context.Context) error {
 		r.live.step(time.Since(stepStart))
 		if err := r.events.flush(); err != nil {
 			return err
+		}
+		if every := r.cfg.Checkpoint.Every; every > 0 && ((step+1)%every == 0 || step+1 == r.cfg.Train.Steps) {
+			if err := r.saveCheckpoint(commitCtx, step+1); err != nil {
+				return err
+			}
 		}
 		if r.last().IsLast() {
 			done := step + 1
@@ -271,6 +311,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 	if err := r.saveWeights(); err != nil {
 		return err
 	}
+	r.awaitCommits(ctx)
 	peak := 0
 	for _, e := range r.engines {
 		peak += e.PeakInFlight()
@@ -286,7 +327,7 @@ func (r *Runtime) open() error {
 		}
 	}
 	var err error
-	if r.events, err = openEventLog(profile.EventsFile(r.runDir, r.stage)); err != nil {
+	if r.events, err = openEventLog(profile.EventsFile(r.runDir, r.stage), r.resume); err != nil {
 		return err
 	}
 	if r.stage == 0 {
@@ -295,7 +336,7 @@ func (r *Runtime) open() error {
 		}
 	}
 	if r.last().IsLast() {
-		if r.metrics, err = os.Create(filepath.Join(r.runDir, "metrics.jsonl")); err != nil {
+		if r.metrics, err = openLog(filepath.Join(r.runDir, "metrics.jsonl"), r.resume); err != nil {
 			return err
 		}
 	}
@@ -344,7 +385,7 @@ func (r *Runtime) trainStep(ctx context.Context, step int) error {
 	}
 	t0 := time.Now()
 	for i, e := range r.engines {
-		if err := e.Step(r.solvers[i]); err != nil {
+		if err := e.Step(r.optims[i]); err != nil {
 			return fmt.Errorf("optimizer: %w", err)
 		}
 	}
@@ -605,20 +646,6 @@ func (r *Runtime) saveWeights() error {
 		return fmt.Errorf("stage %d: saving weights: %w", r.stage, err)
 	}
 	return nil
-}
-
-// NewSolver makes the configured optimizer.
-func NewSolver(o configs.Optimizer) (G.Solver, error) {
-	switch o.Name {
-	case "sgd":
-		if o.Momentum > 0 {
-			return G.NewMomentum(G.WithLearnRate(o.LR), G.WithMomentum(o.Momentum)), nil
-		}
-		return G.NewVanillaSolver(G.WithLearnRate(o.LR)), nil
-	case "adam":
-		return G.NewAdamSolver(G.WithLearnRate(o.LR), G.WithBeta1(o.Beta1), G.WithBeta2(o.Beta2), G.WithEps(o.Eps)), nil
-	}
-	return nil, fmt.Errorf("unknown optimizer %q", o.Name)
 }
 
 // ReadMetrics reads a run's metrics.jsonl.

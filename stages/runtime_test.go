@@ -55,7 +55,8 @@ func testConfig(sched string, layers [][]string, micro int, dtype, opt string) *
 		Schedule:      sched,
 		VirtualStages: len(layers[0]),
 		Compute:       configs.Compute{BLASThreads: 1},
-		Transport:     configs.Transport{ConnectTimeout: time.Second, QueueDepth: 2, RecvTimeout: 10 * time.Second},
+		Transport:     configs.Transport{ConnectTimeout: time.Second, QueueDepth: 2, RecvTimeout: 10 * time.Second, Heartbeat: time.Second, PeerTimeout: time.Second},
+		Checkpoint:    configs.Checkpoint{Keep: 2},
 	}
 	for i, l := range layers {
 		c.Stages = append(c.Stages, configs.Stage{Layers: l, Address: fmt.Sprintf("127.0.0.1:%d", 7000+i), Device: "cpu"})
@@ -83,10 +84,15 @@ func runInProcess(t *testing.T, c *configs.Config, reference bool) string {
 // runStages is runInProcess that also returns the finished runtimes.
 func runStages(t *testing.T, c *configs.Config, reference bool) (string, []*Runtime) {
 	t.Helper()
+	return runStagesIn(t, c, reference, t.TempDir(), false)
+}
+
+// runStagesIn runs the stages in dir, resuming from its checkpoints if asked.
+func runStagesIn(t *testing.T, c *configs.Config, reference bool, dir string, resume bool) (string, []*Runtime) {
+	t.Helper()
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
 	train, test := synthetic(96, 8, 3, 1), synthetic(30, 8, 3, 2)
 	n := len(c.Stages)
 	if reference {
@@ -113,7 +119,7 @@ func runStages(t *testing.T, c *configs.Config, reference bool) (string, []*Runt
 	var wg sync.WaitGroup
 	var rts []*Runtime
 	for i := 0; i < n; i++ {
-		rt, err := New(Options{Config: c, Stage: i, Reference: reference, RunDir: dir, Prev: links[i][0], Next: links[i][1], Train: train, Test: test})
+		rt, err := New(Options{Config: c, Stage: i, Reference: reference, RunDir: dir, Prev: links[i][0], Next: links[i][1], Train: train, Test: test, Resume: resume})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -2,8 +2,11 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -12,19 +15,28 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/pipetrain/pipetrain/checkpoint"
+	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/launcher"
 	"github.com/pipetrain/pipetrain/stages"
 )
 
 func launchCmd() *cobra.Command {
 	var f runFlags
+	var resumeDir string
 	c := &cobra.Command{
-		Use:   "launch --config FILE",
-		Short: "Run every stage of a config as its own process on this machine",
+		Use:   "launch --config FILE | --resume RUN_DIR",
+		Short: "Run every stage of a config as its own process on this machine, restarting failed runs from their checkpoints",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := f.resumeFrom(resumeDir); err != nil {
+				return err
+			}
 			cfg, err := f.load()
 			if err != nil {
+				return err
+			}
+			if err := writeLaunchInfo(f); err != nil {
 				return err
 			}
 			exe, err := os.Executable()
@@ -41,9 +53,9 @@ func launchCmd() *cobra.Command {
 			go live.Follow(500*time.Millisecond, stopLive)
 			defer close(stopLive)
 			last := len(cfg.Stages) - 1
-			err = launcher.Run(cmd.Context(), launcher.Options{
+			opts := launcher.Options{
 				Binary: exe, ConfigPath: cfg.Path, Stages: len(cfg.Stages), RunDir: f.runDir,
-				ExtraArgs: extra, Out: os.Stdout,
+				ExtraArgs: extra, Out: os.Stdout, Resume: resumeDir != "",
 				Decorate: func(stage int, line string) string {
 					if stage != last || !strings.HasPrefix(line, "step ") {
 						return line
@@ -54,15 +66,118 @@ func launchCmd() *cobra.Command {
 					}
 					return line
 				},
-			})
-			if err != nil {
+			}
+			if err := superviseRun(cmd.Context(), cfg, opts); err != nil {
 				return err
 			}
 			return printSummary(f.runDir)
 		},
 	}
 	f.register(c, "")
+	c.Flags().Lookup("config").Annotations = nil // not required with --resume
+	c.Flags().StringVar(&resumeDir, "resume", "", "continue the run in RUN_DIR from its newest complete checkpoint (its config is found in RUN_DIR/launch.json)")
 	return c
+}
+
+// superviseRun runs the job and, when a stage fails, restarts every stage from
+// the newest complete checkpoint, up to recovery.max_restarts times, saying
+// what was lost. It gives up at once on an interrupt, or when an attempt failed
+// before completing a step (the fault would only repeat).
+func superviseRun(ctx context.Context, cfg *configs.Config, opts launcher.Options) error {
+	root := stages.CheckpointDir(opts.RunDir)
+	startedAt := resumePoint(root, cfg)
+	if !opts.Resume {
+		startedAt = 0
+	}
+	for restarts := 0; ; restarts++ {
+		opts.Attempt = restarts
+		err := launcher.Run(ctx, opts)
+		var failed *launcher.StageError
+		if err == nil || !errors.As(err, &failed) || ctx.Err() != nil {
+			return err
+		}
+		reached := lastLoggedStep(opts.RunDir)
+		from := resumePoint(root, cfg)
+		if restarts >= cfg.Recovery.MaxRestarts {
+			return fmt.Errorf("%w\npipetrain: not restarting: recovery.max_restarts is %d; resume by hand with: pipetrain launch --resume %s", err, cfg.Recovery.MaxRestarts, opts.RunDir)
+		}
+		if reached <= startedAt {
+			return fmt.Errorf("%w\npipetrain: not restarting: the run failed again before completing a step past %d", err, startedAt)
+		}
+		fmt.Printf("pipetrain: %v\n", err)
+		fmt.Printf("pipetrain: stage %d failed after step %d; restarting from the checkpoint of step %d (%d steps lost), restart %d of %d\n",
+			failed.Stage, reached, from, reached-from, restarts+1, cfg.Recovery.MaxRestarts)
+		opts.Resume, startedAt = true, from
+	}
+}
+
+// resumePoint is the step of the run's newest complete checkpoint, 0 if none.
+func resumePoint(root string, cfg *configs.Config) int {
+	m, _, err := checkpoint.Latest(root, cfg.TrainingDigest())
+	if err != nil || m == nil {
+		return 0
+	}
+	return m.Step
+}
+
+// lastLoggedStep is the last step in the run's metrics.jsonl (0 if none).
+func lastLoggedStep(runDir string) int {
+	ms, _ := stages.ReadMetrics(filepath.Join(runDir, "metrics.jsonl"))
+	if len(ms) == 0 {
+		return 0
+	}
+	return ms[len(ms)-1].Step
+}
+
+// launchInfo is what launch --resume needs to continue a run.
+type launchInfo struct {
+	Config string `json:"config"`
+	Steps  int    `json:"steps,omitempty"`
+}
+
+func writeLaunchInfo(f runFlags) error {
+	abs, err := filepath.Abs(f.config)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(f.runDir, 0o755); err != nil {
+		return err
+	}
+	b, _ := json.MarshalIndent(launchInfo{Config: abs, Steps: f.steps}, "", "  ")
+	return checkpoint.WriteAtomic(filepath.Join(f.runDir, "launch.json"), func(w io.Writer) error {
+		_, err := w.Write(append(b, '\n'))
+		return err
+	})
+}
+
+// resumeFrom points the flags at a run to resume: its directory, and unless given,
+// the config and step count it was launched with.
+func (f *runFlags) resumeFrom(dir string) error {
+	if dir == "" {
+		if f.config == "" {
+			return errors.New(`required flag "config" not set (or give --resume RUN_DIR)`)
+		}
+		return nil
+	}
+	f.runDir = dir
+	b, err := os.ReadFile(filepath.Join(dir, "launch.json"))
+	if err != nil {
+		if f.config != "" {
+			return nil
+		}
+		return fmt.Errorf("--resume %s: %w (give --config too)", dir, err)
+	}
+	var info launchInfo
+	if err := json.Unmarshal(b, &info); err != nil {
+		return fmt.Errorf("%s: %w", filepath.Join(dir, "launch.json"), err)
+	}
+	if f.config == "" {
+		f.config = info.Config
+	}
+	if f.steps == 0 {
+		f.steps = info.Steps
+	}
+	return nil
 }
 
 // printSummary reports the run's final loss and test accuracy from its files.

@@ -11,6 +11,7 @@ import (
 
 func referenceCmd() *cobra.Command {
 	var f runFlags
+	var resume bool
 	c := &cobra.Command{
 		Use:   "reference --config FILE",
 		Short: "Train the same model in one process, no pipeline: the baseline a pipelined run must equal",
@@ -21,7 +22,7 @@ func referenceCmd() *cobra.Command {
 				return err
 			}
 			fmt.Printf("pipetrain: reference run of %s in one process, run directory %s\n", cfg.Path, f.runDir)
-			rt, err := stages.New(stages.Options{Config: cfg, Reference: true, RunDir: f.runDir, Log: os.Stdout})
+			rt, err := stages.New(stages.Options{Config: cfg, Reference: true, RunDir: f.runDir, Log: os.Stdout, Resume: resume})
 			if err != nil {
 				return err
 			}
@@ -29,5 +30,6 @@ func referenceCmd() *cobra.Command {
 		},
 	}
 	f.register(c, "")
+	c.Flags().BoolVar(&resume, "resume", false, "continue from the newest complete checkpoint in --run-dir")
 	return c
 }

@@ -13,6 +13,7 @@ import (
 func stageCmd() *cobra.Command {
 	var f runFlags
 	var index int
+	var resume bool
 	c := &cobra.Command{
 		Use:   "stage --config FILE --stage N",
 		Short: "Run one pipeline stage (launch runs these for you; use it directly for one stage per host)",
@@ -36,7 +37,7 @@ func stageCmd() *cobra.Command {
 				return err
 			}
 			defer links.Close()
-			rt, err := stages.New(stages.Options{Config: cfg, Stage: index, RunDir: f.runDir, Prev: links.Prev, Next: links.Next, Log: os.Stdout})
+			rt, err := stages.New(stages.Options{Config: cfg, Stage: index, RunDir: f.runDir, Prev: links.Prev, Next: links.Next, Log: os.Stdout, Resume: resume})
 			if err != nil {
 				return err
 			}
@@ -54,5 +55,6 @@ func stageCmd() *cobra.Command {
 	f.register(c, "runs/latest")
 	c.Flags().IntVar(&index, "stage", -1, "index of the stage in the config's stages list")
 	c.MarkFlagRequired("stage")
+	c.Flags().BoolVar(&resume, "resume", false, "continue from the newest complete checkpoint in --run-dir (every stage must be given it)")
 	return c
 }

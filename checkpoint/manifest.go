@@ -1,0 +1,292 @@
+package checkpoint
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// A run's checkpoints live under one root folder, one folder per step:
+//
+//	ROOT/step-00000150/stage-0.safetensors   weights and optimizer state of stage 0
+//	ROOT/step-00000150/stage-0.sha256        its checksum, written after it
+//	ROOT/step-00000150/manifest.json         written last, once every part is in
+//
+// Each stage writes its own part; one process (stage 0) commits the checkpoint by
+// writing the manifest once every part is present and matches its checksum. A
+// folder without a manifest is a checkpoint still being written, or one a crash
+// interrupted: it is never resumed from.
+
+// ManifestName is the file whose presence commits a checkpoint.
+const ManifestName = "manifest.json"
+
+// Part is one stage's file in a checkpoint.
+type Part struct {
+	Stage  int    `json:"stage"`
+	File   string `json:"file"`
+	SHA256 string `json:"sha256"`
+	Bytes  int64  `json:"bytes"`
+}
+
+// Manifest describes a committed checkpoint.
+type Manifest struct {
+	Step         int       `json:"step"`
+	ConfigDigest string    `json:"config_digest"`
+	Stages       int       `json:"stages"`
+	Parts        []Part    `json:"parts"`
+	Committed    time.Time `json:"committed"`
+
+	// Dir is the checkpoint's folder; it is not stored.
+	Dir string `json:"-"`
+}
+
+// StepDir is the folder of step's checkpoint under root.
+func StepDir(root string, step int) string {
+	return filepath.Join(root, fmt.Sprintf("step-%08d", step))
+}
+
+// PartFile is the name of a stage's part inside a checkpoint folder.
+func PartFile(stage int) string { return fmt.Sprintf("stage-%d.safetensors", stage) }
+
+func sumFile(stage int) string { return fmt.Sprintf("stage-%d.sha256", stage) }
+
+// WritePart writes stage's part of step's checkpoint, then its checksum file,
+// both atomically: a checksum file on disk always describes a complete part.
+func WritePart(root string, step, stage int, tensors []Tensor, meta map[string]string) error {
+	dir := StepDir(root, step)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	path := filepath.Join(dir, PartFile(stage))
+	sum, err := WriteSum(path, tensors, meta)
+	if err != nil {
+		return err
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	return WriteAtomic(filepath.Join(dir, sumFile(stage)), func(w io.Writer) error {
+		_, err := fmt.Fprintf(w, "%s %d\n", sum, st.Size())
+		return err
+	})
+}
+
+// readSum reads a part's checksum file: "HEX BYTES".
+func readSum(dir string, stage int) (sum string, size int64, err error) {
+	b, err := os.ReadFile(filepath.Join(dir, sumFile(stage)))
+	if err != nil {
+		return "", 0, err
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return "", 0, fmt.Errorf("%s: malformed checksum file", filepath.Join(dir, sumFile(stage)))
+	}
+	size, err = strconv.ParseInt(f[1], 10, 64)
+	return f[0], size, err
+}
+
+// fileSum hashes a file.
+func fileSum(path string) (string, int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", 0, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return "", 0, err
+	}
+	return hex.EncodeToString(h.Sum(nil)), n, nil
+}
+
+// Commit waits until every stage has written its part of step's checkpoint and
+// each part matches its checksum, then writes the manifest atomically and deletes
+// all but the newest keep committed checkpoints. It polls every interval until ctx
+// ends; a part that does not match its checksum yet (being rewritten) is waited for.
+func Commit(ctx context.Context, root string, step, stages int, digest string, keep int, interval time.Duration) (*Manifest, error) {
+	dir := StepDir(root, step)
+	m := &Manifest{Step: step, ConfigDigest: digest, Stages: stages, Dir: dir}
+	for {
+		parts, missing := collectParts(dir, stages)
+		if missing == "" {
+			m.Parts = parts
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("checkpoint of step %d not committed: %s: %w", step, missing, context.Cause(ctx))
+		case <-time.After(interval):
+		}
+	}
+	m.Committed = time.Now().UTC()
+	b, _ := json.MarshalIndent(m, "", "  ")
+	if err := WriteAtomic(filepath.Join(dir, ManifestName), func(w io.Writer) error {
+		_, err := w.Write(append(b, '\n'))
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	return m, Prune(root, keep)
+}
+
+// collectParts checks every stage's part of a checkpoint folder; missing says
+// which one is not ready, or is empty when all are.
+func collectParts(dir string, stages int) (parts []Part, missing string) {
+	for s := 0; s < stages; s++ {
+		sum, size, err := readSum(dir, s)
+		if err != nil {
+			return nil, fmt.Sprintf("stage %d's part is not written", s)
+		}
+		got, n, err := fileSum(filepath.Join(dir, PartFile(s)))
+		if err != nil || got != sum || n != size {
+			return nil, fmt.Sprintf("stage %d's part does not match its checksum yet", s)
+		}
+		parts = append(parts, Part{Stage: s, File: PartFile(s), SHA256: sum, Bytes: size})
+	}
+	return parts, ""
+}
+
+// ReadManifest reads the manifest of one checkpoint folder.
+func ReadManifest(dir string) (*Manifest, error) {
+	b, err := os.ReadFile(filepath.Join(dir, ManifestName))
+	if err != nil {
+		return nil, err
+	}
+	var m Manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, ManifestName), err)
+	}
+	m.Dir = dir
+	return &m, nil
+}
+
+// Verify checks every part of a committed checkpoint against the manifest's
+// checksums.
+func (m *Manifest) Verify() error {
+	if len(m.Parts) != m.Stages {
+		return fmt.Errorf("%s: manifest lists %d parts for %d stages", m.Dir, len(m.Parts), m.Stages)
+	}
+	for _, p := range m.Parts {
+		path := filepath.Join(m.Dir, p.File)
+		sum, n, err := fileSum(path)
+		if err != nil {
+			return err
+		}
+		if sum != p.SHA256 || n != p.Bytes {
+			return fmt.Errorf("%s: checksum mismatch (%d bytes, sha256 %.12s; manifest says %d bytes, %.12s): the file is corrupt", path, n, sum, p.Bytes, p.SHA256)
+		}
+	}
+	return nil
+}
+
+// PartPath is stage's file in the checkpoint.
+func (m *Manifest) PartPath(stage int) string { return filepath.Join(m.Dir, PartFile(stage)) }
+
+// steps lists the step folders under root, newest first.
+func steps(root string) ([]int, error) {
+	entries, err := os.ReadDir(root)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for _, e := range entries {
+		if n, ok := strings.CutPrefix(e.Name(), "step-"); ok && e.IsDir() {
+			if s, err := strconv.Atoi(n); err == nil {
+				out = append(out, s)
+			}
+		}
+	}
+	sort.Sort(sort.Reverse(sort.IntSlice(out)))
+	return out, nil
+}
+
+// Latest returns the newest committed checkpoint under root that belongs to a run
+// of the given digest and whose files all match their checksums, or nil if there is
+// none. Each newer checkpoint passed over is reported in skipped, with why.
+func Latest(root, digest string) (m *Manifest, skipped []error, err error) {
+	all, err := steps(root)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, s := range all {
+		dir := StepDir(root, s)
+		m, err := ReadManifest(dir)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // never committed
+		}
+		if err == nil && m.ConfigDigest != digest {
+			err = fmt.Errorf("%s: written by a run of another config (digest %.12s, this run's is %.12s)", dir, m.ConfigDigest, digest)
+		}
+		if err == nil {
+			err = m.Verify()
+		}
+		if err != nil {
+			skipped = append(skipped, err)
+			continue
+		}
+		return m, skipped, nil
+	}
+	return nil, skipped, nil
+}
+
+// Prune deletes all but the newest keep committed checkpoints, and any
+// uncommitted folder older than the newest committed one (a crash's leftovers).
+func Prune(root string, keep int) error {
+	all, err := steps(root)
+	if err != nil {
+		return err
+	}
+	kept, newest := 0, -1
+	for _, s := range all {
+		dir := StepDir(root, s)
+		_, err := os.Stat(filepath.Join(dir, ManifestName))
+		committed := err == nil
+		switch {
+		case committed && kept < keep:
+			kept++
+			if newest < 0 {
+				newest = s
+			}
+			continue
+		case !committed && (newest < 0 || s > newest):
+			continue // may still be being written
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// RemoveAfter deletes every checkpoint folder, committed or not, of a step after
+// step: a resumed run recomputes those steps and must not mix its parts with
+// those of the attempt that failed.
+func RemoveAfter(root string, step int) error {
+	all, err := steps(root)
+	if err != nil {
+		return err
+	}
+	for _, s := range all {
+		if s > step {
+			if err := os.RemoveAll(StepDir(root, s)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,105 @@
+package checkpoint
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func writeParts(t *testing.T, root string, step, stages int) {
+	t.Helper()
+	for s := 0; s < stages; s++ {
+		ts := []Tensor{{Name: "w", Shape: []int{2}, F32: []float32{float32(step), float32(s)}}}
+		if err := WritePart(root, step, s, ts, map[string]string{"step": "x"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestCommitWaitsForEveryPart(t *testing.T) {
+	root := t.TempDir()
+	writeParts(t, root, 10, 2) // stages 0 and 1 of 3
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if _, err := Commit(ctx, root, 10, 3, "d", 2, 5*time.Millisecond); err == nil || !strings.Contains(err.Error(), "stage 2") {
+		t.Fatalf("commit with stage 2 missing: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(StepDir(root, 10), ManifestName)); !os.IsNotExist(err) {
+		t.Fatal("manifest written for an incomplete checkpoint")
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := Commit(context.Background(), root, 10, 3, "d", 2, 5*time.Millisecond)
+		done <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	if err := WritePart(root, 10, 2, []Tensor{{Name: "w", Shape: []int{1}, F32: []float32{1}}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	m, skipped, err := Latest(root, "d")
+	if err != nil || m == nil || m.Step != 10 || len(skipped) != 0 || len(m.Parts) != 3 {
+		t.Fatalf("Latest = %+v, %v, %v", m, skipped, err)
+	}
+}
+
+func TestLatestSkipsCorruptAndForeign(t *testing.T) {
+	root := t.TempDir()
+	for _, step := range []int{5, 10, 15} {
+		writeParts(t, root, step, 2)
+		digest := "d"
+		if step == 15 {
+			digest = "other"
+		}
+		if _, err := Commit(context.Background(), root, step, 2, digest, 5, time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeParts(t, root, 20, 1) // never committed
+	part := filepath.Join(StepDir(root, 10), PartFile(1))
+	b, _ := os.ReadFile(part)
+	b[len(b)-1] ^= 1
+	os.WriteFile(part, b, 0o644)
+
+	m, skipped, err := Latest(root, "d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m == nil || m.Step != 5 {
+		t.Fatalf("latest good checkpoint is %+v, want step 5", m)
+	}
+	if len(skipped) != 2 || !strings.Contains(skipped[0].Error(), "another config") || !strings.Contains(skipped[1].Error(), "checksum mismatch") {
+		t.Errorf("skipped: %v", skipped)
+	}
+	if err := RemoveAfter(root, 5); err != nil {
+		t.Fatal(err)
+	}
+	if all, _ := steps(root); len(all) != 1 || all[0] != 5 {
+		t.Errorf("after RemoveAfter(5): %v", all)
+	}
+}
+
+func TestPruneKeepsNewest(t *testing.T) {
+	root := t.TempDir()
+	for _, step := range []int{1, 2, 3, 4} {
+		writeParts(t, root, step, 1)
+		if step != 2 { // 2 is a crash's leftover
+			if _, err := Commit(context.Background(), root, step, 1, "d", 10, time.Millisecond); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	writeParts(t, root, 5, 1) // in progress
+	if err := Prune(root, 2); err != nil {
+		t.Fatal(err)
+	}
+	all, _ := steps(root)
+	if want := []int{5, 4, 3}; len(all) != len(want) || all[0] != 5 || all[1] != 4 || all[2] != 3 {
+		t.Errorf("after Prune(2): %v, want %v", all, want)
+	}
+}

@@ -1,0 +1,163 @@
+// Package optim holds pipetrain's optimizers: SGD, SGD with momentum and Adam,
+// updating parameters in place from summed gradients. Their state (step count,
+// moment buffers) can be read out and restored exactly, so a run resumed from a
+// checkpoint continues with the same bits as one never stopped.
+package optim
+
+import (
+	"fmt"
+	"math"
+
+	"gorgonia.org/tensor"
+
+	"github.com/pipetrain/pipetrain/configs"
+)
+
+// Optimizer updates one list of parameters (a stage chunk's), always in the same
+// order, so two processes holding the same parameters compute the same update.
+type Optimizer struct {
+	cfg    configs.Optimizer
+	shapes []tensor.Shape
+	dt     tensor.Dtype
+	steps  int64
+	// slots holds the per-parameter buffers: "momentum" for SGD with momentum,
+	// "m" and "v" for Adam; each list in parameter order.
+	slots map[string][]*tensor.Dense
+}
+
+// New makes the configured optimizer for parameters of the given shapes.
+func New(o configs.Optimizer, dt tensor.Dtype, shapes []tensor.Shape) (*Optimizer, error) {
+	if dt != tensor.Float32 && dt != tensor.Float64 {
+		return nil, fmt.Errorf("optimizer: unsupported dtype %v", dt)
+	}
+	opt := &Optimizer{cfg: o, dt: dt, shapes: shapes, slots: map[string][]*tensor.Dense{}}
+	var names []string
+	switch o.Name {
+	case "sgd":
+		if o.Momentum > 0 {
+			names = []string{"momentum"}
+		}
+	case "adam":
+		names = []string{"m", "v"}
+	default:
+		return nil, fmt.Errorf("unknown optimizer %q (known: sgd, adam)", o.Name)
+	}
+	for _, n := range names {
+		for _, s := range shapes {
+			opt.slots[n] = append(opt.slots[n], tensor.New(tensor.Of(dt), tensor.WithShape(s.Clone()...)))
+		}
+	}
+	return opt, nil
+}
+
+// Steps is the number of updates applied so far.
+func (o *Optimizer) Steps() int64 { return o.steps }
+
+// Step applies one update to params from grads, then zeroes grads for the next
+// step's sums.
+func (o *Optimizer) Step(params, grads []*tensor.Dense) error {
+	if len(params) != len(o.shapes) || len(grads) != len(o.shapes) {
+		return fmt.Errorf("optimizer: %d parameters and %d gradients for %d shapes", len(params), len(grads), len(o.shapes))
+	}
+	for i := range params {
+		if !params[i].Shape().Eq(o.shapes[i]) || !grads[i].Shape().Eq(o.shapes[i]) {
+			return fmt.Errorf("optimizer: parameter %d has shape %v and gradient %v, want %v", i, params[i].Shape(), grads[i].Shape(), o.shapes[i])
+		}
+	}
+	o.steps++
+	for i := range params {
+		switch p := params[i].Data().(type) {
+		case []float32:
+			o.update32(i, p, grads[i].Data().([]float32))
+		case []float64:
+			o.update64(i, p, grads[i].Data().([]float64))
+		}
+		grads[i].Zero()
+	}
+	return nil
+}
+
+// adamScales are the step's bias-corrected step size and the epsilon scaled to
+// match: lr*sqrt(1-b2^t)/(1-b1^t) and eps*sqrt(1-b2^t), as in Kingma and Ba's
+// efficient form, so the inner loop needs no divisions by the corrections.
+func (o *Optimizer) adamScales() (step, eps float64) {
+	c1 := 1 - math.Pow(o.cfg.Beta1, float64(o.steps))
+	c2 := math.Sqrt(1 - math.Pow(o.cfg.Beta2, float64(o.steps)))
+	return o.cfg.LR * c2 / c1, o.cfg.Eps * c2
+}
+
+func (o *Optimizer) update32(i int, p, g []float32) {
+	lr := float32(o.cfg.LR)
+	switch {
+	case o.cfg.Name == "adam":
+		m, v := o.slots["m"][i].Data().([]float32), o.slots["v"][i].Data().([]float32)
+		b1, b2 := float32(o.cfg.Beta1), float32(o.cfg.Beta2)
+		s, e := o.adamScales()
+		step, eps := float32(s), float32(e)
+		for j, gj := range g {
+			m[j] = b1*m[j] + (1-b1)*gj
+			v[j] = b2*v[j] + (1-b2)*gj*gj
+			p[j] -= step * m[j] / (float32(math.Sqrt(float64(v[j]))) + eps)
+		}
+	case o.cfg.Momentum > 0:
+		buf, mu := o.slots["momentum"][i].Data().([]float32), float32(o.cfg.Momentum)
+		for j, gj := range g {
+			buf[j] = mu*buf[j] + gj
+			p[j] -= lr * buf[j]
+		}
+	default:
+		for j, gj := range g {
+			p[j] -= lr * gj
+		}
+	}
+}
+
+func (o *Optimizer) update64(i int, p, g []float64) {
+	lr := o.cfg.LR
+	switch {
+	case o.cfg.Name == "adam":
+		m, v := o.slots["m"][i].Data().([]float64), o.slots["v"][i].Data().([]float64)
+		b1, b2 := o.cfg.Beta1, o.cfg.Beta2
+		step, eps := o.adamScales()
+		for j, gj := range g {
+			m[j] = b1*m[j] + (1-b1)*gj
+			v[j] = b2*v[j] + (1-b2)*gj*gj
+			p[j] -= step * m[j] / (math.Sqrt(v[j]) + eps)
+		}
+	case o.cfg.Momentum > 0:
+		buf, mu := o.slots["momentum"][i].Data().([]float64), o.cfg.Momentum
+		for j, gj := range g {
+			buf[j] = mu*buf[j] + gj
+			p[j] -= lr * buf[j]
+		}
+	default:
+		for j, gj := range g {
+			p[j] -= lr * gj
+		}
+	}
+}
+
+// SlotNames lists the optimizer's per-parameter buffers, in a fixed order.
+func (o *Optimizer) SlotNames() []string {
+	switch {
+	case o.cfg.Name == "adam":
+		return []string{"m", "v"}
+	case o.cfg.Momentum > 0:
+		return []string{"momentum"}
+	}
+	return nil
+}
+
+// Slot returns buffer name of parameter i, which the caller may read or fill
+// (restoring a checkpoint).
+func (o *Optimizer) Slot(name string, i int) (*tensor.Dense, error) {
+	s, ok := o.slots[name]
+	if !ok || i < 0 || i >= len(s) {
+		return nil, fmt.Errorf("optimizer %s has no slot %q for parameter %d", o.cfg.Name, name, i)
+	}
+	return s[i], nil
+}
+
+// SetSteps restores the update count from a checkpoint (Adam's bias corrections
+// depend on it).
+func (o *Optimizer) SetSteps(n int64) { o.steps = n }

@@ -1,0 +1,150 @@
+package optim
+
+import (
+	"math"
+	"testing"
+
+	"gorgonia.org/tensor"
+
+	"github.com/pipetrain/pipetrain/configs"
+)
+
+// textbook is Adam, SGD and momentum as written in their papers, on one scalar
+// parameter, for comparison.
+func textbook(o configs.Optimizer, p float64, grads []float64) float64 {
+	var m, v, buf float64
+	for t, g := range grads {
+		switch {
+		case o.Name == "adam":
+			m = o.Beta1*m + (1-o.Beta1)*g
+			v = o.Beta2*v + (1-o.Beta2)*g*g
+			mh := m / (1 - math.Pow(o.Beta1, float64(t+1)))
+			vh := v / (1 - math.Pow(o.Beta2, float64(t+1)))
+			p -= o.LR * mh / (math.Sqrt(vh) + o.Eps)
+		case o.Momentum > 0:
+			buf = o.Momentum*buf + g
+			p -= o.LR * buf
+		default:
+			p -= o.LR * g
+		}
+	}
+	return p
+}
+
+func TestOptimizersMatchTextbook(t *testing.T) {
+	grads := []float64{0.5, -0.25, 0.125, 1.5, -2, 0.01, 0}
+	cases := []configs.Optimizer{
+		{Name: "sgd", LR: 0.1},
+		{Name: "sgd", LR: 0.1, Momentum: 0.9},
+		{Name: "adam", LR: 0.01, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8},
+		{Name: "adam", LR: 0.001, Beta1: 0.5, Beta2: 0.9, Eps: 1e-3},
+	}
+	for _, c := range cases {
+		for _, dt := range []tensor.Dtype{tensor.Float64, tensor.Float32} {
+			o, err := New(c, dt, []tensor.Shape{{1}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := tensor.New(tensor.Of(dt), tensor.WithShape(1))
+			g := tensor.New(tensor.Of(dt), tensor.WithShape(1))
+			p.Set(0, cast(dt, 0.3))
+			for _, x := range grads {
+				g.Set(0, cast(dt, x))
+				if err := o.Step([]*tensor.Dense{p}, []*tensor.Dense{g}); err != nil {
+					t.Fatal(err)
+				}
+				if v := asFloat(g.Get(0)); v != 0 {
+					t.Fatalf("%+v: gradient not zeroed after the step: %v", c, v)
+				}
+			}
+			want, got := textbook(c, 0.3, grads), asFloat(p.Get(0))
+			tol := 1e-12
+			if dt == tensor.Float32 {
+				tol = 1e-5
+			}
+			if math.Abs(got-want) > tol*math.Max(1, math.Abs(want)) {
+				t.Errorf("%s %v: %.15g after %d steps, textbook %.15g", c.Name, dt, got, len(grads), want)
+			}
+			if o.Steps() != int64(len(grads)) {
+				t.Errorf("Steps() = %d, want %d", o.Steps(), len(grads))
+			}
+		}
+	}
+}
+
+// TestStateRestores checks that an optimizer rebuilt from another's step count
+// and buffers continues with the same bits.
+func TestStateRestores(t *testing.T) {
+	c := configs.Optimizer{Name: "adam", LR: 0.01, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8}
+	shapes := []tensor.Shape{{2, 3}, {3}}
+	run := func(o *Optimizer, ps []*tensor.Dense, from, to int) {
+		for s := from; s < to; s++ {
+			gs := []*tensor.Dense{
+				tensor.New(tensor.WithShape(2, 3), tensor.WithBacking([]float32{1, -2, 3, float32(s), 0.5, -0.5})),
+				tensor.New(tensor.WithShape(3), tensor.WithBacking([]float32{float32(s) / 3, 2, -1})),
+			}
+			if err := o.Step(ps, gs); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	params := func() []*tensor.Dense {
+		return []*tensor.Dense{tensor.New(tensor.Of(tensor.Float32), tensor.WithShape(2, 3)), tensor.New(tensor.Of(tensor.Float32), tensor.WithShape(3))}
+	}
+	a, _ := New(c, tensor.Float32, shapes)
+	pa := params()
+	run(a, pa, 0, 5)
+
+	b, _ := New(c, tensor.Float32, shapes)
+	pb := params()
+	run(b, pb, 0, 3)
+	r, _ := New(c, tensor.Float32, shapes)
+	r.SetSteps(b.Steps())
+	for _, name := range b.SlotNames() {
+		for i := range shapes {
+			src, _ := b.Slot(name, i)
+			dst, err := r.Slot(name, i)
+			if err != nil {
+				t.Fatal(err)
+			}
+			copy(dst.Data().([]float32), src.Data().([]float32))
+		}
+	}
+	run(r, pb, 3, 5)
+	for i := range pa {
+		x, y := pa[i].Data().([]float32), pb[i].Data().([]float32)
+		for j := range x {
+			if x[j] != y[j] {
+				t.Fatalf("param %d[%d]: %v straight through, %v restored", i, j, x[j], y[j])
+			}
+		}
+	}
+	if _, err := r.Slot("momentum", 0); err == nil {
+		t.Error("adam reported a momentum slot")
+	}
+}
+
+func TestStepRejectsMismatchedShapes(t *testing.T) {
+	o, _ := New(configs.Optimizer{Name: "sgd", LR: 1}, tensor.Float32, []tensor.Shape{{2}})
+	p := tensor.New(tensor.Of(tensor.Float32), tensor.WithShape(3))
+	if err := o.Step([]*tensor.Dense{p}, []*tensor.Dense{p}); err == nil {
+		t.Error("a (3) parameter accepted for a (2) slot")
+	}
+	if _, err := New(configs.Optimizer{Name: "lion"}, tensor.Float32, nil); err == nil {
+		t.Error("unknown optimizer accepted")
+	}
+}
+
+func cast(dt tensor.Dtype, x float64) any {
+	if dt == tensor.Float32 {
+		return float32(x)
+	}
+	return x
+}
+
+func asFloat(v any) float64 {
+	if f, ok := v.(float32); ok {
+		return float64(f)
+	}
+	return v.(float64)
+}

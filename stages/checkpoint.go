@@ -1,0 +1,240 @@
+package stages
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	G "gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
+
+	"github.com/pipetrain/pipetrain/checkpoint"
+	"github.com/pipetrain/pipetrain/profile"
+)
+
+// CheckpointDir is where a run keeps its checkpoints.
+func CheckpointDir(runDir string) string { return filepath.Join(runDir, "checkpoints") }
+
+// optimName names an optimizer buffer of a parameter inside a checkpoint part.
+func optimName(slot, param string) string { return "optim." + slot + "." + param }
+
+func optimStepsKey(chunk int) string { return fmt.Sprintf("optim.steps.%d", chunk) }
+
+// partTensors is everything the stage carries from one step to the next: its
+// parameters and its optimizers' buffers.
+func (r *Runtime) partTensors() ([]checkpoint.Tensor, map[string]string, error) {
+	var ts []checkpoint.Tensor
+	meta := map[string]string{"stage": fmt.Sprint(r.stage), "training_digest": r.cfg.TrainingDigest()}
+	for c, e := range r.engines {
+		o := r.optims[c]
+		meta[optimStepsKey(c)] = strconv.FormatInt(o.Steps(), 10)
+		for i, p := range e.Params() {
+			ts = append(ts, denseTensor(p.Name(), p.Value().(*tensor.Dense)))
+			for _, slot := range o.SlotNames() {
+				v, err := o.Slot(slot, i)
+				if err != nil {
+					return nil, nil, err
+				}
+				ts = append(ts, denseTensor(optimName(slot, p.Name()), v))
+			}
+		}
+	}
+	return ts, meta, nil
+}
+
+func denseTensor(name string, d *tensor.Dense) checkpoint.Tensor {
+	t := checkpoint.Tensor{Name: name, Shape: d.Shape().Clone()}
+	switch v := d.Data().(type) {
+	case []float32:
+		t.F32 = v
+	case []float64:
+		t.F64 = v
+	}
+	return t
+}
+
+// saveCheckpoint writes the stage's part of the checkpoint after step done; stage 0
+// then commits it in the background once every stage's part is in.
+func (r *Runtime) saveCheckpoint(ctx context.Context, done int) error {
+	ts, meta, err := r.partTensors()
+	if err != nil {
+		return err
+	}
+	meta["step"] = fmt.Sprint(done)
+	root := CheckpointDir(r.runDir)
+	if err := checkpoint.WritePart(root, done, r.stage, ts, meta); err != nil {
+		return fmt.Errorf("stage %d: checkpoint of step %d: %w", r.stage, done, err)
+	}
+	if r.stage != 0 {
+		return nil
+	}
+	// Commits run in step order: committing a later step first would prune the
+	// earlier one's folder as a crash's leftover while its parts arrive.
+	prev, ended := r.lastCommit, make(chan struct{})
+	r.lastCommit = ended
+	r.commits.Add(1)
+	go func() {
+		defer r.commits.Done()
+		defer close(ended)
+		if prev != nil {
+			<-prev
+		}
+		// A stage that dies before writing its part leaves this commit waiting;
+		// the run then fails and stopping it cancels ctx.
+		m, err := checkpoint.Commit(ctx, root, done, r.stages, r.cfg.TrainingDigest(), r.cfg.Checkpoint.Keep, 20*time.Millisecond)
+		if err != nil {
+			fmt.Fprintf(r.log, "stage 0: %v\n", err)
+			return
+		}
+		fmt.Fprintf(r.log, "checkpoint of step %d committed (%d parts)\n", m.Step, len(m.Parts))
+	}()
+	return nil
+}
+
+// restore loads the newest complete checkpoint under the run directory into the
+// stage and returns its step (0 if there is none). Checkpoints that are corrupt or
+// from another config are passed over, saying why.
+func (r *Runtime) restore() (int, error) {
+	root := CheckpointDir(r.runDir)
+	m, skipped, err := checkpoint.Latest(root, r.cfg.TrainingDigest())
+	if err != nil {
+		return 0, err
+	}
+	for _, s := range skipped {
+		fmt.Fprintf(r.log, "stage %d: skipping checkpoint: %v\n", r.stage, s)
+	}
+	if m == nil {
+		fmt.Fprintf(r.log, "stage %d: no complete checkpoint in %s; starting from step 0\n", r.stage, root)
+		return 0, nil
+	}
+	if m.Stages != r.stages {
+		return 0, fmt.Errorf("%s: checkpoint has %d stages, the config %d", m.Dir, m.Stages, r.stages)
+	}
+	tensors, meta, err := checkpoint.Read(m.PartPath(r.stage))
+	if err != nil {
+		return 0, err
+	}
+	byName := map[string]checkpoint.Tensor{}
+	for _, t := range tensors {
+		byName[t.Name] = t
+	}
+	for c, e := range r.engines {
+		o := r.optims[c]
+		n, err := strconv.ParseInt(meta[optimStepsKey(c)], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s: optimizer step count of chunk %d: %w", m.PartPath(r.stage), c, err)
+		}
+		o.SetSteps(n)
+		for i, p := range e.Params() {
+			if err := fill(byName, p.Name(), p.Value().(*tensor.Dense)); err != nil {
+				return 0, fmt.Errorf("%s: %w", m.PartPath(r.stage), err)
+			}
+			for _, slot := range o.SlotNames() {
+				v, _ := o.Slot(slot, i)
+				if err := fill(byName, optimName(slot, p.Name()), v); err != nil {
+					return 0, fmt.Errorf("%s: %w", m.PartPath(r.stage), err)
+				}
+			}
+		}
+	}
+	fmt.Fprintf(r.log, "stage %d: resumed from the checkpoint of step %d (%s)\n", r.stage, m.Step, m.Dir)
+	return m.Step, nil
+}
+
+// fill copies a checkpoint tensor into a live one of the same name, shape and dtype.
+func fill(byName map[string]checkpoint.Tensor, name string, dst *tensor.Dense) error {
+	t, ok := byName[name]
+	if !ok {
+		return fmt.Errorf("no tensor %s", name)
+	}
+	if !tensor.Shape(t.Shape).Eq(dst.Shape()) {
+		return fmt.Errorf("tensor %s has shape %v, the model %v", name, t.Shape, dst.Shape())
+	}
+	switch d := dst.Data().(type) {
+	case []float32:
+		if t.F32 == nil {
+			return fmt.Errorf("tensor %s is not float32", name)
+		}
+		copy(d, t.F32)
+	case []float64:
+		if t.F64 == nil {
+			return fmt.Errorf("tensor %s is not float64", name)
+		}
+		copy(d, t.F64)
+	}
+	return nil
+}
+
+// truncateJSONL keeps the lines of a JSONL log whose step field passes keep, so a
+// resumed run's logs hold each step once.
+func truncateJSONL(path string, keep func(step int) bool) error {
+	f, err := os.Open(path)
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return checkpoint.WriteAtomic(path, func(w io.Writer) error {
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 1<<20), 1<<26)
+		for sc.Scan() {
+			var s struct {
+				Step *int `json:"step"`
+			}
+			// A line cut short by the crash has no step and is dropped.
+			if json.Unmarshal(sc.Bytes(), &s) != nil || s.Step == nil || !keep(*s.Step) {
+				continue
+			}
+			if _, err := w.Write(append(sc.Bytes(), '\n')); err != nil {
+				return err
+			}
+		}
+		return sc.Err()
+	})
+}
+
+// rewindLogs drops what the failed attempt logged after the checkpoint it resumes
+// from: events of steps >= start (0-based) and metrics of steps > start (1-based).
+func (r *Runtime) rewindLogs(start int) error {
+	if err := truncateJSONL(profile.EventsFile(r.runDir, r.stage), func(s int) bool { return s >= 0 && s < start }); err != nil {
+		return err
+	}
+	if r.last().IsLast() {
+		return truncateJSONL(filepath.Join(r.runDir, "metrics.jsonl"), func(s int) bool { return s <= start })
+	}
+	return nil
+}
+
+// params lists every parameter node of the stage, chunk after chunk.
+func (r *Runtime) params() []*G.Node {
+	var ps []*G.Node
+	for _, e := range r.engines {
+		ps = append(ps, e.Params()...)
+	}
+	return ps
+}
+
+// awaitCommits lets stage 0 finish committing the last checkpoint before the
+// process exits, for at most the receive timeout: every other stage has written
+// its part by the time it finishes the last step.
+func (r *Runtime) awaitCommits(ctx context.Context) {
+	done := make(chan struct{})
+	go func() {
+		r.commits.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	case <-time.After(r.cfg.Transport.RecvTimeout):
+		fmt.Fprintf(r.log, "stage %d: the last checkpoint was not committed within %v\n", r.stage, r.cfg.Transport.RecvTimeout)
+	}
+}

@@ -1,0 +1,108 @@
+package stages
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/pipetrain/pipetrain/checkpoint"
+)
+
+// TestResumeEqualsUninterrupted stops a run after 4 of 6 steps, corrupts its
+// newest checkpoint, resumes, and checks that the run falls back to the previous
+// checkpoint and still ends with the weights and losses of a run never stopped.
+func TestResumeEqualsUninterrupted(t *testing.T) {
+	cases := []struct {
+		sched  string
+		layers [][]string
+		opt    string
+	}{
+		{"1f1b", plain("0", "1-2", "3"), "adam"},
+		{"zb-h1", plain("0-1", "2-3"), "sgd"},
+		{"interleaved", [][]string{{"0", "2"}, {"1", "3"}}, "adam"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.sched, func(t *testing.T) {
+			cfg := testConfig(tc.sched, tc.layers, 2, "float32", tc.opt)
+			cfg.Train.Steps = 6
+			cfg.Checkpoint.Every, cfg.Checkpoint.Keep = 2, 2
+			full := runInProcess(t, cfg, false)
+
+			dir := t.TempDir()
+			cfg.Train.Steps = 4
+			runStagesIn(t, cfg, false, dir, false)
+			root := CheckpointDir(dir)
+			for _, step := range []int{2, 4} {
+				if _, err := checkpoint.ReadManifest(checkpoint.StepDir(root, step)); err != nil {
+					t.Fatalf("checkpoint of step %d not committed: %v", step, err)
+				}
+			}
+			part := filepath.Join(checkpoint.StepDir(root, 4), checkpoint.PartFile(1))
+			b, err := os.ReadFile(part)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b[len(b)-3] ^= 0x40
+			if err := os.WriteFile(part, b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+
+			cfg.Train.Steps = 6
+			_, rts := runStagesIn(t, cfg, false, dir, true)
+			if got := rts[0].optims[0].Steps(); got != 6 {
+				t.Errorf("stage 0's optimizer has taken %d steps, want 6", got)
+			}
+			sameWeights(t, full, dir)
+			sameLosses(t, full, dir)
+			// Keep 2: the resumed run committed steps 4 and 6 again; 2 is pruned.
+			if _, err := os.Stat(checkpoint.StepDir(root, 2)); !os.IsNotExist(err) {
+				t.Errorf("checkpoint of step 2 still there after keeping the last 2: %v", err)
+			}
+			m, _, err := checkpoint.Latest(root, cfg.TrainingDigest())
+			if err != nil || m == nil || m.Step != 6 {
+				t.Fatalf("latest checkpoint after the resumed run: %+v, %v; want step 6", m, err)
+			}
+		})
+	}
+}
+
+func sameWeights(t *testing.T, a, b string) {
+	t.Helper()
+	wa, wb := readWeights(t, a), readWeights(t, b)
+	if len(wa) == 0 || len(wa) != len(wb) {
+		t.Fatalf("%d and %d weight tensors", len(wa), len(wb))
+	}
+	for name, x := range wa {
+		y := wb[name]
+		if len(x.F32) != len(y.F32) || len(x.F64) != len(y.F64) {
+			t.Fatalf("%s: sizes differ", name)
+		}
+		for i := range x.F32 {
+			if x.F32[i] != y.F32[i] {
+				t.Fatalf("%s[%d]: %v uninterrupted, %v resumed", name, i, x.F32[i], y.F32[i])
+			}
+		}
+		for i := range x.F64 {
+			if x.F64[i] != y.F64[i] {
+				t.Fatalf("%s[%d]: %v uninterrupted, %v resumed", name, i, x.F64[i], y.F64[i])
+			}
+		}
+	}
+}
+
+func sameLosses(t *testing.T, a, b string) {
+	t.Helper()
+	ma, err1 := ReadMetrics(filepath.Join(a, "metrics.jsonl"))
+	mb, err2 := ReadMetrics(filepath.Join(b, "metrics.jsonl"))
+	if err1 != nil || err2 != nil {
+		t.Fatal(err1, err2)
+	}
+	if len(ma) != len(mb) {
+		t.Fatalf("%d metric lines uninterrupted, %d resumed", len(ma), len(mb))
+	}
+	for i := range ma {
+		if ma[i].Step != mb[i].Step || ma[i].Loss != mb[i].Loss {
+			t.Errorf("line %d: step %d loss %v uninterrupted, step %d loss %v resumed", i, ma[i].Step, ma[i].Loss, mb[i].Step, mb[i].Loss)
+		}
+	}
+}
