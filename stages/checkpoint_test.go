@@ -1,11 +1,15 @@
 package stages
 
 import (
+	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/pipetrain/pipetrain/checkpoint"
+	"github.com/pipetrain/pipetrain/transport"
 )
 
 // TestResumeEqualsUninterrupted stops a run after 4 of 6 steps, corrupts its
@@ -105,4 +109,84 @@ func sameLosses(t *testing.T, a, b string) {
 			t.Errorf("line %d: step %d loss %v uninterrupted, step %d loss %v resumed", i, ma[i].Step, ma[i].Loss, mb[i].Step, mb[i].Loss)
 		}
 	}
+}
+
+// TestMismatchedMessagesRefused feeds stage 1 of 2 tensors that cannot be the one
+// it waits for: each must stop the stage with an error naming the peer and the
+// problem, before any weight is saved or changed.
+func TestMismatchedMessagesRefused(t *testing.T) {
+	cases := []struct {
+		name      string
+		step, mb  int64
+		wantError string
+	}{
+		{"a past step", -5, 0, "out of step"},
+		{"two steps ahead", 2, 0, "sent activation for step 3 while this stage is at step 1"},
+		{"a micro-batch out of range", 0, 7, "micro-batch 7 of step 1; steps have micro-batches 0-1"},
+		{"a negative micro-batch", 0, -1, "micro-batch -1"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := testConfig("1f1b", plain("0-1", "2-3"), 2, "float32", "sgd")
+			c.Checkpoint.Every = 1
+			_, down, err := Hellos(c, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			up, _, err := Hellos(c, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			attacker, link := transport.Pipe(down, up, 2)
+			defer attacker.Close()
+			dir := t.TempDir()
+			rt, err := New(Options{Config: c, Stage: 1, RunDir: dir, Prev: link, Train: synthetic(96, 8, 3, 1), Test: synthetic(30, 8, 3, 2)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := snapshot(rt)
+			shape := up.Shapes[0]
+			vals := make([]float32, shape[0]*shape[1])
+			msg, err := transport.FromFloat32s(transport.Activation, tc.step, int32(tc.mb), shape, vals)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := attacker.Send(ctx, msg); err != nil {
+				t.Fatal(err)
+			}
+			err = rt.Run(ctx)
+			if err == nil || !strings.Contains(err.Error(), tc.wantError) || !strings.Contains(err.Error(), "stage 0 (127.0.0.1:7000)") {
+				t.Fatalf("error %v; want it to name stage 0 and say %q", err, tc.wantError)
+			}
+			if !sameParams(before, snapshot(rt)) {
+				t.Error("parameters changed")
+			}
+			for _, d := range []string{"weights", "checkpoints"} {
+				if entries, _ := os.ReadDir(filepath.Join(dir, d)); len(entries) != 0 {
+					t.Errorf("%s written after the refusal: %v", d, entries)
+				}
+			}
+		})
+	}
+}
+
+func snapshot(r *Runtime) [][]float32 {
+	var out [][]float32
+	for _, p := range r.params() {
+		out = append(out, append([]float32(nil), p.Value().Data().([]float32)...))
+	}
+	return out
+}
+
+func sameParams(a, b [][]float32) bool {
+	for i := range a {
+		for j := range a[i] {
+			if a[i][j] != b[i][j] {
+				return false
+			}
+		}
+	}
+	return len(a) == len(b) && len(a) > 0
 }
