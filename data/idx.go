@@ -1,6 +1,7 @@
-// Package data loads the Fashion-MNIST training data and picks each step's
-// mini-batch deterministically, so that every pipeline stage of a run agrees
-// on the examples of step k without talking to the others.
+// Package data loads the Fashion-MNIST training data and text corpora for
+// language models, and picks each step's mini-batch deterministically, so that
+// every pipeline stage of a run agrees on the examples of step k without
+// talking to the others.
 package data
 
 import (

@@ -21,6 +21,19 @@ type Spec struct {
 	Hidden     []int  `mapstructure:"hidden" json:"hidden"`
 	Classes    int    `mapstructure:"classes" json:"classes"`
 	Activation string `mapstructure:"activation" json:"activation"`
+
+	// Transformer sizes (model "gpt"): blocks, model width, attention heads,
+	// tokens per example and vocabulary size; TieEmbeddings makes the LM head
+	// use the token embedding matrix (see Model.Tied).
+	Layers        int  `mapstructure:"layers" json:"layers,omitempty"`
+	Width         int  `mapstructure:"width" json:"width,omitempty"`
+	Heads         int  `mapstructure:"heads" json:"heads,omitempty"`
+	Context       int  `mapstructure:"context" json:"context,omitempty"`
+	Vocab         int  `mapstructure:"vocab" json:"vocab,omitempty"`
+	TieEmbeddings bool `mapstructure:"tie_embeddings" json:"tie_embeddings,omitempty"`
+
+	// Channels are the output channels of each conv layer (model "cnn").
+	Channels []int `mapstructure:"channels" json:"channels,omitempty"`
 }
 
 // Layer is one unit a config can place on a stage. Build adds the layer's ops to a
@@ -63,7 +76,20 @@ type Model struct {
 	Layers  []Layer
 	Example tensor.Shape // shape of one input example, without the batch dimension
 	Classes int
+
+	// TargetsPerExample is how many classified rows one example yields: 1 for a
+	// classifier, Context for a language model, which predicts every next token.
+	// The logits and one-hot targets of a micro-batch of b examples are
+	// (b*Targets(), Classes). Zero means 1.
+	TargetsPerExample int
+	// Tied lists pairs of parameter names that are one weight held twice, on
+	// whichever stages own the two layers. Both start bit-identical; the runtime
+	// must sum their gradients so that they stay so.
+	Tied [][2]string
 }
+
+// Targets is TargetsPerExample with zero read as 1.
+func (m *Model) Targets() int { return max(m.TargetsPerExample, 1) }
 
 // Builder makes a Model from its spec; it validates the sizes it needs.
 type Builder func(Spec) (*Model, error)

@@ -1,6 +1,7 @@
 package models
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -24,7 +25,7 @@ func TestBuildErrors(t *testing.T) {
 			t.Errorf("%+v: error %v, want %q", c.spec, err, c.want)
 		}
 	}
-	if n := Names(); len(n) == 0 || n[0] != "mlp" {
+	if n := Names(); !slices.Equal(n, []string{"cnn", "gpt", "mlp"}) {
 		t.Errorf("Names() = %v", n)
 	}
 }

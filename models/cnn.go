@@ -1,0 +1,91 @@
+package models
+
+import (
+	"fmt"
+	"math"
+
+	G "gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
+)
+
+func init() { Register("cnn", buildCNN) }
+
+// buildCNN makes a small image classifier: one conv layer per entry of
+// Channels ("conv0", "conv1", ...: 3x3 conv with padding 1, ReLU, 2x2 max
+// pool), then "fc", a Dense layer from the flattened features to the classes.
+// Input is a square single-channel image of Input pixels (784 = 28x28 for
+// Fashion-MNIST). Activations between layers stay (batch, C*H*W), so they
+// travel as 2-D tensors; each conv layer reshapes to and from NCHW inside.
+func buildCNN(spec Spec) (*Model, error) {
+	dt, err := ParseDType(spec.DType)
+	if err != nil {
+		return nil, fmt.Errorf("cnn: %w", err)
+	}
+	side := int(math.Round(math.Sqrt(float64(spec.Input))))
+	switch {
+	case spec.Input < 1 || side*side != spec.Input:
+		return nil, fmt.Errorf("cnn: model.input %d is not the pixel count of a square image", spec.Input)
+	case spec.Classes < 2:
+		return nil, fmt.Errorf("cnn: model.classes %d must be >= 2", spec.Classes)
+	case len(spec.Channels) == 0:
+		return nil, fmt.Errorf("cnn: model.channels is empty; want the output channels of each conv layer, e.g. [8, 16]")
+	}
+	m := &Model{Spec: spec, DType: dt, Example: tensor.Shape{spec.Input}, Classes: spec.Classes}
+	in, h := 1, side
+	for i, c := range spec.Channels {
+		if c < 1 {
+			return nil, fmt.Errorf("cnn: model.channels[%d] = %d, must be >= 1", i, c)
+		}
+		if h < 2 {
+			return nil, fmt.Errorf("cnn: model.channels has %d layers, but a %dx%d image is %dx%d before conv%d and cannot be pooled", len(spec.Channels), side, side, h, h, i)
+		}
+		m.Layers = append(m.Layers, &Conv{name: fmt.Sprintf("conv%d", i), In: in, Out: c, Size: h, dt: dt})
+		in, h = c, h/2
+	}
+	m.Layers = append(m.Layers, &Dense{name: "fc", In: in * h * h, Out: spec.Classes, dt: dt})
+	return m, nil
+}
+
+// Conv is 3x3 convolution (padding 1, stride 1) with bias, ReLU and 2x2 max
+// pooling (stride 2, odd edges dropped) on square images: (batch, In*Size*Size)
+// in, (batch, Out*(Size/2)^2) out, both flattened NCHW.
+type Conv struct {
+	name    string
+	In, Out int // channels
+	Size    int // input height and width
+	dt      tensor.Dtype
+}
+
+const convKernel = 3
+
+func (c *Conv) Name() string { return c.name }
+
+func (c *Conv) OutShape(in tensor.Shape) tensor.Shape {
+	p := c.Size / 2
+	return tensor.Shape{in[0], c.Out * p * p}
+}
+
+func (c *Conv) Build(g *G.ExprGraph, x *G.Node, seed uint64) (Built, error) {
+	if s := x.Shape(); s.Dims() != 2 || s[1] != c.In*c.Size*c.Size {
+		return Built{}, fmt.Errorf("%s: input shape %v, want (batch, %d)", c.name, s, c.In*c.Size*c.Size)
+	}
+	fanIn, fanOut := c.In*convKernel*convKernel, c.Out*convKernel*convKernel
+	filterShape := tensor.Shape{c.Out, c.In, convKernel, convKernel}
+	w := newParam(g, c.name+".weight", glorotUniform(c.dt, filterShape, fanIn, fanOut, paramRNG(seed, c.name, "weight")))
+	b := newParam(g, c.name+".bias", constInit(c.dt, tensor.Shape{c.Out}, 0))
+	batch, p := x.Shape()[0], c.Size/2
+	o := newOps(c.dt)
+	img := o.reshape(x, batch, c.In, c.Size, c.Size)
+	conv := o.do("conv2d", func() (*G.Node, error) {
+		return G.Conv2d(img, w, tensor.Shape{convKernel, convKernel}, []int{1, 1}, []int{1, 1}, []int{1, 1})
+	})
+	act := o.relu(o.bcastAdd(conv, b, 0, 2, 3))
+	pooled := o.do("max pool", func() (*G.Node, error) {
+		return G.MaxPool2D(act, tensor.Shape{2, 2}, []int{0, 0}, []int{2, 2})
+	})
+	out := o.reshape(pooled, batch, c.Out*p*p)
+	if o.err != nil {
+		return Built{}, fmt.Errorf("%s: %w", c.name, o.err)
+	}
+	return Built{Out: out, Params: []*G.Node{w, b}}, nil
+}
