@@ -16,8 +16,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/spf13/viper"
-
 	"github.com/pipetrain/pipetrain/internal/affinity"
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/schedule"
@@ -197,31 +195,14 @@ var defaults = map[string]any{
 // Load reads a YAML config, applies PIPETRAIN_* environment overrides (a key's dots
 // become underscores: PIPETRAIN_TRAIN_STEPS=50 sets train.steps) and validates it.
 func Load(path string) (*Config, error) {
-	v := viper.New()
-	for k, d := range defaults {
-		v.SetDefault(k, d)
+	c, err := LoadUnchecked(path)
+	if err != nil {
+		return nil, err
 	}
-	v.SetConfigFile(path)
-	v.SetConfigType("yaml")
-	v.SetEnvPrefix("PIPETRAIN")
-	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
-	v.AutomaticEnv()
-	if err := v.ReadInConfig(); err != nil {
-		var pathErr *os.PathError
-		if errors.As(err, &pathErr) {
-			return nil, fmt.Errorf("%s: %w", path, pathErr.Err)
-		}
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	var c Config
-	if err := v.Unmarshal(&c); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	c.Path = path
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	return &c, nil
+	return c, nil
 }
 
 // Problems is every problem Validate found, each naming its field.
@@ -298,12 +279,17 @@ func (c *Config) Validate() error {
 	if c.Recovery.MaxRestarts < 0 {
 		p.add("recovery.max_restarts", "must be 0 or more, got %d", c.Recovery.MaxRestarts)
 	}
+	c.validateAuth(p)
 	c.validateStages(p, model)
 	if len(p.Items) > 0 {
 		return p
 	}
 	return nil
 }
+
+// maxScheduleUnits bounds stages × micro-batches × chunks: a step's schedule
+// has two or three actions per unit.
+const maxScheduleUnits = 1 << 20
 
 // validateSchedule builds the configured schedule, or loads the user's from
 // schedule_file, and checks it by simulation: a schedule that is incomplete,
@@ -334,6 +320,13 @@ func (c *Config) validateSchedule(p *Problems, model *models.Model) {
 	}
 	if c.VirtualStages > 1 && len(c.Stages) < 2 {
 		p.add("virtual_stages", "chunks need at least 2 stages (the last stage feeds the first), got %d", len(c.Stages))
+		return
+	}
+	// Validation builds the whole schedule in memory: bound its size, so that a
+	// stray digit in micro_batches or virtual_stages is an error, not gigabytes.
+	stages, m, v := max(len(c.Stages), 1), max(c.Data.MicroBatches, 1), c.VirtualStages
+	if v > maxScheduleUnits || stages > maxScheduleUnits/v || m > maxScheduleUnits/(stages*v) {
+		p.add("schedule", "%d stages × %d micro-batches × %d chunks per stage is more than %d units of work per step", stages, m, v, maxScheduleUnits)
 		return
 	}
 	sched, err := c.BuildSchedule()
@@ -474,8 +467,10 @@ func (c *Config) rangesPerChunk() bool {
 // validateCoverage walks the model stages in order (chunk 0 of every stage, then
 // chunk 1, ...) and checks they cover the model's layers once, in order.
 func (c *Config) validateCoverage(p *Problems, model *models.Model) {
-	type owner struct{ stage, chunk int }
-	owners := map[int]owner{}
+	// placed holds disjoint layer ranges and who holds them: ranges, not one
+	// entry per layer, so that a range like "0-4000000000" costs no memory.
+	type span struct{ first, last, stage, chunk int }
+	var placed []span
 	next := 0 // the layer the next model stage should start at
 	for k := 0; k < len(c.Stages)*c.VirtualStages; k++ {
 		i, ch := k%len(c.Stages), k/len(c.Stages)
@@ -489,14 +484,23 @@ func (c *Config) validateCoverage(p *Problems, model *models.Model) {
 		if model != nil && last >= len(model.Layers) {
 			p.add(field, "%q reaches layer %d but model %s has layers 0-%d", text, last, c.Model.Name, len(model.Layers)-1)
 		}
+		// The first layer of first-last already placed, if any, is reported;
+		// the layers before it are placed here.
 		overlap := false
-		for l := first; l <= last; l++ {
-			if o, taken := owners[l]; taken {
-				p.add(field, "layer %d is already placed on %s (%s)", l, c.placeName(o.stage, o.chunk), c.Stages[o.stage].Layers[o.chunk])
-				overlap = true
-				break
+		var o span
+		for _, s := range placed {
+			if s.first <= last && s.last >= first && (!overlap || max(first, s.first) < max(first, o.first)) {
+				o, overlap = s, true
 			}
-			owners[l] = owner{i, ch}
+		}
+		end := last
+		if overlap {
+			l := max(first, o.first)
+			p.add(field, "layer %d is already placed on %s (%s)", l, c.placeName(o.stage, o.chunk), c.Stages[o.stage].Layers[o.chunk])
+			end = l - 1
+		}
+		if end >= first {
+			placed = append(placed, span{first, end, i, ch})
 		}
 		if first > next && (model == nil || first < len(model.Layers)) {
 			p.add(field, "%s on no stage (stages must cover the model in order)", layersText(next, first-1))

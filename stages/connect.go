@@ -43,7 +43,10 @@ func Connect(ctx context.Context, c *configs.Config, i int) (*Links, error) {
 		return nil, err
 	}
 	p, ring := len(c.Stages), up.Ring
-	opts := transport.Options{ConnectTimeout: c.Transport.ConnectTimeout, QueueDepth: c.Transport.QueueDepth}
+	opts, err := linkOptions(c, i)
+	if err != nil {
+		return nil, err
+	}
 	links := &Links{}
 	listen, dial := i > 0 || ring, i+1 < p || ring
 	if listen {
@@ -57,7 +60,7 @@ func Connect(ctx context.Context, c *configs.Config, i int) (*Links, error) {
 	defer cancel()
 	cancelOnRefusal := func(err error) {
 		var refused *transport.HandshakeError
-		if errors.As(err, &refused) {
+		if errors.As(err, &refused) || errors.Is(err, transport.ErrUnauthenticated) {
 			cancel()
 		}
 	}
@@ -88,6 +91,28 @@ func Connect(ctx context.Context, c *configs.Config, i int) (*Links, error) {
 		return nil, errors.Join(acceptErr, dialErr)
 	}
 	return links, nil
+}
+
+// linkOptions are stage i's transport settings from the config: timeouts,
+// keep-alives, and the token and TLS identity that authenticate its links.
+func linkOptions(c *configs.Config, i int) (transport.Options, error) {
+	token, err := c.AuthToken()
+	if err != nil {
+		return transport.Options{}, fmt.Errorf("stage %d: %w", i, err)
+	}
+	opts := transport.Options{
+		ConnectTimeout: c.Transport.ConnectTimeout,
+		QueueDepth:     c.Transport.QueueDepth,
+		Heartbeat:      c.Transport.Heartbeat,
+		PeerTimeout:    c.Transport.PeerTimeout,
+		Token:          token,
+	}
+	if c.Transport.TLS.Enabled() {
+		if opts.TLS, err = transport.LoadTLS(c.TLSFiles(i)); err != nil {
+			return transport.Options{}, fmt.Errorf("stage %d: transport.tls: %w", i, err)
+		}
+	}
+	return opts, nil
 }
 
 // Hellos are stage i's handshakes on its link from the previous stage and on its

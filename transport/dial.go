@@ -2,25 +2,27 @@ package transport
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 )
 
-func dialOptions() []grpc.DialOption {
+// clientOptions are the gRPC options of a dialer with o's keep-alives; the
+// caller adds the transport security.
+func clientOptions(o Options) []grpc.DialOption {
 	return []grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithInitialWindowSize(windowSize),
 		grpc.WithInitialConnWindowSize(windowSize),
 		grpc.WithWriteBufferSize(bufferSize),
 		grpc.WithReadBufferSize(bufferSize),
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: keepaliveTime, Timeout: keepaliveTimeout, PermitWithoutStream: true}),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: max(o.Heartbeat, minClientPing), Timeout: o.PeerTimeout, PermitWithoutStream: true}),
 		// Stages start in any order, so the downstream one may not listen
 		// yet: reconnect quickly rather than with gRPC's 1s..120s backoff.
 		grpc.WithConnectParams(grpc.ConnectParams{
@@ -38,7 +40,10 @@ func dialOptions() []grpc.DialOption {
 // Dial connects to the downstream neighbour's address (stage self.Stage+1,
 // or stage 0 from the last stage when self.Ring), retrying until
 // ConnectTimeout, sends its hello, waits for the reply hello and checks it.
-// A refusal by either side is a *HandshakeError naming both stages.
+// A refusal by either side is a *HandshakeError naming both stages; a
+// listener that refuses the token or the TLS certificate makes Dial fail at
+// once, with an error wrapping ErrUnauthenticated for a refusal the listener
+// sent.
 func Dial(ctx context.Context, addr string, self Hello, opts Options) (Link, error) {
 	opts = opts.withDefaults()
 	if err := self.validate(); err != nil {
@@ -48,12 +53,13 @@ func Dial(ctx context.Context, addr string, self Hello, opts Options) (Link, err
 		return nil, fmt.Errorf("stage %d is the last stage: it has no downstream neighbour to dial (Ring is false)", self.Stage)
 	}
 	self = self.clone()
+	security, refusal := clientTransport(opts)
 	// passthrough: addr is used as is, without a DNS lookup.
-	conn, err := grpc.NewClient("passthrough:///"+addr, dialOptions()...)
+	conn, err := grpc.NewClient("passthrough:///"+addr, append(clientOptions(opts), security)...)
 	if err != nil {
 		return nil, fmt.Errorf("stage %d: downstream stage %d at %s: %w", self.Stage, self.downstream(), addr, err)
 	}
-	l, err := dialLink(ctx, conn, addr, self, opts)
+	l, err := dialLink(ctx, conn, addr, self, opts, refusal)
 	if err != nil {
 		conn.Close()
 		return nil, err
@@ -61,7 +67,10 @@ func Dial(ctx context.Context, addr string, self Hello, opts Options) (Link, err
 	return l, nil
 }
 
-func dialLink(ctx context.Context, conn *grpc.ClientConn, addr string, self Hello, opts Options) (*streamLink, error) {
+// dialLink opens the stream and runs the handshake, retrying while the
+// listener is unreachable. refusal, if not nil, records a TLS failure that no
+// retry can cure.
+func dialLink(ctx context.Context, conn *grpc.ClientConn, addr string, self Hello, opts Options, refusal *tlsRefusal) (*streamLink, error) {
 	who := fmt.Sprintf("stage %d: downstream stage %d at %s", self.Stage, self.downstream(), addr)
 	dctx, cancelDial := context.WithTimeout(ctx, opts.ConnectTimeout)
 	defer cancelDial()
@@ -70,7 +79,7 @@ func dialLink(ctx context.Context, conn *grpc.ClientConn, addr string, self Hell
 	for {
 		// The stream outlives ctx, so it gets its own context, tied to
 		// dctx only until the handshake is done.
-		sctx, cancel := context.WithCancel(context.Background())
+		sctx, cancel := context.WithCancel(withToken(context.Background(), opts.Token))
 		detach := context.AfterFunc(dctx, cancel)
 		abort := func(err error) (*streamLink, error) {
 			detach()
@@ -80,6 +89,9 @@ func dialLink(ctx context.Context, conn *grpc.ClientConn, addr string, self Hell
 		cs, err := conn.NewStream(sctx, &streamDesc, fullMethod)
 		if err == nil {
 			err = cs.SendMsg(frame{(&handshake{Hello: self}).marshal()})
+			if errors.Is(err, io.EOF) {
+				err = nil // the listener ended the stream (a refusal): RecvMsg says why
+			}
 		}
 		var reply []byte
 		if err == nil {
@@ -122,6 +134,14 @@ func dialLink(ctx context.Context, conn *grpc.ClientConn, addr string, self Hell
 
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("%s: %w", who, ctx.Err())
+		}
+		if status.Code(err) == codes.Unauthenticated {
+			return nil, fmt.Errorf("%s %w: %s", who, ErrUnauthenticated, status.Convert(err).Message())
+		}
+		if refusal != nil && status.Code(err) == codes.Unavailable {
+			if tlsErr := refusal.get(); tlsErr != nil {
+				return nil, explainTLSRefusal(who, tlsErr)
+			}
 		}
 		timedOut := dctx.Err() != nil
 		if !timedOut && status.Code(err) != codes.Unavailable {

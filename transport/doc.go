@@ -17,5 +17,14 @@
 // Each Link has a writer and a reader goroutine with bounded queues, so Send
 // overlaps with compute and a slow peer applies backpressure.
 //
+// Links can be authenticated (docs/security.md): with Options.Token the
+// dialer presents a shared secret with the stream's headers and the listener
+// refuses a stream without it before reading from it; with Options.TLS both
+// sides present certificates signed by one CA (mutual TLS). A refused
+// stranger is logged (Options.Logf), never reported to Accept, which keeps
+// waiting for the real neighbour. Without either, Listen binds loopback
+// addresses only. Keep-alive pings (Options.Heartbeat, PeerTimeout) notice a
+// neighbour that hangs without closing its connection.
+//
 // Pipe gives two connected in-memory Links for tests of other packages.
 package transport

@@ -19,12 +19,24 @@ const (
 	// maxMsgSize bounds one message (a tensor's header plus payload).
 	maxMsgSize = 1 << 30
 
-	// Keepalive pings notice a peer whose machine or network died without
-	// closing the TCP connection; a peer process that dies on a live machine
-	// is noticed at once because the kernel closes its sockets. 10s is the
-	// smallest client ping interval gRPC allows.
-	keepaliveTime    = 10 * time.Second
-	keepaliveTimeout = 5 * time.Second
+	// Keepalive pings notice a peer that hangs (a stopped process) or whose
+	// machine or network died without closing the TCP connection; a peer
+	// process that dies on a live machine is noticed at once because the
+	// kernel closes its sockets. Options.Heartbeat and PeerTimeout override
+	// these defaults.
+	defaultHeartbeat   = 10 * time.Second
+	defaultPeerTimeout = 5 * time.Second
+
+	// gRPC raises a client ping interval below 10s to 10s (and logs a
+	// warning), so the dialer's heartbeat is raised here, quietly. A server
+	// may ping every second, which is why the listener's pings are the ones
+	// that catch a hung peer quickly.
+	minClientPing = 10 * time.Second
+	minServerPing = time.Second
+	// A listener closes the connection of a dialer that pings more often
+	// than this. Half the fastest any dialer may ping, so that stages
+	// configured with different heartbeats never cut each other off.
+	pingPolicyMinTime = minClientPing / 2
 )
 
 // codecName is the content-subtype of the raw codec
@@ -95,8 +107,11 @@ var serviceDesc = grpc.ServiceDesc{
 	}},
 }
 
-func serverOptions() []grpc.ServerOption {
+// listenOptions are the gRPC server options of a listener with o's
+// keep-alives and security; who names the stage in logged refusals.
+func listenOptions(o Options, who string) []grpc.ServerOption {
 	return []grpc.ServerOption{
+		serverTransport(o, who),
 		grpc.ForceServerCodecV2(rawCodec{}),
 		grpc.InitialWindowSize(windowSize),
 		grpc.InitialConnWindowSize(windowSize),
@@ -104,7 +119,7 @@ func serverOptions() []grpc.ServerOption {
 		grpc.ReadBufferSize(bufferSize),
 		grpc.MaxRecvMsgSize(maxMsgSize),
 		grpc.MaxSendMsgSize(maxMsgSize),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: keepaliveTime, Timeout: keepaliveTimeout}),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveTime / 2, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: max(o.Heartbeat, minServerPing), Timeout: o.PeerTimeout}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: pingPolicyMinTime, PermitWithoutStream: true}),
 	}
 }

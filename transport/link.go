@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"slices"
 	"sync"
 	"time"
@@ -39,6 +40,30 @@ type Options struct {
 	ConnectTimeout time.Duration // how long Dial keeps retrying / Accept waits; default 30s
 	QueueDepth     int           // send and receive queue bound; default 4
 	CloseTimeout   time.Duration // how long Close waits to flush and for the peer; default 5s
+
+	// Heartbeat is the keep-alive ping interval on a link with nothing to
+	// read, and PeerTimeout how long a ping may go unanswered before the
+	// link fails; defaults 10s and 5s. The listener pings at Heartbeat (at
+	// least 1s), so it notices a hung or vanished dialer within about
+	// Heartbeat+PeerTimeout; gRPC lets a dialer ping no more often than every
+	// 10s, so the dialer notices a hung listener within max(Heartbeat,
+	// 10s)+PeerTimeout.
+	Heartbeat   time.Duration
+	PeerTimeout time.Duration
+
+	// Token, if set, is a shared secret: Dial presents it and the listener
+	// refuses a stream without it before reading anything from it. Without
+	// TLS it travels in clear text, so it keeps strangers out but not
+	// eavesdroppers.
+	Token string
+	// TLS, if set, turns on mutual TLS: each side must present a certificate
+	// signed by TLS.CA. Both ends of a link need it. Token and TLS may be
+	// combined.
+	TLS *TLS
+	// Logf receives the listener's refusals of unauthenticated connections
+	// (which Accept does not report: it keeps waiting for the real
+	// neighbour); default log.Printf.
+	Logf func(format string, args ...any)
 }
 
 func (o Options) withDefaults() Options {
@@ -50,6 +75,15 @@ func (o Options) withDefaults() Options {
 	}
 	if o.CloseTimeout <= 0 {
 		o.CloseTimeout = 5 * time.Second
+	}
+	if o.Heartbeat <= 0 {
+		o.Heartbeat = defaultHeartbeat
+	}
+	if o.PeerTimeout <= 0 {
+		o.PeerTimeout = defaultPeerTimeout
+	}
+	if o.Logf == nil {
+		o.Logf = log.Printf
 	}
 	return o
 }

@@ -41,7 +41,8 @@ type acceptResult struct {
 // Listen binds addr now, so a taken port fails at startup naming the
 // address, and serves the stage's upstream neighbour (stage self.Stage-1, or
 // the last stage for stage 0 when self.Ring). If self.Address is empty it is
-// set to the bound address.
+// set to the bound address. Without a token or TLS in opts it listens on
+// loopback addresses only.
 func Listen(addr string, self Hello, opts Options) (*Server, error) {
 	opts = opts.withDefaults()
 	if err := self.validate(); err != nil {
@@ -49,6 +50,9 @@ func Listen(addr string, self Hello, opts Options) (*Server, error) {
 	}
 	if self.upstream() < 0 {
 		return nil, errors.New("stage 0 has no upstream neighbour to listen for (Ring is false)")
+	}
+	if err := checkExposure(addr, opts); err != nil {
+		return nil, fmt.Errorf("stage %d: %w", self.Stage, err)
 	}
 	self = self.clone()
 	lis, err := net.Listen("tcp", addr)
@@ -64,7 +68,7 @@ func Listen(addr string, self Hello, opts Options) (*Server, error) {
 	}
 	s := &Server{
 		self: self, opts: opts, lis: lis,
-		gs:      grpc.NewServer(serverOptions()...),
+		gs:      grpc.NewServer(listenOptions(opts, self.name())...),
 		results: make(chan acceptResult, 1),
 		done:    make(chan struct{}),
 	}
@@ -154,10 +158,13 @@ func (s *Server) report(r acceptResult) {
 	}
 }
 
-// serveLink is the stream handler. It does the handshake, hands the link to
-// Accept and then stays until the link is done, because returning ends the
-// stream.
+// serveLink is the stream handler. It checks the token, does the handshake,
+// hands the link to Accept and then stays until the link is done, because
+// returning ends the stream.
 func (s *Server) serveLink(stream grpc.ServerStream) error {
+	if err := s.authenticate(stream); err != nil {
+		return err
+	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -221,7 +228,8 @@ func (s *Server) serveLink(stream grpc.ServerStream) error {
 		default:
 		}
 		if status.Code(err) == codes.Canceled {
-			return fmt.Errorf("peer disconnected: %w", err)
+			// The listener's keep-alive pings end in the same cancel.
+			return fmt.Errorf("peer disconnected or stopped answering keep-alive pings: %w", err)
 		}
 		return err
 	}
@@ -232,4 +240,16 @@ func (s *Server) serveLink(stream grpc.ServerStream) error {
 	case <-release: // Close gave up waiting for the flush
 	}
 	return nil
+}
+
+// authenticate refuses a stream without the token before anything is read
+// from it, so no message of a stranger is ever decoded. The refusal is
+// logged rather than reported to Accept, which keeps waiting for the real
+// neighbour: a stranger must not be able to stop a run by knocking.
+func (s *Server) authenticate(stream grpc.ServerStream) error {
+	if s.opts.Token == "" || tokenMatches(stream.Context(), s.opts.Token) {
+		return nil
+	}
+	s.opts.Logf("%s: refused a connection from %s: %s", s.self.name(), remoteAddr(stream.Context()), badTokenMsg)
+	return status.Error(codes.Unauthenticated, badTokenMsg)
 }

@@ -1,0 +1,181 @@
+package configs
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/viper"
+
+	"github.com/pipetrain/pipetrain/transport"
+)
+
+// stagePlaceholder in transport.tls.cert and .key is replaced by the stage
+// index, so one config names every stage's files.
+const stagePlaceholder = "{stage}"
+
+// validateAuth checks the token and TLS settings and that a stage listening
+// beyond loopback has one of them: a port open to the network without it
+// would take tensors from anyone who connects.
+func (c *Config) validateAuth(p *Problems) {
+	t := c.Transport
+	if t.Token != "" && t.TokenFile != "" {
+		p.add("transport.token_file", "set either transport.token or transport.token_file, not both")
+	} else if t.TokenFile != "" {
+		if _, err := c.AuthToken(); err != nil {
+			p.Items = append(p.Items, err.Error())
+		}
+	}
+	if t.TLS.Enabled() {
+		c.validateTLSFiles(p)
+	}
+	if t.Token != "" || t.TokenFile != "" || t.TLS.Enabled() {
+		return
+	}
+	for i, s := range c.Stages {
+		host, _, err := net.SplitHostPort(s.Address)
+		if err != nil || host == "" {
+			continue // validateStages reports it
+		}
+		if !transport.IsLoopback(host) { // the rule Listen enforces too
+			p.add(fmt.Sprintf("stages[%d].address", i), "%s listens beyond loopback; set transport.token (or token_file) or transport.tls so strangers cannot connect", s.Address)
+		}
+	}
+}
+
+// validateTLSFiles checks that ca, cert and key are set together and that
+// every stage's files exist: a stage started later must not be the first to
+// find its certificate missing.
+func (c *Config) validateTLSFiles(p *Problems) {
+	t := c.Transport.TLS
+	fields := []struct{ name, value string }{{"ca", t.CA}, {"cert", t.Cert}, {"key", t.Key}}
+	complete := true
+	for _, f := range fields {
+		if f.value == "" {
+			p.add("transport.tls."+f.name, "missing; transport.tls needs ca, cert and key together")
+			complete = false
+		}
+	}
+	if !complete {
+		return
+	}
+	seen := map[string]bool{}
+	for i := range max(len(c.Stages), 1) {
+		ca, cert, key := c.TLSFiles(i)
+		for j, path := range []string{ca, cert, key} {
+			if seen[path] {
+				continue
+			}
+			seen[path] = true
+			if err := checkFile(path); err != nil {
+				where := ""
+				if strings.Contains(fields[j].value, stagePlaceholder) {
+					where = fmt.Sprintf(" (stage %d)", i)
+				}
+				p.add("transport.tls."+fields[j].name, "%s%s: %v", path, where, err)
+			}
+		}
+	}
+}
+
+// checkFile reports why path is not a readable regular file.
+func checkFile(path string) error {
+	st, err := os.Stat(path)
+	if err != nil {
+		var pathErr *os.PathError
+		if errors.As(err, &pathErr) {
+			return pathErr.Err
+		}
+		return err
+	}
+	if !st.Mode().IsRegular() {
+		return errors.New("not a regular file")
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		var pathErr *os.PathError
+		if errors.As(err, &pathErr) {
+			return pathErr.Err
+		}
+		return err
+	}
+	return f.Close()
+}
+
+// resolve makes a path from the config relative to the config's directory.
+func (c *Config) resolve(path string) string {
+	if path == "" || filepath.IsAbs(path) || c.Path == "" {
+		return path
+	}
+	return filepath.Join(filepath.Dir(c.Path), path)
+}
+
+// AuthToken is the shared secret of the links: transport.token, or the first
+// line of transport.token_file with surrounding white space removed; "" when
+// neither is set. Errors name transport.token_file and the path.
+func (c *Config) AuthToken() (string, error) {
+	t := c.Transport
+	if t.Token != "" || t.TokenFile == "" {
+		return t.Token, nil
+	}
+	path := c.resolve(t.TokenFile)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		var pathErr *os.PathError
+		if errors.As(err, &pathErr) {
+			err = pathErr.Err
+		}
+		return "", fmt.Errorf("transport.token_file: %s: %v", path, err)
+	}
+	line, _, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
+	token := strings.TrimSpace(line)
+	if token == "" {
+		return "", fmt.Errorf("transport.token_file: %s is empty; write the shared secret on its first line", path)
+	}
+	return token, nil
+}
+
+// TLSFiles are stage's TLS files: the CA, and its certificate and key with
+// "{stage}" replaced by the stage index, each relative to the config's
+// directory unless absolute. They are "" when transport.tls is not set.
+func (c *Config) TLSFiles(stage int) (ca, cert, key string) {
+	t := c.Transport.TLS
+	n := strconv.Itoa(stage)
+	return c.resolve(t.CA),
+		c.resolve(strings.ReplaceAll(t.Cert, stagePlaceholder, n)),
+		c.resolve(strings.ReplaceAll(t.Key, stagePlaceholder, n))
+}
+
+// LoadUnchecked reads a config as Load does (defaults and PIPETRAIN_*
+// overrides included) but does not validate it. It serves commands that
+// prepare what makes a config valid, such as `pipetrain certs`, which runs
+// before the TLS files the config names exist; the caller checks the fields
+// it uses.
+func LoadUnchecked(path string) (*Config, error) {
+	v := viper.New()
+	for k, d := range defaults {
+		v.SetDefault(k, d)
+	}
+	v.SetConfigFile(path)
+	v.SetConfigType("yaml")
+	v.SetEnvPrefix("PIPETRAIN")
+	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
+	v.AutomaticEnv()
+	if err := v.ReadInConfig(); err != nil {
+		var pathErr *os.PathError
+		if errors.As(err, &pathErr) {
+			return nil, fmt.Errorf("%s: %w", path, pathErr.Err)
+		}
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	var c Config
+	if err := v.Unmarshal(&c); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	c.Path = path
+	return &c, nil
+}
