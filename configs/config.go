@@ -56,6 +56,16 @@ type Data struct {
 	Dir          string `mapstructure:"dir" json:"dir"`
 	BatchSize    int    `mapstructure:"batch_size" json:"batch_size"`
 	MicroBatches int    `mapstructure:"micro_batches" json:"micro_batches"`
+
+	// Text datasets (dataset: text) read Corpus: a file, a directory (files
+	// matching Glob, in path order), or "go:PKG", the Go standard library's
+	// sources of package PKG on this machine. At most MaxBytes are read.
+	Corpus    string `mapstructure:"corpus" json:"corpus,omitempty"`
+	Glob      string `mapstructure:"glob" json:"glob,omitempty"`
+	MaxBytes  int64  `mapstructure:"max_bytes" json:"max_bytes,omitempty"`
+	Tokenizer string `mapstructure:"tokenizer" json:"tokenizer,omitempty"` // byte or char
+	// ValFraction of the tokens, taken from the end, are held out for validation.
+	ValFraction float64 `mapstructure:"val_fraction" json:"val_fraction,omitempty"`
 }
 
 // Train holds the optimisation settings.
@@ -66,6 +76,8 @@ type Train struct {
 	LogEvery  int       `mapstructure:"log_every" json:"log_every"`
 	// Evaluate runs the test split through the pipeline after the last step.
 	Evaluate bool `mapstructure:"evaluate" json:"evaluate"`
+	// EvalEvery also evaluates every so many steps (0: only after the last).
+	EvalEvery int `mapstructure:"eval_every" json:"eval_every,omitempty"`
 }
 
 // Optimizer is sgd (with optional momentum) or adam.
@@ -161,6 +173,12 @@ var defaults = map[string]any{
 	"model.activation":          "relu",
 	"data.dataset":              "fashion-mnist",
 	"data.dir":                  "/usr/share/datasets/fashion-mnist",
+	"data.corpus":               "",
+	"data.glob":                 "*",
+	"data.max_bytes":            8 << 20,
+	"data.tokenizer":            "byte",
+	"data.val_fraction":         0.1,
+	"train.eval_every":          0,
 	"data.batch_size":           256,
 	"data.micro_batches":        8,
 	"train.steps":               200,
@@ -233,9 +251,7 @@ func (c *Config) Validate() error {
 	if err != nil {
 		p.add("model", "%v", err)
 	}
-	if c.Data.Dataset != "fashion-mnist" {
-		p.add("data.dataset", "unknown dataset %q (known: fashion-mnist)", c.Data.Dataset)
-	}
+	c.validateData(p, model)
 	if c.Data.BatchSize < 1 {
 		p.add("data.batch_size", "must be at least 1, got %d", c.Data.BatchSize)
 	}
@@ -616,6 +632,10 @@ func (c *Config) Digest() string {
 
 // CheckData reports whether the dataset files the config names are present.
 func (c *Config) CheckData() error {
+	if c.Data.Dataset == "text" {
+		_, err := c.LoadText()
+		return err
+	}
 	if _, err := os.Stat(c.Data.Dir); err != nil {
 		return fmt.Errorf("%s: data.dir: %s not found (install Debian package dataset-fashion-mnist)", c.Path, c.Data.Dir)
 	}

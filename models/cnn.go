@@ -80,9 +80,10 @@ func (c *Conv) Build(g *G.ExprGraph, x *G.Node, seed uint64) (Built, error) {
 		return G.Conv2d(img, w, tensor.Shape{convKernel, convKernel}, []int{1, 1}, []int{1, 1}, []int{1, 1})
 	})
 	act := o.relu(o.bcastAdd(conv, b, 0, 2, 3))
-	pooled := o.do("max pool", func() (*G.Node, error) {
-		return G.MaxPool2D(act, tensor.Shape{2, 2}, []int{0, 0}, []int{2, 2})
-	})
+	// Not G.MaxPool2D: its gradient reads an argmax mask that the op keeps
+	// from its last forward run, which breaks with several micro-batches in
+	// flight (see pool.go).
+	pooled := o.do("max pool", func() (*G.Node, error) { return maxPool2x2(act) })
 	out := o.reshape(pooled, batch, c.Out*p*p)
 	if o.err != nil {
 		return Built{}, fmt.Errorf("%s: %w", c.name, o.err)

@@ -45,6 +45,7 @@ func buildGPT(spec Spec) (*Model, error) {
 	m.Layers = append(m.Layers, &gptHead{sz: sz})
 	if sz.tied {
 		m.Tied = [][2]string{{"embed.tok", "head.tok"}}
+		m.TiedShapes = [][]int{{sz.vocab, sz.width}}
 	}
 	return m, nil
 }

@@ -86,6 +86,8 @@ type Model struct {
 	// whichever stages own the two layers. Both start bit-identical; the runtime
 	// must sum their gradients so that they stay so.
 	Tied [][2]string
+	// TiedShapes[i] is the shape of tied pair i's weight.
+	TiedShapes [][]int
 }
 
 // Targets is TargetsPerExample with zero read as 1.

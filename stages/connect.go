@@ -129,7 +129,7 @@ func Hellos(c *configs.Config, i int) (up, down transport.Hello, err error) {
 	p := len(c.Stages)
 	hello := func(from int) transport.Hello {
 		return transport.Hello{Stage: i, Stages: p, ConfigDigest: c.Digest(), Address: c.Stages[i].Address,
-			DType: dt, Shapes: LinkShapes(c, model, from), Ring: c.VirtualStages > 1 && p > 1}
+			DType: dt, Shapes: LinkShapes(c, model, from), Ring: NeedsRing(c, model)}
 	}
 	return hello((i + p - 1) % p), hello(i), nil
 }
@@ -148,5 +148,16 @@ func LinkShapes(c *configs.Config, model *models.Model, from int) [][]int {
 		first, _ := c.ChunkLayers(stage, chunk)
 		out = append(out, []int(model.ShapeAt(first, c.MicroBatchSize())))
 	}
+	// The ring link also carries the gradients of weights tied between the first
+	// and the last stage, tagged after the activation chunks.
+	if p := len(c.Stages); from == p-1 && p > 1 {
+		out = append(out, model.TiedShapes...)
+	}
 	return out
+}
+
+// NeedsRing reports whether the last stage also links to stage 0: interleaved
+// schedules send activations that way, and tied weights their gradients.
+func NeedsRing(c *configs.Config, model *models.Model) bool {
+	return len(c.Stages) > 1 && (c.VirtualStages > 1 || len(model.Tied) > 0)
 }

@@ -94,7 +94,7 @@ func NewEngine(m *models.Model, first, last, batch int, seed uint64, split bool)
 	e.out = h
 	var keep G.Nodes // what a split program must compute besides the gradients
 	if e.IsLast() {
-		e.onehot = G.NewMatrix(e.g, m.DType, G.WithShape(batch, m.Classes), G.WithName("targets"))
+		e.onehot = G.NewMatrix(e.g, m.DType, G.WithShape(batch*m.Targets(), m.Classes), G.WithName("targets"))
 		keep = append(keep, G.Read(h, &e.logits))
 		if e.out, err = models.SoftmaxCrossEntropy(h, e.onehot); err != nil {
 			return nil, fmt.Errorf("loss: %w", err)
@@ -390,7 +390,7 @@ func (e *Engine) release(vm G.VM) {
 
 func (e *Engine) oneHot(targets []int) *tensor.Dense {
 	c := e.Model.Classes
-	t := tensor.New(tensor.Of(e.Model.DType), tensor.WithShape(e.Batch, c))
+	t := tensor.New(tensor.Of(e.Model.DType), tensor.WithShape(e.Batch*e.Model.Targets(), c))
 	switch d := t.Data().(type) {
 	case []float32:
 		for i, y := range targets {

@@ -78,7 +78,7 @@ func measureRange(model *models.Model, first, last, batch int, seed uint64, reps
 	}
 	r := rand.New(rand.NewPCG(seed, 99))
 	input := randomDense(r, model.DType, fused.InShape())
-	targets := make([]int, batch)
+	targets := make([]int, batch*model.Targets())
 	for i := range targets {
 		targets[i] = r.IntN(model.Classes)
 	}

@@ -59,7 +59,7 @@ func (p *peer) recv(ctx context.Context, step int64, mb, chunk int) (*tensor.Den
 			if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
 				err = cause
 			}
-			return nil, fmt.Errorf("waiting for %s of step %d micro-batch %d%s from %s: %w", p.kind, step+1, mb, chunkText(chunk), p.name, err)
+			return nil, fmt.Errorf("waiting for %s of %s micro-batch %d%s from %s: %w", p.kind, stepText(step), mb, chunkText(chunk), p.name, err)
 		}
 		if err := p.check(got); err != nil {
 			return nil, err
@@ -73,8 +73,8 @@ func (p *peer) recv(ctx context.Context, step int64, mb, chunk int) (*tensor.Den
 			break
 		}
 		if _, dup := p.held[s]; dup || len(p.held) >= maxHeld {
-			return nil, fmt.Errorf("%s sent %s for step %d micro-batch %d%s while this stage waits for step %d micro-batch %d%s: the stages disagree on the schedule",
-				p.name, got.Kind, got.Step+1, got.MicroBatch, chunkText(int(got.Chunk)), step+1, mb, chunkText(chunk))
+			return nil, fmt.Errorf("%s sent %s for %s micro-batch %d%s while this stage waits for %s micro-batch %d%s: the stages disagree on the schedule",
+				p.name, got.Kind, stepText(got.Step), got.MicroBatch, chunkText(int(got.Chunk)), stepText(step), mb, chunkText(chunk))
 		}
 		p.held[s] = got
 	}
@@ -110,18 +110,36 @@ func (p *peer) check(t *transport.Tensor) error {
 }
 
 // checkTag rejects a tensor that cannot belong to the step being waited for or the
-// next one: a neighbour may run at most a step ahead (or have moved on to the
-// evaluation), never behind, and its micro-batch index must be in range.
+// next one: a neighbour may run at most a step ahead (or into the evaluation that
+// follows a step), never behind, and its micro-batch index must be in range.
+// Evaluations are tagged with negative steps (evalTag).
 func (p *peer) checkTag(t *transport.Tensor, step int64) error {
-	ok := t.Step == step || t.Step == EvalStep || (step != EvalStep && t.Step == step+1)
-	if !ok {
-		return fmt.Errorf("%s sent %s for step %d while this stage is at step %d: the stages are out of step (a stage restarted from another checkpoint?)",
-			p.name, t.Kind, t.Step+1, step+1)
+	var ok bool
+	if step >= 0 {
+		ok = t.Step == step || t.Step == step+1 || t.Step == EvalStep || t.Step == int64(evalTag(int(step)+1))
+	} else {
+		// After the evaluation following step done comes training step done.
+		ok = t.Step == step || (step != EvalStep && t.Step == -1-step)
 	}
-	if t.MicroBatch < 0 || (t.Step != EvalStep && p.microBatches > 0 && int(t.MicroBatch) >= p.microBatches) {
-		return fmt.Errorf("%s sent %s for micro-batch %d of step %d; steps have micro-batches 0-%d", p.name, t.Kind, t.MicroBatch, t.Step+1, p.microBatches-1)
+	if !ok {
+		return fmt.Errorf("%s sent %s for %s while this stage is at %s: the stages are out of step (a stage restarted from another checkpoint?)",
+			p.name, t.Kind, stepText(t.Step), stepText(step))
+	}
+	if t.MicroBatch < 0 || (t.Step >= 0 && p.microBatches > 0 && int(t.MicroBatch) >= p.microBatches) {
+		return fmt.Errorf("%s sent %s for micro-batch %d of %s; steps have micro-batches 0-%d", p.name, t.Kind, t.MicroBatch, stepText(t.Step), p.microBatches-1)
 	}
 	return nil
+}
+
+// stepText names a message tag for errors: "step 3", "the final evaluation".
+func stepText(tag int64) string {
+	switch {
+	case tag >= 0:
+		return fmt.Sprintf("step %d", tag+1)
+	case tag == EvalStep:
+		return "the final evaluation"
+	}
+	return fmt.Sprintf("the evaluation after step %d", -1-tag)
 }
 
 // send queues v for the neighbour and returns the payload size and how long the
@@ -150,7 +168,7 @@ func (p *peer) send(ctx context.Context, kind transport.Kind, step int64, mb, ch
 		if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
 			err = cause
 		}
-		return 0, 0, fmt.Errorf("sending %s of step %d micro-batch %d%s to %s: %w", kind, step+1, mb, chunkText(chunk), p.name, err)
+		return 0, 0, fmt.Errorf("sending %s of %s micro-batch %d%s to %s: %w", kind, stepText(step), mb, chunkText(chunk), p.name, err)
 	}
 	return int64(len(t.Data)), time.Since(start), nil
 }

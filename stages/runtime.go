@@ -46,6 +46,8 @@ type Options struct {
 	Log io.Writer
 	// Train and Test are loaded from Config.Data when nil.
 	Train, Test *data.Dataset
+	// Text is the tokenized corpus of a text dataset, loaded when nil.
+	Text *data.Text
 	// Resume continues from the newest complete checkpoint in RunDir, if any.
 	Resume bool
 }
@@ -60,8 +62,7 @@ type Runtime struct {
 	actions       []schedule.Action
 	schedName     string
 	prev, next    *peer
-	train, test   *data.Dataset
-	sampler       *data.Sampler
+	feed          feed
 	runDir        string
 	log           io.Writer
 	events        *eventLog
@@ -70,6 +71,7 @@ type Runtime struct {
 	losses []float64 // this step's micro-batch losses (last stage)
 	live   *Metrics
 
+	tied       [][2]string // parameter pairs whose gradients are summed before each step
 	resume     bool
 	commits    sync.WaitGroup // stage 0's checkpoint commits in progress
 	lastCommit chan struct{}  // closed when the newest commit has ended
@@ -106,7 +108,7 @@ func New(o Options) (*Runtime, error) {
 	if err := r.attach(o, model); err != nil {
 		return nil, err
 	}
-	if err := r.loadData(o); err != nil {
+	if err := r.loadData(o, model); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -156,6 +158,11 @@ func (r *Runtime) attach(o Options, model *models.Model) error {
 		needPrev = needPrev || !e.IsFirst()
 		needNext = needNext || !e.IsLast()
 	}
+	r.tied = model.Tied
+	if r.stages > 1 && len(model.Tied) > 0 { // the ring carries tied gradients
+		needPrev = needPrev || r.stage == 0
+		needNext = needNext || r.stage == r.stages-1
+	}
 	dt, err := transport.ParseDType(model.DType.String())
 	if err != nil {
 		return err
@@ -192,23 +199,38 @@ func (r *Runtime) upTag(c int) int {
 func (r *Runtime) first() *Engine { return r.engines[0] }
 func (r *Runtime) last() *Engine  { return r.engines[len(r.engines)-1] }
 
-func (r *Runtime) loadData(o Options) error {
+func (r *Runtime) loadData(o Options, model *models.Model) error {
+	c := r.cfg
 	first, last := r.first().IsFirst(), r.last().IsLast()
+	if c.Data.Dataset == "text" {
+		text := o.Text
+		if text == nil {
+			var err error
+			if text, err = c.LoadText(); err != nil {
+				return err
+			}
+		}
+		f, err := newTextFeed(c, text, model.Example[0])
+		r.feed = f
+		return err
+	}
+	f := &imageFeed{trainSet: o.Train, testSet: o.Test, batch: c.MicroBatchSize()}
 	var err error
-	if r.train = o.Train; r.train == nil {
-		if r.train, err = data.LoadFashionMNIST(r.cfg.Data.Dir, "train", first, last); err != nil {
+	if f.trainSet == nil {
+		if f.trainSet, err = data.LoadFashionMNIST(c.Data.Dir, "train", first, last); err != nil {
 			return err
 		}
 	}
-	if r.test = o.Test; r.test == nil && r.cfg.Train.Evaluate {
-		if r.test, err = data.LoadFashionMNIST(r.cfg.Data.Dir, "test", first, last); err != nil {
+	if f.testSet == nil && (c.Train.Evaluate || c.Train.EvalEvery > 0) {
+		if f.testSet, err = data.LoadFashionMNIST(c.Data.Dir, "test", first, last); err != nil {
 			return err
 		}
 	}
-	if n := r.first().Model.Example.TotalSize(); first && r.train.Dim != n {
-		return fmt.Errorf("data: %s examples have %d features, model.input is %d", r.train.Name, r.train.Dim, n)
+	if n := model.Example.TotalSize(); first && f.trainSet.Dim != n {
+		return fmt.Errorf("data: %s examples have %d features, the model's input is %d", f.trainSet.Name, f.trainSet.Dim, n)
 	}
-	r.sampler, err = data.NewSampler(r.cfg.Train.Seed, r.train.N, r.cfg.Data.BatchSize)
+	f.sampler, err = data.NewSampler(c.Train.Seed, f.trainSet.N, c.Data.BatchSize)
+	r.feed = f
 	return err
 }
 
@@ -244,7 +266,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 	// first before this runs. A fresh run clears them all: an older run's
 	// checkpoints in the same directory must never be resumed from.
 	if r.stage == 0 {
-		if err := checkpoint.RemoveAfter(CheckpointDir(r.runDir), first-1); err != nil {
+		if err := checkpoint.RemoveAfter(CheckpointDir(r.runDir), first); err != nil {
 			return err
 		}
 	}
@@ -267,6 +289,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 		r.stage, strings.Join(layers, " and "), r.cfg.Schedule, r.cfg.Data.MicroBatches, r.cfg.MicroBatchSize(), r.cfg.Train.Steps)
 	start := time.Now()
 	lastLog := start
+	var err error
 	for step := first; step < r.cfg.Train.Steps; step++ {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("stage %d stopped before step %d: %w", r.stage, step+1, context.Cause(ctx))
@@ -279,17 +302,20 @@ func (r *Runtime) Run(ctx context.Context) error {
 		if err := r.events.flush(); err != nil {
 			return err
 		}
-		if every := r.cfg.Checkpoint.Every; every > 0 && ((step+1)%every == 0 || step+1 == r.cfg.Train.Steps) {
-			if err := r.saveCheckpoint(commitCtx, step+1); err != nil {
-				return err
+		done := step + 1
+		now := time.Now()
+		// Metrics (and a periodic evaluation) come before the checkpoint, so a
+		// run resumed from it has logged every step up to it.
+		var val *EvalResult
+		if every := r.cfg.Train.EvalEvery; every > 0 && done%every == 0 && done < r.cfg.Train.Steps {
+			if val, err = r.evaluate(ctx, evalTag(done)); err != nil {
+				return fmt.Errorf("stage %d, evaluation after step %d: %w", r.stage, done, err)
 			}
 		}
 		if r.last().IsLast() {
-			done := step + 1
-			now := time.Now()
 			loss := r.stepLoss()
 			rate := float64(r.cfg.Data.BatchSize) / now.Sub(stepStart).Seconds()
-			if err := r.writeMetric(done, loss, rate, now.Sub(start)); err != nil {
+			if err := r.writeMetric(done, loss, rate, now.Sub(start), val); err != nil {
 				return err
 			}
 			if done%r.cfg.Train.LogEvery == 0 || done == r.cfg.Train.Steps {
@@ -302,10 +328,19 @@ func (r *Runtime) Run(ctx context.Context) error {
 				lastLog = now
 			}
 		}
+		if every := r.cfg.Checkpoint.Every; every > 0 && (done%every == 0 || done == r.cfg.Train.Steps) {
+			if err := r.saveCheckpoint(commitCtx, done); err != nil {
+				return err
+			}
+		}
 	}
 	if r.cfg.Train.Evaluate {
-		if err := r.evaluate(ctx); err != nil {
+		res, err := r.evaluate(ctx, EvalStep)
+		if err != nil {
 			return fmt.Errorf("stage %d, evaluation: %w", r.stage, err)
+		}
+		if err := r.writeEval(res); err != nil {
+			return err
 		}
 	}
 	if err := r.saveWeights(); err != nil {
@@ -365,13 +400,12 @@ func (r *Runtime) writeRunInfo() error {
 
 // trainStep runs this stage's actions for one global batch, then the optimizer.
 func (r *Runtime) trainStep(ctx context.Context, step int) error {
-	idx := r.sampler.Indices(step)
 	r.losses = make([]float64, r.cfg.Data.MicroBatches)
 	for _, a := range r.actions {
 		var err error
 		switch a.Kind {
 		case schedule.Forward:
-			err = r.forward(ctx, step, a, idx)
+			err = r.forward(ctx, step, a)
 		case schedule.Backward, schedule.Input:
 			err = r.backward(ctx, step, a)
 		case schedule.Weight:
@@ -384,6 +418,9 @@ func (r *Runtime) trainStep(ctx context.Context, step int) error {
 		}
 	}
 	t0 := time.Now()
+	if err := r.syncTied(ctx, step); err != nil {
+		return err
+	}
 	for i, e := range r.engines {
 		if err := e.Step(r.optims[i]); err != nil {
 			return fmt.Errorf("optimizer: %w", err)
@@ -393,21 +430,27 @@ func (r *Runtime) trainStep(ctx context.Context, step int) error {
 	return r.events.add(profile.Event{Stage: r.stage, Step: step, Kind: profile.Optimizer, StartNS: t0.UnixNano(), EndNS: time.Now().UnixNano()})
 }
 
-func (r *Runtime) forward(ctx context.Context, step int, a schedule.Action, idx []int) error {
+func (r *Runtime) forward(ctx context.Context, step int, a schedule.Action) error {
 	e, mb := r.engines[a.Chunk], a.MicroBatch
 	waitStart := time.Now()
-	rows := idx[mb*e.Batch : (mb+1)*e.Batch]
 	var input *tensor.Dense
 	var err error
-	if e.IsFirst() {
-		input = r.examples(e, r.train, rows)
-	} else if input, err = r.prev.recv(ctx, int64(step), mb, r.upTag(a.Chunk)); err != nil {
-		return err
+	if !e.IsFirst() {
+		if input, err = r.prev.recv(ctx, int64(step), mb, r.upTag(a.Chunk)); err != nil {
+			return err
+		}
 	}
 	start := time.Now()
 	var targets []int
-	if e.IsLast() {
-		targets = r.targets(r.train, rows)
+	if e.IsFirst() {
+		input = r.newInput(e)
+	}
+	if e.IsFirst() || e.IsLast() {
+		x := input
+		if !e.IsFirst() {
+			x = nil
+		}
+		targets = r.feed.train(step, mb, x, e.IsLast())
 	}
 	out, err := e.Forward(mb, input, targets)
 	if err != nil {
@@ -473,24 +516,9 @@ func (r *Runtime) record(step int, a schedule.Action, kind string, waitStart, st
 		BytesSent: sent, SendNS: blocked.Nanoseconds(), Stashed: r.inFlight()})
 }
 
-// examples gathers rows of ds into a micro-batch for engine e; rows past the batch
-// (the padding of a short last evaluation batch) stay zero.
-func (r *Runtime) examples(e *Engine, ds *data.Dataset, rows []int) *tensor.Dense {
-	t := tensor.New(tensor.Of(e.Model.DType), tensor.WithShape(e.InShape()...))
-	n := len(rows) * ds.Dim
-	switch d := t.Data().(type) {
-	case []float32:
-		data.GatherImages(ds, rows, d[:n])
-	case []float64:
-		data.GatherImages(ds, rows, d[:n])
-	}
-	return t
-}
-
-func (r *Runtime) targets(ds *data.Dataset, rows []int) []int {
-	y := make([]int, len(rows))
-	data.GatherLabels(ds, rows, y)
-	return y
+// newInput is a zeroed input micro-batch for the first model stage.
+func (r *Runtime) newInput(e *Engine) *tensor.Dense {
+	return tensor.New(tensor.Of(e.Model.DType), tensor.WithShape(e.InShape()...))
 }
 
 // stepLoss is the mean of the micro-batch losses, summed in micro-batch order so
@@ -509,75 +537,100 @@ type Metric struct {
 	Loss          float64 `json:"loss"`
 	SamplesPerSec float64 `json:"samples_per_sec"`
 	ElapsedSec    float64 `json:"elapsed_s"`
+	// Eval is set on the steps after which the model was evaluated (train.eval_every).
+	Eval *EvalResult `json:"eval,omitempty"`
 }
 
-func (r *Runtime) writeMetric(step int, loss, rate float64, elapsed time.Duration) error {
-	b, _ := json.Marshal(Metric{Step: step, Loss: loss, SamplesPerSec: rate, ElapsedSec: elapsed.Seconds()})
+func (r *Runtime) writeMetric(step int, loss, rate float64, elapsed time.Duration, eval *EvalResult) error {
+	b, _ := json.Marshal(Metric{Step: step, Loss: loss, SamplesPerSec: rate, ElapsedSec: elapsed.Seconds(), Eval: eval})
 	_, err := r.metrics.Write(append(b, '\n'))
 	return err
 }
 
-// EvalResult is what eval.json holds.
+// EvalResult is what eval.json holds: over the test images, or over the
+// validation text's tokens (then Examples counts tokens and Perplexity is set).
 type EvalResult struct {
-	Examples int     `json:"examples"`
-	Correct  int     `json:"correct"`
-	Accuracy float64 `json:"accuracy"`
-	Loss     float64 `json:"loss"`
+	Examples   int     `json:"examples"`
+	Correct    int     `json:"correct"`
+	Accuracy   float64 `json:"accuracy"`
+	Loss       float64 `json:"loss"`
+	Perplexity float64 `json:"perplexity,omitempty"`
 }
 
-// evaluate runs the whole test split forward through the pipeline in micro-batches
-// (the last one padded), chunk by chunk, and on the last stage scores the predictions.
-func (r *Runtime) evaluate(ctx context.Context) error {
-	b := r.first().Batch
-	n := r.test.N
+// evalTag tags the messages of the evaluation after step done (1-based), so they
+// are never taken for a training step's or another evaluation's; the final one
+// is EvalStep.
+func evalTag(done int) int { return -1 - done }
+
+// evaluate runs the feed's evaluation micro-batches forward through the pipeline,
+// chunk by chunk, and on the last stage scores the predictions; other stages
+// return nil.
+func (r *Runtime) evaluate(ctx context.Context, tag int) (*EvalResult, error) {
 	var res EvalResult
-	for k := 0; k*b < n; k++ {
-		rows := make([]int, 0, b)
-		for i := k * b; i < min(n, (k+1)*b); i++ {
-			rows = append(rows, i)
-		}
+	for k := 0; k < r.feed.evalBatches(); k++ {
 		for c, e := range r.engines {
 			var input *tensor.Dense
 			var err error
-			if e.IsFirst() {
-				input = r.examples(e, r.test, rows)
-			} else if input, err = r.prev.recv(ctx, EvalStep, k, r.upTag(c)); err != nil {
-				return err
+			if !e.IsFirst() {
+				if input, err = r.prev.recv(ctx, int64(tag), k, r.upTag(c)); err != nil {
+					return nil, err
+				}
+			} else {
+				input = r.newInput(e)
 			}
 			var targets []int
-			if e.IsLast() {
-				targets = append(r.targets(r.test, rows), make([]int, b-len(rows))...)
+			rows := 0
+			if e.IsFirst() || e.IsLast() {
+				x := input
+				if !e.IsFirst() {
+					x = nil
+				}
+				targets, rows = r.feed.eval(k, x, e.IsLast())
 			}
 			out, err := e.Forward(k, input, targets)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			e.Discard(k)
 			if !e.IsLast() {
-				if _, _, err := r.next.send(ctx, transport.Activation, EvalStep, k, c, out); err != nil {
-					return err
+				if _, _, err := r.next.send(ctx, transport.Activation, int64(tag), k, c, out); err != nil {
+					return nil, err
 				}
 				continue
 			}
 			logits, err := e.Logits()
 			if err != nil {
-				return err
+				return nil, err
 			}
-			correct, loss := score(logits, targets[:len(rows)])
+			correct, loss := score(logits, targets[:rows])
 			res.Correct += correct
 			res.Loss += loss
-			res.Examples += len(rows)
+			res.Examples += rows
 		}
 	}
-	if !r.last().IsLast() {
-		return nil
+	if !r.last().IsLast() || res.Examples == 0 {
+		return nil, nil
 	}
 	res.Accuracy = float64(res.Correct) / float64(res.Examples)
 	res.Loss /= float64(res.Examples)
-	fmt.Fprintf(r.log, "test accuracy %.2f%% (%d/%d), test loss %.4f\n", 100*res.Accuracy, res.Correct, res.Examples, res.Loss)
-	b2, _ := json.MarshalIndent(res, "", "  ")
+	what := r.feed.name()
+	if _, text := r.feed.(*textFeed); text {
+		res.Perplexity = math.Exp(res.Loss)
+		fmt.Fprintf(r.log, "%s loss %.4f, perplexity %.2f, next-token accuracy %.2f%% (%d tokens)\n", what, res.Loss, res.Perplexity, 100*res.Accuracy, res.Examples)
+	} else {
+		fmt.Fprintf(r.log, "%s accuracy %.2f%% (%d/%d), %s loss %.4f\n", what, 100*res.Accuracy, res.Correct, res.Examples, what, res.Loss)
+	}
+	return &res, nil
+}
+
+// writeEval saves the final evaluation as RUN_DIR/eval.json (last stage).
+func (r *Runtime) writeEval(res *EvalResult) error {
+	if res == nil {
+		return nil
+	}
+	b, _ := json.MarshalIndent(res, "", "  ")
 	return checkpoint.WriteAtomic(filepath.Join(r.runDir, "eval.json"), func(w io.Writer) error {
-		_, err := w.Write(append(b2, '\n'))
+		_, err := w.Write(append(b, '\n'))
 		return err
 	})
 }

@@ -94,6 +94,12 @@ func runStagesIn(t *testing.T, c *configs.Config, reference bool, dir string, re
 		t.Fatal(err)
 	}
 	train, test := synthetic(96, 8, 3, 1), synthetic(30, 8, 3, 2)
+	var text *data.Text
+	if c.Data.Dataset == "text" {
+		text = testText(t)
+	} else if c.Model.Name == "cnn" {
+		train, test = synthetic(96, c.Model.Input, c.Model.Classes, 1), synthetic(30, c.Model.Input, c.Model.Classes, 2)
+	}
 	n := len(c.Stages)
 	if reference {
 		n = 1
@@ -119,7 +125,7 @@ func runStagesIn(t *testing.T, c *configs.Config, reference bool, dir string, re
 	var wg sync.WaitGroup
 	var rts []*Runtime
 	for i := 0; i < n; i++ {
-		rt, err := New(Options{Config: c, Stage: i, Reference: reference, RunDir: dir, Prev: links[i][0], Next: links[i][1], Train: train, Test: test, Resume: resume})
+		rt, err := New(Options{Config: c, Stage: i, Reference: reference, RunDir: dir, Prev: links[i][0], Next: links[i][1], Train: train, Test: test, Text: text, Resume: resume})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -136,10 +142,15 @@ func runStagesIn(t *testing.T, c *configs.Config, reference bool, dir string, re
 		})
 	}
 	wg.Wait()
+	failed := false
 	for i, err := range errs {
 		if err != nil {
-			t.Fatalf("stage %d: %v", i, err)
+			t.Errorf("stage %d: %v", i, err)
+			failed = true
 		}
+	}
+	if failed {
+		t.FailNow()
 	}
 	return dir, rts
 }

@@ -197,7 +197,9 @@ func printSummary(runDir string) error {
 	fmt.Printf("pipetrain: done: %d steps, final loss %.4f, %.1fs\n", last.Step, last.Loss, last.ElapsedSec)
 	if b, err := os.ReadFile(filepath.Join(runDir, "eval.json")); err == nil {
 		var ev stages.EvalResult
-		if err := json.Unmarshal(b, &ev); err == nil {
+		if err := json.Unmarshal(b, &ev); err == nil && ev.Perplexity > 0 {
+			fmt.Printf("pipetrain: validation loss %.4f, perplexity %.2f on %d tokens\n", ev.Loss, ev.Perplexity, ev.Examples)
+		} else if err == nil {
 			fmt.Printf("pipetrain: test accuracy %.2f%% on %d test images\n", 100*ev.Accuracy, ev.Examples)
 		}
 	}

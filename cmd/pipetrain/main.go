@@ -24,7 +24,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(launchCmd(), stageCmd(), referenceCmd(), profileCmd(), simulateCmd(), planCmd(), validateCmd(), certsCmd())
+	root.AddCommand(launchCmd(), sampleCmd(), plotCmd(), stageCmd(), referenceCmd(), profileCmd(), simulateCmd(), planCmd(), validateCmd(), certsCmd())
 	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "pipetrain:", err)
 		if errors.Is(err, launcher.ErrInterrupted) {

@@ -1,0 +1,53 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pipetrain/pipetrain/stages"
+)
+
+func sampleCmd() *cobra.Command {
+	var f runFlags
+	var prompt string
+	var tokens int
+	var temperature float64
+	var seed uint64
+	c := &cobra.Command{
+		Use:   "sample --run-dir DIR --prompt TEXT",
+		Short: "Generate text from a trained language model's weights (final, or the newest checkpoint)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if f.runDir == "" {
+				return fmt.Errorf(`required flag "run-dir" not set`)
+			}
+			if err := f.resumeFrom(f.runDir); err != nil {
+				return err
+			}
+			cfg, err := f.load()
+			if err != nil {
+				return err
+			}
+			g, err := stages.NewGenerator(cfg, f.runDir)
+			if err != nil {
+				return err
+			}
+			out, err := g.Generate([]byte(prompt), tokens, temperature, seed)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "pipetrain: %d tokens from %s, temperature %g, seed %d\n", tokens, g.From, temperature, seed)
+			fmt.Println(string(out))
+			return nil
+		},
+	}
+	f.register(c, "")
+	c.Flags().Lookup("config").Annotations = nil // found in RUN_DIR/launch.json unless given
+	c.Flags().StringVar(&prompt, "prompt", "", "text to continue")
+	c.Flags().IntVar(&tokens, "tokens", 200, "tokens to generate")
+	c.Flags().Float64Var(&temperature, "temperature", 0.8, "sampling temperature; 0 takes the most likely token each time")
+	c.Flags().Uint64Var(&seed, "seed", 1, "seed of the sampling, so a sample can be repeated")
+	c.MarkFlagRequired("prompt")
+	return c
+}

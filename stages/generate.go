@@ -1,0 +1,147 @@
+package stages
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+
+	"gorgonia.org/tensor"
+
+	"github.com/pipetrain/pipetrain/checkpoint"
+	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/data"
+	"github.com/pipetrain/pipetrain/models"
+)
+
+// Generator continues text with a trained language model, all its layers in one
+// process: generation is one token at a time, so there is nothing to pipeline.
+type Generator struct {
+	engine  *Engine
+	tok     data.Tokenizer
+	context int
+	// From says which weights were loaded.
+	From string
+}
+
+// NewGenerator builds the config's model and loads a run's weights: its final
+// weights, or if the run did not finish, its newest complete checkpoint.
+func NewGenerator(c *configs.Config, runDir string) (*Generator, error) {
+	model, err := models.Build(c.Model)
+	if err != nil {
+		return nil, err
+	}
+	if model.Targets() == 1 {
+		return nil, fmt.Errorf("%s: model %s is not a language model", c.Path, c.Model.Name)
+	}
+	text, err := c.LoadText()
+	if err != nil {
+		return nil, err
+	}
+	e, err := NewEngine(model, 0, len(model.Layers), 1, c.Train.Seed, false)
+	if err != nil {
+		return nil, err
+	}
+	g := &Generator{engine: e, tok: text.Tokenizer, context: model.Example[0]}
+	weights, from, err := runWeights(c, runDir)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range e.Params() {
+		if err := fill(weights, p.Name(), p.Value().(*tensor.Dense)); err != nil {
+			return nil, fmt.Errorf("%s: %w", from, err)
+		}
+	}
+	g.From = from
+	return g, nil
+}
+
+// runWeights reads a run's final weights, or its newest complete checkpoint.
+func runWeights(c *configs.Config, runDir string) (map[string]checkpoint.Tensor, string, error) {
+	dir := filepath.Join(runDir, "weights")
+	if entries, _ := os.ReadDir(dir); len(entries) > 0 {
+		w, err := checkpoint.ReadAll(dir)
+		return w, dir, err
+	}
+	m, _, err := checkpoint.Latest(CheckpointDir(runDir), c.TrainingDigest())
+	if err != nil {
+		return nil, "", err
+	}
+	if m == nil {
+		return nil, "", fmt.Errorf("%s has no final weights and no complete checkpoint", runDir)
+	}
+	w, err := checkpoint.ReadAll(m.Dir)
+	return w, m.Dir, err
+}
+
+// Generate appends n tokens to prompt, each drawn from the model's next-token
+// distribution at the given temperature (0: always the most likely), with a
+// generator seeded by seed so a sample can be repeated.
+func (g *Generator) Generate(prompt []byte, n int, temperature float64, seed uint64) ([]byte, error) {
+	ids, err := g.tok.Encode(prompt)
+	if err != nil {
+		return nil, err
+	}
+	if len(ids) == 0 {
+		return nil, errors.New("the prompt is empty")
+	}
+	rng := rand.New(rand.NewPCG(seed, 0))
+	targets := make([]int, g.context)
+	for range n {
+		window := ids[max(0, len(ids)-g.context):]
+		x := tensor.New(tensor.Of(g.engine.Model.DType), tensor.WithShape(1, g.context))
+		for i, id := range window {
+			// Positions after the window are padding: causal attention keeps
+			// them from affecting the positions before.
+			x.SetAt(castID(x.Dtype(), id), 0, i)
+		}
+		if _, err := g.engine.Forward(0, x, targets); err != nil {
+			return nil, err
+		}
+		g.engine.Discard(0)
+		logits, err := g.engine.Logits()
+		if err != nil {
+			return nil, err
+		}
+		vocab := logits.Shape()[1]
+		row := asFloat64s(logits)[(len(window)-1)*vocab : len(window)*vocab]
+		ids = append(ids, int32(pick(row, temperature, rng)))
+	}
+	return g.tok.Decode(ids)
+}
+
+func castID(dt tensor.Dtype, id int32) any {
+	if dt == tensor.Float64 {
+		return float64(id)
+	}
+	return float32(id)
+}
+
+// pick draws an index from softmax(logits/temperature), or takes the argmax.
+func pick(logits []float64, temperature float64, rng *rand.Rand) int {
+	best := 0
+	for i, v := range logits {
+		if v > logits[best] {
+			best = i
+		}
+	}
+	if temperature <= 0 {
+		return best
+	}
+	weights := make([]float64, len(logits))
+	var z float64
+	for i, v := range logits {
+		weights[i] = math.Exp((v - logits[best]) / temperature)
+		z += weights[i]
+	}
+	u := rng.Float64() * z
+	for i, w := range weights {
+		if u < w {
+			return i
+		}
+		u -= w
+	}
+	return best
+}

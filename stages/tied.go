@@ -1,0 +1,130 @@
+package stages
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"gorgonia.org/tensor"
+
+	"github.com/pipetrain/pipetrain/transport"
+)
+
+// Tied weights are one matrix used by two layers (a language model's token
+// embedding and its output head), which a pipeline places on its first and last
+// stages. Each of those stages holds its own copy; both start bit-identical, and
+// before every optimizer step each sends the other its gradient over the ring
+// link, so both apply the same summed gradient and stay identical: the pipeline
+// trains exactly the model that holds the matrix once. In one process (the
+// reference) the two copies sit in one stage and the sum is taken locally.
+
+// layerOf is the layer a parameter belongs to: "embed" for "embed.tok".
+func layerOf(param string) string {
+	name, _, _ := strings.Cut(param, ".")
+	return name
+}
+
+// gradOf finds a parameter's summed gradient among the stage's engines.
+func (r *Runtime) gradOf(name string) (*tensor.Dense, error) {
+	for _, e := range r.engines {
+		for i, p := range e.Params() {
+			if p.Name() != name {
+				continue
+			}
+			grads, err := e.Gradients()
+			if err != nil {
+				return nil, err
+			}
+			g, ok := grads[i].(*tensor.Dense)
+			if !ok {
+				return nil, fmt.Errorf("%s: gradient is a %T", name, grads[i])
+			}
+			return g, nil
+		}
+	}
+	return nil, nil
+}
+
+// syncTied makes every tied pair's two gradients their sum, exchanging them with
+// the stage that holds the other half.
+func (r *Runtime) syncTied(ctx context.Context, step int) error {
+	for pair, names := range r.tied {
+		a, err := r.gradOf(names[0])
+		if err != nil {
+			return err
+		}
+		b, err := r.gradOf(names[1])
+		if err != nil {
+			return err
+		}
+		switch {
+		case a != nil && b != nil:
+			sum, err := addGrads(a, b)
+			if err != nil {
+				return err
+			}
+			copy2(a, sum)
+			copy2(b, sum)
+		case a != nil || b != nil:
+			mine := a
+			if mine == nil {
+				mine = b
+			}
+			other, err := r.exchangeTied(ctx, step, pair, mine)
+			if err != nil {
+				return fmt.Errorf("tied weights %s and %s: %w", names[0], names[1], err)
+			}
+			// a + b in the same order on both stages (addition commutes in
+			// IEEE arithmetic anyway, so the two sums are equal bit for bit).
+			var sum *tensor.Dense
+			if a != nil {
+				sum, err = addGrads(a, other)
+			} else {
+				sum, err = addGrads(other, b)
+			}
+			if err != nil {
+				return err
+			}
+			copy2(mine, sum)
+		}
+	}
+	return nil
+}
+
+// exchangeTied sends this stage's gradient of tied pair `pair` over the ring link
+// and returns the other stage's.
+func (r *Runtime) exchangeTied(ctx context.Context, step, pair int, mine *tensor.Dense) (*tensor.Dense, error) {
+	var link *peer
+	kind := transport.Activation // the ring's dialer (last stage) sends activations
+	switch {
+	case r.stage == 0:
+		link, kind = r.prev, transport.Gradient
+	case r.stage == r.stages-1:
+		link = r.next
+	}
+	if link == nil {
+		return nil, fmt.Errorf("stage %d holds one of them but has no ring link to the stage holding the other", r.stage)
+	}
+	tag := len(link.shapes) - len(r.tied) + pair
+	if _, _, err := link.send(ctx, kind, int64(step), 0, tag, mine); err != nil {
+		return nil, err
+	}
+	return link.recv(ctx, int64(step), 0, tag)
+}
+
+func addGrads(a, b *tensor.Dense) (*tensor.Dense, error) {
+	v, err := a.Add(b)
+	if err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+func copy2(dst, src *tensor.Dense) {
+	switch d := dst.Data().(type) {
+	case []float32:
+		copy(d, src.Data().([]float32))
+	case []float64:
+		copy(d, src.Data().([]float64))
+	}
+}
