@@ -108,6 +108,9 @@ type Transport struct {
 	// Heartbeat is the interval of keep-alive pings on an idle link and
 	// PeerTimeout how long a ping may go unanswered before the link is declared
 	// dead: they catch a hung peer or a dead host between actions.
+	// Compression casts float32 activations and gradients to 16 bits on the
+	// wire: none, fp16 or bf16. It changes the numbers, so it is in the digest.
+	Compression string        `mapstructure:"compression" json:"compression,omitempty"`
 	Heartbeat   time.Duration `mapstructure:"heartbeat" json:"-"`
 	PeerTimeout time.Duration `mapstructure:"peer_timeout" json:"-"`
 	// Token, or the first line of TokenFile, is a shared secret every link must
@@ -199,6 +202,7 @@ var defaults = map[string]any{
 	"transport.queue_depth":     4,
 	"transport.recv_timeout":    "2m",
 	"transport.heartbeat":       "10s",
+	"transport.compression":     "none",
 	"transport.peer_timeout":    "5s",
 	"transport.token":           "",
 	"transport.token_file":      "",
@@ -279,6 +283,15 @@ func (c *Config) Validate() error {
 	}
 	if c.Transport.QueueDepth < 1 {
 		p.add("transport.queue_depth", "must be at least 1, got %d", c.Transport.QueueDepth)
+	}
+	switch c.Transport.Compression {
+	case "none", "":
+	case "fp16", "bf16":
+		if model != nil && c.Model.DType == "float64" {
+			p.add("transport.compression", "%s casts float32 tensors; the model is float64", c.Transport.Compression)
+		}
+	default:
+		p.add("transport.compression", "unknown compression %q (known: none, fp16, bf16)", c.Transport.Compression)
 	}
 	if c.Transport.Heartbeat <= 0 {
 		p.add("transport.heartbeat", "must be positive, got %v", c.Transport.Heartbeat)

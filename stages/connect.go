@@ -122,7 +122,7 @@ func Hellos(c *configs.Config, i int) (up, down transport.Hello, err error) {
 	if err != nil {
 		return up, down, err
 	}
-	dt, err := transport.ParseDType(model.DType.String())
+	dt, err := WireDType(c, model)
 	if err != nil {
 		return up, down, err
 	}
@@ -160,4 +160,14 @@ func LinkShapes(c *configs.Config, model *models.Model, from int) [][]int {
 // schedules send activations that way, and tied weights their gradients.
 func NeedsRing(c *configs.Config, model *models.Model) bool {
 	return len(c.Stages) > 1 && (c.VirtualStages > 1 || len(model.Tied) > 0)
+}
+
+// WireDType is the dtype tensors have on the links: the model's, or 16 bits with
+// transport.compression.
+func WireDType(c *configs.Config, model *models.Model) (transport.DType, error) {
+	dt, err := transport.ParseDType(model.DType.String())
+	if err != nil {
+		return 0, err
+	}
+	return transport.WireDType(dt, c.Transport.Compression)
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/data"
 	"github.com/pipetrain/pipetrain/models"
+	"github.com/pipetrain/pipetrain/profile"
 )
 
 // testText is a small byte-level corpus with some structure to learn.
@@ -130,5 +131,51 @@ func TestCNNPipelineEqualsReference(t *testing.T) {
 			cfg := cnnConfig(split)
 			sameRun(t, runInProcess(t, cfg, true), runInProcess(t, cfg, false))
 		})
+	}
+}
+
+// TestCompressedLinks runs a pipeline with 16-bit links: half the bytes on the
+// wire, losses close to the float32 run's but not equal (the casts round).
+func TestCompressedLinks(t *testing.T) {
+	base := testConfig("1f1b", plain("0-1", "2-3"), 2, "float32", "adam")
+	plainDir := runInProcess(t, base, false)
+	want := readLosses(t, plainDir)
+	sent := func(dir string) int64 {
+		_, events, err := profile.ReadRun(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int64
+		for _, stage := range events {
+			for _, e := range stage {
+				n += e.BytesSent
+			}
+		}
+		return n
+	}
+	full := sent(plainDir)
+	for _, comp := range []string{"fp16", "bf16"} {
+		t.Run(comp, func(t *testing.T) {
+			c := testConfig("1f1b", plain("0-1", "2-3"), 2, "float32", "adam")
+			c.Transport.Compression = comp
+			dir := runInProcess(t, c, false)
+			got := readLosses(t, dir)
+			if fmt.Sprint(got) == fmt.Sprint(want) {
+				t.Errorf("compressed losses equal the float32 run's exactly: %v", got)
+			}
+			for i := range got {
+				if math.Abs(got[i]-want[i]) > 0.02*math.Abs(want[i]) {
+					t.Errorf("step %d: loss %v with %s, %v without", i+1, got[i], comp, want[i])
+				}
+			}
+			if n := sent(dir); 2*n != full {
+				t.Errorf("%d bytes sent with %s, %d without; want half", n, comp, full)
+			}
+		})
+	}
+	c := testConfig("1f1b", plain("0-1", "2-3"), 2, "float64", "adam")
+	c.Transport.Compression = "bf16"
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "transport.compression") {
+		t.Errorf("bf16 on a float64 model: %v", err)
 	}
 }

@@ -85,8 +85,8 @@ func (p *peer) recv(ctx context.Context, step int64, mb, chunk int) (*tensor.Den
 	switch p.dtype {
 	case transport.Float64:
 		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(t.Float64s())), nil
-	default:
-		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(t.Float32s())), nil
+	default: // float32, or 16 bits on the wire widened back to float32
+		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(t.AsFloat32s())), nil
 	}
 }
 
@@ -148,7 +148,7 @@ func (p *peer) send(ctx context.Context, kind transport.Kind, step int64, mb, ch
 	var t *transport.Tensor
 	switch d := v.Data().(type) {
 	case []float32:
-		t, err = transport.FromFloat32s(kind, step, int32(mb), []int(v.Shape()), d)
+		t, err = transport.FromFloat32sAs(p.dtype, kind, step, int32(mb), []int(v.Shape()), d)
 	case []float64:
 		t, err = transport.FromFloat64s(kind, step, int32(mb), []int(v.Shape()), d)
 	default:

@@ -163,7 +163,7 @@ func (r *Runtime) attach(o Options, model *models.Model) error {
 		needPrev = needPrev || r.stage == 0
 		needNext = needNext || r.stage == r.stages-1
 	}
-	dt, err := transport.ParseDType(model.DType.String())
+	dt, err := WireDType(r.cfg, model)
 	if err != nil {
 		return err
 	}

@@ -34,6 +34,10 @@ type DType uint8
 const (
 	Float32 DType = 1
 	Float64 DType = 2
+	// BFloat16 and Float16 exist only on the wire: a link compressing float32
+	// activations and gradients (transport.compression) sends them as these.
+	BFloat16 DType = 3
+	Float16  DType = 4
 )
 
 func (d DType) String() string {
@@ -42,6 +46,10 @@ func (d DType) String() string {
 		return "float32"
 	case Float64:
 		return "float64"
+	case BFloat16:
+		return "bfloat16"
+	case Float16:
+		return "float16"
 	}
 	return fmt.Sprintf("dtype(%d)", uint8(d))
 }
@@ -53,6 +61,8 @@ func (d DType) Size() int {
 		return 4
 	case Float64:
 		return 8
+	case BFloat16, Float16:
+		return 2
 	}
 	return 0
 }

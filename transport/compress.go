@@ -1,0 +1,140 @@
+package transport
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+)
+
+// Wire compression casts float32 tensors to 16 bits for the link and back, as
+// TensorFlow's distributed runtime can: half the bytes, at the cost of rounding
+// activations and gradients (bfloat16 keeps float32's range with 8 bits of
+// mantissa; float16 keeps 11 bits of mantissa within ±65504). Conversion rounds
+// to nearest even, keeps NaN a NaN and infinities infinite; float16 turns values
+// beyond its range into infinities and keeps subnormals.
+
+// WireDType is the dtype a float32 link carries under compression none, fp16 or bf16.
+func WireDType(model DType, compression string) (DType, error) {
+	switch compression {
+	case "", "none":
+		return model, nil
+	case "bf16", "fp16":
+		if model != Float32 {
+			return 0, fmt.Errorf("compression %s needs a float32 model, not %s", compression, model)
+		}
+		if compression == "bf16" {
+			return BFloat16, nil
+		}
+		return Float16, nil
+	}
+	return 0, fmt.Errorf("unknown compression %q (known: none, fp16, bf16)", compression)
+}
+
+// FromFloat32sAs builds a tensor of dtype dt (Float32, BFloat16 or Float16)
+// from float32 values, rounding them to dt.
+func FromFloat32sAs(dt DType, kind Kind, step int64, mb int32, shape []int, vals []float32) (*Tensor, error) {
+	switch dt {
+	case Float32:
+		return FromFloat32s(kind, step, mb, shape, vals)
+	case BFloat16, Float16:
+		data := make([]byte, 2*len(vals))
+		enc := toBFloat16
+		if dt == Float16 {
+			enc = toFloat16
+		}
+		for i, v := range vals {
+			binary.LittleEndian.PutUint16(data[2*i:], enc(v))
+		}
+		return newTensor(kind, step, mb, dt, shape, data)
+	}
+	return nil, fmt.Errorf("cannot encode float32 values as %s", dt)
+}
+
+// AsFloat32s returns the payload of a Float32, BFloat16 or Float16 tensor as
+// float32s (a view for Float32, see Float32s; a new slice otherwise), or nil.
+func (t *Tensor) AsFloat32s() []float32 {
+	switch t.DType {
+	case Float32:
+		return t.Float32s()
+	case BFloat16, Float16:
+		dec := fromBFloat16
+		if t.DType == Float16 {
+			dec = fromFloat16
+		}
+		v := make([]float32, len(t.Data)/2)
+		for i := range v {
+			v[i] = dec(binary.LittleEndian.Uint16(t.Data[2*i:]))
+		}
+		return v
+	}
+	return nil
+}
+
+func toBFloat16(f float32) uint16 {
+	b := math.Float32bits(f)
+	if b&0x7fffffff > 0x7f800000 { // NaN: keep it quiet and a NaN
+		return uint16(b>>16) | 0x40
+	}
+	// Round to nearest, ties to even, on the 16 bits dropped.
+	b += 0x7fff + (b>>16)&1
+	return uint16(b >> 16)
+}
+
+func fromBFloat16(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
+
+func toFloat16(f float32) uint16 {
+	b := math.Float32bits(f)
+	sign := uint16(b>>16) & 0x8000
+	exp := int((b >> 23) & 0xff)
+	mant := b & 0x7fffff
+	switch {
+	case exp == 0xff: // Inf or NaN
+		if mant != 0 {
+			return sign | 0x7e00
+		}
+		return sign | 0x7c00
+	case exp-127 > 15: // beyond float16's range
+		return sign | 0x7c00
+	case exp-127 >= -14: // normal
+		e := uint32(exp - 127 + 15)
+		m := mant >> 13
+		rest := mant & 0x1fff
+		h := e<<10 | m
+		if rest > 0x1000 || (rest == 0x1000 && m&1 == 1) {
+			h++ // may carry into the exponent, up to infinity: correct
+		}
+		return sign | uint16(h)
+	case exp-127 >= -25: // subnormal in float16
+		m := mant | 0x800000 // the implicit bit
+		shift := uint32(-14-(exp-127)) + 13
+		h := m >> shift
+		rest := m & (1<<shift - 1)
+		half := uint32(1) << (shift - 1)
+		if rest > half || (rest == half && h&1 == 1) {
+			h++
+		}
+		return sign | uint16(h)
+	}
+	return sign // underflows to zero
+}
+
+func fromFloat16(h uint16) float32 {
+	sign := uint32(h&0x8000) << 16
+	exp := uint32(h>>10) & 0x1f
+	mant := uint32(h & 0x3ff)
+	switch {
+	case exp == 0x1f:
+		return math.Float32frombits(sign | 0x7f800000 | mant<<13)
+	case exp == 0:
+		if mant == 0 {
+			return math.Float32frombits(sign)
+		}
+		// Subnormal: mant × 2^-24.
+		v := float32(mant) * float32(math.Ldexp(1, -24))
+		if sign != 0 {
+			v = -v
+		}
+		return v
+	}
+	return math.Float32frombits(sign | (exp+127-15)<<23 | mant<<13)
+}
