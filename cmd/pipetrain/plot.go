@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -35,6 +36,13 @@ func plotCmd() *cobra.Command {
 				train.X, train.Y = append(train.X, float64(m.Step)), append(train.Y, m.Loss)
 				if m.Eval != nil {
 					eval.X, eval.Y = append(eval.X, float64(m.Step)), append(eval.Y, m.Eval.Loss)
+				}
+			}
+			// The final evaluation (eval.json) closes the evaluation line.
+			if b, err := os.ReadFile(filepath.Join(runDir, "eval.json")); err == nil {
+				var final stages.EvalResult
+				if json.Unmarshal(b, &final) == nil && final.Examples > 0 {
+					eval.X, eval.Y = append(eval.X, float64(ms[len(ms)-1].Step)), append(eval.Y, final.Loss)
 				}
 			}
 			series := []profile.Series{train}
