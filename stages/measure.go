@@ -78,6 +78,9 @@ func measureRange(model *models.Model, first, last, batch int, seed uint64, reps
 	}
 	r := rand.New(rand.NewPCG(seed, 99))
 	input := randomDense(r, model.DType, fused.InShape())
+	if first == 0 && model.Targets() > 1 {
+		input = randomTokens(r, model.DType, fused.InShape(), model.Classes)
+	}
 	targets := make([]int, batch*model.Targets())
 	for i := range targets {
 		targets[i] = r.IntN(model.Classes)
@@ -164,6 +167,22 @@ func randomDense(r *rand.Rand, dt tensor.Dtype, shape tensor.Shape) *tensor.Dens
 	case []float64:
 		for i := range d {
 			d[i] = r.Float64()*2 - 1
+		}
+	}
+	return t
+}
+
+// randomTokens is a language model's input: token ids below vocab, as floats.
+func randomTokens(r *rand.Rand, dt tensor.Dtype, shape tensor.Shape, vocab int) *tensor.Dense {
+	t := tensor.New(tensor.Of(dt), tensor.WithShape(shape...))
+	switch d := t.Data().(type) {
+	case []float32:
+		for i := range d {
+			d[i] = float32(r.IntN(vocab))
+		}
+	case []float64:
+		for i := range d {
+			d[i] = float64(r.IntN(vocab))
 		}
 	}
 	return t

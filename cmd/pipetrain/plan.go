@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -49,9 +50,14 @@ func planCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			names := strings.Split(schedules, ",")
+			if !splittable(model) {
+				// Zero-bubble schedules need layers that split their backward.
+				names = slices.DeleteFunc(names, func(n string) bool { return n == "zb-h1" })
+			}
 			prob := plan.Problem{
 				Stages: nStages, Batch: cfg.Data.BatchSize, MicroBatch: cfg.MicroBatchSize(), OverheadMS: 0.05,
-				Schedules: strings.Split(schedules, ","), MemoryLimit: limit,
+				Schedules: names, MemoryLimit: limit,
 				TransferBytesPerMS: 2e6, LatencyMS: 0.1,
 			}
 			if micro > 0 {
@@ -231,4 +237,14 @@ func human(b int64) string {
 	default:
 		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
 	}
+}
+
+// splittable reports whether every layer can split its backward (zero-bubble).
+func splittable(m *models.Model) bool {
+	for _, l := range m.Layers {
+		if _, ok := l.(models.Splittable); !ok {
+			return false
+		}
+	}
+	return true
 }
