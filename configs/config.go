@@ -93,8 +93,9 @@ type Optimizer struct {
 // Compute sets how each process computes.
 type Compute struct {
 	// BLASThreads is OpenBLAS's thread count in every stage process and in the
-	// reference. Results differ in the last bits between thread counts, so it is
-	// part of the config (and its digest), not of the machine.
+	// reference; 0 gives each stage a fair share of its machine (see Threads).
+	// Results differ in the last bits between thread counts, so a fixed count
+	// is what makes runs on different machines bit-identical.
 	BLASThreads int `mapstructure:"blas_threads" json:"blas_threads"`
 }
 
@@ -197,7 +198,7 @@ var defaults = map[string]any{
 	"schedule":                  "1f1b",
 	"schedule_file":             "",
 	"virtual_stages":            1,
-	"compute.blas_threads":      1,
+	"compute.blas_threads":      0,
 	"transport.connect_timeout": "30s",
 	"transport.queue_depth":     4,
 	"transport.recv_timeout":    "2m",
@@ -272,8 +273,8 @@ func (c *Config) Validate() error {
 	}
 	c.validateOptimizer(p)
 	c.validateSchedule(p, model)
-	if c.Compute.BLASThreads < 1 {
-		p.add("compute.blas_threads", "must be at least 1, got %d", c.Compute.BLASThreads)
+	if c.Compute.BLASThreads < 0 {
+		p.add("compute.blas_threads", "must be 0 (a fair share of the machine) or a thread count, got %d", c.Compute.BLASThreads)
 	}
 	if c.Transport.ConnectTimeout <= 0 {
 		p.add("transport.connect_timeout", "must be positive, got %v", c.Transport.ConnectTimeout)

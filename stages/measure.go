@@ -30,7 +30,7 @@ type Cost struct {
 // configured shapes. Each figure is the median of reps runs after one warm-up.
 // The result is indexed [stage][chunk].
 func MeasureCosts(c *configs.Config, reps int) ([][]Cost, error) {
-	blas.SetThreads(c.Compute.BLASThreads)
+	blas.SetThreads(c.Threads(0))
 	model, err := models.Build(c.Model)
 	if err != nil {
 		return nil, err

@@ -84,7 +84,7 @@ func New(o Options) (*Runtime, error) {
 	if r.log == nil {
 		r.log = io.Discard
 	}
-	blas.SetThreads(c.Compute.BLASThreads)
+	blas.SetThreads(c.Threads(o.Stage))
 	model, err := models.Build(c.Model)
 	if err != nil {
 		return nil, err

@@ -1,0 +1,32 @@
+package configs
+
+import (
+	"net"
+	"runtime"
+
+	"github.com/pipetrain/pipetrain/internal/affinity"
+)
+
+// Threads is the BLAS thread count of stage i (the reference counts as stage 0):
+// compute.blas_threads if set, else a fair share of the machine: the CPUs the
+// stage is pinned to, or this machine's cores divided among the stages that
+// listen on the same host, at least 1.
+func (c *Config) Threads(i int) int {
+	if c.Compute.BLASThreads > 0 {
+		return c.Compute.BLASThreads
+	}
+	if i < 0 || i >= len(c.Stages) {
+		return 1
+	}
+	if cpus, err := affinity.Parse(c.Stages[i].CPUs); err == nil && len(cpus) > 0 {
+		return len(cpus)
+	}
+	host, _, _ := net.SplitHostPort(c.Stages[i].Address)
+	sharing := 0
+	for _, s := range c.Stages {
+		if h, _, _ := net.SplitHostPort(s.Address); h == host {
+			sharing++
+		}
+	}
+	return max(1, runtime.NumCPU()/max(sharing, 1))
+}

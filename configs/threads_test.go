@@ -1,0 +1,26 @@
+package configs
+
+import (
+	"runtime"
+	"testing"
+)
+
+func TestThreadsFairShare(t *testing.T) {
+	c := &Config{Stages: []Stage{
+		{Address: "127.0.0.1:1"}, {Address: "127.0.0.1:2"}, {Address: "10.0.0.2:3"}, {Address: "127.0.0.1:4", CPUs: "0-2"},
+	}}
+	n := runtime.NumCPU()
+	if got, want := c.Threads(0), max(1, n/3); got != want {
+		t.Errorf("stage 0 of 3 on its host: %d threads, want %d", got, want)
+	}
+	if got, want := c.Threads(2), n; got != want {
+		t.Errorf("stage 2 alone on its host: %d threads, want %d", got, want)
+	}
+	if got := c.Threads(3); got != 3 {
+		t.Errorf("stage pinned to 3 CPUs: %d threads", got)
+	}
+	c.Compute.BLASThreads = 5
+	if got := c.Threads(1); got != 5 {
+		t.Errorf("explicit blas_threads 5 gave %d", got)
+	}
+}
