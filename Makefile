@@ -7,7 +7,7 @@ CONFIG ?= configs/fmnist-mlp-4stage.yaml
 RUN_DIR ?= runs/demo
 APT_PACKAGES := libopenblas-dev dataset-fashion-mnist
 
-.PHONY: all deps build demo reference test vet race bench bench-schedules clean
+.PHONY: all deps build demo reference test vet race fuzz bench bench-schedules clean
 
 all: build
 
@@ -39,11 +39,26 @@ vet:
 race:
 	go test -race -count=1 ./transport/ ./launcher/
 
-test: deps vet race
+# Each fuzz target runs for FUZZTIME (go test fuzzes one target per run). Seeds
+# are in <package>/testdata/fuzz/<target>/, where go test also writes a failing
+# input. A failed run is run once more: go test -fuzz can fail without a failing
+# input ("context deadline exceeded") when -fuzztime ends while a worker is busy,
+# while a real failing input, now in testdata, fails the second run at once.
+FUZZTIME ?= 10s
+fuzz_target = go test -run '^$$' -fuzz '^$(1)$$' -fuzztime $(FUZZTIME) ./$(2)/
+fuzz:
+	$(call fuzz_target,FuzzTensorUnmarshal,transport) || $(call fuzz_target,FuzzTensorUnmarshal,transport)
+	$(call fuzz_target,FuzzHandshake,transport) || $(call fuzz_target,FuzzHandshake,transport)
+	$(call fuzz_target,FuzzConfigLoad,configs) || $(call fuzz_target,FuzzConfigLoad,configs)
+
+test: deps vet race fuzz
 	go test -count=1 -timeout 20m ./...
 
-bench: deps
-	go test -run '^$$' -bench . -benchtime 2s ./transport/ ./stages/
+# Go benchmarks with allocation counts, then the measured report docs/benchmarks.md
+# (compute, transport, schedules, end to end; about 10 minutes). BENCH_FLAGS=-quick for a smoke run.
+bench: build
+	go test -run '^$$' -bench . -benchmem -benchtime 2s ./transport/ ./stages/
+	go run ./bench/suite -bin $(BIN) -out docs/benchmarks.md $(BENCH_FLAGS)
 
 # Measured against simulated bubble and throughput per schedule: docs/schedules-benchmark.md.
 bench-schedules: build

@@ -13,6 +13,10 @@ func init() { Register("gpt", buildGPT) }
 // gptInitSD is GPT-2's standard deviation for embeddings and projections.
 const gptInitSD = 0.02
 
+// maxGPTLayers bounds the block count, so a stray digit is an error, not a
+// model that exhausts memory while being described.
+const maxGPTLayers = 4096
+
 // maxFloat32ID bounds the vocabulary in float32: token ids travel as floats,
 // and float32 holds every integer below 2^24 exactly.
 const maxFloat32ID = 1 << 24
@@ -67,6 +71,8 @@ func gptSizesOf(spec Spec) (gptSizes, error) {
 		}
 	}
 	switch {
+	case spec.Layers > maxGPTLayers:
+		return gptSizes{}, fmt.Errorf("gpt: model.layers %d is more than %d blocks", spec.Layers, maxGPTLayers)
 	case spec.Vocab < 2:
 		return gptSizes{}, fmt.Errorf("gpt: model.vocab %d must be >= 2", spec.Vocab)
 	case dt == tensor.Float32 && spec.Vocab > maxFloat32ID:

@@ -11,6 +11,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// MaxCPU bounds CPU numbers: unix.CPUSet holds this many.
+const MaxCPU = 1024
+
 // Parse reads a CPU list such as "0", "0-3" or "0,2,4-5".
 func Parse(list string) ([]int, error) {
 	var cpus []int
@@ -26,6 +29,9 @@ func Parse(list string) ([]int, error) {
 			if b, err = strconv.Atoi(hi); err != nil || b < a {
 				return nil, fmt.Errorf("%q is not a CPU list like \"0-3\" or \"0,2\"", list)
 			}
+		}
+		if b >= MaxCPU {
+			return nil, fmt.Errorf("%q: CPU %d is beyond the %d CPUs Linux affinity masks hold here", list, b, MaxCPU)
 		}
 		for c := a; c <= b; c++ {
 			cpus = append(cpus, c)
