@@ -55,7 +55,7 @@ test: deps vet race fuzz
 	go test -count=1 -timeout 20m ./...
 
 # Go benchmarks with allocation counts, then the measured report docs/benchmarks.md
-# (compute, transport, schedules, end to end; about 10 minutes). BENCH_FLAGS=-quick for a smoke run.
+# (compute, transport, schedules, end to end; about 6 minutes on 2 cores). BENCH_FLAGS=-quick for a smoke run.
 bench: build
 	go test -run '^$$' -bench . -benchmem -benchtime 2s ./transport/ ./stages/
 	go run ./bench/suite -bin $(BIN) -out docs/benchmarks.md $(BENCH_FLAGS)
