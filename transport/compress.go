@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"sync"
+	"unsafe"
 )
 
 // Wire compression casts float32 tensors to 16 bits for the link and back, as
@@ -38,13 +40,24 @@ func FromFloat32sAs(dt DType, kind Kind, step int64, mb int32, shape []int, vals
 		return FromFloat32s(kind, step, mb, shape, vals)
 	case BFloat16, Float16:
 		data := make([]byte, 2*len(vals))
-		enc := toBFloat16
-		if dt == Float16 {
-			enc = toFloat16
+		halves := uint16View(data)
+		if dt == BFloat16 {
+			for i, v := range vals {
+				halves[i] = toBFloat16(v)
+			}
+		} else {
+			// toFloat16Fast written out, so the common case needs no call.
+			for i, v := range vals {
+				b := math.Float32bits(v)
+				if e := (b >> 23) & 0xff; e-113 < 30 {
+					h := (b>>16)&0x8000 | (e-112)<<10 | (b>>13)&0x3ff
+					halves[i] = uint16(h + (b&0x1fff+0xfff+h&1)>>13)
+				} else {
+					halves[i] = toFloat16(v)
+				}
+			}
 		}
-		for i, v := range vals {
-			binary.LittleEndian.PutUint16(data[2*i:], enc(v))
-		}
+		storeHalves(data, halves)
 		return newTensor(kind, step, mb, dt, shape, data)
 	}
 	return nil, fmt.Errorf("cannot encode float32 values as %s", dt)
@@ -57,18 +70,61 @@ func (t *Tensor) AsFloat32s() []float32 {
 	case Float32:
 		return t.Float32s()
 	case BFloat16, Float16:
-		dec := fromBFloat16
-		if t.DType == Float16 {
-			dec = fromFloat16
-		}
 		v := make([]float32, len(t.Data)/2)
-		for i := range v {
-			v[i] = dec(binary.LittleEndian.Uint16(t.Data[2*i:]))
+		halves := loadHalves(t.Data)
+		if t.DType == BFloat16 {
+			for i, h := range halves {
+				v[i] = math.Float32frombits(uint32(h) << 16)
+			}
+		} else {
+			table := float16Table()
+			for i, h := range halves {
+				v[i] = table[h]
+			}
 		}
 		return v
 	}
 	return nil
 }
+
+// uint16View is a scratch slice to encode into: data itself on a little-endian
+// host with aligned data (storeHalves then does nothing), else a new slice.
+func uint16View(data []byte) []uint16 {
+	if nativeLittle && aligned(data, 2) && len(data) > 0 {
+		return unsafe.Slice((*uint16)(unsafe.Pointer(&data[0])), len(data)/2)
+	}
+	return make([]uint16, len(data)/2)
+}
+
+func storeHalves(data []byte, halves []uint16) {
+	if len(data) > 0 && unsafe.Pointer(&data[0]) == unsafe.Pointer(unsafe.SliceData(halves)) {
+		return
+	}
+	for i, h := range halves {
+		binary.LittleEndian.PutUint16(data[2*i:], h)
+	}
+}
+
+func loadHalves(data []byte) []uint16 {
+	if nativeLittle && aligned(data, 2) && len(data) > 0 {
+		return unsafe.Slice((*uint16)(unsafe.Pointer(&data[0])), len(data)/2)
+	}
+	out := make([]uint16, len(data)/2)
+	for i := range out {
+		out[i] = binary.LittleEndian.Uint16(data[2*i:])
+	}
+	return out
+}
+
+// float16Table maps every float16 bit pattern to its float32 value, so decoding
+// is one lookup per element.
+var float16Table = sync.OnceValue(func() *[1 << 16]float32 {
+	var t [1 << 16]float32
+	for h := range t {
+		t[h] = fromFloat16(uint16(h))
+	}
+	return &t
+})
 
 func toBFloat16(f float32) uint16 {
 	b := math.Float32bits(f)
@@ -81,6 +137,18 @@ func toBFloat16(f float32) uint16 {
 }
 
 func fromBFloat16(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
+
+// toFloat16Fast is toFloat16 with the common case, a value in float16's normal
+// range, inline and branch-free in its rounding.
+func toFloat16Fast(f float32) uint16 {
+	b := math.Float32bits(f)
+	e := (b >> 23) & 0xff
+	if e-113 < 30 { // 113..142: float16 exponents 1..30
+		h := (b>>16)&0x8000 | (e-112)<<10 | (b>>13)&0x3ff
+		return uint16(h + (b&0x1fff+0xfff+h&1)>>13)
+	}
+	return toFloat16(f)
+}
 
 func toFloat16(f float32) uint16 {
 	b := math.Float32bits(f)

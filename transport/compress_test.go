@@ -13,7 +13,7 @@ func TestHalfRoundTrip(t *testing.T) {
 		name string
 		enc  func(float32) uint16
 		dec  func(uint16) float32
-	}{{"float16", toFloat16, fromFloat16}, {"bfloat16", toBFloat16, fromBFloat16}} {
+	}{{"float16", toFloat16, fromFloat16}, {"float16 fast path", toFloat16Fast, fromFloat16}, {"bfloat16", toBFloat16, fromBFloat16}} {
 		for h := 0; h < 1<<16; h++ {
 			f := c.dec(uint16(h))
 			back := c.enc(f)
@@ -39,7 +39,7 @@ func TestHalfRoundsToNearestEven(t *testing.T) {
 		enc  func(float32) uint16
 		dec  func(uint16) float32
 		max  float64
-	}{{"float16", toFloat16, fromFloat16, 65504}, {"bfloat16", toBFloat16, fromBFloat16, math.MaxFloat32}} {
+	}{{"float16", toFloat16, fromFloat16, 65504}, {"float16 fast path", toFloat16Fast, fromFloat16, 65504}, {"bfloat16", toBFloat16, fromBFloat16, math.MaxFloat32}} {
 		for i := 0; i < 200000; i++ {
 			f := float32(math.Ldexp(r.Float64()*2-1, r.IntN(60)-40))
 			if i%1000 == 0 {
@@ -100,5 +100,25 @@ func TestCompressedTensor(t *testing.T) {
 	}
 	if _, err := WireDType(Float32, "int8"); err == nil {
 		t.Error("unknown compression accepted")
+	}
+}
+
+// TestEncodeLoopMatchesScalar: the tensor encoder's inlined fast path gives the
+// same bits as the scalar conversion, across magnitudes.
+func TestEncodeLoopMatchesScalar(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	vals := make([]float32, 50000)
+	for i := range vals {
+		vals[i] = float32(math.Ldexp(r.Float64()*2-1, r.IntN(50)-30))
+	}
+	vals = append(vals, 0, float32(math.Inf(1)), float32(math.NaN()), 65504, 65520, 6.1e-5, 5.96e-8)
+	x, err := FromFloat32sAs(Float16, Gradient, 0, 0, []int{len(vals)}, vals)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range vals {
+		if got, want := uint16(x.Data[2*i])|uint16(x.Data[2*i+1])<<8, toFloat16(v); got != want {
+			t.Fatalf("%v: encoded %#04x, scalar %#04x", v, got, want)
+		}
 	}
 }

@@ -71,12 +71,13 @@ var sections = []section{
 	{"transport", "Transport", runTransport},
 	{"pipeline", "Pipeline: schedule efficiency", runPipeline},
 	{"endtoend", "End to end", runEndToEnd},
+	{"compression", "Wire compression", runCompression},
 }
 
 func main() {
 	var o options
 	out := flag.String("out", "docs/benchmarks.md", "Markdown file to write")
-	only := flag.String("sections", "compute,transport,pipeline,endtoend", "comma-separated sections to run")
+	only := flag.String("sections", "compute,transport,pipeline,endtoend,compression", "comma-separated sections to run")
 	flag.StringVar(&o.bin, "bin", "bin/pipetrain", "pipetrain binary (pipeline and end-to-end sections)")
 	flag.IntVar(&o.reps, "reps", 7, "repetitions of each in-process measurement (compute, transport); medians are reported")
 	flag.IntVar(&o.runReps, "run-reps", 5, "repetitions of each pipetrain run (pipeline, end to end); medians are reported")
@@ -105,11 +106,11 @@ func main() {
 			continue
 		}
 		if !slices.ContainsFunc(sections, func(x section) bool { return x.name == s }) {
-			fatalf("unknown section %q (known: compute, transport, pipeline, endtoend)", s)
+			fatalf("unknown section %q (known: compute, transport, pipeline, endtoend, compression)", s)
 		}
 		o.sectionSet[s] = true
 	}
-	if o.sectionSet["pipeline"] || o.sectionSet["endtoend"] {
+	if o.sectionSet["pipeline"] || o.sectionSet["endtoend"] || o.sectionSet["compression"] {
 		if _, err := os.Stat(o.bin); err != nil {
 			fatalf("pipetrain binary: %v (run make build, or pass -bin)", err)
 		}

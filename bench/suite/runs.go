@@ -18,6 +18,7 @@ type runConfig struct {
 	base     string   // the config it is derived from
 	schedule string   // "" keeps the base's
 	micro    int      // micro-batches; 0 keeps the base's
+	env      []string // further PIPETRAIN_* settings
 	steps    int      // training steps
 	layers   []string // one layer range per stage; nil keeps the base's stages
 }
@@ -118,7 +119,7 @@ func runEnv(rc runConfig) []string {
 	if rc.micro > 0 {
 		env = append(env, "PIPETRAIN_DATA_MICRO_BATCHES="+strconv.Itoa(rc.micro))
 	}
-	return env
+	return append(env, rc.env...)
 }
 
 // pipetrain runs `bin command --config ... --run-dir ...` for rc in a fresh
