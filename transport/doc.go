@@ -13,7 +13,7 @@
 //
 // Tensors travel in a small binary format (Tensor.MarshalBinary) through a
 // raw-bytes gRPC codec with large flow-control windows and socket buffers,
-// the fastest gRPC setup measured on this machine (shared/notes/transport.md).
+// the fastest gRPC setup measured on this machine (docs/transport.md).
 // Each Link has a writer and a reader goroutine with bounded queues, so Send
 // overlaps with compute and a slow peer applies backpressure.
 //

@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/mem"
 )
 
-// Tuning measured on this machine (shared/notes/transport.md): a raw-bytes
+// Tuning measured on this machine (docs/transport.md): a raw-bytes
 // codec with 64 MiB flow-control windows and 1 MiB socket buffers reached
 // ~0.5-0.7 of raw TCP, 44-60% more than gRPC defaults; protobuf was slower.
 const (

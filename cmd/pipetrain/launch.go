@@ -39,6 +39,11 @@ func launchCmd() *cobra.Command {
 			if err := writeLaunchInfo(f); err != nil {
 				return err
 			}
+			if resumeDir == "" {
+				// A previous run's logs in the same directory would otherwise be
+				// read by the live view before the stages replace them.
+				clearRunLogs(f.runDir)
+			}
 			exe, err := os.Executable()
 			if err != nil {
 				return err
@@ -205,4 +210,12 @@ func printSummary(runDir string) error {
 	}
 	fmt.Printf("pipetrain: see the bubble with: pipetrain profile %s\n", runDir)
 	return nil
+}
+
+// clearRunLogs removes a previous run's event logs and metrics from runDir.
+func clearRunLogs(runDir string) {
+	old, _ := filepath.Glob(filepath.Join(runDir, "events", "stage-*.jsonl"))
+	for _, p := range append(old, filepath.Join(runDir, "metrics.jsonl")) {
+		os.Remove(p)
+	}
 }
