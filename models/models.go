@@ -69,6 +69,15 @@ type Splittable interface {
 	Affine(g *G.ExprGraph, x *G.Node, params []*G.Node) (*G.Node, error)
 }
 
+// FreshValues is implemented by layers whose ops must not write into the
+// tensors a compiled program kept from its previous run: gorgonia's im2col
+// (convolutions) fills a preallocated output whose shape a later op changed in
+// place. A stage holding such a layer lets the program allocate anew each run.
+type FreshValues interface {
+	Layer
+	FreshValues()
+}
+
 // Model is a built model description: its layers in order and the shape of one example.
 type Model struct {
 	Spec    Spec

@@ -3,6 +3,8 @@ package stages
 import (
 	"errors"
 	"fmt"
+	"reflect"
+	"unsafe"
 
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
@@ -41,6 +43,7 @@ type Engine struct {
 	logits G.Value // last stage: copied out by a Read node during the forward
 
 	newMachine func() G.VM
+	fresh      bool // a layer needs fresh registers every run (models.FreshValues)
 	gate       *gate
 	idle       []G.VM
 	flights    map[int]*flight
@@ -82,6 +85,9 @@ func NewEngine(m *models.Model, first, last, batch int, seed uint64, split bool)
 	for _, l := range m.Layers[first:last] {
 		if _, ok := l.(models.Splittable); split && !ok {
 			return nil, fmt.Errorf("layer %s cannot split its backward into input and weight gradients, which zero-bubble schedules need", l.Name())
+		}
+		if _, ok := l.(models.FreshValues); ok {
+			e.fresh = true
 		}
 		b, err := l.Build(e.g, h, seed)
 		if err != nil {
@@ -384,8 +390,30 @@ func (e *Engine) machine() G.VM {
 }
 
 func (e *Engine) release(vm G.VM) {
-	vm.Reset()
+	if e.fresh {
+		vm.Reset()
+	} else {
+		rewind(vm)
+	}
 	e.idle = append(e.idle, vm)
+}
+
+// rewind readies a finished machine for its next run. gorgonia's Reset also
+// drops every register's value, so the next run allocates all its intermediate
+// tensors again; keeping them lets the tape's alloc instructions and
+// preallocating ops reuse last run's memory. Nothing outside the machine keeps a
+// register's value: outputs are copied out (copyDense) and Read nodes clone.
+// The program counter is unexported, hence reflection; without it (another
+// gorgonia), Reset.
+func rewind(vm G.VM) {
+	v := reflect.ValueOf(vm)
+	if v.Kind() == reflect.Pointer && v.Elem().Kind() == reflect.Struct {
+		if pc := v.Elem().FieldByName("pc"); pc.IsValid() && pc.Kind() == reflect.Int && pc.CanAddr() {
+			reflect.NewAt(pc.Type(), unsafe.Pointer(pc.UnsafeAddr())).Elem().SetInt(0)
+			return
+		}
+	}
+	vm.Reset()
 }
 
 func (e *Engine) oneHot(targets []int) *tensor.Dense {
