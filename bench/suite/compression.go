@@ -77,7 +77,7 @@ func runCompression(o *options, b *bytes.Buffer) error {
 			r.name, byteSize(r.bytesPerStep), r.bytesPerStep/ref.bytesPerStep, r.finalLoss, r.finalLoss-ref.finalLoss, r.stepMS, r.castMSPerStep, pct(share), target, met)
 	}
 	targets = append(targets, targetResult{"wire compression cost (fp16, bf16) / step time", "< " + pct(compressionTarget), fmt.Sprintf("%s at most", pct(worst)), worst < compressionTarget})
-	fmt.Fprintf(b, "\nBoth 16-bit formats halve the bytes on the wire (%.2f× and %.2f×). After %d steps the loss differs from float32's by %+.4f (fp16) and %+.4f (bf16): the rounding of activations and gradients barely changes training here, although the runs are no longer bit-identical to the reference. Casting costs at most %s of a step. On loopback, where bandwidth is plentiful, the step time hardly moves (%.1f, %.1f and %.1f ms); compression pays where links are slow, between hosts.\n",
+	fmt.Fprintf(b, "\nBoth 16-bit formats halve the bytes on the wire (%.2f× and %.2f×). After %d steps the loss differs from float32's by %+.4f (fp16) and %+.4f (bf16): the rounding of activations and gradients barely changes training here, although the runs are no longer bit-identical to the reference. Casting costs at most %s of a step. On loopback bandwidth is plentiful, so halving the bytes is not expected to shorten a step; the step times measured, %.1f, %.1f and %.1f ms, come from one run each and move with this machine's noise (see the end-to-end section's spreads). Compression pays where links are slow, between hosts.\n",
 		rows[1].bytesPerStep/ref.bytesPerStep, rows[2].bytesPerStep/ref.bytesPerStep, steps,
 		rows[1].finalLoss-ref.finalLoss, rows[2].finalLoss-ref.finalLoss, pct(worst), rows[0].stepMS, rows[1].stepMS, rows[2].stepMS)
 	return nil
