@@ -37,6 +37,9 @@ func (c *Config) validateAuth(p *Problems) {
 		return
 	}
 	for i, s := range c.Stages {
+		if _, unix := transport.UnixPath(s.Address); unix {
+			continue // a socket file is reachable from this host only
+		}
 		host, _, err := net.SplitHostPort(s.Address)
 		if err != nil || host == "" {
 			continue // validateStages reports it

@@ -590,7 +590,13 @@ func ParseLayers(s string) (first, last int, err error) {
 
 func checkAddress(a string) error {
 	if a == "" {
-		return errors.New("missing; write host:port such as 127.0.0.1:7101")
+		return errors.New("missing; write host:port such as 127.0.0.1:7101, or unix:PATH for a socket file")
+	}
+	if path, ok := strings.CutPrefix(a, "unix:"); ok {
+		if path == "" {
+			return fmt.Errorf("%q: give the socket file's path after unix:", a)
+		}
+		return nil
 	}
 	host, port, err := net.SplitHostPort(a)
 	if err != nil {

@@ -238,3 +238,48 @@ func (b *syncBuffer) String() string {
 
 // regexpAction matches a stage error naming the action it was in: "stage 1, step 37: 1B3:".
 var regexpAction = regexp.MustCompile(`stage [0-9]+, step [0-9]+: [0-9]+[FBIW][0-9]+`)
+
+// TestLaunchOverUnixSockets runs the default config with its stages on Unix
+// sockets: the same losses and weights as over TCP, bit for bit.
+func TestLaunchOverUnixSockets(t *testing.T) {
+	needData(t)
+	tcp := withFreshAddresses(t, defaultConfig)
+	c, err := configs.Load(tcp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, err := os.ReadFile(tcp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sockets := t.TempDir()
+	s := string(text)
+	for i, st := range c.Stages {
+		s = strings.Replace(s, st.Address, fmt.Sprintf("unix:%s/stage-%d.sock", sockets, i), 1)
+	}
+	unix := filepath.Join(t.TempDir(), "unix.yaml")
+	if err := os.WriteFile(unix, []byte(s), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"PIPETRAIN_TRAIN_EVALUATE=false"}
+	a, b := t.TempDir(), t.TempDir()
+	if r := run(t, 2*time.Minute, env, "launch", "--config", tcp, "--steps", "10", "--run-dir", a); r.err != nil {
+		t.Fatalf("over TCP: %v\n%s", r.err, r.out)
+	}
+	if r := run(t, 2*time.Minute, env, "launch", "--config", unix, "--steps", "10", "--run-dir", b); r.err != nil {
+		t.Fatalf("over Unix sockets: %v\n%s", r.err, r.out)
+	}
+	ma, _ := stages.ReadMetrics(filepath.Join(a, "metrics.jsonl"))
+	mb, _ := stages.ReadMetrics(filepath.Join(b, "metrics.jsonl"))
+	if len(ma) != 10 || len(mb) != 10 {
+		t.Fatalf("%d and %d steps", len(ma), len(mb))
+	}
+	for i := range ma {
+		if ma[i].Loss != mb[i].Loss {
+			t.Errorf("step %d: loss %v over TCP, %v over Unix sockets", i+1, ma[i].Loss, mb[i].Loss)
+		}
+	}
+	if left, _ := filepath.Glob(filepath.Join(sockets, "*.sock")); len(left) != 0 {
+		t.Errorf("socket files left behind: %v", left)
+	}
+}

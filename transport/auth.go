@@ -117,6 +117,9 @@ func checkExposure(addr string, o Options) error {
 	if o.authenticated() {
 		return nil
 	}
+	if _, unix := UnixPath(addr); unix {
+		return nil // only this host can reach a socket file
+	}
 	host, _, err := net.SplitHostPort(addr)
 	if err == nil && IsLoopback(host) {
 		return nil

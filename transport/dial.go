@@ -54,8 +54,7 @@ func Dial(ctx context.Context, addr string, self Hello, opts Options) (Link, err
 	}
 	self = self.clone()
 	security, refusal := clientTransport(opts)
-	// passthrough: addr is used as is, without a DNS lookup.
-	conn, err := grpc.NewClient("passthrough:///"+addr, append(clientOptions(opts), security)...)
+	conn, err := grpc.NewClient(dialTarget(addr), append(clientOptions(opts), security)...)
 	if err != nil {
 		return nil, fmt.Errorf("stage %d: downstream stage %d at %s: %w", self.Stage, self.downstream(), addr, err)
 	}

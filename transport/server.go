@@ -55,7 +55,7 @@ func Listen(addr string, self Hello, opts Options) (*Server, error) {
 		return nil, fmt.Errorf("stage %d: %w", self.Stage, err)
 	}
 	self = self.clone()
-	lis, err := net.Listen("tcp", addr)
+	lis, err := listen(addr)
 	if err != nil {
 		var oe *net.OpError
 		if errors.As(err, &oe) {
@@ -64,7 +64,7 @@ func Listen(addr string, self Hello, opts Options) (*Server, error) {
 		return nil, fmt.Errorf("stage %d: cannot listen on %s: %w", self.Stage, addr, err)
 	}
 	if self.Address == "" {
-		self.Address = lis.Addr().String()
+		self.Address = listenAddr(lis)
 	}
 	s := &Server{
 		self: self, opts: opts, lis: lis,
@@ -78,7 +78,7 @@ func Listen(addr string, self Hello, opts Options) (*Server, error) {
 }
 
 // Addr is the bound address (useful after listening on 127.0.0.1:0).
-func (s *Server) Addr() string { return s.lis.Addr().String() }
+func (s *Server) Addr() string { return listenAddr(s.lis) }
 
 // Accept waits for the upstream neighbour to open its stream and pass the
 // handshake, for at most ConnectTimeout. A refused handshake is returned as

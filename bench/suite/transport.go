@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"runtime"
 	"time"
 
@@ -38,6 +40,8 @@ type streamRow struct {
 	grpcBytes       float64
 	tcpAllocs       float64
 	tcpBytes        float64
+	unixMB          []float64 // the pipetrain link over a Unix socket
+	unixMed         float64
 }
 
 type latencyRow struct {
@@ -76,21 +80,21 @@ func runTransport(o *options, b *bytes.Buffer) error {
 	fmt.Fprintf(b, "Both ends in this process on 127.0.0.1. **pipetrain** is a real link: `transport.Listen` for stage 1, `transport.Dial` from stage 0 "+
 		"with matching `transport.Hello`s, then `Send` of float32 activations on one end and `Recv` on the other (the gRPC stream and its raw codec, "+
 		"with the link's send and receive queues). **raw TCP** is the floor under it: a plain `net.Conn`, each message an 8-byte length then the payload, "+
-		"the reader filling one reused buffer with `io.ReadFull`.\n\n")
+		"the reader filling one reused buffer with `io.ReadFull`. The last columns run the same pipetrain link over a Unix socket (`address: unix:PATH`, for stages on one host).\n\n")
 	fmt.Fprintf(b, "### Stream throughput, stage to stage\n\n")
 	fmt.Fprintf(b, "One way, %s per repetition, median of %d repetitions; MB/s is 10⁶ bytes of tensor payload per second. Allocations are per message, "+
 		"sender and receiver together (`runtime.MemStats`).\n\n", byteSize(float64(perRep)), o.reps)
-	fmt.Fprintf(b, "| tensor | pipetrain link | raw TCP | link / TCP | target | met? | link allocs/msg (bytes) | TCP allocs/msg (bytes) |\n")
-	fmt.Fprintf(b, "|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(b, "| tensor | pipetrain link | raw TCP | link / TCP | target | met? | link allocs/msg (bytes) | TCP allocs/msg (bytes) | link over a Unix socket | Unix link / TCP |\n")
+	fmt.Fprintf(b, "|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range streams {
 		ratio := r.grpcMed / r.tcpMed
 		target, met := "", ""
 		if r.size == 4<<20 {
 			target, met = "≥ "+pct(transportTarget), yesNo(ratio >= transportTarget)
 		}
-		fmt.Fprintf(b, "| %s | %.0f MB/s (±%.0f%%) | %.0f MB/s (±%.0f%%) | %s | %s | %s | %.1f (%s) | %.1f (%s) |\n",
+		fmt.Fprintf(b, "| %s | %.0f MB/s (±%.0f%%) | %.0f MB/s (±%.0f%%) | %s | %s | %s | %.1f (%s) | %.1f (%s) | %.0f MB/s (±%.0f%%) | %s |\n",
 			byteSize(float64(r.size)), r.grpcMed, 50*spread(r.grpcMB), r.tcpMed, 50*spread(r.tcpMB), pct(ratio), target, met,
-			r.grpcAllocs, byteSize(r.grpcBytes), r.tcpAllocs, byteSize(r.tcpBytes))
+			r.grpcAllocs, byteSize(r.grpcBytes), r.tcpAllocs, byteSize(r.tcpBytes), r.unixMed, 50*spread(r.unixMB), pct(r.unixMed/r.tcpMed))
 	}
 	fmt.Fprintf(b, "\n### Round-trip latency, small tensors\n\n")
 	fmt.Fprintf(b, "Ping-pong: stage 0 sends an activation, stage 1 answers with a gradient of the same size, stage 0 waits for it; %d round trips per repetition, "+
@@ -143,12 +147,15 @@ type linkPair struct {
 	act, grd *transport.Tensor
 }
 
-func newLinkPair(size int) (*linkPair, error) {
+func newLinkPair(size int) (*linkPair, error) { return newLinkPairAt(size, "127.0.0.1:0") }
+
+// newLinkPairAt is newLinkPair listening on addr (a Unix socket: "unix:PATH").
+func newLinkPairAt(size int, addr string) (*linkPair, error) {
 	shape := []int{size / 4}
 	up := transport.Hello{Stage: 0, Stages: 2, ConfigDigest: "bench-suite", DType: transport.Float32, Shapes: [][]int{shape}}
 	down := up
 	down.Stage = 1
-	srv, err := transport.Listen("127.0.0.1:0", down, transport.Options{})
+	srv, err := transport.Listen(addr, down, transport.Options{})
 	if err != nil {
 		return nil, err
 	}
@@ -310,9 +317,19 @@ func measureStream(o *options, size, n int) (*streamRow, error) {
 		return nil, err
 	}
 	defer tp.close()
+	sockDir, err := os.MkdirTemp("", "pipetrain-suite-sock-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(sockDir)
+	up, err := newLinkPairAt(size, "unix:"+filepath.Join(sockDir, "link.sock"))
+	if err != nil {
+		return nil, err
+	}
+	defer up.close()
 	r := &streamRow{size: size}
-	// Warm up both: connection windows, buffers, the allocator.
-	for _, e := range []endpoint{lp, tp} {
+	// Warm up all: connection windows, buffers, the allocator.
+	for _, e := range []endpoint{lp, tp, up} {
 		if _, _, _, err := streamOnce(e, max(4, n/4), size); err != nil {
 			return nil, err
 		}
@@ -331,7 +348,13 @@ func measureStream(o *options, size, n int) (*streamRow, error) {
 			return nil, fmt.Errorf("tcp: %w", err)
 		}
 		r.tcpMB, ta, tb = append(r.tcpMB, mb), append(ta, a), append(tb, by)
+		runtime.GC()
+		if mb, _, _, err = streamOnce(up, n, size); err != nil {
+			return nil, fmt.Errorf("unix socket link: %w", err)
+		}
+		r.unixMB = append(r.unixMB, mb)
 	}
+	r.unixMed = median(r.unixMB)
 	r.grpcMed, r.tcpMed = median(r.grpcMB), median(r.tcpMB)
 	r.grpcAllocs, r.grpcBytes, r.tcpAllocs, r.tcpBytes = median(ga), median(gb), median(ta), median(tb)
 	return r, nil
