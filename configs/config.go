@@ -464,6 +464,8 @@ func (c *Config) validateStages(p *Problems, model *models.Model) {
 		if s.MetricsAddress != "" {
 			if err := checkAddress(s.MetricsAddress); err != nil {
 				p.add(field+".metrics_address", "%v", err)
+			} else if strings.HasPrefix(s.MetricsAddress, "unix:") {
+				p.add(field+".metrics_address", "%s: metrics are served over HTTP; give host:port", s.MetricsAddress)
 			} else if o, dup := addrs[s.MetricsAddress]; dup {
 				p.add(field+".metrics_address", "%s is also used by stages[%d]", s.MetricsAddress, o)
 			} else {
