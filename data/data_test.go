@@ -148,7 +148,7 @@ func TestLoadErrors(t *testing.T) {
 
 func TestLoadFashionMNIST(t *testing.T) {
 	if _, err := os.Stat(DefaultDir); os.IsNotExist(err) {
-		t.Skip("dataset-fashion-mnist not installed")
+		t.Skip("needs Debian package dataset-fashion-mnist (installed by .ci/run and make deps)")
 	}
 	for split, n := range map[string]int{"train": 60000, "test": 10000} {
 		d, err := LoadFashionMNIST(DefaultDir, split, true, true)
