@@ -118,10 +118,13 @@ func fileSum(path string) (string, int64, error) {
 func Commit(ctx context.Context, root string, step, stages int, digest string, keep int, interval time.Duration) (*Manifest, error) {
 	dir := StepDir(root, step)
 	m := &Manifest{Step: step, ConfigDigest: digest, Stages: stages, Dir: dir}
+	parts := make([]*Part, stages) // verified so far; each part is hashed once it is complete
 	for {
-		parts, missing := collectParts(dir, stages)
+		missing := collectParts(dir, parts)
 		if missing == "" {
-			m.Parts = parts
+			for _, p := range parts {
+				m.Parts = append(m.Parts, *p)
+			}
 			break
 		}
 		select {
@@ -141,21 +144,24 @@ func Commit(ctx context.Context, root string, step, stages int, digest string, k
 	return m, Prune(root, keep)
 }
 
-// collectParts checks every stage's part of a checkpoint folder; missing says
-// which one is not ready, or is empty when all are.
-func collectParts(dir string, stages int) (parts []Part, missing string) {
-	for s := 0; s < stages; s++ {
+// collectParts verifies the parts of a checkpoint folder not verified yet
+// (nil in parts); missing says which one is not ready, or is empty when all are.
+func collectParts(dir string, parts []*Part) (missing string) {
+	for s, p := range parts {
+		if p != nil {
+			continue
+		}
 		sum, size, err := readSum(dir, s)
 		if err != nil {
-			return nil, fmt.Sprintf("stage %d's part is not written", s)
+			return fmt.Sprintf("stage %d's part is not written", s)
 		}
 		got, n, err := fileSum(filepath.Join(dir, PartFile(s)))
 		if err != nil || got != sum || n != size {
-			return nil, fmt.Sprintf("stage %d's part does not match its checksum yet", s)
+			return fmt.Sprintf("stage %d's part does not match its checksum yet", s)
 		}
-		parts = append(parts, Part{Stage: s, File: PartFile(s), SHA256: sum, Bytes: size})
+		parts[s] = &Part{Stage: s, File: PartFile(s), SHA256: sum, Bytes: size}
 	}
-	return parts, ""
+	return ""
 }
 
 // ReadManifest reads the manifest of one checkpoint folder.

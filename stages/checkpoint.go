@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"time"
 
-	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
 	"github.com/pipetrain/pipetrain/checkpoint"
@@ -211,15 +210,6 @@ func (r *Runtime) rewindLogs(start int) error {
 		return truncateJSONL(filepath.Join(r.runDir, "metrics.jsonl"), func(s int) bool { return s <= start })
 	}
 	return nil
-}
-
-// params lists every parameter node of the stage, chunk after chunk.
-func (r *Runtime) params() []*G.Node {
-	var ps []*G.Node
-	for _, e := range r.engines {
-		ps = append(ps, e.Params()...)
-	}
-	return ps
 }
 
 // awaitCommits lets stage 0 finish committing the last checkpoint before the

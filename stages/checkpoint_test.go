@@ -174,8 +174,10 @@ func TestMismatchedMessagesRefused(t *testing.T) {
 
 func snapshot(r *Runtime) [][]float32 {
 	var out [][]float32
-	for _, p := range r.params() {
-		out = append(out, append([]float32(nil), p.Value().Data().([]float32)...))
+	for _, e := range r.engines {
+		for _, p := range e.Params() {
+			out = append(out, append([]float32(nil), p.Value().Data().([]float32)...))
+		}
 	}
 	return out
 }
