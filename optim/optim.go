@@ -68,9 +68,9 @@ func (o *Optimizer) Step(params, grads []*tensor.Dense) error {
 	for i := range params {
 		switch p := params[i].Data().(type) {
 		case []float32:
-			o.update32(i, p, grads[i].Data().([]float32))
+			update(o, i, p, grads[i].Data().([]float32))
 		case []float64:
-			o.update64(i, p, grads[i].Data().([]float64))
+			update(o, i, p, grads[i].Data().([]float64))
 		}
 		grads[i].Zero()
 	}
@@ -86,46 +86,22 @@ func (o *Optimizer) adamScales() (step, eps float64) {
 	return o.cfg.LR * c2 / c1, o.cfg.Eps * c2
 }
 
-func (o *Optimizer) update32(i int, p, g []float32) {
-	lr := float32(o.cfg.LR)
+// update applies one step to parameter i, in the parameters' own precision.
+func update[T float32 | float64](o *Optimizer, i int, p, g []T) {
+	lr := T(o.cfg.LR)
 	switch {
 	case o.cfg.Name == "adam":
-		m, v := o.slots["m"][i].Data().([]float32), o.slots["v"][i].Data().([]float32)
-		b1, b2 := float32(o.cfg.Beta1), float32(o.cfg.Beta2)
+		m, v := o.slots["m"][i].Data().([]T), o.slots["v"][i].Data().([]T)
+		b1, b2 := T(o.cfg.Beta1), T(o.cfg.Beta2)
 		s, e := o.adamScales()
-		step, eps := float32(s), float32(e)
+		step, eps := T(s), T(e)
 		for j, gj := range g {
 			m[j] = b1*m[j] + (1-b1)*gj
 			v[j] = b2*v[j] + (1-b2)*gj*gj
-			p[j] -= step * m[j] / (float32(math.Sqrt(float64(v[j]))) + eps)
+			p[j] -= step * m[j] / (T(math.Sqrt(float64(v[j]))) + eps)
 		}
 	case o.cfg.Momentum > 0:
-		buf, mu := o.slots["momentum"][i].Data().([]float32), float32(o.cfg.Momentum)
-		for j, gj := range g {
-			buf[j] = mu*buf[j] + gj
-			p[j] -= lr * buf[j]
-		}
-	default:
-		for j, gj := range g {
-			p[j] -= lr * gj
-		}
-	}
-}
-
-func (o *Optimizer) update64(i int, p, g []float64) {
-	lr := o.cfg.LR
-	switch {
-	case o.cfg.Name == "adam":
-		m, v := o.slots["m"][i].Data().([]float64), o.slots["v"][i].Data().([]float64)
-		b1, b2 := o.cfg.Beta1, o.cfg.Beta2
-		step, eps := o.adamScales()
-		for j, gj := range g {
-			m[j] = b1*m[j] + (1-b1)*gj
-			v[j] = b2*v[j] + (1-b2)*gj*gj
-			p[j] -= step * m[j] / (math.Sqrt(v[j]) + eps)
-		}
-	case o.cfg.Momentum > 0:
-		buf, mu := o.slots["momentum"][i].Data().([]float64), o.cfg.Momentum
+		buf, mu := o.slots["momentum"][i].Data().([]T), T(o.cfg.Momentum)
 		for j, gj := range g {
 			buf[j] = mu*buf[j] + gj
 			p[j] -= lr * buf[j]
