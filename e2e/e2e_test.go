@@ -74,16 +74,19 @@ func freePorts(t *testing.T, n int) []string {
 // next to each other and next to a user's runs.
 func withFreshAddresses(t *testing.T, path string) string {
 	t.Helper()
-	c, err := configs.Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	return withAddresses(t, path, freePorts(t, len(loadConfig(t, path).Stages)))
+}
+
+// withAddresses copies a config with stage i at addrs[i].
+func withAddresses(t *testing.T, path string, addrs []string) string {
+	t.Helper()
+	c := loadConfig(t, path)
 	text, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := string(text)
-	for i, addr := range freePorts(t, len(c.Stages)) {
+	for i, addr := range addrs {
 		s = strings.Replace(s, c.Stages[i].Address, addr, 1)
 	}
 	out := filepath.Join(t.TempDir(), filepath.Base(path))
@@ -91,6 +94,15 @@ func withFreshAddresses(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return out
+}
+
+func loadConfig(t *testing.T, path string) *configs.Config {
+	t.Helper()
+	c, err := configs.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 type result struct {
@@ -113,6 +125,50 @@ func run(t *testing.T, timeout time.Duration, env []string, args ...string) resu
 		t.Fatalf("pipetrain %v did not finish within %v:\n%s", args, timeout, buf.String())
 	}
 	return result{buf.String(), err, time.Since(start)}
+}
+
+// sameRun requires run got to have logged exactly steps steps (0: any number)
+// with the losses and evaluations of run want, and the same final weights, bit
+// for bit. It returns got's metrics.
+func sameRun(t *testing.T, want, got string, steps int) []stages.Metric {
+	t.Helper()
+	a, err := stages.ReadMetrics(filepath.Join(want, "metrics.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := stages.ReadMetrics(filepath.Join(got, "metrics.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(a) == 0 || len(a) != len(b) || (steps > 0 && len(a) != steps) {
+		t.Fatalf("steps logged: %d in %s, %d in %s; want %d", len(a), want, len(b), got, steps)
+	}
+	for i := range a {
+		if a[i].Step != b[i].Step || a[i].Loss != b[i].Loss || fmt.Sprint(a[i].Eval) != fmt.Sprint(b[i].Eval) {
+			t.Errorf("step %d: loss %v eval %v, want %v %v", a[i].Step, b[i].Loss, b[i].Eval, a[i].Loss, a[i].Eval)
+		}
+	}
+	wa, wb := weights(t, want), weights(t, got)
+	if len(wa) == 0 || len(wa) != len(wb) {
+		t.Fatalf("weights: %d tensors, want %d", len(wb), len(wa))
+	}
+	for name, x := range wa {
+		y := wb[name]
+		if len(x.F32) != len(y.F32) || len(x.F64) != len(y.F64) {
+			t.Fatalf("%s: sizes differ", name)
+		}
+		for i := range x.F32 {
+			if x.F32[i] != y.F32[i] {
+				t.Fatalf("%s[%d]: %v, want %v", name, i, y.F32[i], x.F32[i])
+			}
+		}
+		for i := range x.F64 {
+			if x.F64[i] != y.F64[i] {
+				t.Fatalf("%s[%d]: %v, want %v", name, i, y.F64[i], x.F64[i])
+			}
+		}
+	}
+	return b
 }
 
 func weights(t *testing.T, runDir string) map[string]checkpoint.Tensor {
@@ -169,39 +225,12 @@ func TestLaunchEqualsReference(t *testing.T) {
 					t.Errorf("stage %d did not report done:\n%s", i, res.out)
 				}
 			}
-			ref, err := stages.ReadMetrics(filepath.Join(refDir, "metrics.jsonl"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			pipe, err := stages.ReadMetrics(filepath.Join(pipeDir, "metrics.jsonl"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(ref) != 30 || len(pipe) != 30 {
-				t.Fatalf("steps: reference %d, pipeline %d", len(ref), len(pipe))
-			}
-			for i := range ref {
-				if ref[i].Step != pipe[i].Step || ref[i].Loss != pipe[i].Loss {
-					t.Errorf("step %d: pipeline loss %v, reference %v", ref[i].Step, pipe[i].Loss, ref[i].Loss)
-				}
-			}
+			pipe := sameRun(t, refDir, pipeDir, 30)
 			if !(pipe[29].Loss < pipe[0].Loss) {
 				t.Errorf("loss did not fall: %v -> %v", pipe[0].Loss, pipe[29].Loss)
 			}
-			wr, wp := weights(t, refDir), weights(t, pipeDir)
-			if len(wr) < 8 || len(wp) != len(wr) {
-				t.Fatalf("weights: reference %d tensors, pipeline %d", len(wr), len(wp))
-			}
-			for name, a := range wr {
-				b := wp[name]
-				if len(a.F32) != len(b.F32) {
-					t.Fatalf("%s: %d values vs %d", name, len(a.F32), len(b.F32))
-				}
-				for i := range a.F32 {
-					if a.F32[i] != b.F32[i] {
-						t.Fatalf("%s[%d]: pipeline %v, reference %v", name, i, b.F32[i], a.F32[i])
-					}
-				}
+			if n := len(weights(t, pipeDir)); n < 8 {
+				t.Errorf("%d weight tensors, want 8", n)
 			}
 			pics := t.TempDir()
 			prof := run(t, time.Minute, nil, "profile", pipeDir, "--trace", filepath.Join(pics, "t.json"), "--svg", filepath.Join(pics, "t.svg"), "--html", filepath.Join(pics, "t.html"))

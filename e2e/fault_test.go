@@ -143,34 +143,7 @@ func TestKilledStageRecoversBitIdentical(t *testing.T) {
 			t.Errorf("launch output lacks %q:\n%s", want, text)
 		}
 	}
-	a, err := stages.ReadMetrics(filepath.Join(clean, "metrics.jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := stages.ReadMetrics(filepath.Join(dir, "metrics.jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(a) != steps || len(b) != steps {
-		t.Fatalf("metrics: %d lines uninterrupted, %d recovered; want %d each", len(a), len(b), steps)
-	}
-	for i := range a {
-		if a[i].Step != b[i].Step || a[i].Loss != b[i].Loss {
-			t.Errorf("step %d: loss %v uninterrupted, %v recovered", a[i].Step, a[i].Loss, b[i].Loss)
-		}
-	}
-	wa, wb := weights(t, clean), weights(t, dir)
-	if len(wa) < 8 || len(wa) != len(wb) {
-		t.Fatalf("weights: %d and %d tensors", len(wa), len(wb))
-	}
-	for name, x := range wa {
-		y := wb[name]
-		for i := range x.F32 {
-			if x.F32[i] != y.F32[i] {
-				t.Fatalf("%s[%d]: %v uninterrupted, %v recovered", name, i, x.F32[i], y.F32[i])
-			}
-		}
-	}
+	sameRun(t, clean, dir, steps)
 	noStageLeft(t, cfg, dir)
 }
 
@@ -244,23 +217,12 @@ var regexpAction = regexp.MustCompile(`stage [0-9]+, step [0-9]+: [0-9]+[FBIW][0
 func TestLaunchOverUnixSockets(t *testing.T) {
 	needData(t)
 	tcp := withFreshAddresses(t, defaultConfig)
-	c, err := configs.Load(tcp)
-	if err != nil {
-		t.Fatal(err)
-	}
-	text, err := os.ReadFile(tcp)
-	if err != nil {
-		t.Fatal(err)
-	}
 	sockets := t.TempDir()
-	s := string(text)
-	for i, st := range c.Stages {
-		s = strings.Replace(s, st.Address, fmt.Sprintf("unix:%s/stage-%d.sock", sockets, i), 1)
+	var addrs []string
+	for i := range loadConfig(t, tcp).Stages {
+		addrs = append(addrs, fmt.Sprintf("unix:%s/stage-%d.sock", sockets, i))
 	}
-	unix := filepath.Join(t.TempDir(), "unix.yaml")
-	if err := os.WriteFile(unix, []byte(s), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	unix := withAddresses(t, tcp, addrs)
 	env := []string{"PIPETRAIN_TRAIN_EVALUATE=false"}
 	a, b := t.TempDir(), t.TempDir()
 	if r := run(t, 2*time.Minute, env, "launch", "--config", tcp, "--steps", "10", "--run-dir", a); r.err != nil {
@@ -269,16 +231,7 @@ func TestLaunchOverUnixSockets(t *testing.T) {
 	if r := run(t, 2*time.Minute, env, "launch", "--config", unix, "--steps", "10", "--run-dir", b); r.err != nil {
 		t.Fatalf("over Unix sockets: %v\n%s", r.err, r.out)
 	}
-	ma, _ := stages.ReadMetrics(filepath.Join(a, "metrics.jsonl"))
-	mb, _ := stages.ReadMetrics(filepath.Join(b, "metrics.jsonl"))
-	if len(ma) != 10 || len(mb) != 10 {
-		t.Fatalf("%d and %d steps", len(ma), len(mb))
-	}
-	for i := range ma {
-		if ma[i].Loss != mb[i].Loss {
-			t.Errorf("step %d: loss %v over TCP, %v over Unix sockets", i+1, ma[i].Loss, mb[i].Loss)
-		}
-	}
+	sameRun(t, a, b, 10)
 	if left, _ := filepath.Glob(filepath.Join(sockets, "*.sock")); len(left) != 0 {
 		t.Errorf("socket files left behind: %v", left)
 	}

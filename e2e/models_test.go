@@ -7,8 +7,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/pipetrain/pipetrain/stages"
 )
 
 // writeConfig writes a config with free ports for its stages ("ADDR0", "ADDR1"...).
@@ -79,34 +77,7 @@ func TestModelsLaunchEqualReference(t *testing.T) {
 			if res.err != nil {
 				t.Fatalf("launch: %v\n%s", res.err, res.out)
 			}
-			ref, err := stages.ReadMetrics(filepath.Join(refDir, "metrics.jsonl"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			pipe, err := stages.ReadMetrics(filepath.Join(pipeDir, "metrics.jsonl"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(ref) == 0 || len(ref) != len(pipe) {
-				t.Fatalf("steps: reference %d, pipeline %d", len(ref), len(pipe))
-			}
-			for i := range ref {
-				if ref[i].Loss != pipe[i].Loss || fmt.Sprint(ref[i].Eval) != fmt.Sprint(pipe[i].Eval) {
-					t.Errorf("step %d: pipeline loss %v eval %v, reference %v %v", ref[i].Step, pipe[i].Loss, pipe[i].Eval, ref[i].Loss, ref[i].Eval)
-				}
-			}
-			wr, wp := weights(t, refDir), weights(t, pipeDir)
-			if len(wr) == 0 || len(wr) != len(wp) {
-				t.Fatalf("weights: reference %d tensors, pipeline %d", len(wr), len(wp))
-			}
-			for name, a := range wr {
-				b := wp[name]
-				for i := range a.F32 {
-					if a.F32[i] != b.F32[i] {
-						t.Fatalf("%s[%d]: pipeline %v, reference %v", name, i, b.F32[i], a.F32[i])
-					}
-				}
-			}
+			sameRun(t, refDir, pipeDir, 0)
 		})
 	}
 }
