@@ -129,23 +129,11 @@ func TestMismatchedMessagesRefused(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := testConfig("1f1b", plain("0-1", "2-3"), 2, "float32", "sgd")
 			c.Checkpoint.Every = 1
-			_, down, err := Hellos(c, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			up, _, err := Hellos(c, 1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			attacker, link := transport.Pipe(down, up, 2)
-			defer attacker.Close()
 			dir := t.TempDir()
-			rt, err := New(Options{Config: c, Stage: 1, RunDir: dir, Prev: link, Train: synthetic(96, 8, 3, 1), Test: synthetic(30, 8, 3, 2)})
-			if err != nil {
-				t.Fatal(err)
-			}
+			attacker, rt := secondStage(t, c, dir)
+			defer attacker.Close()
 			before := snapshot(rt)
-			shape := up.Shapes[0]
+			shape := attacker.Peer().Shapes[0]
 			vals := make([]float32, shape[0]*shape[1])
 			msg, err := transport.FromFloat32s(transport.Activation, tc.step, int32(tc.mb), shape, vals)
 			if err != nil {

@@ -295,11 +295,10 @@ func TestLossFalls(t *testing.T) {
 	}
 }
 
-// TestStalledNeighbourTimesOut runs stage 1 of 2 against a stage 0 that connects
-// but never sends: the wait must end at transport.recv_timeout, naming the peer.
-func TestStalledNeighbourTimesOut(t *testing.T) {
-	c := testConfig("1f1b", plain("0-1", "2-3"), 2, "float32", "sgd")
-	c.Transport.RecvTimeout = 200 * time.Millisecond
+// secondStage builds stage 1 of c's two stages alone; the test plays stage 0
+// through the returned end of its link.
+func secondStage(t *testing.T, c *configs.Config, dir string) (transport.Link, *Runtime) {
+	t.Helper()
 	_, down, err := Hellos(c, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -308,14 +307,23 @@ func TestStalledNeighbourTimesOut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	silent, link := transport.Pipe(down, up, 2)
-	defer silent.Close()
-	rt, err := New(Options{Config: c, Stage: 1, RunDir: t.TempDir(), Prev: link, Train: synthetic(96, 8, 3, 1), Test: synthetic(30, 8, 3, 2)})
+	peer, link := transport.Pipe(down, up, 2)
+	rt, err := New(Options{Config: c, Stage: 1, RunDir: dir, Prev: link, Train: synthetic(96, 8, 3, 1), Test: synthetic(30, 8, 3, 2)})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return peer, rt
+}
+
+// TestStalledNeighbourTimesOut runs stage 1 of 2 against a stage 0 that connects
+// but never sends: the wait must end at transport.recv_timeout, naming the peer.
+func TestStalledNeighbourTimesOut(t *testing.T) {
+	c := testConfig("1f1b", plain("0-1", "2-3"), 2, "float32", "sgd")
+	c.Transport.RecvTimeout = 200 * time.Millisecond
+	silent, rt := secondStage(t, c, t.TempDir())
+	defer silent.Close()
 	start := time.Now()
-	err = rt.Run(context.Background())
+	err := rt.Run(context.Background())
 	if err == nil {
 		t.Fatal("stage ran without input")
 	}
