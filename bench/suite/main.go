@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/pipetrain/pipetrain/internal/blas"
+	"github.com/pipetrain/pipetrain/internal/machine"
 )
 
 // options are the command's flags, shared by every section.
@@ -176,7 +177,7 @@ func writeHeader(b *bytes.Buffer, o *options, start time.Time, loadStart, loadEn
 	fmt.Fprintf(b, "they are checked here, not by the tests.\n\n")
 	fmt.Fprintf(b, "## Machine\n\n")
 	fmt.Fprintf(b, "| | |\n|---|---|\n")
-	fmt.Fprintf(b, "| CPU | %s |\n", cpuModel())
+	fmt.Fprintf(b, "| CPU | %s |\n", machine.CPUModel())
 	fmt.Fprintf(b, "| cores | %d (GOMAXPROCS %d) |\n", runtime.NumCPU(), runtime.GOMAXPROCS(0))
 	if mem := memTotal(); mem != "" {
 		fmt.Fprintf(b, "| memory | %s |\n", mem)
@@ -273,21 +274,6 @@ func loadAvg() float64 {
 		return math.NaN()
 	}
 	return v
-}
-
-func cpuModel() string {
-	b, err := os.ReadFile("/proc/cpuinfo")
-	if err != nil {
-		return runtime.GOARCH
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, "model name") {
-			if _, v, ok := strings.Cut(line, ":"); ok {
-				return strings.TrimSpace(v)
-			}
-		}
-	}
-	return runtime.GOARCH
 }
 
 func memTotal() string {
