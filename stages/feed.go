@@ -75,18 +75,19 @@ func (f *imageFeed) eval(k int, x *tensor.Dense, wantTargets bool) ([]int, int) 
 
 func (f *imageFeed) name() string { return "test" }
 
-// gather copies rows of ds into x; rows past len(rows) stay zero. x may be nil.
+// gather copies rows of ds into x and zeroes the padding rows after them. x may be nil.
 func gather(ds *data.Dataset, rows []int, x *tensor.Dense) {
 	if x == nil {
 		return
 	}
-	x.Zero()
 	n := len(rows) * ds.Dim
 	switch d := x.Data().(type) {
 	case []float32:
 		data.GatherImages(ds, rows, d[:n])
+		clear(d[n:])
 	case []float64:
 		data.GatherImages(ds, rows, d[:n])
+		clear(d[n:])
 	}
 }
 
