@@ -153,16 +153,8 @@ func TestStrangerTensorsNeverDelivered(t *testing.T) {
 	}
 	defer srv.Close()
 
-	conn, err := grpc.NewClient("passthrough:///"+srv.Addr(), dialOptions()...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	cs := rawStream(t, srv)
 	ctx := ctxT(t, 10*time.Second)
-	cs, err := conn.NewStream(ctx, &streamDesc, fullMethod)
-	if err != nil {
-		t.Fatal(err)
-	}
 	hs := (&handshake{Hello: up}).marshal()
 	for i, msg := range []frame{{hs}, strangerFrame(t, shape, 0), strangerFrame(t, shape, 1)} {
 		if err := cs.SendMsg(msg); err != nil && !errors.Is(err, io.EOF) {

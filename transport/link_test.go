@@ -89,6 +89,22 @@ func connect(t *testing.T, up, down Hello, opts Options) (srv *Server, upLink, d
 
 // pattern makes a chunk-0 tensor whose bytes depend on kind, step and
 // micro-batch.
+// rawStream opens the link service's stream on srv by hand, with no hello and
+// no token, as a stranger or an old peer would; it closes with the test.
+func rawStream(t *testing.T, srv *Server) grpc.ClientStream {
+	t.Helper()
+	conn, err := grpc.NewClient("passthrough:///"+srv.Addr(), dialOptions()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	cs, err := conn.NewStream(ctxT(t, 10*time.Second), &streamDesc, fullMethod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
 func pattern(kind Kind, step int64, mb int32, shape []int) *Tensor {
 	return chunkPattern(kind, step, mb, 0, shape)
 }
@@ -859,16 +875,8 @@ func TestOldPeerRefused(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer srv.Close()
-		conn, err := grpc.NewClient("passthrough:///"+srv.Addr(), dialOptions()...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
+		cs := rawStream(t, srv)
 		ctx := ctxT(t, 10*time.Second)
-		cs, err := conn.NewStream(ctx, &streamDesc, fullMethod)
-		if err != nil {
-			t.Fatal(err)
-		}
 		if err := cs.SendMsg(frame{[]byte(oldHandshake)}); err != nil {
 			t.Fatal(err)
 		}
