@@ -45,6 +45,14 @@ func newPeer(l transport.Link, kind transport.Kind, dt transport.DType, shapes [
 // recv returns micro-batch mb of step, for the boundary tagged chunk, as a tensor
 // the caller owns.
 func (p *peer) recv(ctx context.Context, step int64, mb, chunk int) (*tensor.Dense, error) {
+	v, _, err := p.recvHeld(ctx, step, mb, chunk)
+	return v, err
+}
+
+// recvHeld is recv that also returns the received message when v shares its
+// memory, for the caller to Release once done with v; nil when v is a copy
+// (the wire buffer, already released, carried 16-bit floats).
+func (p *peer) recvHeld(ctx context.Context, step int64, mb, chunk int) (v *tensor.Dense, msg *transport.Tensor, err error) {
 	want := slot{step, mb, chunk}
 	t, ok := p.held[want]
 	delete(p.held, want)
@@ -59,13 +67,13 @@ func (p *peer) recv(ctx context.Context, step int64, mb, chunk int) (*tensor.Den
 			if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
 				err = cause
 			}
-			return nil, fmt.Errorf("waiting for %s of %s micro-batch %d%s from %s: %w", p.kind, stepText(step), mb, chunkText(chunk), p.name, err)
+			return nil, nil, fmt.Errorf("waiting for %s of %s micro-batch %d%s from %s: %w", p.kind, stepText(step), mb, chunkText(chunk), p.name, err)
 		}
 		if err := p.check(got); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if err := p.checkTag(got, step); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		s := slot{got.Step, int(got.MicroBatch), int(got.Chunk)}
 		if s == want {
@@ -73,7 +81,7 @@ func (p *peer) recv(ctx context.Context, step int64, mb, chunk int) (*tensor.Den
 			break
 		}
 		if _, dup := p.held[s]; dup || len(p.held) >= maxHeld {
-			return nil, fmt.Errorf("%s sent %s for %s micro-batch %d%s while this stage waits for %s micro-batch %d%s: the stages disagree on the schedule",
+			return nil, nil, fmt.Errorf("%s sent %s for %s micro-batch %d%s while this stage waits for %s micro-batch %d%s: the stages disagree on the schedule",
 				p.name, got.Kind, stepText(got.Step), got.MicroBatch, chunkText(int(got.Chunk)), stepText(step), mb, chunkText(chunk))
 		}
 		p.held[s] = got
@@ -84,9 +92,13 @@ func (p *peer) recv(ctx context.Context, step int64, mb, chunk int) (*tensor.Den
 	shape := p.shapes[chunk]
 	switch p.dtype {
 	case transport.Float64:
-		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(t.Float64s())), nil
-	default: // float32, or 16 bits on the wire widened back to float32
-		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(t.AsFloat32s())), nil
+		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(t.Float64s())), t, nil
+	case transport.Float32:
+		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(t.Float32s())), t, nil
+	default: // 16 bits on the wire, widened into a new float32 tensor
+		v := tensor.New(tensor.WithShape(shape...), tensor.WithBacking(t.AsFloat32s()))
+		t.Release()
+		return v, nil, nil
 	}
 }
 

@@ -69,7 +69,10 @@ type Runtime struct {
 	metrics       *os.File
 
 	losses []float64 // this step's micro-batch losses (last stage)
-	live   *Metrics
+	// held keeps each unfinished micro-batch's received tensors, by chunk and
+	// micro-batch, until its backward (or weight) pass is done with them.
+	held map[[2]int]held
+	live *Metrics
 
 	tied       [][2]string // parameter pairs whose gradients are summed before each step
 	resume     bool
@@ -436,9 +439,11 @@ func (r *Runtime) forward(ctx context.Context, step int, a schedule.Action) erro
 	var input *tensor.Dense
 	var err error
 	if !e.IsFirst() {
-		if input, err = r.prev.recv(ctx, int64(step), mb, r.upTag(a.Chunk)); err != nil {
+		var msg *transport.Tensor
+		if input, msg, err = r.prev.recvHeld(ctx, int64(step), mb, r.upTag(a.Chunk)); err != nil {
 			return err
 		}
+		r.hold(a.Chunk, mb, msg)
 	}
 	start := time.Now()
 	var targets []int
@@ -472,10 +477,11 @@ func (r *Runtime) backward(ctx context.Context, step int, a schedule.Action) err
 	waitStart := time.Now()
 	var grad G.Value = e.LossScale(r.cfg.Data.MicroBatches)
 	if !e.IsLast() {
-		t, err := r.next.recv(ctx, int64(step), mb, a.Chunk)
+		t, msg, err := r.next.recvHeld(ctx, int64(step), mb, a.Chunk)
 		if err != nil {
 			return err
 		}
+		r.hold(a.Chunk, mb, msg)
 		grad = t
 	}
 	start := time.Now()
@@ -490,6 +496,9 @@ func (r *Runtime) backward(ctx context.Context, step int, a schedule.Action) err
 	}
 	if err != nil {
 		return err
+	}
+	if a.Kind != schedule.Input {
+		r.finish(a.Chunk, mb)
 	}
 	var sent int64
 	var blocked time.Duration
@@ -506,6 +515,7 @@ func (r *Runtime) weight(step int, a schedule.Action) error {
 	if err := r.engines[a.Chunk].Weight(a.MicroBatch); err != nil {
 		return err
 	}
+	r.finish(a.Chunk, a.MicroBatch)
 	return r.record(step, a, profile.Weight, start, start, 0, 0)
 }
 
@@ -514,6 +524,28 @@ func (r *Runtime) record(step int, a schedule.Action, kind string, waitStart, st
 	return r.events.add(profile.Event{Stage: r.stage, Step: step, Kind: kind, MB: a.MicroBatch, Chunk: a.Chunk,
 		StartNS: start.UnixNano(), EndNS: time.Now().UnixNano(), WaitNS: start.Sub(waitStart).Nanoseconds(),
 		BytesSent: sent, SendNS: blocked.Nanoseconds(), Stashed: r.inFlight()})
+}
+
+// hold keeps msg (nil: nothing to keep) until micro-batch mb of chunk is finished.
+func (r *Runtime) hold(chunk, mb int, msg *transport.Tensor) {
+	if msg == nil {
+		return
+	}
+	if r.held == nil {
+		r.held = map[[2]int]held{}
+	}
+	k := [2]int{chunk, mb}
+	r.held[k] = append(r.held[k], msg)
+}
+
+// finish releases what micro-batch mb of chunk received, now that its
+// backward is done.
+func (r *Runtime) finish(chunk, mb int) {
+	k := [2]int{chunk, mb}
+	if h, ok := r.held[k]; ok {
+		delete(r.held, k)
+		r.engines[chunk].releaseHeld(h)
+	}
 }
 
 // newInput is a zeroed input micro-batch for the first model stage.
@@ -570,9 +602,10 @@ func (r *Runtime) evaluate(ctx context.Context, tag int) (*EvalResult, error) {
 	for k := 0; k < r.feed.evalBatches(); k++ {
 		for c, e := range r.engines {
 			var input *tensor.Dense
+			var msg *transport.Tensor
 			var err error
 			if !e.IsFirst() {
-				if input, err = r.prev.recv(ctx, int64(tag), k, r.upTag(c)); err != nil {
+				if input, msg, err = r.prev.recvHeld(ctx, int64(tag), k, r.upTag(c)); err != nil {
 					return nil, err
 				}
 			} else {
@@ -592,6 +625,9 @@ func (r *Runtime) evaluate(ctx context.Context, tag int) (*EvalResult, error) {
 				return nil, err
 			}
 			e.Discard(k)
+			if msg != nil {
+				e.releaseHeld(held{msg})
+			}
 			if !e.IsLast() {
 				if _, _, err := r.next.send(ctx, transport.Activation, int64(tag), k, c, out); err != nil {
 					return nil, err

@@ -6,6 +6,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/mem"
 )
@@ -51,7 +52,8 @@ type frame [][]byte
 
 // rawCodec moves bytes without protobuf. Marshal hands gRPC the caller's
 // buffers without copying (which is why a sent tensor must not change);
-// Unmarshal copies once into a fresh buffer that the receiver then owns.
+// Unmarshal copies once, into a fresh buffer or (for tensors) one from
+// recvBuffers, that the receiver then owns.
 type rawCodec struct{}
 
 func (rawCodec) Name() string { return codecName }
@@ -71,13 +73,20 @@ func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
 }
 
 func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	p, ok := v.(*[]byte)
-	if !ok {
+	switch p := v.(type) {
+	case *[]byte:
+		*p = data.Materialize()
+	case *received:
+		p.buf = recvBuffers.get(data.Len())
+		data.CopyTo(*p.buf)
+	default:
 		return fmt.Errorf("%s codec: cannot unmarshal into %T", codecName, v)
 	}
-	*p = data.Materialize()
 	return nil
 }
+
+// received is a message read into a buffer of recvBuffers.
+type received struct{ buf *[]byte }
 
 // The service is written by hand (no protoc): one bidirectional stream per
 // neighbour pair carries activations down and gradients up.
@@ -113,6 +122,7 @@ func listenOptions(o Options, who string) []grpc.ServerOption {
 	return []grpc.ServerOption{
 		serverTransport(o, who),
 		grpc.ForceServerCodecV2(rawCodec{}),
+		experimental.BufferPool(wirePool),
 		grpc.InitialWindowSize(windowSize),
 		grpc.InitialConnWindowSize(windowSize),
 		grpc.WriteBufferSize(bufferSize),

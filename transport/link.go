@@ -267,12 +267,15 @@ func (l *streamLink) readLoop() {
 	defer close(l.readerDone)
 	defer close(l.recvQ)
 	for {
-		var b []byte
-		err := l.stream.RecvMsg(&b)
+		var m received
+		err := l.stream.RecvMsg(&m)
 		t := new(Tensor)
 		if err == nil {
-			if err = t.decode(b); err != nil {
+			if err = t.decode(*m.buf); err != nil {
+				recvBuffers.put(m.buf)
 				err = fmt.Errorf("protocol error: %w", err)
+			} else {
+				t.pooled = m.buf
 			}
 		} else if errors.Is(err, io.EOF) {
 			err = ErrPeerClosed
@@ -287,6 +290,7 @@ func (l *streamLink) readLoop() {
 		select {
 		case l.recvQ <- t:
 		case <-l.closing:
+			t.Release()
 		}
 	}
 }

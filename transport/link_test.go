@@ -674,9 +674,11 @@ func BenchmarkStream4MiB(b *testing.B) {
 	b.SetBytes(4 << 20)
 	b.ResetTimer()
 	for range b.N {
-		if _, err := dl.Recv(ctx); err != nil {
+		t, err := dl.Recv(ctx)
+		if err != nil {
 			b.Fatal(err)
 		}
+		t.Release()
 	}
 }
 

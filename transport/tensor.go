@@ -91,6 +91,24 @@ type Tensor struct {
 	DType      DType
 	Shape      []int
 	Data       []byte // little-endian values, len == prod(Shape)*DType.Size()
+
+	// pooled is the recvBuffers buffer Data lives in, for tensors a link
+	// received; Release hands it back.
+	pooled *[]byte
+}
+
+// Release hands a received tensor's memory back to the transport, which
+// reuses it for a later message. Afterwards t.Data is nil, and every slice
+// taken from it (Float32s, Float64s, a gorgonia tensor backed by them) must
+// no longer be used: it will be overwritten. Releasing is optional (an
+// unreleased tensor is garbage collected as usual) and a no-op for a tensor
+// that was not received, or was released already.
+func (t *Tensor) Release() {
+	if t.pooled == nil {
+		return
+	}
+	recvBuffers.put(t.pooled)
+	t.pooled, t.Data = nil, nil
 }
 
 // Wire format, all integers little-endian:
@@ -317,11 +335,13 @@ func newTensor(kind Kind, step int64, mb int32, dt DType, shape []int, data []by
 	return t, nil
 }
 
-// clone deep-copies t (Pipe uses it so both ends never share memory, as over
-// a real link).
+// clone deep-copies t into a recvBuffers buffer (Pipe uses it so both ends
+// never share memory and Release works as over a real link).
 func (t *Tensor) clone() *Tensor {
 	c := *t
 	c.Shape = append([]int{}, t.Shape...)
-	c.Data = append([]byte(nil), t.Data...)
+	c.pooled = recvBuffers.get(len(t.Data))
+	c.Data = *c.pooled
+	copy(c.Data, t.Data)
 	return &c
 }

@@ -200,6 +200,7 @@ func recvCheck(l transport.Link, size int) error {
 	if err != nil {
 		return err
 	}
+	defer t.Release() // done with it, as a stage is after its backward
 	if len(t.Data) != size {
 		return fmt.Errorf("received %d bytes, want %d", len(t.Data), size)
 	}

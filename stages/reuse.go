@@ -1,0 +1,107 @@
+package stages
+
+import (
+	"reflect"
+	"unsafe"
+
+	G "gorgonia.org/gorgonia"
+
+	"github.com/pipetrain/pipetrain/transport"
+)
+
+// Received tensors go back to the transport (transport.Tensor.Release) once
+// their micro-batch is finished, so the link receives the next ones into warm
+// memory rather than a fresh allocation per message. That is only safe if
+// nothing will write into that memory again, and gorgonia makes it subtle: a
+// machine keeps its registers between runs (rewind), a view op such as
+// Reshape leaves a register pointing into its input, and the next run's alloc
+// instruction reuses any register of the right shape, writing into it. So
+// before a buffer is released, every machine's registers and every node's
+// value and gradient are checked for pointers into it: idle machines forget
+// such registers (their next run allocates afresh), and anything else that
+// still points there keeps the buffer from being released at all.
+
+// held is what a micro-batch received: its input activation and, later, its
+// output gradient.
+type held []*transport.Tensor
+
+// releaseHeld hands a finished micro-batch's received tensors back to the
+// transport where e no longer refers to their memory.
+func (e *Engine) releaseHeld(h held) {
+	for _, t := range h {
+		if e.unshare(t.Data) {
+			t.Release()
+		}
+	}
+}
+
+// unshare drops idle machines' registers that point into mem and reports
+// whether nothing else in e does: no in-flight machine's register, no node's
+// value or gradient (except the input node's value, which the next Forward
+// rebinds before anything reads it).
+func (e *Engine) unshare(mem []byte) bool {
+	if len(mem) == 0 {
+		return false
+	}
+	lo := uintptr(unsafe.Pointer(unsafe.SliceData(mem)))
+	hi := lo + uintptr(len(mem))
+	within := func(v G.Value) bool {
+		if v == nil || reflect.ValueOf(v).IsNil() {
+			return false
+		}
+		p, n := v.Uintptr(), v.MemSize()
+		return n > 0 && p < hi && lo < p+n
+	}
+	for _, f := range e.flights {
+		if f.vm == nil {
+			continue
+		}
+		for _, v := range registers(f.vm) {
+			if within(*v) {
+				return false
+			}
+		}
+	}
+	for _, n := range e.g.AllNodes() {
+		if n != e.x && within(n.Value()) {
+			return false
+		}
+		if g, err := n.Grad(); err == nil && within(g) {
+			return false
+		}
+	}
+	for _, vm := range e.idle {
+		regs := registers(vm)
+		if regs == nil {
+			return false // not a machine whose registers can be checked
+		}
+		for _, v := range regs {
+			if within(*v) {
+				*v = nil
+			}
+		}
+	}
+	return true
+}
+
+// registers returns pointers to a tape machine's CPU registers (unexported,
+// hence reflection, as in rewind), or nil for another kind of machine.
+func registers(vm G.VM) []*G.Value {
+	v := reflect.ValueOf(vm)
+	if v.Kind() != reflect.Pointer || v.Elem().Kind() != reflect.Struct {
+		return nil
+	}
+	f := v.Elem().FieldByName("cpumem")
+	if !f.IsValid() || f.Type() != reflect.TypeFor[[]G.Value]() || !f.CanAddr() {
+		return nil
+	}
+	mem := *(*[]G.Value)(unsafe.Pointer(f.UnsafeAddr()))
+	out := make([]*G.Value, len(mem))
+	for i := range mem {
+		out[i] = &mem[i]
+	}
+	if out == nil {
+		out = []*G.Value{}
+	}
+	return out
+}
