@@ -49,9 +49,8 @@ func (p *peer) recv(ctx context.Context, step int64, mb, chunk int) (*tensor.Den
 	return v, err
 }
 
-// recvHeld is recv that also returns the received message when v shares its
-// memory, for the caller to Release once done with v; nil when v is a copy
-// (the wire buffer, already released, carried 16-bit floats).
+// recvHeld is recv that also returns the received message, whose memory v
+// shares, for the caller to Release once done with v.
 func (p *peer) recvHeld(ctx context.Context, step int64, mb, chunk int) (v *tensor.Dense, msg *transport.Tensor, err error) {
 	want := slot{step, mb, chunk}
 	t, ok := p.held[want]
@@ -95,10 +94,11 @@ func (p *peer) recvHeld(ctx context.Context, step int64, mb, chunk int) (v *tens
 		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(t.Float64s())), t, nil
 	case transport.Float32:
 		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(t.Float32s())), t, nil
-	default: // 16 bits on the wire, widened into a new float32 tensor
-		v := tensor.New(tensor.WithShape(shape...), tensor.WithBacking(t.AsFloat32s()))
-		t.Release()
-		return v, nil, nil
+	default: // 16 bits on the wire, widened back to float32
+		if err := t.Widen(); err != nil {
+			return nil, nil, err
+		}
+		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(t.Float32s())), t, nil
 	}
 }
 

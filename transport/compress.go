@@ -41,21 +41,8 @@ func FromFloat32sAs(dt DType, kind Kind, step int64, mb int32, shape []int, vals
 	case BFloat16, Float16:
 		data := make([]byte, 2*len(vals))
 		halves := uint16View(data)
-		if dt == BFloat16 {
-			for i, v := range vals {
-				halves[i] = toBFloat16(v)
-			}
-		} else {
-			// toFloat16Fast written out, so the common case needs no call.
-			for i, v := range vals {
-				b := math.Float32bits(v)
-				if e := (b >> 23) & 0xff; e-113 < 30 {
-					h := (b>>16)&0x8000 | (e-112)<<10 | (b>>13)&0x3ff
-					halves[i] = uint16(h + (b&0x1fff+0xfff+h&1)>>13)
-				} else {
-					halves[i] = toFloat16(v)
-				}
-			}
+		if !encodeHalvesSIMD(dt, vals, halves) {
+			encodeHalves(dt, vals, halves)
 		}
 		storeHalves(data, halves)
 		return newTensor(kind, step, mb, dt, shape, data)
@@ -72,19 +59,76 @@ func (t *Tensor) AsFloat32s() []float32 {
 	case BFloat16, Float16:
 		v := make([]float32, len(t.Data)/2)
 		halves := loadHalves(t.Data)
-		if t.DType == BFloat16 {
-			for i, h := range halves {
-				v[i] = math.Float32frombits(uint32(h) << 16)
-			}
-		} else {
-			table := float16Table()
-			for i, h := range halves {
-				v[i] = table[h]
-			}
+		if !decodeHalvesSIMD(t.DType, halves, v) {
+			decodeHalves(t.DType, halves, v)
 		}
 		return v
 	}
 	return nil
+}
+
+// Widen turns a received BFloat16 or Float16 tensor into the Float32 tensor
+// it stands for. The float32 values live in a receive buffer that Release
+// hands back like any received tensor's, and the 16-bit one goes back at once,
+// so a compressed link allocates no more per message than a plain one.
+// Widening a Float32 tensor does nothing.
+func (t *Tensor) Widen() error {
+	switch t.DType {
+	case Float32:
+		return nil
+	case BFloat16, Float16:
+	default:
+		return fmt.Errorf("cannot widen a %s tensor to float32", t.DType)
+	}
+	buf := recvBuffers.get(2 * len(t.Data))
+	vals := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(*buf))), len(t.Data)/2)
+	halves := loadHalves(t.Data)
+	if !decodeHalvesSIMD(t.DType, halves, vals) {
+		decodeHalves(t.DType, halves, vals)
+	}
+	t.Release()
+	t.DType, t.Data, t.pooled = Float32, *buf, buf
+	if !nativeLittle {
+		for i, v := range vals { // vals was written in native order
+			binary.LittleEndian.PutUint32(t.Data[4*i:], math.Float32bits(v))
+		}
+	}
+	return nil
+}
+
+// encodeHalves is the Go cast of vals to dt (BFloat16 or Float16), for small
+// tensors and for builds or CPUs without the vector casts.
+func encodeHalves(dt DType, vals []float32, halves []uint16) {
+	if dt == BFloat16 {
+		for i, v := range vals {
+			halves[i] = toBFloat16(v)
+		}
+		return
+	}
+	// toFloat16Fast written out, so the common case needs no call.
+	for i, v := range vals {
+		b := math.Float32bits(v)
+		if e := (b >> 23) & 0xff; e-113 < 30 {
+			h := (b>>16)&0x8000 | (e-112)<<10 | (b>>13)&0x3ff
+			halves[i] = uint16(h + (b&0x1fff+0xfff+h&1)>>13)
+		} else {
+			halves[i] = toFloat16(v)
+		}
+	}
+}
+
+// decodeHalves is encodeHalves' way back to float32.
+func decodeHalves(dt DType, halves []uint16, vals []float32) {
+	if dt == BFloat16 {
+		for i, h := range halves {
+			vals[i] = math.Float32frombits(uint32(h) << 16)
+		}
+		return
+	}
+	table := float16Table()
+	for i, h := range halves {
+		vals[i] = table[h]
+	}
 }
 
 // uint16View is a scratch slice to encode into: data itself on a little-endian
@@ -157,8 +201,8 @@ func toFloat16(f float32) uint16 {
 	mant := b & 0x7fffff
 	switch {
 	case exp == 0xff: // Inf or NaN
-		if mant != 0 {
-			return sign | 0x7e00
+		if mant != 0 { // a quiet NaN with the payload's top bits, as F16C does
+			return sign | 0x7e00 | uint16(mant>>13)
 		}
 		return sign | 0x7c00
 	case exp-127 > 15: // beyond float16's range
@@ -192,6 +236,9 @@ func fromFloat16(h uint16) float32 {
 	mant := uint32(h & 0x3ff)
 	switch {
 	case exp == 0x1f:
+		if mant != 0 { // NaN, made quiet as F16C does
+			mant |= 0x200
+		}
 		return math.Float32frombits(sign | 0x7f800000 | mant<<13)
 	case exp == 0:
 		if mant == 0 {

@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"time"
 )
 
 // TestHalfRoundTrip: every 16-bit value decodes to a float32 that encodes back
@@ -112,13 +113,154 @@ func TestEncodeLoopMatchesScalar(t *testing.T) {
 		vals[i] = float32(math.Ldexp(r.Float64()*2-1, r.IntN(50)-30))
 	}
 	vals = append(vals, 0, float32(math.Inf(1)), float32(math.NaN()), 65504, 65520, 6.1e-5, 5.96e-8)
-	x, err := FromFloat32sAs(Float16, Gradient, 0, 0, []int{len(vals)}, vals)
-	if err != nil {
-		t.Fatal(err)
-	}
+	halves := make([]uint16, len(vals))
+	encodeHalves(Float16, vals, halves)
 	for i, v := range vals {
-		if got, want := uint16(x.Data[2*i])|uint16(x.Data[2*i+1])<<8, toFloat16(v); got != want {
+		if got, want := halves[i], toFloat16(v); got != want {
 			t.Fatalf("%v: encoded %#04x, scalar %#04x", v, got, want)
 		}
+	}
+}
+
+// BenchmarkCast measures the link's casts of a 4 MiB float32 tensor (1 Mi
+// values) to 16 bits and back; bytes/s counts the float32 side.
+func BenchmarkCast(b *testing.B) {
+	r := rand.New(rand.NewPCG(5, 6))
+	vals := make([]float32, 1<<20)
+	for i := range vals {
+		vals[i] = float32(r.NormFloat64())
+	}
+	for _, dt := range []DType{Float16, BFloat16} {
+		b.Run("encode-"+dt.String(), func(b *testing.B) {
+			b.SetBytes(4 << 20)
+			for range b.N {
+				if _, err := FromFloat32sAs(dt, Activation, 0, 0, []int{len(vals)}, vals); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		x, err := FromFloat32sAs(dt, Activation, 0, 0, []int{len(vals)}, vals)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run("decode-"+dt.String(), func(b *testing.B) {
+			b.SetBytes(4 << 20)
+			for range b.N {
+				x.AsFloat32s()
+			}
+		})
+		// What a stage does with a received tensor: widen into a pooled
+		// buffer, use, release. The clone stands for the receive.
+		b.Run("receive-widen-release-"+dt.String(), func(b *testing.B) {
+			b.SetBytes(4 << 20)
+			for range b.N {
+				r := x.clone()
+				if err := r.Widen(); err != nil {
+					b.Fatal(err)
+				}
+				r.Release()
+			}
+		})
+	}
+}
+
+// TestSIMDCastsMatchGo: the vector casts give the Go conversions' bits, NaNs
+// included, for float32s of every sign and exponent with the mantissa patterns
+// around each rounding boundary, and for every 16-bit value decoded.
+func TestSIMDCastsMatchGo(t *testing.T) {
+	if !simdCasts {
+		t.Skipf("this build or CPU has no vector casts (%s)", castsUsed())
+	}
+	r := rand.New(rand.NewPCG(7, 8))
+	var vals []float32
+	for sign := uint32(0); sign < 2; sign++ {
+		for exp := uint32(0); exp < 256; exp++ {
+			for top := uint32(0); top < 1024; top++ {
+				for _, low := range []uint32{0, 1, 0xfff, 0x1000, 0x1001, 0x1fff, r.Uint32() & 0x1fff} {
+					vals = append(vals, math.Float32frombits(sign<<31|exp<<23|top<<13|low))
+				}
+			}
+		}
+	}
+	halves := make([]uint16, len(vals))
+	for _, c := range []struct {
+		dt  DType
+		enc func(float32) uint16
+		dec func(uint16) float32
+	}{{Float16, toFloat16, fromFloat16}, {BFloat16, toBFloat16, fromBFloat16}} {
+		if !encodeHalvesSIMD(c.dt, vals, halves) {
+			t.Fatal("vector encode not taken")
+		}
+		for i, v := range vals {
+			if want := c.enc(v); halves[i] != want {
+				t.Fatalf("%s: %#08x encoded %#04x, Go %#04x", c.dt, math.Float32bits(v), halves[i], want)
+			}
+		}
+		all := make([]uint16, 1<<16)
+		for h := range all {
+			all[h] = uint16(h)
+		}
+		got := make([]float32, len(all))
+		if !decodeHalvesSIMD(c.dt, all, got) {
+			t.Fatal("vector decode not taken")
+		}
+		for h, g := range got {
+			if want := c.dec(uint16(h)); math.Float32bits(g) != math.Float32bits(want) {
+				t.Fatalf("%s: %#04x decoded %#08x, Go %#08x", c.dt, h, math.Float32bits(g), math.Float32bits(want))
+			}
+		}
+	}
+}
+
+// TestWiden: a received 16-bit tensor widens in place to the float32 values
+// AsFloat32s gives, in memory that Release hands back (poisoned here).
+func TestWiden(t *testing.T) {
+	PoisonReleased(true)
+	defer PoisonReleased(false)
+	vals := make([]float32, 1000) // above the vector casts' threshold
+	for i := range vals {
+		vals[i] = float32(i)/7 - 50
+	}
+	for _, dt := range []DType{Float16, BFloat16} {
+		sent, err := FromFloat32sAs(dt, Activation, 1, 2, []int{10, 100}, vals)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := sent.AsFloat32s()
+		up, down := hellos(10, 100)
+		up.DType, down.DType = dt, dt
+		a, b := Pipe(up, down, 1)
+		ctx := ctxT(t, 5*time.Second)
+		if err := a.Send(ctx, sent); err != nil {
+			t.Fatal(err)
+		}
+		got, err := b.Recv(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wire := got.Data
+		if err := got.Widen(); err != nil {
+			t.Fatal(err)
+		}
+		if got.DType != Float32 || len(got.Data) != 4*len(vals) {
+			t.Fatalf("%s widened to %s with %d bytes", dt, got.DType, len(got.Data))
+		}
+		for i, v := range got.Float32s() {
+			if v != want[i] {
+				t.Fatalf("%s: value %d widened to %v, want %v", dt, i, v, want[i])
+			}
+		}
+		if wire[0] != 0xff || wire[len(wire)-1] != 0xff {
+			t.Errorf("%s: the 16-bit buffer was not handed back", dt)
+		}
+		mem := got.Data
+		got.Release()
+		if mem[0] != 0xff {
+			t.Errorf("%s: Release did not hand back the widened buffer", dt)
+		}
+	}
+	x := &Tensor{DType: Float64}
+	if err := x.Widen(); err == nil {
+		t.Error("widening a float64 tensor succeeded")
 	}
 }
