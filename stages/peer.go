@@ -154,15 +154,34 @@ func stepText(tag int64) string {
 	return fmt.Sprintf("the evaluation after step %d", -1-tag)
 }
 
-// send queues v for the neighbour and returns the payload size and how long the
-// send was blocked by a full queue (backpressure).
+// send queues a copy of v for the neighbour and returns the payload size and
+// how long the send was blocked by a full queue (backpressure).
 func (p *peer) send(ctx context.Context, kind transport.Kind, step int64, mb, chunk int, v *tensor.Dense) (sent int64, blocked time.Duration, err error) {
+	return p.sendAs(ctx, kind, step, mb, chunk, v, false)
+}
+
+// sendOwned is send of a tensor the caller hands over: v itself goes on the
+// wire, uncopied, so the caller must never touch it again. The stage's outputs
+// and input gradients are fresh copies the engine made for this send.
+func (p *peer) sendOwned(ctx context.Context, kind transport.Kind, step int64, mb, chunk int, v *tensor.Dense) (sent int64, blocked time.Duration, err error) {
+	return p.sendAs(ctx, kind, step, mb, chunk, v, true)
+}
+
+func (p *peer) sendAs(ctx context.Context, kind transport.Kind, step int64, mb, chunk int, v *tensor.Dense, owned bool) (sent int64, blocked time.Duration, err error) {
 	var t *transport.Tensor
 	switch d := v.Data().(type) {
 	case []float32:
-		t, err = transport.FromFloat32sAs(p.dtype, kind, step, int32(mb), []int(v.Shape()), d)
+		if owned && p.dtype == transport.Float32 {
+			t, err = transport.WrapFloat32s(kind, step, int32(mb), []int(v.Shape()), d)
+		} else {
+			t, err = transport.FromFloat32sAs(p.dtype, kind, step, int32(mb), []int(v.Shape()), d)
+		}
 	case []float64:
-		t, err = transport.FromFloat64s(kind, step, int32(mb), []int(v.Shape()), d)
+		if owned {
+			t, err = transport.WrapFloat64s(kind, step, int32(mb), []int(v.Shape()), d)
+		} else {
+			t, err = transport.FromFloat64s(kind, step, int32(mb), []int(v.Shape()), d)
+		}
 	default:
 		err = fmt.Errorf("unsupported value type %T", d)
 	}

@@ -465,7 +465,7 @@ func (r *Runtime) forward(ctx context.Context, step int, a schedule.Action) erro
 	var blocked time.Duration
 	if e.IsLast() {
 		r.losses[mb] = scalar(out)
-	} else if sent, blocked, err = r.next.send(ctx, transport.Activation, int64(step), mb, a.Chunk, out); err != nil {
+	} else if sent, blocked, err = r.next.sendOwned(ctx, transport.Activation, int64(step), mb, a.Chunk, out); err != nil {
 		return err
 	}
 	return r.record(step, a, profile.Forward, waitStart, start, sent, blocked)
@@ -503,7 +503,7 @@ func (r *Runtime) backward(ctx context.Context, step int, a schedule.Action) err
 	var sent int64
 	var blocked time.Duration
 	if !e.IsFirst() {
-		if sent, blocked, err = r.prev.send(ctx, transport.Gradient, int64(step), mb, r.upTag(a.Chunk), dx); err != nil {
+		if sent, blocked, err = r.prev.sendOwned(ctx, transport.Gradient, int64(step), mb, r.upTag(a.Chunk), dx); err != nil {
 			return err
 		}
 	}
@@ -629,7 +629,7 @@ func (r *Runtime) evaluate(ctx context.Context, tag int) (*EvalResult, error) {
 				e.releaseHeld(held{msg})
 			}
 			if !e.IsLast() {
-				if _, _, err := r.next.send(ctx, transport.Activation, int64(tag), k, c, out); err != nil {
+				if _, _, err := r.next.sendOwned(ctx, transport.Activation, int64(tag), k, c, out); err != nil {
 					return nil, err
 				}
 				continue

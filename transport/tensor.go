@@ -312,8 +312,12 @@ func (t *Tensor) Float64s() []float64 {
 // It fails if len(vals) does not match shape.
 func FromFloat32s(kind Kind, step int64, mb int32, shape []int, vals []float32) (*Tensor, error) {
 	data := make([]byte, 4*len(vals))
-	for i, v := range vals {
-		binary.LittleEndian.PutUint32(data[4*i:], math.Float32bits(v))
+	if nativeLittle {
+		copy(data, bytesOf(vals))
+	} else {
+		for i, v := range vals {
+			binary.LittleEndian.PutUint32(data[4*i:], math.Float32bits(v))
+		}
 	}
 	return newTensor(kind, step, mb, Float32, shape, data)
 }
@@ -321,10 +325,41 @@ func FromFloat32s(kind Kind, step int64, mb int32, shape []int, vals []float32) 
 // FromFloat64s is FromFloat32s for float64 values.
 func FromFloat64s(kind Kind, step int64, mb int32, shape []int, vals []float64) (*Tensor, error) {
 	data := make([]byte, 8*len(vals))
-	for i, v := range vals {
-		binary.LittleEndian.PutUint64(data[8*i:], math.Float64bits(v))
+	if nativeLittle {
+		copy(data, bytesOf(vals))
+	} else {
+		for i, v := range vals {
+			binary.LittleEndian.PutUint64(data[8*i:], math.Float64bits(v))
+		}
 	}
 	return newTensor(kind, step, mb, Float64, shape, data)
+}
+
+// WrapFloat32s is FromFloat32s without the copy where the host is
+// little-endian: the tensor's Data is vals' memory. For a caller that hands
+// vals over for good, such as a stage sending a fresh copy of its output:
+// vals must not change afterwards, not even once Send has returned.
+func WrapFloat32s(kind Kind, step int64, mb int32, shape []int, vals []float32) (*Tensor, error) {
+	if !nativeLittle {
+		return FromFloat32s(kind, step, mb, shape, vals)
+	}
+	return newTensor(kind, step, mb, Float32, shape, bytesOf(vals))
+}
+
+// WrapFloat64s is WrapFloat32s for float64 values.
+func WrapFloat64s(kind Kind, step int64, mb int32, shape []int, vals []float64) (*Tensor, error) {
+	if !nativeLittle {
+		return FromFloat64s(kind, step, mb, shape, vals)
+	}
+	return newTensor(kind, step, mb, Float64, shape, bytesOf(vals))
+}
+
+// bytesOf is the memory of vals, in the host's byte order.
+func bytesOf[T float32 | float64](vals []T) []byte {
+	if len(vals) == 0 {
+		return []byte{}
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(vals))), len(vals)*int(unsafe.Sizeof(vals[0])))
 }
 
 func newTensor(kind Kind, step int64, mb int32, dt DType, shape []int, data []byte) (*Tensor, error) {

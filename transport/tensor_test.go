@@ -194,3 +194,43 @@ func FuzzTensorUnmarshal(f *testing.F) {
 		}
 	})
 }
+
+// TestWrapSharesFromCopies: Wrap and From encode the same bytes; From's tensor
+// owns a copy (the caller may reuse vals), Wrap's is vals' memory.
+func TestWrapSharesFromCopies(t *testing.T) {
+	f32 := []float32{1, -2, 3.5, float32(math.Inf(1)), 0, 6}
+	f64 := []float64{1, -2, 3.5, math.Inf(-1), 0, 6e300}
+	from32, err := FromFloat32s(Activation, 7, 3, []int{2, 3}, f32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrap32, err := WrapFloat32s(Activation, 7, 3, []int{2, 3}, f32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	from64, err := FromFloat64s(Gradient, 7, 3, []int{3, 2}, f64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrap64, err := WrapFloat64s(Gradient, 7, 3, []int{3, 2}, f64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range [][2]*Tensor{{from32, wrap32}, {from64, wrap64}} {
+		a, _ := p[0].MarshalBinary()
+		b, _ := p[1].MarshalBinary()
+		if string(a) != string(b) {
+			t.Fatalf("%s: Wrap encodes differently from From", p[0].DType)
+		}
+	}
+	f32[0], f64[0] = 9, 9
+	if from32.Float32s()[0] != 1 || from64.Float64s()[0] != 1 {
+		t.Error("From's tensor shares the caller's memory")
+	}
+	if nativeLittle && (wrap32.Float32s()[0] != 9 || wrap64.Float64s()[0] != 9) {
+		t.Error("Wrap's tensor copied the values")
+	}
+	if _, err := WrapFloat32s(Activation, 0, 0, []int{2, 2}, []float32{1}); err == nil {
+		t.Error("Wrap accepted values that do not fill the shape")
+	}
+}
