@@ -169,7 +169,7 @@ func BenchmarkCast(b *testing.B) {
 // around each rounding boundary, and for every 16-bit value decoded.
 func TestSIMDCastsMatchGo(t *testing.T) {
 	if !simdCasts {
-		t.Skipf("this build or CPU has no vector casts (%s)", castsUsed())
+		t.Skipf("this build or CPU has no vector casts (%s)", CastsUsed())
 	}
 	r := rand.New(rand.NewPCG(7, 8))
 	var vals []float32

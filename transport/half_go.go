@@ -6,7 +6,8 @@ package transport
 
 const simdCasts = false
 
-func castsUsed() string { return "go" }
+// CastsUsed names the casts this binary uses: the Go loops.
+func CastsUsed() string { return "go" }
 
 func encodeHalvesSIMD(DType, []float32, []uint16) bool { return false }
 

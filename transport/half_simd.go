@@ -94,8 +94,9 @@ var simdCasts = C.pt_has_simd() != 0
 // minSIMD is the smallest tensor worth a cgo call (about 50 ns).
 const minSIMD = 256
 
-// castsUsed names the implementation, for benchmark reports.
-func castsUsed() string {
+// CastsUsed names the casts this binary uses on this CPU (for reports):
+// "avx2+f16c", or "go" for the Go loops.
+func CastsUsed() string {
 	if simdCasts {
 		return "avx2+f16c"
 	}

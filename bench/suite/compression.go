@@ -95,9 +95,9 @@ func runCompression(o *options, b *bytes.Buffer) error {
 	}
 	targets = append(targets, targetResult{"wire compression cost / step time", "< " + pct(compressionTarget), "step time " + strings.Join(changes, ", "), worst < compressionTarget})
 	fmt.Fprintf(b, "\nBoth 16-bit formats halve the bytes on the wire (%.2f× and %.2f×). After %d steps the loss differs from float32's by %+.4f (fp16) and %+.4f (bf16): the rounding of activations and gradients barely changes training here, although the runs are no longer bit-identical to the reference. "+
-		"End to end the step time changes by %+.0f%% with fp16 and %+.0f%% with bf16. On this machine the 4 stages share 2 cores, so every stage's casts and every byte gRPC copies come out of the same CPU time: halving the bytes saves gRPC copies, and a cast adds its own cost (%s of a step on the busiest stage at most, float16's conversion being dearer than bfloat16's). Where each stage has its own cores and links are slow, between hosts, the bytes saved are what counts.\n",
+		"End to end the step time changes by %+.0f%% with fp16 and %+.0f%% with bf16. On this machine the 4 stages share 2 cores, so every stage's casts and every byte gRPC copies come out of the same CPU time: halving the bytes saves gRPC copies, and a cast adds its own cost (%s of a step on the busiest stage at most; casts: %s). Where each stage has its own cores and links are slow, between hosts, the bytes saved are what counts.\n",
 		rows[1].bytesPerStep/ref.bytesPerStep, rows[2].bytesPerStep/ref.bytesPerStep, steps,
-		rows[1].finalLoss-ref.finalLoss, rows[2].finalLoss-ref.finalLoss, 100*(rows[1].stepMS/ref.stepMS-1), 100*(rows[2].stepMS/ref.stepMS-1), pct(worstCast))
+		rows[1].finalLoss-ref.finalLoss, rows[2].finalLoss-ref.finalLoss, 100*(rows[1].stepMS/ref.stepMS-1), 100*(rows[2].stepMS/ref.stepMS-1), pct(worstCast), castsText())
 	return nil
 }
 
@@ -178,4 +178,12 @@ func castCost(c *configs.Config, model *models.Model, comp string, reps int) (fl
 		worst = max(worst, cast-base)
 	}
 	return worst, nil
+}
+
+// castsText says which casts the measured binary's build would use here.
+func castsText() string {
+	if c := transport.CastsUsed(); c != "go" {
+		return c + " vector instructions, chosen at run time, the Go loops giving the same bits elsewhere"
+	}
+	return "the Go loops (no cgo, or a CPU without AVX2 and F16C)"
 }
