@@ -311,7 +311,13 @@ func links(events [][]Event, analysed map[int]int) []LinkReport {
 		recv := &events[m.recv[0]][m.recv[1]]
 		if recv.StartNS-recv.WaitNS <= send.EndNS {
 			t.Timed++
-			delays[m.link][dir] += time.Duration(recv.StartNS - send.EndNS)
+			// A receiver can start before the sender's action ends: the
+			// action's end is stamped after Send returns, and Send yields to
+			// the link's writer, so on a busy stage the tensor may be
+			// delivered during that yield. Nothing was left to wait for after
+			// the action then, which is what the delay is (and what the
+			// simulator adds after an action): zero, not negative.
+			delays[m.link][dir] += time.Duration(max(0, recv.StartNS-send.EndNS))
 		}
 	}
 	for i := range out {

@@ -209,6 +209,31 @@ func TestLinks(t *testing.T) {
 	}
 }
 
+// TestLinksDelayNeverNegative: a tensor taken by its receiver before the
+// sender's action ended (delivered while Send yielded) adds no delay, so the
+// mean the simulator is given stays a valid transfer time.
+func TestLinksDelayNeverNegative(t *testing.T) {
+	s := build(t, "1f1b", 2, 4, 1)
+	c := play{sched: s, steps: 3, opt: ms, gap: ms, act: 1000, grad: 3000,
+		delay: func(_ int, grad bool, _, _, _ int) int64 {
+			if grad {
+				return 400_000
+			}
+			return -200_000
+		}}
+	r, err := Analyse(runInfo(s, 3), c.events(t), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := r.Links[0]
+	if l.Down.Timed == 0 || l.Down.MeanDelay != 0 || l.Up.Timed == 0 || l.Up.MeanDelay <= 0 {
+		t.Errorf("link %+v: want activations at zero delay, gradients positive", l)
+	}
+	if d, ok := r.MeanTransfer(); !ok || d < 0 {
+		t.Errorf("mean transfer %v (ok %v)", d, ok)
+	}
+}
+
 func TestLinksInterleaved(t *testing.T) {
 	// Model stages 0..3 on stages 0, 1, 0, 1: link 0 -> 1 carries 0->1 and
 	// 2->3, the ring 1 -> 0 carries 1->2.
