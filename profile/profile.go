@@ -49,9 +49,10 @@ type Event struct {
 	EndNS   int64 `json:"end_ns"`
 	// WaitNS is time spent blocked waiting for the input before StartNS.
 	WaitNS int64 `json:"wait_ns"`
-	// SendNS is the part of the action (between StartNS and EndNS) spent
-	// blocked in Send because the link's queue was full. Logs written before
-	// the field existed read as 0.
+	// SendNS is the part of the action (between StartNS and EndNS) spent in
+	// Send: blocked because the link's queue was full, or, on a stage whose
+	// Go processors are all busy, yielding to the link's writer while it hands
+	// the bytes to the kernel. Logs written before the field existed read as 0.
 	SendNS int64 `json:"send_ns"`
 	// BytesSent is what the action sent to a neighbouring stage.
 	BytesSent int64 `json:"bytes_sent"`
