@@ -148,25 +148,12 @@ func sameRun(t *testing.T, want, got string, steps int) []stages.Metric {
 			t.Errorf("step %d: loss %v eval %v, want %v %v", a[i].Step, b[i].Loss, b[i].Eval, a[i].Loss, a[i].Eval)
 		}
 	}
-	wa, wb := weights(t, want), weights(t, got)
-	if len(wa) == 0 || len(wa) != len(wb) {
-		t.Fatalf("weights: %d tensors, want %d", len(wb), len(wa))
+	wa := weights(t, want)
+	if len(wa) == 0 {
+		t.Fatalf("%s has no weights", want)
 	}
-	for name, x := range wa {
-		y := wb[name]
-		if len(x.F32) != len(y.F32) || len(x.F64) != len(y.F64) {
-			t.Fatalf("%s: sizes differ", name)
-		}
-		for i := range x.F32 {
-			if x.F32[i] != y.F32[i] {
-				t.Fatalf("%s[%d]: %v, want %v", name, i, y.F32[i], x.F32[i])
-			}
-		}
-		for i := range x.F64 {
-			if x.F64[i] != y.F64[i] {
-				t.Fatalf("%s[%d]: %v, want %v", name, i, y.F64[i], x.F64[i])
-			}
-		}
+	if err := checkpoint.Diff(wa, weights(t, got)); err != nil {
+		t.Fatalf("weights differ: %v", err)
 	}
 	return b
 }

@@ -210,13 +210,8 @@ func TestPipelineEqualsReference(t *testing.T) {
 					if want := 2 * (len(cfg.Model.Hidden) + 1); len(wr) != want || len(wp) != len(wr) {
 						t.Fatalf("reference has %d tensors, pipeline %d, model %d", len(wr), len(wp), want)
 					}
-					for name, r := range wr {
-						p := wp[name]
-						for i := range r.F64 {
-							if r.F64[i] != p.F64[i] {
-								t.Fatalf("%s[%d]: pipeline %v, reference %v", name, i, p.F64[i], r.F64[i])
-							}
-						}
+					if err := checkpoint.Diff(wr, wp); err != nil {
+						t.Fatalf("reference and pipeline weights differ: %v", err)
 					}
 					lr, lp := readLosses(t, ref), readLosses(t, pipe)
 					if len(lr) != cfg.Train.Steps || fmt.Sprint(lr) != fmt.Sprint(lp) {
