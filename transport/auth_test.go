@@ -124,17 +124,8 @@ func TestTokenRefused(t *testing.T) {
 		t.Fatalf("Accept returned after refusals: %v, %v", r.l, r.err)
 	default:
 	}
-	ul, err := Dial(ctxT(t, 10*time.Second), srv.Addr(), up, Options{Token: "s3cret"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ul.Close()
-	r := <-accepted
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	defer r.l.Close()
-	exchange(t, ul, r.l, 10, []int{4})
+	ul, dl := join(t, accepted, srv.Addr(), up, Options{Token: "s3cret"})
+	exchange(t, ul, dl, 10, []int{4})
 }
 
 // TestStrangerTensorsNeverDelivered: a client without the token that opens
@@ -174,23 +165,14 @@ func TestStrangerTensorsNeverDelivered(t *testing.T) {
 	}
 
 	accepted := acceptAsync(t, srv, 10*time.Second)
-	ul, err := Dial(ctxT(t, 10*time.Second), srv.Addr(), up, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ul.Close()
-	r := <-accepted
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	defer r.l.Close()
+	ul, dl := join(t, accepted, srv.Addr(), up, opts)
 	for mb := range 3 {
 		if err := ul.Send(ctx, pattern(Activation, 1, int32(mb), shape)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for mb := range 3 {
-		got, err := r.l.Recv(ctx)
+		got, err := dl.Recv(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -198,7 +180,7 @@ func TestStrangerTensorsNeverDelivered(t *testing.T) {
 			t.Fatalf("tensor %d: %v", mb, err)
 		}
 	}
-	if got, err := r.l.Recv(ctxT(t, 200*time.Millisecond)); !errors.Is(err, context.DeadlineExceeded) {
+	if got, err := dl.Recv(ctxT(t, 200*time.Millisecond)); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("an extra tensor arrived: %+v, %v", got, err)
 	}
 }
@@ -264,17 +246,8 @@ func TestMutualTLS(t *testing.T) {
 			t.Errorf("TLS without the token: %v", err)
 		}
 		rec.waitFor(t, 1, "bad or missing token")
-		ul, err := Dial(ctxT(t, 10*time.Second), srv.Addr(), up, Options{TLS: issue(t, ca, ca, "stage 1"), Token: "s3cret"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ul.Close()
-		r := <-accepted
-		if r.err != nil {
-			t.Fatal(r.err)
-		}
-		defer r.l.Close()
-		exchange(t, ul, r.l, 5, []int{8})
+		ul, dl := join(t, accepted, srv.Addr(), up, Options{TLS: issue(t, ca, ca, "stage 1"), Token: "s3cret"})
+		exchange(t, ul, dl, 5, []int{8})
 	})
 	t.Run("dialer certificate from another CA", func(t *testing.T) {
 		srv, rec := tlsServer(t, down, issue(t, ca, ca, "stage 2"))
@@ -497,22 +470,13 @@ func TestHeartbeatDetectsHungDialer(t *testing.T) {
 	defer srv.Close()
 	proxy := startProxy(t, srv.Addr())
 	accepted := acceptAsync(t, srv, 10*time.Second)
-	ul, err := Dial(ctxT(t, 10*time.Second), proxy.addr(), up, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ul.Close()
-	r := <-accepted
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	defer r.l.Close()
+	ul, dl := join(t, accepted, proxy.addr(), up, opts)
 	defer proxy.close() // before the links close, so the dialer sees its connection end
-	exchange(t, ul, r.l, 2, []int{2})
+	exchange(t, ul, dl, 2, []int{2})
 
 	proxy.freeze()
 	start := time.Now()
-	_, err = r.l.Recv(ctxT(t, 8*time.Second))
+	_, err = dl.Recv(ctxT(t, 8*time.Second))
 	elapsed := time.Since(start)
 	if err == nil || errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Recv after the dialer hung: %v after %v; want the link to fail", err, elapsed)

@@ -68,23 +68,25 @@ func connect(t *testing.T, up, down Hello, opts Options) (srv *Server, upLink, d
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { srv.Close() })
-	type res struct {
-		l   Link
-		err error
-	}
-	acc := make(chan res, 1)
-	go func() { l, err := srv.Accept(ctxT(t, 10*time.Second)); acc <- res{l, err} }()
-	upLink, err = Dial(ctxT(t, 10*time.Second), srv.Addr(), up, opts)
+	upLink, downLink = join(t, acceptAsync(t, srv, 10*time.Second), srv.Addr(), up, opts)
+	return srv, upLink, downLink
+}
+
+// join dials addr as up and takes the listener's side of that connection from
+// accepted; both links close at cleanup.
+func join(t *testing.T, accepted <-chan acceptResultT, addr string, up Hello, opts Options) (upLink, downLink Link) {
+	t.Helper()
+	upLink, err := Dial(ctxT(t, 10*time.Second), addr, up, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { upLink.Close() })
-	r := <-acc
+	r := <-accepted
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
 	t.Cleanup(func() { r.l.Close() })
-	return srv, upLink, r.l
+	return upLink, r.l
 }
 
 // pattern makes a chunk-0 tensor whose bytes depend on kind, step and
