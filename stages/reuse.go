@@ -46,7 +46,7 @@ func (e *Engine) unshare(mem []byte) bool {
 	lo := uintptr(unsafe.Pointer(unsafe.SliceData(mem)))
 	hi := lo + uintptr(len(mem))
 	within := func(v G.Value) bool {
-		if v == nil || reflect.ValueOf(v).IsNil() {
+		if rv := reflect.ValueOf(v); !rv.IsValid() || rv.Kind() == reflect.Pointer && rv.IsNil() {
 			return false
 		}
 		p, n := v.Uintptr(), v.MemSize()
@@ -96,12 +96,9 @@ func registers(vm G.VM) []*G.Value {
 		return nil
 	}
 	mem := *(*[]G.Value)(unsafe.Pointer(f.UnsafeAddr()))
-	out := make([]*G.Value, len(mem))
+	out := make([]*G.Value, len(mem)) // never nil: nil means "cannot check"
 	for i := range mem {
 		out[i] = &mem[i]
-	}
-	if out == nil {
-		out = []*G.Value{}
 	}
 	return out
 }
