@@ -160,7 +160,12 @@ func castCost(c *configs.Config, model *models.Model, comp string, reps int) (fl
 						if err != nil {
 							return 0, err
 						}
-						_ = t.AsFloat32s()
+						// What a stage does with what it receives: widen to
+						// float32 (pooled memory), use, hand back.
+						if err := t.Widen(); err != nil {
+							return 0, err
+						}
+						t.Release()
 					}
 				}
 				ts = append(ts, float64(time.Since(start).Microseconds())/1e3)
