@@ -98,12 +98,19 @@ func (r *Runtime) saveCheckpoint(ctx context.Context, done int) error {
 
 // restore loads the newest complete checkpoint under the run directory into the
 // stage and returns its step (0 if there is none). Checkpoints that are corrupt or
-// from another config are passed over, saying why.
+// from another config are passed over, saying why, as long as an older one can
+// be used; when none can, resuming is an error.
 func (r *Runtime) restore() (int, error) {
 	root := CheckpointDir(r.runDir)
 	m, skipped, err := checkpoint.Latest(root, r.cfg.TrainingDigest())
 	if err != nil {
 		return 0, err
+	}
+	if m == nil && len(skipped) > 0 {
+		// Checkpoints exist but none can be used: starting over would throw
+		// the run's progress away without being asked to.
+		return 0, fmt.Errorf("no usable checkpoint in %s (the newest: %v); its checkpoints depend on the model, split, data, seed, optimizer, schedule and compute.blas_threads the run had",
+			root, skipped[0])
 	}
 	for _, s := range skipped {
 		fmt.Fprintf(r.log, "stage %d: skipping checkpoint: %v\n", r.stage, s)

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -29,14 +28,11 @@ func launchCmd() *cobra.Command {
 		Short: "Run every stage of a config as its own process on this machine, restarting failed runs from their checkpoints",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := f.resumeFrom(resumeDir); err != nil {
-				return err
-			}
-			cfg, err := f.load()
+			cfg, info, err := f.loadLaunch(resumeDir)
 			if err != nil {
 				return err
 			}
-			if err := writeLaunchInfo(f); err != nil {
+			if err := writeLaunchInfo(f.runDir, info); err != nil {
 				return err
 			}
 			if resumeDir == "" {
@@ -82,6 +78,43 @@ func launchCmd() *cobra.Command {
 	c.Flags().Lookup("config").Annotations = nil // not required with --resume
 	c.Flags().StringVar(&resumeDir, "resume", "", "continue the run in RUN_DIR from its newest complete checkpoint (its config is found in RUN_DIR/launch.json)")
 	return c
+}
+
+// loadLaunch loads the config of a new run, or of the run in resumeDir with
+// the settings it was launched with, refusing a resume that could not continue
+// it. It returns what launch.json is to hold.
+func (f *runFlags) loadLaunch(resumeDir string) (*configs.Config, launchInfo, error) {
+	if resumeDir == "" {
+		if f.config == "" {
+			return nil, launchInfo{}, errors.New(`required flag "config" not set (or give --resume RUN_DIR)`)
+		}
+		cfg, err := f.load()
+		if err != nil {
+			return nil, launchInfo{}, err
+		}
+		info, err := newLaunchInfo(*f, cfg)
+		return cfg, info, err
+	}
+	was, overrides, err := f.resumeFrom(resumeDir)
+	if err != nil {
+		return nil, launchInfo{}, err
+	}
+	cfg, err := f.load()
+	if err != nil {
+		return nil, launchInfo{}, err
+	}
+	from, err := checkResumable(resumeDir, was, cfg)
+	if err != nil {
+		return nil, launchInfo{}, err
+	}
+	for _, o := range overrides {
+		fmt.Printf("pipetrain: resuming with %s\n", o)
+	}
+	fmt.Printf("pipetrain: resuming %s from the checkpoint of step %d\n", resumeDir, from)
+	// The checkpoint resumed from was checked against these settings, so
+	// they are the run's even where an older launch.json did not record them.
+	info, err := newLaunchInfo(*f, cfg)
+	return cfg, info, err
 }
 
 // superviseRun runs the job and, when a stage fails, restarts every stage from
@@ -132,57 +165,6 @@ func lastLoggedStep(runDir string) int {
 		return 0
 	}
 	return ms[len(ms)-1].Step
-}
-
-// launchInfo is what launch --resume needs to continue a run.
-type launchInfo struct {
-	Config string `json:"config"`
-	Steps  int    `json:"steps,omitempty"`
-}
-
-func writeLaunchInfo(f runFlags) error {
-	abs, err := filepath.Abs(f.config)
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(f.runDir, 0o755); err != nil {
-		return err
-	}
-	b, _ := json.MarshalIndent(launchInfo{Config: abs, Steps: f.steps}, "", "  ")
-	return checkpoint.WriteAtomic(filepath.Join(f.runDir, "launch.json"), func(w io.Writer) error {
-		_, err := w.Write(append(b, '\n'))
-		return err
-	})
-}
-
-// resumeFrom points the flags at a run to resume: its directory, and unless given,
-// the config and step count it was launched with.
-func (f *runFlags) resumeFrom(dir string) error {
-	if dir == "" {
-		if f.config == "" {
-			return errors.New(`required flag "config" not set (or give --resume RUN_DIR)`)
-		}
-		return nil
-	}
-	f.runDir = dir
-	b, err := os.ReadFile(filepath.Join(dir, "launch.json"))
-	if err != nil {
-		if f.config != "" {
-			return nil
-		}
-		return fmt.Errorf("--resume %s: %w (give --config too)", dir, err)
-	}
-	var info launchInfo
-	if err := json.Unmarshal(b, &info); err != nil {
-		return fmt.Errorf("%s: %w", filepath.Join(dir, "launch.json"), err)
-	}
-	if f.config == "" {
-		f.config = info.Config
-	}
-	if f.steps == 0 {
-		f.steps = info.Steps
-	}
-	return nil
 }
 
 // printSummary reports the run's final loss and test accuracy from its files.

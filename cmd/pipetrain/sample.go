@@ -22,7 +22,7 @@ func sampleCmd() *cobra.Command {
 			if f.runDir == "" {
 				return fmt.Errorf(`required flag "run-dir" not set`)
 			}
-			if err := f.resumeFrom(f.runDir); err != nil {
+			if _, _, err := f.resumeFrom(f.runDir); err != nil {
 				return err
 			}
 			cfg, err := f.load()

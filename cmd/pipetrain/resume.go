@@ -1,0 +1,183 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/pipetrain/pipetrain/checkpoint"
+	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/stages"
+)
+
+// launchInfo is what a run directory keeps of how its run was launched, so
+// that launch --resume and sample continue it with exactly its settings: the
+// file, the flags and the PIPETRAIN_* overrides.
+type launchInfo struct {
+	Config string `json:"config"`
+	Steps  int    `json:"steps,omitempty"`
+	// Env holds the PIPETRAIN_* variables the run was launched with; a resume
+	// sets those it is not given again.
+	Env map[string]string `json:"env,omitempty"`
+	// SecretEnv names the secret variables that were set. Their values are
+	// never written to disk, so a resume needs them set again.
+	SecretEnv []string `json:"secret_env,omitempty"`
+	// Training holds the settings the run's checkpoints depend on
+	// (configs.TrainingSettings), so a resume can name any that changed.
+	Training map[string]string `json:"training,omitempty"`
+}
+
+const launchFile = "launch.json"
+
+// secretEnv are the variables whose values stay out of launch.json.
+var secretEnv = []string{"PIPETRAIN_TRANSPORT_TOKEN"}
+
+// pipetrainEnv returns the PIPETRAIN_* variables of this process.
+func pipetrainEnv() map[string]string {
+	env := map[string]string{}
+	for _, kv := range os.Environ() {
+		k, v, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, "PIPETRAIN_") {
+			env[k] = v
+		}
+	}
+	return env
+}
+
+// newLaunchInfo describes the run about to start from its flags, this
+// process's environment and its loaded config.
+func newLaunchInfo(f runFlags, cfg *configs.Config) (launchInfo, error) {
+	abs, err := filepath.Abs(f.config)
+	if err != nil {
+		return launchInfo{}, err
+	}
+	info := launchInfo{Config: abs, Steps: f.steps, Env: pipetrainEnv(), Training: cfg.TrainingSettings()}
+	for _, k := range secretEnv {
+		if _, ok := info.Env[k]; ok {
+			delete(info.Env, k)
+			info.SecretEnv = append(info.SecretEnv, k)
+		}
+	}
+	return info, nil
+}
+
+func writeLaunchInfo(runDir string, info launchInfo) error {
+	if err := os.MkdirAll(runDir, 0o755); err != nil {
+		return err
+	}
+	b, _ := json.MarshalIndent(info, "", "  ")
+	return checkpoint.WriteAtomic(filepath.Join(runDir, launchFile), func(w io.Writer) error {
+		_, err := w.Write(append(b, '\n'))
+		return err
+	})
+}
+
+// readLaunchInfo reads RUN_DIR/launch.json; a missing file is os.ErrNotExist.
+func readLaunchInfo(runDir string) (*launchInfo, error) {
+	path := filepath.Join(runDir, launchFile)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var info launchInfo
+	if err := json.Unmarshal(b, &info); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return &info, nil
+}
+
+// resumeFrom points the flags at the run in dir: its directory and, unless
+// given, the config and step count it was launched with; it sets again each
+// PIPETRAIN_* variable the run had and this process lacks, so the config loads
+// as it did then. It returns the run's launch info (nil when dir has no
+// launch.json and the config was given) and a line for each variable given now
+// with another value than the run's.
+func (f *runFlags) resumeFrom(dir string) (info *launchInfo, overrides []string, err error) {
+	f.runDir = dir
+	info, err = readLaunchInfo(dir)
+	if errors.Is(err, os.ErrNotExist) && f.config != "" {
+		return nil, nil, nil
+	}
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil, fmt.Errorf("%s: no %s: not a run directory written by pipetrain launch (give --config too)", dir, launchFile)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	if f.config == "" {
+		f.config = info.Config
+	}
+	if f.steps == 0 {
+		f.steps = info.Steps
+	}
+	keys := make([]string, 0, len(info.Env))
+	for k := range info.Env {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		was := info.Env[k]
+		now, set := os.LookupEnv(k)
+		switch {
+		case !set:
+			os.Setenv(k, was)
+		case now != was:
+			overrides = append(overrides, fmt.Sprintf("%s=%s (the run had %s)", k, now, was))
+		}
+	}
+	for _, k := range info.SecretEnv {
+		if _, set := os.LookupEnv(k); !set {
+			return nil, nil, fmt.Errorf("%s: the run was launched with %s set; set it again to continue it (its value is never written to the run directory)", dir, k)
+		}
+	}
+	return info, overrides, nil
+}
+
+// checkResumable refuses, before any stage starts, a resume that could not
+// continue the run: settings its checkpoints depend on changed (each is named,
+// with the variable that changed it), or no complete checkpoint of this
+// config is there. It returns the step the run continues from.
+func checkResumable(runDir string, info *launchInfo, cfg *configs.Config) (int, error) {
+	if info != nil && info.Training != nil {
+		if changes := configs.DiffSettings(info.Training, cfg.TrainingSettings()); len(changes) > 0 {
+			lines := make([]string, len(changes))
+			for i, c := range changes {
+				lines[i] = c.String() + settingSource(c.Key, cfg)
+			}
+			return 0, fmt.Errorf("cannot resume %s: its checkpoints depend on settings that changed since it started:\n  %s\nput them back, or start a new run with --run-dir",
+				runDir, strings.Join(lines, "\n  "))
+		}
+	}
+	root := stages.CheckpointDir(runDir)
+	m, skipped, err := checkpoint.Latest(root, cfg.TrainingDigest())
+	if err != nil {
+		return 0, err
+	}
+	if m != nil {
+		return m.Step, nil
+	}
+	if len(skipped) > 0 {
+		reasons := make([]string, len(skipped))
+		for i, s := range skipped {
+			reasons[i] = s.Error()
+		}
+		return 0, fmt.Errorf("cannot resume %s: no usable checkpoint:\n  %s", runDir, strings.Join(reasons, "\n  "))
+	}
+	return 0, fmt.Errorf("cannot resume %s: it has no complete checkpoint (checkpoint.every is %d); start it again with --config %s --run-dir %s",
+		runDir, cfg.Checkpoint.Every, cfg.Path, runDir)
+}
+
+// settingSource says where a setting's current value comes from, when that is
+// a PIPETRAIN_* variable rather than the file.
+func settingSource(key string, cfg *configs.Config) string {
+	name := configs.EnvName(key)
+	if v, ok := os.LookupEnv(name); ok {
+		return fmt.Sprintf(" (from %s=%s)", name, v)
+	}
+	return fmt.Sprintf(" (from %s)", cfg.Path)
+}
