@@ -253,7 +253,12 @@ func (p *Problems) add(field, format string, args ...any) {
 func (c *Config) Validate() error {
 	p := &Problems{Path: c.Path}
 	model, err := models.Build(c.Model)
-	if err != nil {
+	var spec models.SpecErrors
+	if errors.As(err, &spec) {
+		for _, e := range spec {
+			p.add("model."+e.Field, "%s", e.Msg)
+		}
+	} else if err != nil {
 		p.add("model", "%v", err)
 	}
 	c.validateData(p, model)

@@ -71,7 +71,7 @@ func TestValidationRules(t *testing.T) {
 		{"batch not divisible", "micro_batches: 4", "micro_batches: 5", []string{"data.batch_size", "12 is not divisible by data.micro_batches 5"}},
 		{"zero micro-batches", "micro_batches: 4", "micro_batches: 0", []string{"data.micro_batches", "at least 1"}},
 		{"unknown schedule", "schedule: gpipe", "schedule: pipedream", []string{"schedule:", `"pipedream"`, "gpipe"}},
-		{"unknown model", "name: mlp", "name: resnet", []string{"model:", `unknown model "resnet"`}},
+		{"unknown model", "name: mlp", "name: resnet", []string{"model.name:", `unknown model "resnet" (known: cnn, gpt, mlp)`}},
 		{"duplicate address", "127.0.0.1:7002", "127.0.0.1:7001", []string{"stages[1].address", "also used by stages[0]"}},
 		{"address without port", "127.0.0.1:7002", "localhost", []string{"stages[1].address", "not host:port"}},
 		{"unknown optimizer", "name: sgd", "name: lion", []string{"train.optimizer.name", `"lion"`}},
@@ -84,7 +84,7 @@ func TestValidationRules(t *testing.T) {
 		{"chunks without interleaving", "schedule: gpipe", "schedule: gpipe\nvirtual_stages: 2", []string{"virtual_stages", "need schedule: interleaved"}},
 		{"metrics address clash", "address: 127.0.0.1:7002}", "address: 127.0.0.1:7002, metrics_address: \"127.0.0.1:7001\"}", []string{"stages[1].metrics_address", "also used by stages[0]"}},
 		{"bad cpu list", "address: 127.0.0.1:7002}", "address: 127.0.0.1:7002, cpus: \"3-1\"}", []string{"stages[1].cpus", "not a CPU list"}},
-		{"unknown dtype", "name: mlp,", "name: mlp, dtype: float16,", []string{"model:", `unknown dtype "float16"`}},
+		{"unknown dtype", "name: mlp,", "name: mlp, dtype: float16,", []string{"model.dtype:", `unknown dtype "float16" (known: float32, float64)`}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -258,4 +258,18 @@ func TestCustomScheduleFile(t *testing.T) {
 	if _, err := Load(cfg("absent.csv")); err == nil || !strings.Contains(err.Error(), "absent.csv") {
 		t.Errorf("missing file: %v", err)
 	}
+}
+
+// TestModelProblemsNamedAtOnce: every problem of the model section is
+// reported in one run, each under its own field.
+func TestModelProblemsNamedAtOnce(t *testing.T) {
+	text := strings.Replace(good, "model: {name: mlp, input: 8, hidden: [6, 5], classes: 3}",
+		"model: {name: mlp, dtype: float16, input: 8, hidden: [512, 0, 128], classes: 0, activation: gelu}", 1)
+	wantProblems(t, writeConfig(t, text),
+		`model.dtype: unknown dtype "float16" (known: float32, float64)`,
+		`model.activation: unknown activation "gelu" (known: relu, tanh, sigmoid)`,
+		"model.hidden[1]: must be at least 1, got 0",
+		"model.classes: must be at least 2, got 0")
+	wantProblems(t, writeConfig(t, strings.Replace(good, "name: mlp", "name: mlpx", 1)),
+		`model.name: unknown model "mlpx" (known: cnn, gpt, mlp)`)
 }

@@ -17,28 +17,35 @@ func init() { Register("cnn", buildCNN) }
 // Fashion-MNIST). Activations between layers stay (batch, C*H*W), so they
 // travel as 2-D tensors; each conv layer reshapes to and from NCHW inside.
 func buildCNN(spec Spec) (*Model, error) {
-	dt, err := ParseDType(spec.DType)
-	if err != nil {
-		return nil, fmt.Errorf("cnn: %w", err)
-	}
+	var check specCheck
+	dt := check.dtype(spec.DType)
 	side := int(math.Round(math.Sqrt(float64(spec.Input))))
-	switch {
-	case spec.Input < 1 || side*side != spec.Input:
-		return nil, fmt.Errorf("cnn: model.input %d is not the pixel count of a square image", spec.Input)
-	case spec.Classes < 2:
-		return nil, fmt.Errorf("cnn: model.classes %d must be >= 2", spec.Classes)
-	case len(spec.Channels) == 0:
-		return nil, fmt.Errorf("cnn: model.channels is empty; want the output channels of each conv layer, e.g. [8, 16]")
+	square := spec.Input >= 1 && side*side == spec.Input
+	if !square {
+		check.add("input", "%d is not the pixel count of a square image (model cnn)", spec.Input)
+	}
+	check.atLeast("classes", spec.Classes, 2)
+	if len(spec.Channels) == 0 {
+		check.add("channels", "empty; give the output channels of each conv layer, e.g. [8, 16]")
+	}
+	for i, c := range spec.Channels {
+		check.atLeast(fmt.Sprintf("channels[%d]", i), c, 1)
+	}
+	if square {
+		// Each conv layer halves the image; it needs at least 2x2 to pool.
+		for i, h := 0, side; i < len(spec.Channels); i, h = i+1, h/2 {
+			if h < 2 {
+				check.add("channels", "%d conv layers, but a %dx%d image is %dx%d before conv%d and cannot be pooled", len(spec.Channels), side, side, h, h, i)
+				break
+			}
+		}
+	}
+	if err := check.err(); err != nil {
+		return nil, err
 	}
 	m := &Model{Spec: spec, DType: dt, Example: tensor.Shape{spec.Input}, Classes: spec.Classes}
 	in, h := 1, side
 	for i, c := range spec.Channels {
-		if c < 1 {
-			return nil, fmt.Errorf("cnn: model.channels[%d] = %d, must be >= 1", i, c)
-		}
-		if h < 2 {
-			return nil, fmt.Errorf("cnn: model.channels has %d layers, but a %dx%d image is %dx%d before conv%d and cannot be pooled", len(spec.Channels), side, side, h, h, i)
-		}
 		m.Layers = append(m.Layers, &Conv{name: fmt.Sprintf("conv%d", i), In: in, Out: c, Size: h, dt: dt})
 		in, h = c, h/2
 	}

@@ -50,12 +50,12 @@ func TestCNNBuildErrors(t *testing.T) {
 		spec Spec
 		want string
 	}{
-		{Spec{Name: "cnn", Input: 780, Channels: []int{8}, Classes: 10}, "cnn: model.input 780 is not the pixel count of a square image"},
-		{Spec{Name: "cnn", Input: 784, Channels: []int{8}, Classes: 1}, "cnn: model.classes 1 must be >= 2"},
-		{Spec{Name: "cnn", Input: 784, Classes: 10}, "cnn: model.channels is empty"},
-		{Spec{Name: "cnn", Input: 784, Channels: []int{8, 0}, Classes: 10}, "cnn: model.channels[1] = 0, must be >= 1"},
-		{Spec{Name: "cnn", Input: 16, Channels: []int{1, 1, 1}, Classes: 10}, "cannot be pooled"},
-		{Spec{Name: "cnn", Input: 784, Channels: []int{8}, Classes: 10, DType: "bf16"}, `cnn: unknown dtype "bf16"`},
+		{Spec{Name: "cnn", Input: 780, Channels: []int{8}, Classes: 10}, "model.input: 780 is not the pixel count of a square image"},
+		{Spec{Name: "cnn", Input: 784, Channels: []int{8}, Classes: 1}, "model.classes: must be at least 2, got 1"},
+		{Spec{Name: "cnn", Input: 784, Classes: 10}, "model.channels: empty"},
+		{Spec{Name: "cnn", Input: 784, Channels: []int{8, 0}, Classes: 10}, "model.channels[1]: must be at least 1, got 0"},
+		{Spec{Name: "cnn", Input: 16, Channels: []int{1, 1, 1}, Classes: 10}, "model.channels: 3 conv layers, but a 4x4 image is 1x1 before conv2 and cannot be pooled"},
+		{Spec{Name: "cnn", Input: 784, Channels: []int{8}, Classes: 10, DType: "bf16"}, `model.dtype: unknown dtype "bf16"`},
 	}
 	for _, c := range cases {
 		if _, err := Build(c.spec); err == nil || !strings.Contains(err.Error(), c.want) {

@@ -58,27 +58,25 @@ func buildGPT(spec Spec) (*Model, error) {
 // Input, Hidden, Classes and Activation are ignored: the classes are the
 // vocabulary, and config defaults fill in the image classifiers' sizes.
 func gptSizesOf(spec Spec) (gptSizes, error) {
-	dt, err := ParseDType(spec.DType)
-	if err != nil {
-		return gptSizes{}, fmt.Errorf("gpt: %w", err)
-	}
+	var check specCheck
+	dt := check.dtype(spec.DType)
 	for _, f := range []struct {
 		name string
 		v    int
-	}{{"layers", spec.Layers}, {"width", spec.Width}, {"heads", spec.Heads}, {"context", spec.Context}, {"vocab", spec.Vocab}} {
-		if f.v < 1 {
-			return gptSizes{}, fmt.Errorf("gpt: model.%s %d must be >= 1", f.name, f.v)
-		}
+	}{{"layers", spec.Layers}, {"width", spec.Width}, {"heads", spec.Heads}, {"context", spec.Context}} {
+		check.atLeast(f.name, f.v, 1)
 	}
-	switch {
-	case spec.Layers > maxGPTLayers:
-		return gptSizes{}, fmt.Errorf("gpt: model.layers %d is more than %d blocks", spec.Layers, maxGPTLayers)
-	case spec.Vocab < 2:
-		return gptSizes{}, fmt.Errorf("gpt: model.vocab %d must be >= 2", spec.Vocab)
-	case dt == tensor.Float32 && spec.Vocab > maxFloat32ID:
-		return gptSizes{}, fmt.Errorf("gpt: model.vocab %d is too large for float32 token ids (at most %d)", spec.Vocab, maxFloat32ID)
-	case spec.Width%spec.Heads != 0:
-		return gptSizes{}, fmt.Errorf("gpt: model.heads %d does not divide model.width %d", spec.Heads, spec.Width)
+	if spec.Layers > maxGPTLayers {
+		check.add("layers", "%d is more than %d blocks", spec.Layers, maxGPTLayers)
+	}
+	if check.atLeast("vocab", spec.Vocab, 2) && dt == tensor.Float32 && spec.Vocab > maxFloat32ID {
+		check.add("vocab", "%d is too large for float32 token ids (at most %d)", spec.Vocab, maxFloat32ID)
+	}
+	if spec.Width >= 1 && spec.Heads >= 1 && spec.Width%spec.Heads != 0 {
+		check.add("heads", "%d does not divide model.width %d", spec.Heads, spec.Width)
+	}
+	if err := check.err(); err != nil {
+		return gptSizes{}, err
 	}
 	return gptSizes{
 		layers: spec.Layers, width: spec.Width, heads: spec.Heads, context: spec.Context,

@@ -98,14 +98,14 @@ func TestGPTBuildErrors(t *testing.T) {
 		spec Spec
 		want string
 	}{
-		{with(func(s *Spec) { s.Heads = 3 }), "gpt: model.heads 3 does not divide model.width 64"},
-		{with(func(s *Spec) { s.Layers = 0 }), "gpt: model.layers 0 must be >= 1"},
-		{with(func(s *Spec) { s.Width = -1 }), "gpt: model.width -1 must be >= 1"},
-		{with(func(s *Spec) { s.Heads = 0 }), "gpt: model.heads 0 must be >= 1"},
-		{with(func(s *Spec) { s.Context = 0 }), "gpt: model.context 0 must be >= 1"},
-		{with(func(s *Spec) { s.Vocab = 1 }), "gpt: model.vocab 1 must be >= 2"},
-		{with(func(s *Spec) { s.Vocab = 1<<24 + 1 }), "too large for float32 token ids"},
-		{with(func(s *Spec) { s.DType = "int8" }), `gpt: unknown dtype "int8"`},
+		{with(func(s *Spec) { s.Heads = 3 }), "model.heads: 3 does not divide model.width 64"},
+		{with(func(s *Spec) { s.Layers = 0 }), "model.layers: must be at least 1, got 0"},
+		{with(func(s *Spec) { s.Width = -1 }), "model.width: must be at least 1, got -1"},
+		{with(func(s *Spec) { s.Heads = 0 }), "model.heads: must be at least 1, got 0"},
+		{with(func(s *Spec) { s.Context = 0 }), "model.context: must be at least 1, got 0"},
+		{with(func(s *Spec) { s.Vocab = 1 }), "model.vocab: must be at least 2, got 1"},
+		{with(func(s *Spec) { s.Vocab = 1<<24 + 1 }), "model.vocab: 16777217 is too large for float32 token ids"},
+		{with(func(s *Spec) { s.DType = "int8" }), `model.dtype: unknown dtype "int8"`},
 	}
 	for _, c := range cases {
 		if _, err := Build(c.spec); err == nil || !strings.Contains(err.Error(), c.want) {

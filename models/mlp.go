@@ -12,26 +12,26 @@ func init() { Register("mlp", buildMLP) }
 // buildMLP makes Input -> Hidden... -> Classes with one Dense layer per arrow; every
 // layer but the last applies the activation, the last emits logits.
 func buildMLP(spec Spec) (*Model, error) {
-	dt, err := ParseDType(spec.DType)
-	if err != nil {
-		return nil, err
-	}
-	if spec.Input < 1 || spec.Classes < 2 {
-		return nil, fmt.Errorf("mlp needs input >= 1 and classes >= 2 (got input %d, classes %d)", spec.Input, spec.Classes)
-	}
+	var check specCheck
+	dt := check.dtype(spec.DType)
+	check.atLeast("input", spec.Input, 1)
 	act := spec.Activation
 	if act == "" {
 		act = "relu"
 	}
 	if _, ok := activations[act]; !ok {
-		return nil, fmt.Errorf("unknown activation %q (known: relu, tanh, sigmoid)", act)
+		check.add("activation", "unknown activation %q (known: relu, tanh, sigmoid)", act)
+	}
+	for i, h := range spec.Hidden {
+		check.atLeast(fmt.Sprintf("hidden[%d]", i), h, 1)
+	}
+	check.atLeast("classes", spec.Classes, 2)
+	if err := check.err(); err != nil {
+		return nil, err
 	}
 	widths := append(append([]int{spec.Input}, spec.Hidden...), spec.Classes)
 	m := &Model{Spec: spec, DType: dt, Example: tensor.Shape{spec.Input}, Classes: spec.Classes}
 	for i := 0; i+1 < len(widths); i++ {
-		if widths[i+1] < 1 {
-			return nil, fmt.Errorf("mlp hidden[%d] = %d, must be >= 1", i, widths[i+1])
-		}
 		a := act
 		if i+2 == len(widths) {
 			a = ""

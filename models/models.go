@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"sort"
+	"strings"
 
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
@@ -102,8 +103,62 @@ type Model struct {
 // Targets is TargetsPerExample with zero read as 1.
 func (m *Model) Targets() int { return max(m.TargetsPerExample, 1) }
 
-// Builder makes a Model from its spec; it validates the sizes it needs.
+// Builder makes a Model from its spec; it validates the sizes it needs and
+// reports every problem it finds as SpecErrors.
 type Builder func(Spec) (*Model, error)
+
+// SpecError is one problem of a Spec. Field is the key in the config's model
+// section ("dtype", "hidden[1]"), so a config can report it as model.<Field>.
+type SpecError struct {
+	Field string
+	Msg   string
+}
+
+func (e SpecError) Error() string { return "model." + e.Field + ": " + e.Msg }
+
+// SpecErrors is every problem Build found in a Spec, in field order.
+type SpecErrors []SpecError
+
+func (e SpecErrors) Error() string {
+	parts := make([]string, len(e))
+	for i, p := range e {
+		parts[i] = p.Error()
+	}
+	return strings.Join(parts, "; ")
+}
+
+// specCheck collects a builder's SpecErrors.
+type specCheck struct{ errs SpecErrors }
+
+func (c *specCheck) add(field, format string, args ...any) {
+	c.errs = append(c.errs, SpecError{Field: field, Msg: fmt.Sprintf(format, args...)})
+}
+
+// atLeast reports field unless v >= lo.
+func (c *specCheck) atLeast(field string, v, lo int) bool {
+	if v < lo {
+		c.add(field, "must be at least %d, got %d", lo, v)
+		return false
+	}
+	return true
+}
+
+// dtype parses spec's dtype, reporting an unknown one.
+func (c *specCheck) dtype(s string) tensor.Dtype {
+	dt, err := ParseDType(s)
+	if err != nil {
+		c.add("dtype", "%v", err)
+	}
+	return dt
+}
+
+// err is nil when nothing was reported.
+func (c *specCheck) err() error {
+	if len(c.errs) == 0 {
+		return nil
+	}
+	return c.errs
+}
 
 var registry = map[string]Builder{}
 
@@ -124,7 +179,7 @@ func Names() []string {
 func Build(spec Spec) (*Model, error) {
 	b, ok := registry[spec.Name]
 	if !ok {
-		return nil, fmt.Errorf("unknown model %q (known: %v)", spec.Name, Names())
+		return nil, SpecErrors{{Field: "name", Msg: fmt.Sprintf("unknown model %q (known: %s)", spec.Name, strings.Join(Names(), ", "))}}
 	}
 	return b(spec)
 }

@@ -1,6 +1,7 @@
 package models
 
 import (
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -14,19 +15,41 @@ func TestBuildErrors(t *testing.T) {
 		spec Spec
 		want string
 	}{
-		{Spec{Name: "transformer"}, `unknown model "transformer"`},
-		{Spec{Name: "mlp", Input: 4, Classes: 3, DType: "int8"}, `unknown dtype "int8"`},
-		{Spec{Name: "mlp", Input: 0, Classes: 3}, "input >= 1"},
-		{Spec{Name: "mlp", Input: 4, Classes: 3, Hidden: []int{5, 0}}, "hidden[1] = 0"},
-		{Spec{Name: "mlp", Input: 4, Classes: 3, Activation: "swish"}, `unknown activation "swish"`},
+		{Spec{Name: "transformer"}, `model.name: unknown model "transformer" (known: cnn, gpt, mlp)`},
+		{Spec{Name: "mlp", Input: 4, Classes: 3, DType: "int8"}, `model.dtype: unknown dtype "int8" (known: float32, float64)`},
+		{Spec{Name: "mlp", Input: 0, Classes: 3}, "model.input: must be at least 1, got 0"},
+		{Spec{Name: "mlp", Input: 4, Classes: 3, Hidden: []int{5, 0}}, "model.hidden[1]: must be at least 1, got 0"},
+		{Spec{Name: "mlp", Input: 4, Classes: 3, Activation: "swish"}, `model.activation: unknown activation "swish"`},
 	}
 	for _, c := range cases {
-		if _, err := Build(c.spec); err == nil || !strings.Contains(err.Error(), c.want) {
+		if _, err := Build(c.spec); err == nil || err.Error() != c.want && !strings.HasPrefix(err.Error(), c.want+" (") {
 			t.Errorf("%+v: error %v, want %q", c.spec, err, c.want)
 		}
 	}
 	if n := Names(); !slices.Equal(n, []string{"cnn", "gpt", "mlp"}) {
 		t.Errorf("Names() = %v", n)
+	}
+}
+
+// TestBuildReportsEveryProblem: a spec with several bad fields gets one
+// SpecError per field, each naming it, not just the first.
+func TestBuildReportsEveryProblem(t *testing.T) {
+	_, err := Build(Spec{Name: "mlp", DType: "float16", Input: 784, Hidden: []int{512, 0, 128}, Classes: 0, Activation: "gelu"})
+	var got SpecErrors
+	if !errors.As(err, &got) {
+		t.Fatalf("error %v (%T), want SpecErrors", err, err)
+	}
+	want := SpecErrors{
+		{"dtype", `unknown dtype "float16" (known: float32, float64)`},
+		{"activation", `unknown activation "gelu" (known: relu, tanh, sigmoid)`},
+		{"hidden[1]", "must be at least 1, got 0"},
+		{"classes", "must be at least 2, got 0"},
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("got  %q\nwant %q", got, want)
+	}
+	if msg := err.Error(); !strings.Contains(msg, "model.dtype: ") || !strings.Contains(msg, "; model.hidden[1]: ") {
+		t.Errorf("Error() = %q, want fields named model.dtype, model.hidden[1]", msg)
 	}
 }
 
