@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -335,6 +336,10 @@ func (c *Config) validateSchedule(p *Problems, model *models.Model) {
 		return
 	}
 	custom := c.Schedule == "custom"
+	if !custom && !slices.Contains(schedule.Names(), c.Schedule) {
+		p.add("schedule", "unknown schedule %q (known: %s, custom)", c.Schedule, strings.Join(schedule.Names(), ", "))
+		return
+	}
 	if custom != (c.ScheduleFile != "") {
 		if custom {
 			p.add("schedule_file", "schedule: custom needs schedule_file, a CSV, YAML or grid file of actions per stage")
@@ -453,16 +458,22 @@ func (c *Config) validateStages(p *Problems, model *models.Model) {
 		p.add("stages", "at least one stage is needed")
 		return
 	}
-	addrs := map[string]int{}
+	// addrs maps every listen address to the field that claimed it first, so a
+	// clash names both fields. Stage addresses are claimed first: a metrics
+	// address that takes another stage's port is the one reported.
+	addrs := map[string]string{}
+	for i, s := range c.Stages {
+		field := fmt.Sprintf("stages[%d].address", i)
+		if err := checkAddress(s.Address); err != nil {
+			p.add(field, "%v", err)
+		} else if o, dup := addrs[s.Address]; dup {
+			p.add(field, "%s is also used by %s", s.Address, o)
+		} else {
+			addrs[s.Address] = field
+		}
+	}
 	for i, s := range c.Stages {
 		field := fmt.Sprintf("stages[%d]", i)
-		if err := checkAddress(s.Address); err != nil {
-			p.add(field+".address", "%v", err)
-		} else if o, dup := addrs[s.Address]; dup {
-			p.add(field+".address", "%s is also used by stages[%d]", s.Address, o)
-		} else {
-			addrs[s.Address] = i
-		}
 		if err := CheckDevice(s.Device); err != nil {
 			p.add(field+".device", "%v", err)
 		}
@@ -472,9 +483,9 @@ func (c *Config) validateStages(p *Problems, model *models.Model) {
 			} else if strings.HasPrefix(s.MetricsAddress, "unix:") {
 				p.add(field+".metrics_address", "%s: metrics are served over HTTP; give host:port", s.MetricsAddress)
 			} else if o, dup := addrs[s.MetricsAddress]; dup {
-				p.add(field+".metrics_address", "%s is also used by stages[%d]", s.MetricsAddress, o)
+				p.add(field+".metrics_address", "%s is also used by %s", s.MetricsAddress, o)
 			} else {
-				addrs[s.MetricsAddress] = i
+				addrs[s.MetricsAddress] = field + ".metrics_address"
 			}
 		}
 		if s.CPUs != "" {
