@@ -1,12 +1,24 @@
 package profile
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
-// AlignThreshold is the largest clock offset Align leaves alone. Stages on one
-// host share a clock, and there the estimate is only the links' delay
-// asymmetry (tens of microseconds): shifting by it would add error, not
-// remove it. Offsets between hosts run to milliseconds or seconds.
+// AlignThreshold is how long before its send a message may appear to arrive,
+// on the logged clocks, without Align shifting a clock. Stages on one host
+// share a clock, and there every message is received after its send began; a
+// message that seems to arrive earlier does so by timing noise (a stage
+// descheduled between Send returning and its action's end being stamped
+// makes send_ns end early: up to a millisecond was seen with four stages on
+// two cores). Offsets between hosts that are not synchronised run to
+// milliseconds or seconds.
 const AlignThreshold = time.Millisecond
+
+// noiseShare is the share of each direction's messages over a link whose
+// apparent delays Align sets aside as timing noise before taking the
+// smallest: 1 in 50 (none below 50 messages).
+const noiseShare = 50
 
 // message is one tensor sent from one stage to another: an activation (a
 // forward's output, into the next model stage's forward) or a gradient (a full
@@ -92,39 +104,64 @@ func messages(events [][]Event) []message {
 }
 
 // ClockLink is what the messages between stage From and From+1 say about
-// their clocks. A message's apparent delay, the receiver's start minus the
-// sender's end, each on its own host's clock, is the true delay plus the
-// receiver's clock offset minus the sender's. The smallest apparent delay
-// each way is the nearest to a pure transfer (the receiver was already
-// waiting and the message was not held up), and half their difference is the
-// offset between the clocks when the two directions' fastest transfers take
-// equally long (NTP's rule).
+// their clocks. A message's apparent delay is the receiver's start minus the
+// start of the sender's Send (end_ns - send_ns), each on its own host's
+// clock: the true delay, never negative, plus the receiver's clock offset
+// minus the sender's. So the offset To - From lies in [-MinUp, MinDown], and
+// stages on one clock (offset 0) show no negative apparent delay.
+//
+// Align leaves a link's clocks alone unless its messages demand a shift: a
+// (noise aside) negative apparent delay longer than AlignThreshold. Then it
+// takes the middle of that range, (MinDown - MinUp) / 2, which is NTP's rule:
+// exact when the two ways' fastest transfers take equally long.
 type ClockLink struct {
-	From, To       int           // To = From + 1
-	DownPairs      int           // activations From -> To with both ends logged
-	UpPairs        int           // gradients To -> From with both ends logged
-	MinDown, MinUp time.Duration // smallest apparent delay each way, raw clocks
-	Offset         time.Duration // To's clock minus From's: (MinDown - MinUp) / 2; 0 without pairs both ways
-	OffsetKnown    bool          // whether there were pairs both ways
-	// Uncertainty bounds Offset's error, half the difference of the two ways'
-	// true fastest delays, when neither is negative: (MinDown + MinUp) / 2.
+	From, To  int // To = From + 1
+	DownPairs int // activations From -> To with both ends logged
+	UpPairs   int // gradients To -> From with both ends logged
+	// MinDown and MinUp are the smallest apparent delay each way on the
+	// logged clocks, after setting aside the earliest 1 in 50 of each way's
+	// messages (none below 50) as timing noise.
+	MinDown, MinUp time.Duration
+	OffsetKnown    bool // whether there were pairs both ways
+	// Estimate is To's clock minus From's by NTP's rule, (MinDown - MinUp) / 2;
+	// 0 without pairs both ways.
+	Estimate time.Duration
+	// Violation is how long before their send the link's messages appear to
+	// arrive on the logged clocks: max(0, -MinDown, -MinUp).
+	Violation time.Duration
+	// Shifted says whether To's clock is shifted from From's: Violation exceeds
+	// AlignThreshold and there were pairs both ways.
+	Shifted bool
+	// Offset is the offset applied: Estimate when Shifted, else 0 (the stages
+	// are taken to share a clock).
+	Offset time.Duration
+	// Uncertainty bounds |Offset - the true offset|, never negative: for a
+	// shifted link half the width of [-MinUp, MinDown], (MinDown + MinUp) / 2;
+	// for one left alone the farther end of that range from 0 (0 when the
+	// stages do share a clock, but the logs cannot tell). When the range is
+	// empty (Conflict: MinDown + MinUp < 0) no constant offset agrees with every
+	// message, and Uncertainty is half the disagreement.
 	Uncertainty time.Duration
+	Conflict    bool
 }
 
 // Alignment is the estimate of each stage's clock relative to stage 0's.
 type Alignment struct {
-	// Offsets[s] is how far stage s's clock runs ahead of stage 0's: subtract
-	// it from stage s's times to read them on stage 0's clock. Offsets are
-	// chained along the neighbour links from stage 0 (with chunks the ring
-	// gives a redundant path, which is not used).
+	// Offsets[s] is how far stage s's clock runs ahead of stage 0's, as
+	// applied: subtract it from stage s's times to read them on stage 0's
+	// clock. Offsets are chained along the neighbour links from stage 0 (with
+	// chunks the ring gives a redundant path, which is not used).
 	Offsets []time.Duration
-	Links   []ClockLink // one per neighbour link s -> s+1
-	// Shifted says whether the events were moved to stage 0's clock: only when
-	// some |offset| reaches AlignThreshold.
+	// Errors[s] bounds the error of Offsets[s]: the sum of the links'
+	// Uncertainty along the chain from stage 0.
+	Errors []time.Duration
+	Links  []ClockLink // one per neighbour link s -> s+1
+	// Shifted says whether the events were moved to stage 0's clock: whether
+	// any link was shifted.
 	Shifted bool
 }
 
-// MaxOffset returns the largest |offset|.
+// MaxOffset returns the largest |offset| applied.
 func (a *Alignment) MaxOffset() time.Duration {
 	var m time.Duration
 	for _, o := range a.Offsets {
@@ -133,50 +170,87 @@ func (a *Alignment) MaxOffset() time.Duration {
 	return m
 }
 
+// MaxError returns the largest of Errors, and whether a link on the chain to
+// that stage had messages that no constant offset agrees with (Conflict), so
+// that the figure is an estimate rather than a bound.
+func (a *Alignment) MaxError() (d time.Duration, conflict bool) {
+	chain := false // a conflict on the chain from stage 0 to stage s
+	for s, e := range a.Errors {
+		if s > 0 {
+			chain = chain || a.Links[s-1].Conflict
+		}
+		if e > d || e == d && chain {
+			d, conflict = e, chain
+		}
+	}
+	return d, conflict
+}
+
+// fastest sorts ds and returns the smallest after setting aside the earliest
+// 1 in noiseShare.
+func fastest(ds []time.Duration) time.Duration {
+	slices.Sort(ds)
+	return ds[len(ds)/noiseShare]
+}
+
 // Align estimates each stage's clock offset from stage 0's (see ClockLink)
-// and returns the events on stage 0's clock: a shifted copy when the largest
-// |offset| is at least AlignThreshold, events itself otherwise (callers must
-// not modify it).
+// and returns the events on stage 0's clock: a shifted copy when some link's
+// messages demand a shift, events itself otherwise (callers must not modify
+// it).
 func Align(events [][]Event) (Alignment, [][]Event) {
 	p := len(events)
-	a := Alignment{Offsets: make([]time.Duration, p)}
+	a := Alignment{Offsets: make([]time.Duration, p), Errors: make([]time.Duration, p)}
 	if p > 1 {
 		a.Links = make([]ClockLink, p-1)
 	}
-	for s := range a.Links {
-		a.Links[s] = ClockLink{From: s, To: s + 1}
-	}
+	down, up := make([][]time.Duration, len(a.Links)), make([][]time.Duration, len(a.Links))
 	for _, m := range messages(events) {
 		if m.recv[0] < 0 || m.from == m.to || m.link >= p-1 { // unlogged, local, or the ring
 			continue
 		}
 		send, recv := &events[m.send[0]][m.send[1]], &events[m.recv[0]][m.recv[1]]
-		d := time.Duration(recv.StartNS - send.EndNS)
-		l := &a.Links[m.link]
+		d := time.Duration(recv.StartNS - (send.EndNS - send.SendNS))
 		if m.grad {
-			if l.UpPairs == 0 || d < l.MinUp {
-				l.MinUp = d
-			}
-			l.UpPairs++
+			up[m.link] = append(up[m.link], d)
 		} else {
-			if l.DownPairs == 0 || d < l.MinDown {
-				l.MinDown = d
-			}
-			l.DownPairs++
+			down[m.link] = append(down[m.link], d)
 		}
 	}
 	for s := range a.Links {
 		l := &a.Links[s]
-		if l.OffsetKnown = l.DownPairs > 0 && l.UpPairs > 0; l.OffsetKnown {
-			l.Offset = (l.MinDown - l.MinUp) / 2
-			l.Uncertainty = (l.MinDown + l.MinUp) / 2
+		*l = ClockLink{From: s, To: s + 1, DownPairs: len(down[s]), UpPairs: len(up[s])}
+		if l.DownPairs > 0 {
+			l.MinDown = fastest(down[s])
+			l.Violation = max(l.Violation, -l.MinDown)
 		}
+		if l.UpPairs > 0 {
+			l.MinUp = fastest(up[s])
+			l.Violation = max(l.Violation, -l.MinUp)
+		}
+		if l.OffsetKnown = l.DownPairs > 0 && l.UpPairs > 0; l.OffsetKnown {
+			l.Estimate = (l.MinDown - l.MinUp) / 2
+			width := l.MinDown + l.MinUp
+			l.Conflict = width < 0
+			l.Shifted = l.Violation > AlignThreshold
+			switch {
+			case l.Conflict:
+				l.Uncertainty = -width / 2
+			case l.Shifted:
+				l.Uncertainty = width / 2
+			default:
+				l.Uncertainty = max(l.MinDown, l.MinUp)
+			}
+			if l.Shifted {
+				l.Offset = l.Estimate
+			}
+		}
+		a.Shifted = a.Shifted || l.Shifted
 		a.Offsets[s+1] = a.Offsets[s] + l.Offset
+		a.Errors[s+1] = a.Errors[s] + l.Uncertainty
 	}
-	if a.MaxOffset() < AlignThreshold {
+	if !a.Shifted {
 		return a, events
 	}
-	a.Shifted = true
 	out := make([][]Event, p)
 	for s, stage := range events {
 		out[s] = make([]Event, len(stage))

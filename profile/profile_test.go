@@ -186,7 +186,7 @@ func TestWrite(t *testing.T) {
 		"0 -> 1     2.00     2     0.000      2.00     2     0.000\n" +
 		"mean bubble 33.3% vs simulated 33.3% vs theory 33.3%\n" +
 		"(schedule gpipe, 2 stages, 2 micro-batches, 1 steps analysed, window 6.0 ms)\n" +
-		"clocks: offsets below 1.000 ms (largest 0.000 ms), times not shifted\n" +
+		"clocks: not shifted: no message arrived more than 1.000 ms before it was sent, as on one clock\n" +
 		"steps: median window 6.0 ms, MAD 0.0 ms\n" +
 		"stragglers (window > median + 3 MAD and >= 1.5x median): none\n" +
 		"bottleneck: stage 0 (busy 4.0 ms)\n"

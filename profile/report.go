@@ -514,18 +514,29 @@ func (r *Report) Write(w io.Writer, opts ...Options) error {
 	return nil
 }
 
-// writeClock says whether and how far the clocks were shifted, and which
+// writeClock says whether and how far the clocks were shifted, why, and which
 // offsets could not be measured.
 func (r *Report) writeClock(b *strings.Builder) {
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.3f ms", float64(d)/1e6) }
 	if r.Clock.Shifted {
-		var u time.Duration
-		for _, l := range r.Clock.Links {
-			u += l.Uncertainty
+		bound, conflict := r.Clock.MaxError()
+		how := "at most"
+		if conflict {
+			how = "about"
 		}
-		fmt.Fprintf(b, "clocks: shifted to stage 0's (largest offset %s, error at most %s)\n", ms(r.Clock.MaxOffset()), ms(u))
+		fmt.Fprintf(b, "clocks: shifted to stage 0's (largest offset %s, error %s %s)\n", ms(r.Clock.MaxOffset()), how, ms(bound))
+		for _, l := range r.Clock.Links {
+			if l.Shifted {
+				fmt.Fprintf(b, "clocks: stage %d vs %d: %+.3f ms ±%s (as logged, messages arrived up to %s early)\n",
+					l.To, l.From, float64(l.Offset)/1e6, ms(l.Uncertainty), ms(l.Violation))
+			}
+			if l.Shifted && l.Conflict {
+				fmt.Fprintf(b, "clocks: no one offset fits every message between stages %d and %d (they disagree by %s): timing noise, or clocks that drifted\n",
+					l.From, l.To, ms(2*l.Uncertainty))
+			}
+		}
 	} else {
-		fmt.Fprintf(b, "clocks: offsets below %s (largest %s), times not shifted\n", ms(AlignThreshold), ms(r.Clock.MaxOffset()))
+		fmt.Fprintf(b, "clocks: not shifted: no message arrived more than %s before it was sent, as on one clock\n", ms(AlignThreshold))
 	}
 	for _, l := range r.Clock.Links {
 		if !l.OffsetKnown {
