@@ -143,12 +143,18 @@ func TestKilledStageRecoversBitIdentical(t *testing.T) {
 			t.Errorf("launch output lacks %q:\n%s", want, text)
 		}
 	}
+	lost := regexp.MustCompile(fmt.Sprintf(`\[stage [0-9]\] pipetrain: .*(from|to) stage %d \(`, victim))
+	if !lost.MatchString(text) {
+		t.Errorf("no neighbour named stage %d as the stage it lost:\n%s", victim, text)
+	}
 	sameRun(t, clean, dir, steps)
 	noStageLeft(t, cfg, dir)
 }
 
-// TestHungStageDetected SIGSTOPs a middle stage: its neighbours must notice within
-// transport.recv_timeout, name it, and the launch must end with no process left.
+// TestHungStageDetected SIGSTOPs a middle stage: a neighbour must notice within
+// transport.recv_timeout, the launcher must blame the stopped stage (not the
+// neighbour that gave up first, nor one waiting in turn), and the launch must
+// end with no process left.
 func TestHungStageDetected(t *testing.T) {
 	needData(t)
 	cfg := withFreshAddresses(t, defaultConfig)
@@ -177,8 +183,11 @@ func TestHungStageDetected(t *testing.T) {
 	if err == nil {
 		t.Fatalf("launch succeeded with stage 2 hung:\n%s", text)
 	}
-	if !strings.Contains(text, "from stage 2") || !strings.Contains(text, "recv_timeout "+timeout.String()) {
-		t.Errorf("the error does not name stage 2 and the timeout:\n%s", text)
+	if !strings.Contains(text, "stage 2 stopped making progress: it answered no status query") || !strings.Contains(text, "recv_timeout "+timeout.String()) {
+		t.Errorf("the error does not blame stage 2 and name the timeout:\n%s", text)
+	}
+	if m := regexpBlamed.FindString(text); m != "" {
+		t.Errorf("the launcher blamed a stage that kept going: %q\n%s", m, text)
 	}
 	// The detecting stage names the action it was in, e.g. "1B3" or "3F2".
 	if !regexpAction.MatchString(text) {
@@ -208,6 +217,9 @@ func (b *syncBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// regexpBlamed matches the launcher blaming a stage other than 2 as failed first.
+var regexpBlamed = regexp.MustCompile(`pipetrain: stage [013] failed \(`)
 
 // regexpAction matches a stage error naming the action it was in: "stage 1, step 37: 1B3:".
 var regexpAction = regexp.MustCompile(`stage [0-9]+, step [0-9]+: [0-9]+[FBIW][0-9]+`)

@@ -38,16 +38,37 @@ type Options struct {
 	Resume bool
 	// Attempt numbers restarts (0 for the first run) in the stage logs.
 	Attempt int
+	// QueryTimeout is how long stages get to answer a status query after a
+	// failure; default 1s. A stage that does not answer is stopped or hung.
+	QueryTimeout time.Duration
 }
 
-// StageError is the first stage failure of a launch.
+func (o Options) queryTimeout() time.Duration {
+	if o.QueryTimeout > 0 {
+		return o.QueryTimeout
+	}
+	return time.Second
+}
+
+// StageError is the first stage failure of a launch. Stage is the stage to
+// blame: the one that failed, or, when that one gave up waiting, the stage at
+// the end of the chain of waits, which stopped making progress (Hung).
 type StageError struct {
 	Stage    int
 	Err      error
 	LastLine string
+	// Hung is set when Stage did not fail but stopped making progress; Why
+	// says how that was found and Detector is the stage that failed.
+	Hung     bool
+	Why      string
+	Detector int
 }
 
 func (e *StageError) Error() string {
+	if e.Hung {
+		return fmt.Sprintf("stage %d stopped making progress: %s; stage %d failed (%v); its last output: %s",
+			e.Stage, e.Why, e.Detector, e.Err, e.LastLine)
+	}
 	if e.LastLine != "" {
 		return fmt.Sprintf("stage %d failed (%v); its last output: %s", e.Stage, e.Err, e.LastLine)
 	}
@@ -62,7 +83,12 @@ type child struct {
 	done  chan struct{}
 	err   error
 	last  string // last output line, the usual place for the stage's error
-	mu    sync.Mutex
+	// status is the stage's latest answer to a status query (or the one it
+	// printed on failing); fresh is set when it came after the latest query.
+	status    Status
+	hasStatus bool
+	fresh     bool
+	mu        sync.Mutex
 }
 
 // Run starts the stages and waits for all of them. It returns nil only when every
@@ -110,8 +136,15 @@ func Run(ctx context.Context, o Options) error {
 		return nil
 	case c := <-failed:
 		c = culprit(c, failed)
+		err := blame(c, children, o.queryTimeout())
+		if c.signaled() {
+			// Its neighbours see their links to it close at once: let them
+			// fail by themselves, naming the stage they lost, rather than be
+			// stopped first with a bare "terminated".
+			settle(children, lostPeerGrace)
+		}
 		stopAll(children, o.Grace)
-		return c.stageError()
+		return err
 	case <-ctx.Done():
 		stopAll(children, o.Grace)
 		return context.Cause(ctx)
@@ -135,6 +168,21 @@ func culprit(first *child, failed <-chan *child) *child {
 			}
 		case <-timeout:
 			return first
+		}
+	}
+}
+
+// lostPeerGrace is how long stages get to notice a killed neighbour themselves.
+const lostPeerGrace = time.Second
+
+// settle waits until every stage has exited or d has passed.
+func settle(children []*child, d time.Duration) {
+	deadline := time.After(d)
+	for _, c := range children {
+		select {
+		case <-c.done:
+		case <-deadline:
+			return
 		}
 	}
 }
@@ -205,6 +253,12 @@ func start(o Options, i int, logDir string, outMu *sync.Mutex) (*child, error) {
 		for s.Scan() {
 			line := s.Text()
 			fmt.Fprintln(logFile, line)
+			if st, ok := ParseStatus(line); ok {
+				c.mu.Lock()
+				c.status, c.hasStatus, c.fresh = st, true, true
+				c.mu.Unlock()
+				continue
+			}
 			c.mu.Lock()
 			c.last = line
 			c.mu.Unlock()

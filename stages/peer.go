@@ -26,6 +26,10 @@ type peer struct {
 	timeout      time.Duration
 	microBatches int      // per training step; 0 skips the range check
 	metrics      *Metrics // counts received bytes; may be nil
+	// act, when set, is told of every wait on this neighbour (stage), so a
+	// status query names the stage this one waits for.
+	act   *activity
+	stage int
 }
 
 type slot struct {
@@ -39,7 +43,7 @@ const maxHeld = 1024
 
 func newPeer(l transport.Link, kind transport.Kind, dt transport.DType, shapes [][]int, timeout time.Duration) *peer {
 	h := l.Peer()
-	return &peer{link: l, name: fmt.Sprintf("stage %d (%s)", h.Stage, h.Address), kind: kind, dtype: dt, shapes: shapes, held: map[slot]*transport.Tensor{}, timeout: timeout}
+	return &peer{link: l, stage: h.Stage, name: fmt.Sprintf("stage %d (%s)", h.Stage, h.Address), kind: kind, dtype: dt, shapes: shapes, held: map[slot]*transport.Tensor{}, timeout: timeout}
 }
 
 // recv returns micro-batch mb of step, for the boundary tagged chunk, as a tensor
@@ -59,6 +63,11 @@ func (p *peer) recvHeld(ctx context.Context, step int64, mb, chunk int) (v *tens
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeoutCause(ctx, p.timeout, fmt.Errorf("nothing arrived within transport.recv_timeout %v", p.timeout))
 		defer cancel()
+	}
+	if !ok && p.act != nil {
+		// Left set on failure: the stage's last status then names the
+		// neighbour it gave up on.
+		p.act.waitOn(p.stage)
 	}
 	for !ok {
 		got, err := p.link.Recv(ctx)
@@ -84,6 +93,9 @@ func (p *peer) recvHeld(ctx context.Context, step int64, mb, chunk int) (v *tens
 				p.name, got.Kind, stepText(got.Step), got.MicroBatch, chunkText(int(got.Chunk)), stepText(step), mb, chunkText(chunk))
 		}
 		p.held[s] = got
+	}
+	if p.act != nil {
+		p.act.resumed()
 	}
 	if p.metrics != nil {
 		p.metrics.received(int64(len(t.Data)))
@@ -195,11 +207,17 @@ func (p *peer) sendAs(ctx context.Context, kind transport.Kind, step int64, mb, 
 		ctx, cancel = context.WithTimeoutCause(ctx, p.timeout, fmt.Errorf("no room in the send queue within transport.recv_timeout %v: the neighbour stopped reading", p.timeout))
 		defer cancel()
 	}
+	if p.act != nil {
+		p.act.waitOn(p.stage)
+	}
 	if err := p.link.Send(ctx, t); err != nil {
 		if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
 			err = cause
 		}
 		return 0, 0, fmt.Errorf("sending %s of %s micro-batch %d%s to %s: %w", kind, stepText(step), mb, chunkText(chunk), p.name, err)
+	}
+	if p.act != nil {
+		p.act.resumed()
 	}
 	return int64(len(t.Data)), time.Since(start), nil
 }

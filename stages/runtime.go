@@ -76,6 +76,7 @@ type Runtime struct {
 
 	tied       [][2]string // parameter pairs whose gradients are summed before each step
 	resume     bool
+	act        activity       // what the stage is doing, for status queries
 	commits    sync.WaitGroup // stage 0's checkpoint commits in progress
 	lastCommit chan struct{}  // closed when the newest commit has ended
 }
@@ -87,6 +88,7 @@ func New(o Options) (*Runtime, error) {
 	if r.log == nil {
 		r.log = io.Discard
 	}
+	r.act.init()
 	blas.SetThreads(c.Threads(o.Stage))
 	model, err := models.Build(c.Model)
 	if err != nil {
@@ -175,7 +177,7 @@ func (r *Runtime) attach(o Options, model *models.Model) error {
 			return fmt.Errorf("stage %d: no link to the previous stage", r.stage)
 		}
 		r.prev = newPeer(o.Prev, transport.Activation, dt, LinkShapes(r.cfg, model, (r.stage+r.stages-1)%r.stages), r.cfg.Transport.RecvTimeout)
-		r.prev.metrics, r.live.links["prev"] = r.live, o.Prev
+		r.prev.metrics, r.prev.act, r.live.links["prev"] = r.live, &r.act, o.Prev
 		r.prev.microBatches = r.cfg.Data.MicroBatches
 	}
 	if needNext {
@@ -183,7 +185,7 @@ func (r *Runtime) attach(o Options, model *models.Model) error {
 			return fmt.Errorf("stage %d: no link to the next stage", r.stage)
 		}
 		r.next = newPeer(o.Next, transport.Gradient, dt, LinkShapes(r.cfg, model, r.stage), r.cfg.Transport.RecvTimeout)
-		r.next.metrics, r.live.links["next"] = r.live, o.Next
+		r.next.metrics, r.next.act, r.live.links["next"] = r.live, &r.act, o.Next
 		r.next.microBatches = r.cfg.Data.MicroBatches
 	}
 	return nil
@@ -404,7 +406,8 @@ func (r *Runtime) writeRunInfo() error {
 // trainStep runs this stage's actions for one global batch, then the optimizer.
 func (r *Runtime) trainStep(ctx context.Context, step int) error {
 	r.losses = make([]float64, r.cfg.Data.MicroBatches)
-	for _, a := range r.actions {
+	for i, a := range r.actions {
+		r.act.in(i)
 		var err error
 		switch a.Kind {
 		case schedule.Forward:
@@ -420,6 +423,7 @@ func (r *Runtime) trainStep(ctx context.Context, step int) error {
 			return fmt.Errorf("%v: %w", a, err)
 		}
 	}
+	r.act.in(-1)
 	t0 := time.Now()
 	if err := r.syncTied(ctx, step); err != nil {
 		return err

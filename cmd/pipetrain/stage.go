@@ -3,10 +3,13 @@ package main
 import (
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
 	"github.com/pipetrain/pipetrain/internal/affinity"
+	"github.com/pipetrain/pipetrain/launcher"
 	"github.com/pipetrain/pipetrain/stages"
 )
 
@@ -19,6 +22,11 @@ func stageCmd() *cobra.Command {
 		Short: "Run one pipeline stage (launch runs these for you; use it directly for one stage per host)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// Installed first: a status query must never end the process,
+			// whatever it is doing when the query comes.
+			queries := make(chan os.Signal, 1)
+			signal.Notify(queries, syscall.SIGUSR1)
+			defer signal.Stop(queries)
 			cfg, err := f.load()
 			if err != nil {
 				return err
@@ -49,7 +57,16 @@ func stageCmd() *cobra.Command {
 				defer stop()
 				fmt.Printf("stage %d: Prometheus metrics on http://%s/metrics\n", index, addr)
 			}
-			return rt.Run(cmd.Context())
+			go answerStatusQueries(queries, rt)
+			if err := rt.Run(cmd.Context()); err != nil {
+				if cmd.Context().Err() == nil {
+					// The launcher reads what the stage was waiting for when
+					// it gave up, to follow the chain to the stage that hung.
+					fmt.Println(statusLine(rt))
+				}
+				return err
+			}
+			return nil
 		},
 	}
 	f.register(c, "runs/latest")
@@ -57,4 +74,17 @@ func stageCmd() *cobra.Command {
 	c.MarkFlagRequired("stage")
 	c.Flags().BoolVar(&resume, "resume", false, "continue from the newest complete checkpoint in --run-dir (every stage must be given it)")
 	return c
+}
+
+// answerStatusQueries prints the stage's status line for each SIGUSR1 (see
+// launcher.Status) until queries is closed or no longer notified.
+func answerStatusQueries(queries <-chan os.Signal, rt *stages.Runtime) {
+	for range queries {
+		fmt.Println(statusLine(rt))
+	}
+}
+
+func statusLine(rt *stages.Runtime) string {
+	a := rt.Activity()
+	return launcher.FormatStatus(launcher.Status{Stage: a.Stage, Action: a.Action, Peer: a.Peer, For: a.For})
 }

@@ -1,0 +1,174 @@
+package launcher
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Status is what a stage process says it is doing when the launcher asks
+// (SIGUSR1) and once more when it fails: the action it is in and, if it is
+// blocked on a neighbour, which one and for how long. A stage that is stopped
+// or hung cannot answer; one blocked on a neighbour points at it; together
+// they let the launcher blame the stage that stopped making progress instead
+// of the first neighbour whose patience ran out.
+type Status struct {
+	Stage  int
+	Action string // "1B3", "" outside a step's actions
+	// Peer is the stage this one waits for (receiving from it, or for room
+	// to send to it), -1 when it is not waiting on a neighbour.
+	Peer int
+	For  time.Duration // how long it has been in this state
+}
+
+// statusPrefix starts the one line a stage prints for a status query. The
+// launcher keeps such lines out of the terminal (they go to the stage's log).
+const statusPrefix = "pipetrain-status:"
+
+// FormatStatus is the line a stage prints for a status query.
+func FormatStatus(s Status) string {
+	action := s.Action
+	if action == "" {
+		action = "-"
+	}
+	return fmt.Sprintf("%s stage=%d action=%s peer=%d for=%s", statusPrefix, s.Stage, action, s.Peer, s.For)
+}
+
+// ParseStatus reads a line printed by FormatStatus; ok is false for any other line.
+func ParseStatus(line string) (s Status, ok bool) {
+	rest, ok := strings.CutPrefix(line, statusPrefix)
+	if !ok {
+		return Status{}, false
+	}
+	fields := map[string]string{}
+	for _, f := range strings.Fields(rest) {
+		k, v, _ := strings.Cut(f, "=")
+		fields[k] = v
+	}
+	var err1, err2, err3 error
+	s.Stage, err1 = strconv.Atoi(fields["stage"])
+	s.Peer, err2 = strconv.Atoi(fields["peer"])
+	s.For, err3 = time.ParseDuration(fields["for"])
+	if s.Action = fields["action"]; s.Action == "-" {
+		s.Action = ""
+	}
+	if err1 != nil || err2 != nil || err3 != nil {
+		return Status{}, false
+	}
+	return s, true
+}
+
+// Waiting reports whether the stage is blocked on a neighbour.
+func (s Status) Waiting() bool { return s.Peer >= 0 }
+
+func (s Status) String() string {
+	in := ""
+	if s.Action != "" {
+		in = " in " + s.Action
+	}
+	if s.Waiting() {
+		return fmt.Sprintf("stage %d has waited %v%s for stage %d", s.Stage, s.For.Round(time.Millisecond), in, s.Peer)
+	}
+	if s.Action != "" {
+		return fmt.Sprintf("stage %d has been computing %s for %v", s.Stage, s.Action, s.For.Round(time.Millisecond))
+	}
+	return fmt.Sprintf("stage %d is between actions (for %v)", s.Stage, s.For.Round(time.Millisecond))
+}
+
+// blame returns the error of a launch in which stage failed first. A stage
+// that gave up waiting for a neighbour says so in its last status; blame then
+// asks every running stage for its status and follows the waits from
+// neighbour to neighbour to the stage that stopped making progress: one that
+// does not answer within ask (stopped, or hung where signals are not served),
+// one computing rather than waiting, or one that has exited.
+func blame(failed *child, children []*child, ask time.Duration) error {
+	own := failed.stageError()
+	st, ok := failed.lastStatus()
+	if !ok || !st.Waiting() || st.Peer >= len(children) {
+		return own
+	}
+	query(children, ask)
+	chain := []string{st.String()}
+	seen := map[int]bool{failed.stage: true}
+	for cur := st.Peer; ; {
+		if seen[cur] || cur < 0 || cur >= len(children) {
+			return own // a cycle of waits: no stage stands out
+		}
+		seen[cur] = true
+		c := children[cur]
+		hung := func(why string) error {
+			e := own.(*StageError)
+			return &StageError{Stage: cur, Err: e.Err, LastLine: e.LastLine, Hung: true, Detector: failed.stage,
+				Why: why + " (" + strings.Join(chain, "; ") + ")"}
+		}
+		select {
+		case <-c.done:
+			return hung(fmt.Sprintf("it had exited (%v)", c.exitErr()))
+		default:
+		}
+		s, answered := c.answer()
+		if !answered {
+			return hung(fmt.Sprintf("it answered no status query within %v: stopped, or hung", ask))
+		}
+		if !s.Waiting() {
+			return hung(s.String())
+		}
+		chain = append(chain, s.String())
+		cur = s.Peer
+	}
+}
+
+// query asks every running stage for its status (SIGUSR1) and waits up to
+// ask for the answers.
+func query(children []*child, ask time.Duration) {
+	var asked []*child
+	for _, c := range children {
+		select {
+		case <-c.done:
+			continue
+		default:
+		}
+		c.mu.Lock()
+		c.fresh = false
+		c.mu.Unlock()
+		if c.cmd.Process.Signal(syscall.SIGUSR1) == nil {
+			asked = append(asked, c)
+		}
+	}
+	deadline := time.Now().Add(ask)
+	for _, c := range asked {
+		for time.Now().Before(deadline) {
+			if _, ok := c.answer(); ok {
+				break
+			}
+			select {
+			case <-c.done:
+			case <-time.After(10 * time.Millisecond):
+				continue
+			}
+			break
+		}
+	}
+}
+
+// lastStatus is the latest status the stage printed, fresh or not.
+func (c *child) lastStatus() (Status, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.status, c.hasStatus
+}
+
+// answer is the stage's answer to the latest query, if it gave one.
+func (c *child) answer() (Status, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.status, c.hasStatus && c.fresh
+}
+
+func (c *child) exitErr() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
