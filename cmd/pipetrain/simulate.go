@@ -1,10 +1,13 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -19,92 +22,233 @@ import (
 	"github.com/pipetrain/pipetrain/timeline"
 )
 
+const simulateLong = `Predict each schedule's makespan, bubble and stashed memory for a config,
+before launching anything.
+
+The first lines give each stage's cost per micro-batch: F (forward), B (full
+backward) and, when the model can split its backward, I (input gradient) and
+W (weight gradient), then the transfer time between stages. --costs says
+where they come from: "measure" times each stage here (the median of --reps
+runs), a run directory takes the mean of each action in its events, and
+f=F,b=B[,w=W] gives every stage the same costs in ms. A cost that was not
+measured is marked with * and explained on a line of its own: I and W are
+assumed B/2 each when the run (or --costs without w=) gave none, B is taken
+as I + W when the run split every backward, and the transfer is estimated
+from the activation size unless a run measured it or --transfer gives it.
+
+Then, for each schedule: the makespan and mean bubble, each stage's busy time,
+bubble and peak stashed activations, a text timeline (a picture, one column
+per time slot), and the schedule's actions as a grid:
+
+  # 1f1b: actions per stage, in the grid form --schedule-file and schedule_file read
+  stage 0: 0F0 0F1 0F2 0F3 0B0 0F4 0B1 ...
+
+Those lines, copied into a file (any extension but .csv, .yaml and .yml),
+load back as the same schedule: edit the order and simulate it with
+--schedule-file, or run it with schedule: custom. When zb-h1 is simulated,
+a last line compares it with 1f1b on the same costs and says plainly
+whether it helps.
+
+A schedule the config's model cannot run (zb-h1 needs every layer to split
+its backward) is refused, as pipetrain validate and launch refuse it: named
+with --schedule, it is an error; under --schedule all, it is listed as not
+applicable.`
+
+// simulateOptions are simulate's flags.
+type simulateOptions struct {
+	config       string
+	schedules    string // "all" or names separated by commas
+	schedulesSet bool   // --schedule was given
+	scheduleFile string
+	costs        string
+	svg          string
+	transfer     time.Duration // < 0: not given
+	reps         int
+}
+
 func simulateCmd() *cobra.Command {
-	var path, which, costsFrom, svg, scheduleFile string
-	var transfer time.Duration
-	var reps int
+	var o simulateOptions
 	c := &cobra.Command{
-		Use:   "simulate --config FILE [--schedule all|NAME] [--costs measure|RUN_DIR|f=1,b=2,w=1]",
+		Use:   "simulate --config FILE [--schedule all|NAME,...] [--costs measure|RUN_DIR|f=F,b=B[,w=W]]",
 		Short: "Predict each schedule's makespan, bubble and stashed memory for a config, before launching anything",
+		Long:  simulateLong,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := configs.Load(path)
-			if err != nil {
-				return err
-			}
-			model, err := models.Build(cfg.Model)
-			if err != nil {
-				return err
-			}
-			costs, measuredTransfer, source, err := simulationCosts(cfg, costsFrom, reps)
-			if err != nil {
-				return err
-			}
-			if transfer < 0 && measuredTransfer > 0 {
-				transfer = measuredTransfer
-			}
-			stash := stages.StashBytes(cfg, model)
-			if transfer < 0 {
-				transfer = stages.EstimateTransfer(cfg, model)
-			}
-			costs.Transfer = ms(transfer)
-			fmt.Printf("%s: %d stages, %d micro-batches; costs per micro-batch (%s), transfer %.3f ms\n", cfg.Path, len(cfg.Stages), cfg.Data.MicroBatches, source, costs.Transfer)
-			for s := range cfg.Stages {
-				fmt.Printf("  stage %d  F %.3f ms  B %.3f ms  (I %.3f + W %.3f ms)\n", s, costs.F[s], costs.B[s], costs.I[s], costs.W[s])
-			}
-			var scheds []*schedule.Schedule
-			if scheduleFile != "" {
-				s, err := loadScheduleFile(scheduleFile)
-				if err != nil {
-					return err
-				}
-				scheds = append(scheds, s)
-			} else {
-				names := schedule.Names()
-				if which != "all" {
-					names = strings.Split(which, ",")
-				}
-				for _, name := range names {
-					v := 1
-					if name == "interleaved" {
-						v = max(2, cfg.VirtualStages)
-					}
-					s, err := schedule.Build(name, len(cfg.Stages), cfg.Data.MicroBatches, v)
-					if err != nil {
-						fmt.Printf("\n%s: not applicable here: %v\n", name, err)
-						continue
-					}
-					scheds = append(scheds, s)
-				}
-			}
-			for _, s := range scheds {
-				if err := simulateOne(os.Stdout, s, costs, stash, svg); err != nil {
-					return err
-				}
-			}
-			return nil
+			o.schedulesSet = cmd.Flags().Changed("schedule")
+			return runSimulate(cmd.OutOrStdout(), o)
 		},
 	}
-	c.Flags().StringVarP(&path, "config", "c", "", "run config (YAML)")
-	c.Flags().StringVar(&which, "schedule", "all", "schedules to simulate: all, or names separated by commas")
-	c.Flags().StringVar(&scheduleFile, "schedule-file", "", "simulate a schedule written by hand (.csv, .yaml or a grid as printed by the simulator), after checking it")
-	c.Flags().StringVar(&costsFrom, "costs", "measure", "action costs: measure (time the config's stages here), a run directory (its events), or f=F,b=B[,w=W] in ms")
-	c.Flags().DurationVar(&transfer, "transfer", -1, "time to move one activation between stages (default: a run's measured mean link delay with --costs RUN_DIR, else estimated from its size at 2 GB/s plus 100us)")
-	c.Flags().IntVar(&reps, "reps", 5, "measurements per action when --costs measure (the median is used)")
-	c.Flags().StringVar(&svg, "svg", "", "write each schedule's timeline as an SVG: FILE.svg gets the schedule name added before .svg")
+	c.Flags().StringVarP(&o.config, "config", "c", "", "run config (YAML)")
+	c.Flags().StringVar(&o.schedules, "schedule", "all", "schedules to simulate: all, or built-in names separated by commas ("+strings.Join(schedule.Names(), ", ")+")")
+	c.Flags().StringVar(&o.scheduleFile, "schedule-file", "", "simulate a schedule written by hand (.csv, .yaml, or the grid simulate prints), after checking it")
+	c.Flags().StringVar(&o.costs, "costs", "measure", "action costs: measure (time the config's stages here), a run directory (its events), or f=F,b=B[,w=W] in ms (w defaults to b/2)")
+	c.Flags().DurationVar(&o.transfer, "transfer", -1, "time to move one activation between stages (default: a run's measured mean link delay with --costs RUN_DIR, else estimated from its size at 2 GB/s plus 100us)")
+	c.Flags().IntVar(&o.reps, "reps", 5, "measurements per action when --costs measure (the median is used)")
+	c.Flags().StringVar(&o.svg, "svg", "", "write each schedule's timeline as an SVG: FILE.svg gets the schedule name added before .svg")
 	c.MarkFlagRequired("config")
 	return c
 }
 
-// simulationCosts returns per-stage action costs in ms.
-func simulationCosts(cfg *configs.Config, from string, reps int) (schedule.Costs, time.Duration, string, error) {
+// planned is one schedule simulate was asked for: built, or not applicable to
+// the config (under --schedule all) and why.
+type planned struct {
+	name  string
+	sched *schedule.Schedule
+	skip  string
+}
+
+func runSimulate(w io.Writer, o simulateOptions) error {
+	cfg, err := configs.Load(o.config)
+	if err != nil {
+		return err
+	}
+	model, err := models.Build(cfg.Model)
+	if err != nil {
+		return err
+	}
+	// Settle what to simulate before measuring anything: a bad request fails fast.
+	plans, err := simulationPlan(cfg, model, o)
+	if err != nil {
+		return err
+	}
+	costs, err := simulationCosts(cfg, model, o.costs, o.reps)
+	if err != nil {
+		return err
+	}
+	switch {
+	case o.transfer >= 0:
+		costs.Transfer, costs.transferFrom = ms(o.transfer), "given by --transfer"
+	case costs.runTransfer > 0:
+		costs.Transfer, costs.transferFrom = ms(costs.runTransfer), "the run's measured mean link delay"
+	default:
+		costs.Transfer, costs.transferEstimated = ms(stages.EstimateTransfer(cfg, model)), true
+	}
+	costs.print(w, cfg, splittable(model))
+
+	stash := stages.StashBytes(cfg, model)
+	var zb, oneF *schedule.Timeline
+	for _, p := range plans {
+		if p.sched == nil {
+			fmt.Fprintf(w, "\n%s: not applicable here: %s\n", p.name, p.skip)
+			continue
+		}
+		tl, err := simulateOne(w, p.sched, costs.Costs, stash, o.svg)
+		if err != nil {
+			return err
+		}
+		switch p.name {
+		case "zb-h1":
+			zb = tl
+		case "1f1b":
+			oneF = tl
+		}
+	}
+	if zb == nil {
+		return nil
+	}
+	if oneF == nil { // compare with 1F1B all the same, on the same costs
+		s, err := schedule.Build("1f1b", len(cfg.Stages), cfg.Data.MicroBatches, 1)
+		if err != nil {
+			return err
+		}
+		if oneF, err = schedule.Simulate(s, costs.Costs); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(w, "\n%s\n", zbVerdict(zb, oneF, costs))
+	return nil
+}
+
+// simulationPlan resolves --schedule and --schedule-file into the schedules to
+// simulate. A schedule named with --schedule that is unknown, does not fit the
+// config or that the model cannot run is an error; under "all", the last two
+// are kept as not applicable, with the reason.
+func simulationPlan(cfg *configs.Config, model *models.Model, o simulateOptions) ([]planned, error) {
+	p, m := len(cfg.Stages), cfg.Data.MicroBatches
+	if o.scheduleFile != "" {
+		if o.schedulesSet {
+			return nil, errors.New("give --schedule or --schedule-file, not both")
+		}
+		s, err := loadScheduleFile(o.scheduleFile)
+		if err != nil {
+			return nil, fmt.Errorf("--schedule-file: %w", err)
+		}
+		if s.Stages != p {
+			return nil, fmt.Errorf("%s has %d stages; %s has %d", o.scheduleFile, s.Stages, cfg.Path, p)
+		}
+		if err := cfg.CheckScheduleRuns(s, model); err != nil {
+			return nil, fmt.Errorf("%s: %w (pipetrain launch refuses it too)", o.scheduleFile, err)
+		}
+		return []planned{{name: s.Name, sched: s}}, nil
+	}
+	all := o.schedules == "all"
+	names := schedule.Names()
+	if !all {
+		names = nil
+		for _, n := range strings.Split(o.schedules, ",") {
+			n = strings.TrimSpace(n)
+			if !slices.Contains(schedule.Names(), n) {
+				return nil, fmt.Errorf("--schedule: unknown schedule %q (known: %s; or all)", n, strings.Join(schedule.Names(), ", "))
+			}
+			if !slices.Contains(names, n) {
+				names = append(names, n)
+			}
+		}
+	}
+	var out []planned
+	for _, name := range names {
+		v := 1
+		if name == "interleaved" {
+			v = max(2, cfg.VirtualStages)
+		}
+		s, err := schedule.Build(name, p, m, v)
+		if err == nil {
+			if err = cfg.CheckScheduleRuns(s, model); err != nil {
+				err = fmt.Errorf("%w; pipetrain launch refuses it too", err)
+			}
+		}
+		if err != nil {
+			if !all {
+				return nil, fmt.Errorf("--schedule %s: not applicable to %s: %w", name, cfg.Path, err)
+			}
+			out = append(out, planned{name: name, skip: err.Error()})
+			continue
+		}
+		out = append(out, planned{name: name, sched: s})
+	}
+	return out, nil
+}
+
+// simCosts are the simulator's per-stage costs in ms, with where they came
+// from and which of them were not measured.
+type simCosts struct {
+	schedule.Costs
+	source    string // where F and B (and I and W) came from
+	iwAssumed string // why I and W are B/2 on the stages in iwStages; "" when measured or given
+	iwStages  []bool
+	bDerived  string // why B is I + W on the stages in bStages; "" when measured
+	bStages   []bool
+
+	runTransfer       time.Duration // a run's measured mean link delay; 0 if none
+	transferFrom      string        // where Transfer came from, when it was not estimated
+	transferEstimated bool
+}
+
+// simulationCosts returns per-stage action costs in ms, from --costs: "measure",
+// a run directory, or uniform costs f=F,b=B[,w=W].
+func simulationCosts(cfg *configs.Config, model *models.Model, from string, reps int) (simCosts, error) {
 	p := len(cfg.Stages)
-	c := schedule.Costs{F: make([]float64, p), B: make([]float64, p), I: make([]float64, p), W: make([]float64, p)}
+	c := simCosts{
+		Costs:    schedule.Costs{F: make([]float64, p), B: make([]float64, p), I: make([]float64, p), W: make([]float64, p)},
+		iwStages: make([]bool, p),
+		bStages:  make([]bool, p),
+	}
 	switch {
 	case from == "measure":
-		measured, err := stages.MeasureCosts(cfg, max(reps, 1))
+		reps = max(reps, 1)
+		measured, err := stages.MeasureCosts(cfg, reps)
 		if err != nil {
-			return c, 0, "", err
+			return c, err
 		}
 		for s, chunks := range measured {
 			for _, m := range chunks {
@@ -114,71 +258,210 @@ func simulationCosts(cfg *configs.Config, from string, reps int) (schedule.Costs
 				c.W[s] += ms(m.W)
 			}
 		}
-		return c, 0, fmt.Sprintf("measured on this machine, median of %d", reps), nil
+		c.source = fmt.Sprintf("measured on this machine, median of %d", reps)
+		if !splittable(model) { // MeasureCosts could not time I and W apart
+			c.iwAssumed = fmt.Sprintf("model %s cannot split its backward", cfg.Model.Name)
+			c.iwStages = allStages(p)
+		}
+		return c, nil
 	case strings.Contains(from, "="):
 		u, err := parseUniform(from)
 		if err != nil {
-			return c, 0, "", err
+			return c, err
 		}
 		for s := range c.F {
-			c.F[s], c.B[s], c.I[s], c.W[s] = u[0], u[1], u[1]-u[2], u[2]
+			c.F[s], c.B[s], c.I[s], c.W[s] = u.f, u.b, u.b-u.w, u.w
 		}
-		return c, 0, "given: " + from, nil
-	default:
-		info, events, err := profile.ReadRun(from)
-		if err != nil {
-			return c, 0, "", err
+		c.source = "given by --costs " + from
+		if !u.wGiven {
+			c.iwAssumed = "--costs gave no w=W"
+			c.iwStages = allStages(p)
 		}
-		if info.Stages != p {
-			return c, 0, "", fmt.Errorf("%s ran %d stages, %s has %d", from, info.Stages, cfg.Path, p)
-		}
-		var transfer time.Duration
-		if rep, err := profile.Analyse(info, events, 1); err == nil {
-			transfer, _ = rep.MeanTransfer()
-		}
-		c = profile.ScheduleCosts(profile.MeanCosts(events, 1), info.Chunks, 0)
-		if c.I == nil { // the run did not split its backwards: assume half each
-			c.I, c.W = make([]float64, p), make([]float64, p)
-			for s := range c.B {
-				c.I[s], c.W[s] = c.B[s]/2, c.B[s]/2
+		return c, nil
+	}
+	info, events, err := readCostsRun(from)
+	if err != nil {
+		return c, err
+	}
+	if info.Stages != p {
+		return c, fmt.Errorf("--costs %s: the run had %d stages, %s has %d", from, info.Stages, cfg.Path, p)
+	}
+	if rep, err := profile.Analyse(info, events, 1); err == nil {
+		c.runTransfer, _ = rep.MeanTransfer()
+	}
+	run := "the run"
+	c.source = "from the events of " + from
+	if info.Schedule != "" {
+		run = "the " + info.Schedule + " run"
+		c.source += ", a " + info.Schedule + " run"
+	}
+	means := profile.MeanCosts(events, 1)
+	sc := profile.ScheduleCosts(means, info.Chunks, 0)
+	c.F, c.B = sc.F, sc.B
+	if sc.I == nil { // not every stage split its backward: assume half each
+		c.iwAssumed = run + " split no backward, so it timed no I or W"
+		for s := range c.B {
+			c.I[s], c.W[s] = c.B[s]/2, c.B[s]/2
+			c.iwStages[s] = true
+			if means[s].I > 0 { // MeanCosts gave this stage B = I + W
+				c.bStages[s] = true
+				c.iwAssumed = run + " did not split the backward on every stage"
+				c.bDerived = run + " split the backward on that stage, so it timed no whole one"
 			}
 		}
-		return c, transfer, "from the events of " + from + " (transfer: its measured mean link delay)", nil
+		return c, nil
+	}
+	c.I, c.W = sc.I, sc.W
+	c.bDerived = run + " split every backward, so it timed no whole one"
+	c.bStages = allStages(p)
+	return c, nil
+}
+
+// readCostsRun reads the run directory --costs names, saying what --costs
+// expects when it is not one.
+func readCostsRun(dir string) (profile.RunInfo, [][]profile.Event, error) {
+	want := `want "measure", a run directory (pipetrain launch --run-dir) or f=F,b=B[,w=W] in ms`
+	st, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return profile.RunInfo{}, nil, fmt.Errorf("--costs %s: no such file or directory; %s", dir, want)
+	case err != nil:
+		return profile.RunInfo{}, nil, fmt.Errorf("--costs %s: %w", dir, err)
+	case !st.IsDir():
+		return profile.RunInfo{}, nil, fmt.Errorf("--costs %s: not a directory; %s", dir, want)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "run.json")); errors.Is(err, fs.ErrNotExist) {
+		return profile.RunInfo{}, nil, fmt.Errorf("--costs %s: not a run directory (it has no run.json); %s", dir, want)
+	}
+	info, events, err := profile.ReadRun(dir)
+	if err != nil {
+		return info, nil, fmt.Errorf("--costs %s: %w", dir, err)
+	}
+	return info, events, nil
+}
+
+func allStages(p int) []bool {
+	out := make([]bool, p)
+	for i := range out {
+		out[i] = true
+	}
+	return out
+}
+
+// print writes the header and each stage's costs, marking with * every cost
+// that was not measured and explaining each kind of mark on a line below.
+// I and W are shown only when the model can split its backward: no schedule
+// that runs them is simulated otherwise.
+func (c simCosts) print(w io.Writer, cfg *configs.Config, split bool) {
+	mark := func(b bool) string {
+		if b {
+			return "*"
+		}
+		return ""
+	}
+	transfer := fmt.Sprintf("transfer %.3f ms", c.Transfer)
+	if c.transferEstimated {
+		transfer += "*"
+	} else {
+		transfer += " (" + c.transferFrom + ")"
+	}
+	fmt.Fprintf(w, "%s: %d stages, %d micro-batches; costs per micro-batch %s; %s\n", cfg.Path, len(cfg.Stages), cfg.Data.MicroBatches, c.source, transfer)
+	for s := range c.F {
+		fmt.Fprintf(w, "  stage %d  F %.3f ms  B %.3f ms%s", s, c.F[s], c.B[s], mark(c.bStages[s]))
+		if split {
+			fmt.Fprintf(w, "  (I %.3f%s + W %.3f%s ms)", c.I[s], mark(c.iwStages[s]), c.W[s], mark(c.iwStages[s]))
+		}
+		fmt.Fprintln(w)
+	}
+	if slices.Contains(c.bStages, true) {
+		fmt.Fprintf(w, "  * B: not measured, taken as I + W: %s\n", c.bDerived)
+	}
+	if split && slices.Contains(c.iwStages, true) {
+		fmt.Fprintf(w, "  * I, W: not measured, assumed B/2 each: %s\n", c.iwAssumed)
+	}
+	if c.transferEstimated {
+		fmt.Fprintln(w, "  * transfer: not measured, estimated from the largest activation's size at 2 GB/s plus 100 us (--transfer sets it)")
 	}
 }
 
-func parseUniform(s string) ([3]float64, error) {
-	var f, b, w float64 = 0, 0, -1
+// zbVerdict compares zb-h1's simulated step with 1F1B's on the same costs,
+// and names the stages whose split backward costs clearly more than the
+// fused one, the usual reason zb-h1 loses.
+func zbVerdict(zb, oneF *schedule.Timeline, c simCosts) string {
+	var dearer []string
+	for s := range c.B {
+		if c.iwStages[s] || c.bStages[s] || c.B[s] <= 0 {
+			continue // I + W is B by assumption or by construction
+		}
+		if r := (c.I[s] + c.W[s]) / c.B[s]; r > 1.05 {
+			if len(dearer) == 0 {
+				dearer = append(dearer, fmt.Sprintf("%.2fx B on stage %d", r, s))
+			} else {
+				dearer = append(dearer, fmt.Sprintf("%.2fx on stage %d", r, s))
+			}
+		}
+	}
+	assumed := slices.Contains(c.iwStages, true)
+	var b strings.Builder
+	switch {
+	case zb.Makespan >= oneF.Makespan:
+		fmt.Fprintf(&b, "zb-h1 does not help here: %.2f ms against 1f1b's %.2f ms on the same costs.", zb.Makespan, oneF.Makespan)
+		if len(dearer) > 0 {
+			fmt.Fprintf(&b, " Its split backward costs more than the fused one (I + W is %s), so its W passes add more time than the bubbles they fill.", strings.Join(dearer, ", "))
+		}
+	case assumed:
+		fmt.Fprintf(&b, "zb-h1 would shorten the step here, %.2f ms against 1f1b's %.2f ms (%.2fx), but only if I and W cost B/2 each:", zb.Makespan, oneF.Makespan, oneF.Makespan/zb.Makespan)
+		return b.String() + " they were assumed, not measured (--costs measure, or the directory of a zb-h1 run, times them)."
+	default:
+		fmt.Fprintf(&b, "zb-h1 shortens the step here: %.2f ms against 1f1b's %.2f ms (%.2fx) on the same costs.", zb.Makespan, oneF.Makespan, oneF.Makespan/zb.Makespan)
+	}
+	if assumed {
+		b.WriteString(" I and W were assumed B/2 each, not measured (--costs measure, or the directory of a zb-h1 run, times them).")
+	}
+	return b.String()
+}
+
+// uniform is --costs f=F,b=B[,w=W].
+type uniform struct {
+	f, b, w float64
+	wGiven  bool
+}
+
+func parseUniform(s string) (uniform, error) {
+	u := uniform{w: -1}
 	for _, kv := range strings.Split(s, ",") {
 		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
 		x, err := strconv.ParseFloat(v, 64)
 		if !ok || err != nil || x < 0 {
-			return [3]float64{}, fmt.Errorf("--costs %q: write f=F,b=B[,w=W] with non-negative ms", s)
+			return uniform{}, fmt.Errorf("--costs %q: write f=F,b=B[,w=W] with non-negative ms", s)
 		}
 		switch strings.ToLower(k) {
 		case "f":
-			f = x
+			u.f = x
 		case "b":
-			b = x
+			u.b = x
 		case "w":
-			w = x
+			u.w, u.wGiven = x, true
 		default:
-			return [3]float64{}, fmt.Errorf("--costs %q: unknown key %q (f, b, w)", s, k)
+			return uniform{}, fmt.Errorf("--costs %q: unknown key %q (f, b, w)", s, k)
 		}
 	}
-	if w < 0 {
-		w = b / 2
+	if !u.wGiven {
+		u.w = u.b / 2
 	}
-	if f <= 0 || b <= 0 || w > b {
-		return [3]float64{}, fmt.Errorf("--costs %q: need f > 0, b > 0 and w <= b", s)
+	if u.f <= 0 || u.b <= 0 || u.w > u.b {
+		return uniform{}, fmt.Errorf("--costs %q: need f > 0, b > 0 and w <= b", s)
 	}
-	return [3]float64{f, b, w}, nil
+	return u, nil
 }
 
-func simulateOne(w io.Writer, s *schedule.Schedule, costs schedule.Costs, stash []int64, svg string) error {
+// simulateOne simulates s and prints its summary, per-stage figures, text
+// timeline and its actions as a grid ParseGrid reads back; with svg, it also
+// writes the timeline as an SVG.
+func simulateOne(w io.Writer, s *schedule.Schedule, costs schedule.Costs, stash []int64, svg string) (*schedule.Timeline, error) {
 	tl, err := schedule.Simulate(s, costs)
 	if err != nil {
-		return fmt.Errorf("%s: %w", s.Name, err)
+		return nil, fmt.Errorf("%s: %w", s.Name, err)
 	}
 	name := s.Name
 	if name == "" {
@@ -207,10 +490,16 @@ func simulateOne(w io.Writer, s *schedule.Schedule, costs schedule.Costs, stash 
 		chart.Rows = append(chart.Rows, row)
 	}
 	if err := chart.Text(w, 0, 100); err != nil {
-		return err
+		return nil, err
+	}
+	fmt.Fprintf(w, "  # %s: actions per stage, in the grid form --schedule-file and schedule_file read\n", name)
+	for _, line := range strings.SplitAfter(s.Grid(), "\n") {
+		if line != "" {
+			fmt.Fprint(w, "  "+line)
+		}
 	}
 	if svg == "" {
-		return nil
+		return tl, nil
 	}
 	file := strings.TrimSuffix(svg, ".svg") + "-" + strings.ReplaceAll(s.Name, "/", "_") + ".svg"
 	if s.Name == "" {
@@ -218,19 +507,19 @@ func simulateOne(w io.Writer, s *schedule.Schedule, costs schedule.Costs, stash 
 	}
 	if dir := filepath.Dir(file); dir != "." {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	f, err := os.Create(file)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer f.Close()
 	if err := chart.SVG(f); err != nil {
-		return err
+		return nil, err
 	}
 	fmt.Fprintf(w, "  timeline written to %s\n", file)
-	return f.Close()
+	return tl, f.Close()
 }
 
 // loadScheduleFile reads a hand-written schedule and checks it before anything runs.

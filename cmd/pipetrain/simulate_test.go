@@ -1,0 +1,396 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/pipetrain/pipetrain/profile"
+	"github.com/pipetrain/pipetrain/schedule"
+)
+
+// simMLP is a 2-stage MLP small enough to measure in a test; with m = 4 every
+// built-in schedule applies (interleaved needs m a multiple of p).
+const simMLP = `
+model: {name: mlp, input: 8, hidden: [6, 5], classes: 3}
+data: {batch_size: 8, micro_batches: 4}
+train: {steps: 5, optimizer: {name: sgd, lr: 0.1}}
+schedule: 1f1b
+stages:
+  - {layers: "0", address: 127.0.0.1:7001}
+  - {layers: "1-2", address: 127.0.0.1:7002}
+`
+
+// simGPT's layers cannot split their backward: validate and launch refuse zb-h1.
+const simGPT = `
+model: {name: gpt, layers: 2, width: 16, heads: 2, context: 8, vocab: 256}
+data: {dataset: text, corpus: "go:strings", tokenizer: byte, val_fraction: 0.1, batch_size: 4, micro_batches: 2}
+train: {steps: 1, optimizer: {name: sgd, lr: 0.1}}
+schedule: 1f1b
+stages:
+  - {layers: "0-1", address: 127.0.0.1:7001}
+  - {layers: "2-3", address: 127.0.0.1:7002}
+`
+
+func writeSimConfig(t *testing.T, text string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "run.yaml")
+	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// runSimulateCmd runs simulate as the command line would, returning what it
+// printed and its error (main exits 1 on an error).
+func runSimulateCmd(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := simulateCmd()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs(args)
+	err := cmd.Execute()
+	return out.String(), err
+}
+
+var gridComment = regexp.MustCompile(`^\s*# (\S+)(?: \(\d+ chunks per stage\))?: actions per stage`)
+
+// printedGrids cuts each schedule's grid block (its comment line and the
+// "stage N:" lines after it) out of simulate's output, by schedule name.
+func printedGrids(out string) map[string]string {
+	grids := map[string]string{}
+	lines := strings.Split(out, "\n")
+	for i := 0; i < len(lines); i++ {
+		m := gridComment.FindStringSubmatch(lines[i])
+		if m == nil {
+			continue
+		}
+		block := []string{lines[i]}
+		for i+1 < len(lines) && strings.HasPrefix(strings.TrimSpace(lines[i+1]), "stage ") && strings.Contains(lines[i+1], ":") {
+			i++
+			block = append(block, lines[i])
+		}
+		grids[m[1]] = strings.Join(block, "\n") + "\n"
+	}
+	return grids
+}
+
+// TestSimulateGridRoundTrips: for every built-in schedule, the grid simulate
+// prints, copied as it stands (comment and indentation included) into a file,
+// reads back through schedule.ReadFile, and through Load as "grid", as the
+// very schedule simulated.
+func TestSimulateGridRoundTrips(t *testing.T) {
+	out, err := runSimulateCmd(t, "--config", writeSimConfig(t, simMLP), "--costs", "f=1,b=2,w=1")
+	if err != nil {
+		t.Fatalf("simulate: %v\n%s", err, out)
+	}
+	grids := printedGrids(out)
+	for _, name := range schedule.Names() {
+		text, ok := grids[name]
+		if !ok {
+			t.Errorf("%s: no grid printed\n%s", name, out)
+			continue
+		}
+		v := 1
+		if name == "interleaved" {
+			v = 2
+		}
+		want, err := schedule.Build(name, 2, 4, v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(t.TempDir(), name+".txt")
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		fromFile, err := schedule.ReadFile(path)
+		if err != nil {
+			t.Errorf("%s: ReadFile of the printed grid: %v\n%s", name, err, text)
+			continue
+		}
+		loaded, err := schedule.Load(strings.NewReader(text), "grid")
+		if err != nil {
+			t.Fatalf("%s: Load: %v", name, err)
+		}
+		for _, got := range []*schedule.Schedule{fromFile, loaded} {
+			got.Name = want.Name // a grid carries no name
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("%s: printed grid reads back as\n%s\nwant\n%s", name, got.Grid(), want.Grid())
+			}
+		}
+	}
+}
+
+// TestSimulateScheduleFileFromPrintedGrid: a printed grid saved to a file is
+// accepted by --schedule-file and simulated to the same makespan.
+func TestSimulateScheduleFileFromPrintedGrid(t *testing.T) {
+	cfg := writeSimConfig(t, simMLP)
+	out, err := runSimulateCmd(t, "--config", cfg, "--costs", "f=1,b=2,w=1", "--transfer", "0", "--schedule", "zb-h1")
+	if err != nil {
+		t.Fatalf("simulate: %v\n%s", err, out)
+	}
+	path := filepath.Join(t.TempDir(), "zb.txt")
+	if err := os.WriteFile(path, []byte(printedGrids(out)["zb-h1"]), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	again, err := runSimulateCmd(t, "--config", cfg, "--costs", "f=1,b=2,w=1", "--transfer", "0", "--schedule-file", path)
+	if err != nil {
+		t.Fatalf("simulate --schedule-file: %v\n%s", err, again)
+	}
+	// Uniform costs F = I = W = 1: ZB-H1's makespan is 3m+p-1 = 13.
+	if !strings.Contains(out, "zb-h1: makespan 13.00 ms") || !strings.Contains(again, "schedule from file: makespan 13.00 ms") {
+		t.Errorf("makespans differ or are not 13 ms:\n%s\n---\n%s", out, again)
+	}
+}
+
+// writeRun writes a run directory whose events time F at 1 ms and, for a 1f1b
+// run, B at 2 ms; for a zb-h1 run, I at 0.5 ms and W at 3 ms.
+func writeRun(t *testing.T, sched string, stages, microBatches int) string {
+	t.Helper()
+	dir := t.TempDir()
+	info := profile.RunInfo{Schedule: sched, Stages: stages, MicroBatches: microBatches, Steps: 2}
+	b, err := json.Marshal(info)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "run.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "events"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]int64{profile.Forward: 1e6, profile.Backward: 2e6}
+	order := []string{profile.Forward, profile.Backward}
+	if sched == "zb-h1" {
+		kinds = map[string]int64{profile.Forward: 1e6, profile.Input: 5e5, profile.Weight: 3e6}
+		order = []string{profile.Forward, profile.Input, profile.Weight}
+	}
+	for s := range stages {
+		var buf bytes.Buffer
+		now := int64(1e12)
+		for step := range info.Steps {
+			for mb := range microBatches {
+				for _, k := range order {
+					e := profile.Event{Stage: s, Step: step, Kind: k, MB: mb, StartNS: now, EndNS: now + kinds[k]}
+					now = e.EndNS
+					line, err := json.Marshal(e)
+					if err != nil {
+						t.Fatal(err)
+					}
+					buf.Write(append(line, '\n'))
+				}
+			}
+		}
+		if err := os.WriteFile(profile.EventsFile(dir, s), buf.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// TestSimulateMarksUnmeasuredCosts: every cost simulate did not measure (or
+// was not given) carries a * on its stage line and a legend saying what was
+// assumed; measured ones carry none.
+func TestSimulateMarksUnmeasuredCosts(t *testing.T) {
+	cfg := writeSimConfig(t, simMLP)
+	oneF := writeRun(t, "1f1b", 2, 4)
+	zb := writeRun(t, "zb-h1", 2, 4)
+	cases := []struct {
+		name      string
+		args      []string
+		stageLine string   // stage 0's cost line
+		want      []string // legend lines, in full
+		not       []string
+	}{
+		{
+			name:      "1f1b run: I and W assumed",
+			args:      []string{"--costs", oneF, "--transfer", "100us"},
+			stageLine: "  stage 0  F 1.000 ms  B 2.000 ms  (I 1.000* + W 1.000* ms)",
+			want:      []string{"  * I, W: not measured, assumed B/2 each: the 1f1b run split no backward, so it timed no I or W"},
+			not:       []string{"* B:", "* transfer:"},
+		},
+		{
+			name:      "zb-h1 run: B derived",
+			args:      []string{"--costs", zb, "--transfer", "100us"},
+			stageLine: "  stage 0  F 1.000 ms  B 3.500 ms*  (I 0.500 + W 3.000 ms)",
+			want:      []string{"  * B: not measured, taken as I + W: the zb-h1 run split every backward, so it timed no whole one"},
+			not:       []string{"* I, W:", "* transfer:"},
+		},
+		{
+			name:      "uniform without w",
+			args:      []string{"--costs", "f=1,b=2"},
+			stageLine: "  stage 0  F 1.000 ms  B 2.000 ms  (I 1.000* + W 1.000* ms)",
+			want: []string{"  * I, W: not measured, assumed B/2 each: --costs gave no w=W",
+				"  * transfer: not measured, estimated from the largest activation's size at 2 GB/s plus 100 us (--transfer sets it)"},
+		},
+		{
+			name:      "uniform with w",
+			args:      []string{"--costs", "f=1,b=2,w=0.5", "--transfer", "0"},
+			stageLine: "  stage 0  F 1.000 ms  B 2.000 ms  (I 1.500 + W 0.500 ms)",
+			not:       []string{"*"},
+		},
+	}
+	for _, tc := range cases {
+		out, err := runSimulateCmd(t, append([]string{"--config", cfg, "--schedule", "1f1b,zb-h1"}, tc.args...)...)
+		if err != nil {
+			t.Errorf("%s: %v\n%s", tc.name, err, out)
+			continue
+		}
+		head, _, _ := strings.Cut(out, "\n\n") // the cost lines, before the first schedule
+		lines := strings.Split(head, "\n")
+		if len(lines) < 2 || lines[1] != tc.stageLine {
+			t.Errorf("%s: stage 0 line\n%q\nwant\n%q\n%s", tc.name, lines[min(1, len(lines)-1)], tc.stageLine, out)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(head+"\n", w+"\n") {
+				t.Errorf("%s: missing legend %q in\n%s", tc.name, w, head)
+			}
+		}
+		for _, n := range tc.not {
+			if strings.Contains(head, n) {
+				t.Errorf("%s: unexpected %q in\n%s", tc.name, n, head)
+			}
+		}
+	}
+
+	// Measured here: F, B, I and W unmarked; the transfer estimated, and marked.
+	out, err := runSimulateCmd(t, "--config", cfg, "--schedule", "1f1b", "--reps", "1")
+	if err != nil {
+		t.Fatalf("measure: %v\n%s", err, out)
+	}
+	head, _, _ := strings.Cut(out, "\n\n")
+	stageLine := regexp.MustCompile(`^  stage \d  F \d+\.\d{3} ms  B \d+\.\d{3} ms  \(I \d+\.\d{3} \+ W \d+\.\d{3} ms\)$`)
+	for _, l := range strings.Split(head, "\n")[1:3] {
+		if !stageLine.MatchString(l) {
+			t.Errorf("measured stage line %q has a mark or lacks I and W", l)
+		}
+	}
+	if !strings.Contains(head, "; transfer ") || !strings.Contains(head, " ms*\n") || !strings.Contains(head, "  * transfer: not measured") {
+		t.Errorf("estimated transfer not marked:\n%s", head)
+	}
+}
+
+// TestSimulateRefusesWhatLaunchRefuses: zb-h1 on a model whose layers cannot
+// split its backward is an error when named, and listed as not applicable
+// under --schedule all; the other schedules are simulated.
+func TestSimulateRefusesWhatLaunchRefuses(t *testing.T) {
+	cfg := writeSimConfig(t, simGPT)
+	out, err := runSimulateCmd(t, "--config", cfg, "--costs", "f=1,b=2", "--schedule", "1f1b,zb-h1")
+	if err == nil || !strings.Contains(err.Error(), "--schedule zb-h1: not applicable") ||
+		!strings.Contains(err.Error(), "zb-h1 splits the backward into input and weight gradients; layer embed of model gpt cannot") {
+		t.Errorf("zb-h1 named for gpt: got %v\n%s", err, out)
+	}
+	if strings.Contains(out, "makespan") {
+		t.Errorf("simulated before refusing:\n%s", out)
+	}
+	out, err = runSimulateCmd(t, "--config", cfg, "--costs", "f=1,b=2")
+	if err != nil {
+		t.Fatalf("--schedule all for gpt: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "\nzb-h1: not applicable here: zb-h1 splits the backward") || strings.Contains(out, "zb-h1: makespan") || !strings.Contains(out, "1f1b: makespan") {
+		t.Errorf("--schedule all for gpt:\n%s", out)
+	}
+	if strings.Contains(out, "(I ") || strings.Contains(out, "* I, W") {
+		t.Errorf("I and W shown for a model that cannot split:\n%s", out)
+	}
+
+	// A hand-written split schedule is refused the same way.
+	grid := filepath.Join(t.TempDir(), "zb.txt")
+	zb, err := schedule.Build("zb-h1", 2, 2, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(grid, []byte(zb.Grid()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runSimulateCmd(t, "--config", cfg, "--costs", "f=1,b=2", "--schedule-file", grid); err == nil || !strings.Contains(err.Error(), "layer embed of model gpt cannot") {
+		t.Errorf("split schedule file for gpt: got %v", err)
+	}
+}
+
+// TestSimulateBadRequests: a request simulate cannot honour is an error that
+// says what was expected.
+func TestSimulateBadRequests(t *testing.T) {
+	cfg := writeSimConfig(t, simMLP)
+	noRun := t.TempDir()
+	file := filepath.Join(noRun, "notes.txt")
+	if err := os.WriteFile(file, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	want := `want "measure", a run directory (pipetrain launch --run-dir) or f=F,b=B[,w=W] in ms`
+	cases := []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--schedule", "bogus"}, []string{`--schedule: unknown schedule "bogus" (known: gpipe, 1f1b, interleaved, zb-h1; or all)`}},
+		{[]string{"--schedule", "1f1b,"}, []string{`unknown schedule ""`}},
+		{[]string{"--costs", "foo"}, []string{"--costs foo: no such file or directory", want}},
+		{[]string{"--costs", noRun}, []string{"--costs " + noRun + ": not a run directory (it has no run.json)", want}},
+		{[]string{"--costs", file}, []string{"--costs " + file + ": not a directory", want}},
+		{[]string{"--costs", writeRun(t, "1f1b", 3, 4)}, []string{"the run had 3 stages"}},
+		{[]string{"--costs", "f=1"}, []string{`--costs "f=1"`}},
+		{[]string{"--schedule", "1f1b", "--schedule-file", file}, []string{"give --schedule or --schedule-file, not both"}},
+	}
+	for _, tc := range cases {
+		out, err := runSimulateCmd(t, append([]string{"--config", cfg, "--transfer", "0"}, tc.args...)...)
+		if err == nil {
+			t.Errorf("%v: no error\n%s", tc.args, out)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%v: error %q lacks %q", tc.args, err, w)
+			}
+		}
+	}
+}
+
+// TestZBVerdict: when zb-h1 simulates slower than 1f1b, simulate says so and
+// names the stages whose measured I + W exceeds B; when faster, it says by how
+// much, and says when I and W were only assumed.
+func TestZBVerdict(t *testing.T) {
+	build := func(name string) *schedule.Schedule {
+		s, err := schedule.Build(name, 4, 8, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	costs := func(i0, w0 float64) simCosts {
+		c := simCosts{Costs: schedule.Costs{
+			F: []float64{0.9, 0.35, 0.22, 0.09}, B: []float64{1, 0.46, 0.3, 0.11},
+			I: []float64{i0, 0.25, 0.15, 0.06}, W: []float64{w0, 0.21, 0.15, 0.05},
+			Transfer: 0.13,
+		}, iwStages: make([]bool, 4), bStages: make([]bool, 4)}
+		return c
+	}
+	verdict := func(c simCosts) string {
+		zb, err := schedule.Simulate(build("zb-h1"), c.Costs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		oneF, err := schedule.Simulate(build("1f1b"), c.Costs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return zbVerdict(zb, oneF, c)
+	}
+	// Stage 0 as measured on the README's demo: I + W = 1.9x B.
+	if v := verdict(costs(0.2, 1.7)); !strings.HasPrefix(v, "zb-h1 does not help here: ") || !strings.Contains(v, "I + W is 1.90x B on stage 0)") {
+		t.Errorf("I + W = 1.9 B: %s", v)
+	}
+	if v := verdict(costs(0.2, 0.7)); !strings.HasPrefix(v, "zb-h1 shortens the step here: ") || strings.Contains(v, "assumed") {
+		t.Errorf("I + W = 0.9 B: %s", v)
+	}
+	assumed := costs(0.5, 0.5)
+	assumed.iwStages = []bool{true, true, true, true}
+	if v := verdict(assumed); !strings.HasPrefix(v, "zb-h1 would shorten the step here") || !strings.Contains(v, "assumed, not measured") {
+		t.Errorf("I and W assumed: %s", v)
+	}
+}
