@@ -92,7 +92,7 @@ func simulateCmd() *cobra.Command {
 // planned is one schedule simulate was asked for: built, or not applicable to
 // the config (under --schedule all) and why.
 type planned struct {
-	name  string
+	name  string // the built-in's name; "" for --schedule-file
 	sched *schedule.Schedule
 	skip  string
 }
@@ -179,7 +179,7 @@ func simulationPlan(cfg *configs.Config, model *models.Model, o simulateOptions)
 		if err := cfg.CheckScheduleRuns(s, model); err != nil {
 			return nil, fmt.Errorf("%s: %w (pipetrain launch refuses it too)", o.scheduleFile, err)
 		}
-		return []planned{{name: s.Name, sched: s}}, nil
+		return []planned{{sched: s}}, nil // no name: never taken for a built-in
 	}
 	all := o.schedules == "all"
 	names := schedule.Names()
