@@ -62,7 +62,8 @@ type simulateOptions struct {
 	scheduleFile string
 	costs        string
 	svg          string
-	transfer     time.Duration // < 0: not given
+	transfer     time.Duration
+	transferSet  bool // --transfer was given
 	reps         int
 }
 
@@ -75,6 +76,7 @@ func simulateCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.schedulesSet = cmd.Flags().Changed("schedule")
+			o.transferSet = cmd.Flags().Changed("transfer")
 			return runSimulate(cmd.OutOrStdout(), o)
 		},
 	}
@@ -82,7 +84,7 @@ func simulateCmd() *cobra.Command {
 	c.Flags().StringVar(&o.schedules, "schedule", "all", "schedules to simulate: all, or built-in names separated by commas ("+strings.Join(schedule.Names(), ", ")+")")
 	c.Flags().StringVar(&o.scheduleFile, "schedule-file", "", "simulate a schedule written by hand (.csv, .yaml, or the grid simulate prints), after checking it")
 	c.Flags().StringVar(&o.costs, "costs", "measure", "action costs: measure (time the config's stages here), a run directory (its events), or f=F,b=B[,w=W] in ms (w defaults to b/2)")
-	c.Flags().DurationVar(&o.transfer, "transfer", -1, "time to move one activation between stages (default: a run's measured mean link delay with --costs RUN_DIR, else estimated from its size at 2 GB/s plus 100us)")
+	c.Flags().DurationVar(&o.transfer, "transfer", 0, "time to move one activation between stages (default: a run's measured mean link delay with --costs RUN_DIR, else estimated from its size at 2 GB/s plus 100us)")
 	c.Flags().IntVar(&o.reps, "reps", 5, "measurements per action when --costs measure (the median is used)")
 	c.Flags().StringVar(&o.svg, "svg", "", "write each schedule's timeline as an SVG: FILE.svg gets the schedule name added before .svg")
 	c.MarkFlagRequired("config")
@@ -107,6 +109,9 @@ func runSimulate(w io.Writer, o simulateOptions) error {
 		return err
 	}
 	// Settle what to simulate before measuring anything: a bad request fails fast.
+	if o.transferSet && o.transfer < 0 {
+		return fmt.Errorf("--transfer %v: must be 0 or more", o.transfer)
+	}
 	plans, err := simulationPlan(cfg, model, o)
 	if err != nil {
 		return err
@@ -116,7 +121,7 @@ func runSimulate(w io.Writer, o simulateOptions) error {
 		return err
 	}
 	switch {
-	case o.transfer >= 0:
+	case o.transferSet:
 		costs.Transfer, costs.transferFrom = ms(o.transfer), "given by --transfer"
 	case costs.runTransfer > 0:
 		costs.Transfer, costs.transferFrom = ms(costs.runTransfer), "the run's measured mean link delay"

@@ -336,6 +336,7 @@ func TestSimulateBadRequests(t *testing.T) {
 		{[]string{"--costs", writeRun(t, "1f1b", 3, 4)}, []string{"the run had 3 stages"}},
 		{[]string{"--costs", "f=1"}, []string{`--costs "f=1"`}},
 		{[]string{"--schedule", "1f1b", "--schedule-file", file}, []string{"give --schedule or --schedule-file, not both"}},
+		{[]string{"--transfer", "-1ms"}, []string{"--transfer -1ms: must be 0 or more"}},
 	}
 	for _, tc := range cases {
 		out, err := runSimulateCmd(t, append([]string{"--config", cfg, "--transfer", "0"}, tc.args...)...)
@@ -392,5 +393,30 @@ func TestZBVerdict(t *testing.T) {
 	assumed.iwStages = []bool{true, true, true, true}
 	if v := verdict(assumed); !strings.HasPrefix(v, "zb-h1 would shorten the step here") || !strings.Contains(v, "assumed, not measured") {
 		t.Errorf("I and W assumed: %s", v)
+	}
+}
+
+// TestSimulateTransferFlag: --help states the one default --transfer has, and
+// a --transfer given, 0 included, is used as given.
+func TestSimulateTransferFlag(t *testing.T) {
+	text, err := runSimulateCmd(t, "--help")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var line string
+	for _, l := range strings.Split(text, "\n") {
+		if strings.Contains(l, "--transfer ") {
+			line = l
+		}
+	}
+	if strings.Count(line, "default") != 1 || !strings.Contains(line, "(default: a run's measured mean link delay") {
+		t.Errorf("--transfer help line %q, want one default", line)
+	}
+	out, err := runSimulateCmd(t, "--config", writeSimConfig(t, simMLP), "--costs", "f=1,b=2,w=1", "--schedule", "1f1b", "--transfer", "0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "; transfer 0.000 ms (given by --transfer)\n") || strings.Contains(out, "*") {
+		t.Errorf("--transfer 0 not used as given:\n%s", out)
 	}
 }
