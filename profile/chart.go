@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"html"
 	"io"
@@ -29,31 +30,42 @@ type ChartOptions struct {
 	ArrowSteps int
 }
 
-// shownSteps aligns the clocks and picks the steps to show: steps from
-// firstStep (the run's first step when negative), DefaultChartSteps when
-// steps <= 0. in reports whether a step is shown, and t0 is the earliest start
-// among the shown actions (the earliest wait's start, with waits).
-func shownSteps(events [][]Event, firstStep, steps int, waits bool) (clock Alignment, aligned [][]Event, first, n int, in func(int) bool, t0 int64) {
+// ShownSteps returns the steps Chart and WriteTrace show, numbered as the
+// training log numbers them (from 1): steps from firstStep (the run's first
+// when firstStep < 1), DefaultChartSteps of them when steps < 1, cut at the
+// run's last step. It is an error for firstStep to lie outside the steps the
+// logs hold, and for logs without events.
+func ShownSteps(events [][]Event, firstStep, steps int) (first, last int, err error) {
+	lo, hi, n := StepRange(events)
+	if n == 0 {
+		return 0, 0, errors.New("profile: no events")
+	}
+	if steps < 1 {
+		steps = DefaultChartSteps
+	}
+	if first = firstStep; first < 1 {
+		first = lo
+	}
+	if first < lo || first > hi {
+		return 0, 0, fmt.Errorf("profile: step %d is outside the run: its logs hold steps %d to %d", first, lo, hi)
+	}
+	return first, min(hi, first+steps-1), nil
+}
+
+// shownSteps aligns the clocks and picks the steps to show (ShownSteps). in
+// reports whether an event's step (its index, Event.Step) is shown, and t0 is
+// the earliest start among the shown actions (the earliest wait's start, with
+// waits).
+func shownSteps(events [][]Event, firstStep, steps int, waits bool) (clock Alignment, aligned [][]Event, first, last int, in func(*Event) bool, t0 int64, err error) {
+	if first, last, err = ShownSteps(events, firstStep, steps); err != nil {
+		return clock, nil, 0, 0, nil, 0, err
+	}
 	clock, aligned = Align(events)
-	if n = steps; n <= 0 {
-		n = DefaultChartSteps
-	}
-	if first = firstStep; first < 0 {
-		first = math.MaxInt
-		for _, stage := range aligned {
-			for _, e := range stage {
-				first = min(first, e.Step)
-			}
-		}
-		if first == math.MaxInt {
-			first = 0
-		}
-	}
-	in = func(s int) bool { return s >= first && s-first < n }
+	in = func(e *Event) bool { return e.StepNumber() >= first && e.StepNumber() <= last }
 	t0 = math.MaxInt64
 	for _, stage := range aligned {
-		for _, e := range stage {
-			if in(e.Step) {
+		for i := range stage {
+			if e := &stage[i]; in(e) {
 				t0 = min(t0, e.StartNS)
 				if waits {
 					t0 = min(t0, e.StartNS-e.WaitNS)
@@ -61,10 +73,7 @@ func shownSteps(events [][]Event, firstStep, steps int, waits bool) (clock Align
 			}
 		}
 	}
-	if t0 == math.MaxInt64 {
-		t0 = 0
-	}
-	return clock, aligned, first, n, in, t0
+	return clock, aligned, first, last, in, t0, nil
 }
 
 // chartKind maps an event kind to the timeline's.
@@ -80,24 +89,28 @@ func chartKind(k string) timeline.Kind {
 	return timeline.Kind(k) // F and B are spelled alike
 }
 
-// Chart draws steps [firstStep, firstStep+steps) of a measured run (the run's
-// first step when firstStep < 0; DefaultChartSteps when steps <= 0): one row
+// Chart draws steps firstStep to firstStep+steps-1 of a measured run, chosen
+// and numbered as ShownSteps says (as the training log numbers them): one row
 // per stage, one span per action, optimizer steps included, in ms from the
 // first shown action, with the clocks aligned (Align). Each row's note gives
 // the stage's busy time and bubble over the shown steps' pipeline windows,
 // measured as Analyse does. Arrows run from each send to its receive in the
-// first ChartOptions.ArrowSteps shown steps.
-func Chart(events [][]Event, firstStep, steps int, opts ...ChartOptions) *timeline.Chart {
+// first ChartOptions.ArrowSteps shown steps. It is an error for firstStep to
+// lie outside the run.
+func Chart(events [][]Event, firstStep, steps int, opts ...ChartOptions) (*timeline.Chart, error) {
 	var opt ChartOptions
 	for _, o := range opts {
 		opt.Waits = opt.Waits || o.Waits
 		opt.ArrowSteps = o.ArrowSteps
 	}
-	clock, aligned, first, n, in, t0 := shownSteps(events, firstStep, steps, opt.Waits)
+	clock, aligned, first, last, in, t0, err := shownSteps(events, firstStep, steps, opt.Waits)
+	if err != nil {
+		return nil, err
+	}
 	ms := func(ns int64) float64 { return float64(ns-t0) / 1e6 }
 
-	title := fmt.Sprintf("measured run, steps %d-%d", first, first+n-1)
-	if n == 1 {
+	title := fmt.Sprintf("measured run, steps %d-%d", first, last)
+	if first == last {
 		title = fmt.Sprintf("measured run, step %d", first)
 	}
 	if clock.Shifted {
@@ -109,8 +122,9 @@ func Chart(events [][]Event, firstStep, steps int, opts ...ChartOptions) *timeli
 	type span struct{ start, end int64 }
 	windows := map[int]span{}
 	for _, stage := range aligned {
-		for _, e := range stage {
-			if !in(e.Step) || e.Kind == Optimizer {
+		for i := range stage {
+			e := &stage[i]
+			if !in(e) || e.Kind == Optimizer {
 				continue
 			}
 			w, ok := windows[e.Step]
@@ -128,16 +142,17 @@ func Chart(events [][]Event, firstStep, steps int, opts ...ChartOptions) *timeli
 	for s, stage := range aligned {
 		row := timeline.Row{Name: fmt.Sprintf("stage %d", s)}
 		var busy int64
-		for _, e := range stage {
-			if !in(e.Step) {
+		for i := range stage {
+			e := &stage[i]
+			if !in(e) {
 				continue
 			}
 			if opt.Waits && e.WaitNS > 0 {
 				row.Spans = append(row.Spans, timeline.Span{Start: ms(e.StartNS - e.WaitNS), End: ms(e.StartNS),
-					Kind: timeline.Wait, MicroBatch: e.MB, Chunk: e.Chunk, Step: e.Step})
+					Kind: timeline.Wait, MicroBatch: e.MB, Chunk: e.Chunk, Step: e.StepNumber()})
 			}
 			row.Spans = append(row.Spans, timeline.Span{Start: ms(e.StartNS), End: ms(e.EndNS),
-				Kind: chartKind(e.Kind), MicroBatch: e.MB, Chunk: e.Chunk, Step: e.Step})
+				Kind: chartKind(e.Kind), MicroBatch: e.MB, Chunk: e.Chunk, Step: e.StepNumber()})
 			if e.Kind != Optimizer {
 				busy += e.EndNS - e.StartNS
 			}
@@ -154,13 +169,13 @@ func Chart(events [][]Event, firstStep, steps int, opts ...ChartOptions) *timeli
 	}
 	for _, m := range messages(aligned) {
 		send := &aligned[m.send[0]][m.send[1]]
-		if m.recv[0] < 0 || send.Step < first || send.Step-first >= min(arrowSteps, n) {
+		if m.recv[0] < 0 || !in(send) || send.StepNumber()-first >= arrowSteps {
 			continue
 		}
 		recv := &aligned[m.recv[0]][m.recv[1]]
 		c.Arrows = append(c.Arrows, timeline.Arrow{FromRow: m.from, FromTime: ms(send.EndNS), ToRow: m.to, ToTime: ms(recv.StartNS)})
 	}
-	return c
+	return c, nil
 }
 
 // traceEvent is one entry of a Chrome trace ("Trace Event Format").
@@ -190,16 +205,21 @@ func traceName(e *Event) string {
 	return name
 }
 
-// WriteTrace writes steps [firstStep, firstStep+steps) of a measured run
-// (chosen as for Chart) as Chrome trace-event JSON in the JSON Object Format,
-// for chrome://tracing or https://ui.perfetto.dev: one process for the run,
-// one thread per stage ("stage 0", ...), one complete event ("ph":"X") per
-// action with its step, micro-batch, chunk, bytes sent, wait and blocked-send
-// time as args, and a flow ("ph":"s" at the sender's slice end, "ph":"f" with
-// "bp":"e" at the receiver's slice start) from each send to its receive. Times
-// are microseconds from the first shown action, clocks aligned (Align).
+// WriteTrace writes steps firstStep to firstStep+steps-1 of a measured run
+// (chosen and numbered as for Chart) as Chrome trace-event JSON in the JSON
+// Object Format, for chrome://tracing or https://ui.perfetto.dev: one process
+// for the run, one thread per stage ("stage 0", ...), one complete event
+// ("ph":"X") per action with its step (numbered as the training log numbers
+// it), micro-batch, chunk, bytes sent, wait and blocked-send time as args, and
+// a flow ("ph":"s" at the sender's slice end, "ph":"f" with "bp":"e" at the
+// receiver's slice start) from each send to its receive. Times are
+// microseconds from the first shown action, clocks aligned (Align). It is an
+// error for firstStep to lie outside the run; nothing is written then.
 func WriteTrace(w io.Writer, events [][]Event, firstStep, steps int) error {
-	clock, aligned, first, n, in, t0 := shownSteps(events, firstStep, steps, false)
+	clock, aligned, first, last, in, t0, err := shownSteps(events, firstStep, steps, false)
+	if err != nil {
+		return err
+	}
 	us := func(ns int64) float64 { return float64(ns-t0) / 1e3 }
 
 	var out []traceEvent
@@ -212,11 +232,11 @@ func WriteTrace(w io.Writer, events [][]Event, firstStep, steps int) error {
 	for s, stage := range aligned {
 		for i := range stage {
 			e := &stage[i]
-			if !in(e.Step) {
+			if !in(e) {
 				continue
 			}
 			dur := us(e.EndNS) - us(e.StartNS)
-			args := map[string]any{"step": e.Step}
+			args := map[string]any{"step": e.StepNumber()}
 			if e.Kind != Optimizer {
 				args["micro_batch"], args["chunk"], args["bytes_sent"] = e.MB, e.Chunk, e.BytesSent
 				args["wait_us"], args["send_wait_us"], args["stashed"] = float64(e.WaitNS)/1e3, float64(e.SendNS)/1e3, e.Stashed
@@ -227,7 +247,7 @@ func WriteTrace(w io.Writer, events [][]Event, firstStep, steps int) error {
 	id := 0
 	for _, m := range messages(aligned) {
 		send := &aligned[m.send[0]][m.send[1]]
-		if m.recv[0] < 0 || !in(send.Step) {
+		if m.recv[0] < 0 || !in(send) {
 			continue
 		}
 		recv := &aligned[m.recv[0]][m.recv[1]]
@@ -248,7 +268,7 @@ func WriteTrace(w io.Writer, events [][]Event, firstStep, steps int) error {
 	for i, o := range clock.Offsets {
 		offsets[i] = float64(o) / 1e6
 	}
-	other, err := json.Marshal(map[string]any{"first_step": first, "steps": n, "t0_unix_ns": t0,
+	other, err := json.Marshal(map[string]any{"first_step": first, "last_step": last, "t0_unix_ns": t0,
 		"clock_offsets_ms": offsets, "clocks_shifted": clock.Shifted})
 	if err != nil {
 		return err

@@ -26,10 +26,20 @@ func chartRun(t *testing.T, clock []int64) (RunInfo, [][]Event) {
 	return runInfo(s, 5), c.events(t)
 }
 
+// mustChart is Chart, failing the test on an error.
+func mustChart(t *testing.T, events [][]Event, firstStep, steps int, opts ...ChartOptions) *timeline.Chart {
+	t.Helper()
+	c, err := Chart(events, firstStep, steps, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 func TestChart(t *testing.T) {
 	_, events := chartRun(t, nil)
-	c := Chart(events, 1, 2, ChartOptions{Waits: true})
-	if len(c.Rows) != 3 || c.Unit != "ms" || !strings.Contains(c.Title, "steps 1-2") {
+	c := mustChart(t, events, 2, 2, ChartOptions{Waits: true})
+	if len(c.Rows) != 3 || c.Unit != "ms" || !strings.Contains(c.Title, "steps 2-3") {
 		t.Fatalf("chart %q, %d rows", c.Title, len(c.Rows))
 	}
 	first := math.Inf(1)
@@ -40,7 +50,7 @@ func TestChart(t *testing.T) {
 		var actions, waits, opts int
 		for _, sp := range row.Spans {
 			first = min(first, sp.Start)
-			if sp.Step < 1 || sp.Step > 2 {
+			if sp.Step < 2 || sp.Step > 3 {
 				t.Errorf("row %d: span of step %d", s, sp.Step)
 			}
 			switch sp.Kind {
@@ -70,10 +80,10 @@ func TestChart(t *testing.T) {
 			t.Errorf("arrow %+v faster than the transfer", a)
 		}
 	}
-	if c := Chart(events, 1, 2, ChartOptions{ArrowSteps: 2}); len(c.Arrows) != 32 {
+	if c := mustChart(t, events, 2, 2, ChartOptions{ArrowSteps: 2}); len(c.Arrows) != 32 {
 		t.Errorf("%d arrows over two steps, want 32", len(c.Arrows))
 	}
-	if c := Chart(events, 1, 2, ChartOptions{ArrowSteps: -1}); len(c.Arrows) != 0 {
+	if c := mustChart(t, events, 2, 2, ChartOptions{ArrowSteps: -1}); len(c.Arrows) != 0 {
 		t.Errorf("%d arrows, want none", len(c.Arrows))
 	}
 	var text, svg strings.Builder
@@ -85,15 +95,15 @@ func TestChart(t *testing.T) {
 	}
 
 	// Defaults: from the first step, DefaultChartSteps steps.
-	d := Chart(events, -1, 0)
-	if !strings.Contains(d.Title, "steps 0-2") {
+	d := mustChart(t, events, 0, 0)
+	if !strings.Contains(d.Title, "steps 1-3") {
 		t.Errorf("default chart %q", d.Title)
 	}
 
 	// Skewed clocks draw the same picture once aligned, but for the error of
 	// the estimate: half the delays' asymmetry (0.05 ms) per link.
 	_, skewed := chartRun(t, []int64{0, 5_000_000_000, -70_000_000})
-	cs := Chart(skewed, 1, 2, ChartOptions{Waits: true})
+	cs := mustChart(t, skewed, 2, 2, ChartOptions{Waits: true})
 	if !strings.Contains(cs.Title, "clocks aligned") {
 		t.Errorf("title %q does not mention the alignment", cs.Title)
 	}
@@ -116,9 +126,9 @@ func TestChart(t *testing.T) {
 	// With symmetric delays the estimate is exact, and so is the picture.
 	run := play{sched: build(t, "1f1b", 3, 4, 1), steps: 3, opt: ms, act: 1, grad: 1,
 		delay: func(int, bool, int, int, int) int64 { return 250_000 }}
-	plain := Chart(run.events(t), 0, 0)
+	plain := mustChart(t, run.events(t), 0, 0)
 	run.clock = []int64{0, 5_000_000_000, -70_000_000}
-	shifted := Chart(run.events(t), 0, 0)
+	shifted := mustChart(t, run.events(t), 0, 0)
 	shifted.Title = plain.Title
 	if !reflect.DeepEqual(shifted, plain) {
 		t.Error("skewed clocks give another chart")
@@ -129,7 +139,7 @@ func TestChartInterleaved(t *testing.T) {
 	s := build(t, "interleaved", 2, 2, 2)
 	events := play{sched: s, steps: 1, act: 1, grad: 1}.events(t)
 	var text strings.Builder
-	if err := Chart(events, 0, 1).Text(&text, 0.5, 0); err != nil {
+	if err := mustChart(t, events, 0, 1).Text(&text, 0.5, 0); err != nil {
 		t.Fatal(err)
 	}
 	// Lower-case letters for chunk 1; the ring's arrows run from stage 1 up to stage 0.
@@ -158,7 +168,7 @@ type traceFile struct {
 func TestWriteTrace(t *testing.T) {
 	_, events := chartRun(t, []int64{0, -3_000_000_000, 12_000_000})
 	var b strings.Builder
-	if err := WriteTrace(&b, events, 1, 2); err != nil {
+	if err := WriteTrace(&b, events, 2, 2); err != nil {
 		t.Fatal(err)
 	}
 	var tf traceFile
@@ -200,7 +210,7 @@ func TestWriteTrace(t *testing.T) {
 						t.Errorf("X event %s without %s: %v", e.Name, k, e.Args)
 					}
 				}
-				if s := e.Args["step"].(float64); s < 1 || s > 2 {
+				if s := e.Args["step"].(float64); s < 2 || s > 3 {
 					t.Errorf("X event of step %v", s)
 				}
 			}
@@ -269,7 +279,7 @@ func TestWriteHTML(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := Chart(events, 0, 0)
+	c := mustChart(t, events, 0, 0)
 	c.Title = `steps <0-2> & "more"`
 	var b strings.Builder
 	if err := WriteHTML(&b, c, r); err != nil {
@@ -296,7 +306,7 @@ func TestWriteHTML(t *testing.T) {
 func TestChartOfReplayedSchedule(t *testing.T) {
 	s := build(t, "zb-h1", 3, 4, 1)
 	tl, _ := schedule.Simulate(s, schedule.UniformCosts(3, 1, 2, 0))
-	c := Chart(replay(t, s, schedule.UniformCosts(3, 1, 2, 0), 1, 0), 0, 1)
+	c := mustChart(t, replay(t, s, schedule.UniformCosts(3, 1, 2, 0), 1, 0), 0, 1)
 	for st, spans := range tl.Spans {
 		if len(c.Rows[st].Spans) != len(spans) {
 			t.Fatalf("stage %d: %d spans, want %d", st, len(c.Rows[st].Spans), len(spans))
@@ -308,5 +318,74 @@ func TestChartOfReplayedSchedule(t *testing.T) {
 				t.Errorf("stage %d span %d: %+v, want %+v", st, i, got, sp)
 			}
 		}
+	}
+}
+
+// TestStepNumbering: the report, the chart and the trace number steps as the
+// training log does (from 1; the logs hold the index from 0), so asking any
+// of them for step 7 of stragglerRun gives the same step: the straggler, 3x
+// slower than the others.
+func TestStepNumbering(t *testing.T) {
+	info, events, _ := stragglerRun(t)
+	r, err := Analyse(info, events, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := r.Stragglers(); len(st) != 1 || st[0].Step != 7 {
+		t.Fatalf("stragglers %+v, want step 7", st)
+	}
+	// Stage 0's first forward takes 1 ms, 3 ms in the slow step.
+	c := mustChart(t, events, 7, 1)
+	f := c.Rows[0].Spans[0]
+	if c.Title != "measured run, step 7" || f.Step != 7 || !near(f.End-f.Start, 3) {
+		t.Errorf("chart of step 7: %q, first span %+v; want the 3 ms forward of step 7", c.Title, f)
+	}
+	var b strings.Builder
+	if err := WriteTrace(&b, events, 7, 1); err != nil {
+		t.Fatal(err)
+	}
+	var tf struct {
+		TraceEvents []struct {
+			Name string         `json:"name"`
+			Tid  int            `json:"tid"`
+			Dur  float64        `json:"dur"`
+			Args map[string]any `json:"args"`
+		} `json:"traceEvents"`
+		OtherData map[string]any `json:"otherData"`
+	}
+	if err := json.Unmarshal([]byte(b.String()), &tf); err != nil {
+		t.Fatal(err)
+	}
+	if tf.OtherData["first_step"] != 7.0 || tf.OtherData["last_step"] != 7.0 {
+		t.Errorf("otherData %v, want steps 7 to 7", tf.OtherData)
+	}
+	for _, e := range tf.TraceEvents {
+		if e.Name == "F0" && e.Tid == 0 && (e.Args["step"] != 7.0 || e.Dur != 3000) {
+			t.Errorf("trace's F0 on stage 0: %+v, want step 7 taking 3000 us", e)
+		}
+	}
+}
+
+// TestChartRange: a first step outside the logged steps is an error that
+// names them, and nothing is drawn or written; a range running past the last
+// step is cut there, and the title says so.
+func TestChartRange(t *testing.T) {
+	_, events := chartRun(t, nil) // steps 1 to 5
+	for _, first := range []int{6, 100} {
+		c, err := Chart(events, first, 3)
+		want := fmt.Sprintf("step %d is outside the run: its logs hold steps 1 to 5", first)
+		if c != nil || err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Chart from step %d: %v, %v; want %q", first, c, err, want)
+		}
+		var b strings.Builder
+		if err := WriteTrace(&b, events, first, 3); err == nil || !strings.Contains(err.Error(), want) || b.Len() != 0 {
+			t.Errorf("WriteTrace from step %d: %v, %d bytes written", first, err, b.Len())
+		}
+	}
+	if c := mustChart(t, events, 4, 3); c.Title != "measured run, steps 4-5" {
+		t.Errorf("title %q, want steps 4-5", c.Title)
+	}
+	if first, last, err := ShownSteps(events, 0, 0); first != 1 || last != DefaultChartSteps || err != nil {
+		t.Errorf("default steps %d to %d (%v)", first, last, err)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 )
@@ -34,10 +35,13 @@ const (
 
 // Event is one action executed by a stage.
 type Event struct {
-	Stage int    `json:"stage"`
-	Step  int    `json:"step"`
-	Kind  string `json:"kind"` // Forward, Backward, Input, Weight or Optimizer
-	MB    int    `json:"mb"`   // micro-batch; meaningless for Optimizer
+	Stage int `json:"stage"`
+	// Step is the step's index from 0: the training log, metrics.jsonl and
+	// checkpoints call it step Step+1 (StepNumber), and so does everything
+	// this package prints.
+	Step int    `json:"step"`
+	Kind string `json:"kind"` // Forward, Backward, Input, Weight or Optimizer
+	MB   int    `json:"mb"`   // micro-batch; meaningless for Optimizer
 	// Chunk is the virtual stage (interleaved schedules); 0 otherwise.
 	Chunk int `json:"chunk,omitempty"`
 	// StartNS and EndNS are wall-clock ns (time.Now().UnixNano()) of the
@@ -59,6 +63,30 @@ type Event struct {
 	// Stashed is how many micro-batches' activations the stage held after
 	// the action: the schedule's memory cost.
 	Stashed int `json:"stashed"`
+}
+
+// StepNumber is the number the training log, metrics.jsonl and checkpoints
+// give the event's step: its index plus 1.
+func (e *Event) StepNumber() int { return e.Step + 1 }
+
+// StepRange returns the first and last step the logs hold, numbered as the
+// training log numbers them (from 1), and how many distinct steps lie between
+// them; n is 0 for logs without events.
+func StepRange(events [][]Event) (first, last, n int) {
+	seen := map[int]bool{}
+	for _, stage := range events {
+		for i := range stage {
+			seen[stage[i].StepNumber()] = true
+		}
+	}
+	if len(seen) == 0 {
+		return 0, 0, 0
+	}
+	first, last = math.MaxInt, math.MinInt
+	for s := range seen {
+		first, last = min(first, s), max(last, s)
+	}
+	return first, last, len(seen)
 }
 
 // RunInfo is the run metadata written by the launcher.

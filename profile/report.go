@@ -45,7 +45,7 @@ type StageReport struct {
 
 // StepReport is one analysed step.
 type StepReport struct {
-	Step int
+	Step int // numbered as the training log numbers it (Event.StepNumber)
 	// Start is the step's earliest forward start (ns, stage 0's clock) and
 	// Window its pipeline window, as Report.Window.
 	Start  int64
@@ -129,9 +129,9 @@ func (r *Report) Stragglers() []StepReport {
 }
 
 // Analyse builds a report from the events of every stage (events[i] is stage
-// i's log). It skips the first skip steps, which include one-off warm-up
-// costs such as allocation, when there are more steps than that; with fewer
-// it analyses them all rather than nothing.
+// i's log). It skips the first skip steps the logs hold, which include
+// one-off warm-up costs such as allocation; skip must leave at least one step,
+// and it is an error when it does not (or is negative).
 //
 // The stages' clocks are aligned first (Align), so the logs of stages on
 // different hosts can be analysed together.
@@ -165,9 +165,11 @@ func Analyse(info RunInfo, events [][]Event, skip int) (*Report, error) {
 		return nil, errors.New("profile: no events")
 	}
 	slices.Sort(steps)
-	if len(steps) > skip && skip > 0 {
-		steps = steps[skip:]
+	if skip < 0 || skip >= len(steps) {
+		return nil, fmt.Errorf("profile: skipping %d steps leaves none to analyse: the logs hold %d (steps %d to %d)",
+			skip, len(steps), steps[0]+1, steps[len(steps)-1]+1)
 	}
+	steps = steps[skip:]
 	p := len(events)
 	analysed := map[int]int{} // step -> index in r.Steps
 	r := &Report{Info: info, StepsAnalysed: len(steps), Stages: make([]StageReport, p), Clock: clock,
@@ -175,7 +177,7 @@ func Analyse(info RunInfo, events [][]Event, skip int) (*Report, error) {
 	busy := make([][]time.Duration, len(steps)) // per analysed step, per stage
 	for i, s := range steps {
 		analysed[s] = i
-		r.Steps[i].Step = s
+		r.Steps[i].Step = s + 1
 		if sp := spans[s]; sp.end > sp.start {
 			r.Steps[i].Start, r.Steps[i].Window = sp.start, time.Duration(sp.end-sp.start)
 			r.Window += r.Steps[i].Window
@@ -496,8 +498,15 @@ func (r *Report) Write(w io.Writer, opts ...Options) error {
 		sim = pct(r.PredictedBubble) + "%"
 	}
 	fmt.Fprintf(&b, "mean bubble %s%% vs simulated %s vs theory %s%%\n", pct(r.MeanBubble), sim, theory)
-	fmt.Fprintf(&b, "(schedule %s, %d stages, %d micro-batches, %d steps analysed, window %s %s)\n",
-		r.Info.Schedule, len(r.Stages), r.Info.MicroBatches, r.StepsAnalysed, tf(r.Window), unit)
+	analysed := fmt.Sprintf("%d steps analysed", r.StepsAnalysed)
+	switch n := len(r.Steps); {
+	case n == 1:
+		analysed = fmt.Sprintf("1 step analysed (step %d)", r.Steps[0].Step)
+	case n > 1:
+		analysed += fmt.Sprintf(" (%d-%d)", r.Steps[0].Step, r.Steps[n-1].Step)
+	}
+	fmt.Fprintf(&b, "(schedule %s, %d stages, %d micro-batches, %s, window %s %s)\n",
+		r.Info.Schedule, len(r.Stages), r.Info.MicroBatches, analysed, tf(r.Window), unit)
 	if r.PredictErr != nil {
 		fmt.Fprintf(&b, "simulation: %v\n", r.PredictErr)
 	}

@@ -17,17 +17,52 @@ func profileCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "profile RUN_DIR [--trace FILE] [--svg FILE] [--html FILE]",
 		Short: "Per-stage compute, waits, bubble against the simulator's prediction, links and straggler steps of a run; timelines as Chrome trace, SVG or HTML",
-		Args:  cobra.ExactArgs(1),
+		Long: `Per-stage compute, waits, bubble against the simulator's prediction, links and
+straggler steps of a run; timelines as Chrome trace, SVG or HTML.
+
+Steps are numbered as the training log and metrics.jsonl number them: from 1.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			info, events, err := profile.ReadRun(args[0])
 			if err != nil {
 				return err
 			}
+			// The ranges asked for, checked before anything is printed or
+			// written.
+			lo, hi, n := profile.StepRange(events)
+			if n == 0 {
+				return fmt.Errorf("profile: %s: the event logs hold no actions", args[0])
+			}
+			logged := fmt.Sprintf("the run logged %d steps, %d to %d", n, lo, hi)
+			if n == 1 {
+				logged = fmt.Sprintf("the run logged 1 step, step %d", lo)
+			}
+			if skip < 0 || skip >= n {
+				if skip < 0 || cmd.Flags().Changed("skip") {
+					return fmt.Errorf("--skip %d leaves no step to analyse: %s (--skip 0 to %d)", skip, logged, n-1)
+				}
+				skip = n - 1 // the default warm-up on a run of one step: analyse that step
+			}
+			if cmd.Flags().Changed("first-step") && (first < lo || first > hi) {
+				return fmt.Errorf("--first-step %d is outside the run: %s", first, logged)
+			}
+			if shown < 1 {
+				return fmt.Errorf("--chart-steps %d: show at least 1 step", shown)
+			}
+
 			r, err := profile.Analyse(info, events, skip)
 			if err != nil {
 				return err
 			}
-			if err := r.Write(os.Stdout, profile.Options{Steps: steps}); err != nil {
+			if !cmd.Flags().Changed("first-step") {
+				first = r.Steps[0].Step
+			}
+			from, to, err := profile.ShownSteps(events, first, shown)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if err := r.Write(out, profile.Options{Steps: steps}); err != nil {
 				return err
 			}
 			write := func(path string, fill func(io.Writer) error) error {
@@ -45,11 +80,18 @@ func profileCmd() *cobra.Command {
 				if err := f.Close(); err != nil {
 					return err
 				}
-				fmt.Printf("wrote %s (steps %d to %d)\n", path, max(first, 0)+1, max(first, 0)+shown)
+				if from == to {
+					fmt.Fprintf(out, "wrote %s (step %d)\n", path, from)
+				} else {
+					fmt.Fprintf(out, "wrote %s (steps %d to %d)\n", path, from, to)
+				}
 				return nil
 			}
-			chart := profile.Chart(events, first, shown)
-			if err := write(trace, func(w io.Writer) error { return profile.WriteTrace(w, events, first, shown) }); err != nil {
+			chart, err := profile.Chart(events, from, to-from+1)
+			if err != nil {
+				return err
+			}
+			if err := write(trace, func(w io.Writer) error { return profile.WriteTrace(w, events, from, to-from+1) }); err != nil {
 				return err
 			}
 			if err := write(svg, chart.SVG); err != nil {
@@ -63,7 +105,7 @@ func profileCmd() *cobra.Command {
 	c.Flags().StringVar(&trace, "trace", "", "write a Chrome trace-event JSON file (Perfetto, chrome://tracing)")
 	c.Flags().StringVar(&svg, "svg", "", "write the timeline as a self-contained SVG")
 	c.Flags().StringVar(&html, "html", "", "write the timeline and the report as a self-contained HTML page")
-	c.Flags().IntVar(&first, "first-step", 1, "first step shown in the pictures (0-based; step 0 is warm-up)")
-	c.Flags().IntVar(&shown, "chart-steps", profile.DefaultChartSteps, "steps shown in the pictures")
+	c.Flags().IntVar(&first, "first-step", 0, "first step shown in the pictures, numbered from 1 as in the training log (default: the first step after --skip)")
+	c.Flags().IntVar(&shown, "chart-steps", profile.DefaultChartSteps, "steps shown in the pictures (fewer when the run ends first)")
 	return c
 }

@@ -1,0 +1,172 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/pipetrain/pipetrain/profile"
+)
+
+// writeProfileRun writes a run directory of gpipe on 2 stages with 2
+// micro-batches for the given steps, as the stages log it (step indices from
+// 0), and returns its path.
+func writeProfileRun(t *testing.T, steps int) string {
+	t.Helper()
+	dir := t.TempDir()
+	info := profile.RunInfo{Schedule: "gpipe", Stages: 2, MicroBatches: 2, Steps: steps, TheoreticalBubble: 1.0 / 3}
+	b, _ := json.Marshal(info)
+	if err := os.WriteFile(filepath.Join(dir, "run.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "events"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// Times in tenths of a millisecond from the step's start.
+	type action struct {
+		kind       string
+		mb         int
+		start, end int64
+	}
+	plan := [][]action{
+		{{"F", 0, 0, 10}, {"F", 1, 10, 20}, {"B", 0, 50, 60}, {"B", 1, 60, 70}, {"OPT", 0, 70, 80}},
+		{{"F", 0, 11, 21}, {"F", 1, 22, 32}, {"B", 0, 33, 43}, {"B", 1, 44, 54}, {"OPT", 0, 55, 65}},
+	}
+	const wall0, tenth = int64(1_700_000_000_000_000_000), int64(100_000)
+	for s, actions := range plan {
+		var lines []byte
+		for step := range steps {
+			base := wall0 + int64(step)*1000*tenth
+			for _, a := range actions {
+				e := profile.Event{Stage: s, Step: step, Kind: a.kind, MB: a.mb, StartNS: base + a.start*tenth, EndNS: base + a.end*tenth}
+				l, _ := json.Marshal(e)
+				lines = append(append(lines, l...), '\n')
+			}
+		}
+		if err := os.WriteFile(profile.EventsFile(dir, s), lines, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func runProfile(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := profileCmd()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs(args)
+	err := cmd.Execute()
+	return out.String(), err
+}
+
+// TestProfileRangesOutsideRun: a step range outside the run is refused with an
+// error naming the flag and the steps the run logged, before anything is
+// printed or written.
+func TestProfileRangesOutsideRun(t *testing.T) {
+	run := writeProfileRun(t, 5)
+	svg := filepath.Join(t.TempDir(), "run.svg")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--first-step", "100", "--svg", svg}, "--first-step 100 is outside the run: the run logged 5 steps, 1 to 5"},
+		{[]string{"--first-step", "0", "--svg", svg}, "--first-step 0 is outside the run: the run logged 5 steps, 1 to 5"},
+		{[]string{"--skip", "100"}, "--skip 100 leaves no step to analyse: the run logged 5 steps, 1 to 5 (--skip 0 to 4)"},
+		{[]string{"--skip", "5"}, "--skip 5 leaves no step to analyse"},
+		{[]string{"--skip", "-1"}, "--skip -1 leaves no step to analyse"},
+		{[]string{"--chart-steps", "0", "--svg", svg}, "--chart-steps 0: show at least 1 step"},
+	} {
+		out, err := runProfile(t, append([]string{run}, tc.args...)...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: error %v, want %q", tc.args, err, tc.want)
+		}
+		if strings.Contains(out, "bubble") {
+			t.Errorf("%v: printed a report:\n%s", tc.args, out)
+		}
+		if _, err := os.Stat(svg); !os.IsNotExist(err) {
+			t.Errorf("%v: wrote %s (%v)", tc.args, svg, err)
+		}
+	}
+
+	// The default warm-up on a run of one step analyses that step.
+	out, err := runProfile(t, writeProfileRun(t, 1))
+	if err != nil || !strings.Contains(out, "1 step analysed (step 1)") {
+		t.Errorf("one-step run: %v\n%s", err, out)
+	}
+}
+
+// TestProfileStepNumbers: the text report, the files' message, the SVG's title
+// and the trace all number steps as the training log does (from 1), and the
+// pictures start after the warm-up --skip leaves out.
+func TestProfileStepNumbers(t *testing.T) {
+	run := writeProfileRun(t, 5)
+	dir := t.TempDir()
+	svg, trace := filepath.Join(dir, "run.svg"), filepath.Join(dir, "run.json")
+	for _, tc := range []struct {
+		args     []string
+		from, to int
+		wrote    string
+	}{
+		{nil, 2, 4, "(steps 2 to 4)"},
+		{[]string{"--skip", "2"}, 3, 5, "(steps 3 to 5)"},
+		{[]string{"--first-step", "4"}, 4, 5, "(steps 4 to 5)"},
+		{[]string{"--first-step", "1", "--chart-steps", "1"}, 1, 1, "(step 1)"},
+	} {
+		out, err := runProfile(t, append([]string{run, "--steps", "--svg", svg, "--trace", trace}, tc.args...)...)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		for _, want := range []string{"wrote " + svg + " " + tc.wrote, "wrote " + trace + " " + tc.wrote} {
+			if !strings.Contains(out, want) {
+				t.Errorf("%v: output lacks %q:\n%s", tc.args, want, out)
+			}
+		}
+		b, err := os.ReadFile(svg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		title := "measured run, steps " + strconv.Itoa(tc.from) + "-" + strconv.Itoa(tc.to)
+		if tc.from == tc.to {
+			title = "measured run, step " + strconv.Itoa(tc.from)
+		}
+		if !strings.Contains(string(b), title) {
+			t.Errorf("%v: SVG lacks %q", tc.args, title)
+		}
+		var tf struct {
+			TraceEvents []struct {
+				Ph   string         `json:"ph"`
+				Args map[string]any `json:"args"`
+			} `json:"traceEvents"`
+			OtherData map[string]any `json:"otherData"`
+		}
+		if b, err = os.ReadFile(trace); err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(b, &tf); err != nil {
+			t.Fatal(err)
+		}
+		if tf.OtherData["first_step"] != float64(tc.from) || tf.OtherData["last_step"] != float64(tc.to) {
+			t.Errorf("%v: trace's otherData %v, want steps %d to %d", tc.args, tf.OtherData, tc.from, tc.to)
+		}
+		seen := map[float64]bool{}
+		for _, e := range tf.TraceEvents {
+			if e.Ph == "X" {
+				seen[e.Args["step"].(float64)] = true
+			}
+		}
+		if len(seen) != tc.to-tc.from+1 || !seen[float64(tc.from)] || !seen[float64(tc.to)] {
+			t.Errorf("%v: trace holds steps %v, want %d to %d", tc.args, seen, tc.from, tc.to)
+		}
+	}
+	// The per-step table of the default run: steps 2 to 5.
+	out, _ := runProfile(t, run, "--steps")
+	if !strings.Contains(out, "4 steps analysed (2-5)") || !strings.Contains(out, "\n   5 ") || strings.Contains(out, "\n   1 ") {
+		t.Errorf("report's steps:\n%s", out)
+	}
+}
