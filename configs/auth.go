@@ -9,8 +9,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/spf13/viper"
-
 	"github.com/pipetrain/pipetrain/transport"
 )
 
@@ -26,8 +24,8 @@ func (c *Config) validateAuth(p *Problems) {
 	if t.Token != "" && t.TokenFile != "" {
 		p.add("transport.token_file", "set either transport.token or transport.token_file, not both")
 	} else if t.TokenFile != "" {
-		if _, err := c.AuthToken(); err != nil {
-			p.Items = append(p.Items, err.Error())
+		if _, err := c.readTokenFile(); err != nil {
+			p.add("transport.token_file", "%v", err)
 		}
 	}
 	if t.TLS.Enabled() {
@@ -125,19 +123,29 @@ func (c *Config) AuthToken() (string, error) {
 	if t.Token != "" || t.TokenFile == "" {
 		return t.Token, nil
 	}
-	path := c.resolve(t.TokenFile)
+	token, err := c.readTokenFile()
+	if err != nil {
+		return "", fmt.Errorf("transport.token_file: %w", err)
+	}
+	return token, nil
+}
+
+// readTokenFile reads the token from transport.token_file; errors name the
+// path.
+func (c *Config) readTokenFile() (string, error) {
+	path := c.resolve(c.Transport.TokenFile)
 	b, err := os.ReadFile(path)
 	if err != nil {
 		var pathErr *os.PathError
 		if errors.As(err, &pathErr) {
 			err = pathErr.Err
 		}
-		return "", fmt.Errorf("transport.token_file: %s: %v", path, err)
+		return "", fmt.Errorf("%s: %v", path, err)
 	}
 	line, _, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
 	token := strings.TrimSpace(line)
 	if token == "" {
-		return "", fmt.Errorf("transport.token_file: %s is empty; write the shared secret on its first line", path)
+		return "", fmt.Errorf("%s is empty; write the shared secret on its first line", path)
 	}
 	return token, nil
 }
@@ -151,34 +159,4 @@ func (c *Config) TLSFiles(stage int) (ca, cert, key string) {
 	return c.resolve(t.CA),
 		c.resolve(strings.ReplaceAll(t.Cert, stagePlaceholder, n)),
 		c.resolve(strings.ReplaceAll(t.Key, stagePlaceholder, n))
-}
-
-// LoadUnchecked reads a config as Load does (defaults and PIPETRAIN_*
-// overrides included) but does not validate it. It serves commands that
-// prepare what makes a config valid, such as `pipetrain certs`, which runs
-// before the TLS files the config names exist; the caller checks the fields
-// it uses.
-func LoadUnchecked(path string) (*Config, error) {
-	v := viper.New()
-	for k, d := range defaults {
-		v.SetDefault(k, d)
-	}
-	v.SetConfigFile(path)
-	v.SetConfigType("yaml")
-	v.SetEnvPrefix("PIPETRAIN")
-	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
-	v.AutomaticEnv()
-	if err := v.ReadInConfig(); err != nil {
-		var pathErr *os.PathError
-		if errors.As(err, &pathErr) {
-			return nil, fmt.Errorf("%s: %w", path, pathErr.Err)
-		}
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	var c Config
-	if err := v.Unmarshal(&c); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	c.Path = path
-	return &c, nil
 }

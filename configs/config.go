@@ -49,6 +49,12 @@ type Config struct {
 
 	// Path is the file the config was read from; it is not part of the digest.
 	Path string `mapstructure:"-" json:"-"`
+
+	// env maps each key a PIPETRAIN_* variable set to that variable, so that
+	// problems with the key name it; keyProblems are the unknown keys and
+	// variables LoadUnchecked found, which Validate reports.
+	env         map[string]string
+	keyProblems []string
 }
 
 // Data says where examples come from and how a step's batch is cut.
@@ -229,10 +235,14 @@ func Load(path string) (*Config, error) {
 	return c, nil
 }
 
-// Problems is every problem Validate found, each naming its field.
+// Problems is every problem Validate found, each naming its field. A problem
+// with a value from the environment starts with the variable that set it
+// (PIPETRAIN_SCHEDULE=bogus: schedule: ...), not the field alone.
 type Problems struct {
 	Path  string
 	Items []string
+
+	env map[string]string // see Config.env
 }
 
 func (p *Problems) Error() string {
@@ -241,18 +251,33 @@ func (p *Problems) Error() string {
 		where = "config"
 	}
 	if len(p.Items) == 1 {
+		if strings.HasPrefix(p.Items[0], envPrefix) {
+			return p.Items[0] // the variable, not the file, is at fault
+		}
 		return where + ": " + p.Items[0]
 	}
 	return fmt.Sprintf("%s: %d problems:\n  %s", where, len(p.Items), strings.Join(p.Items, "\n  "))
 }
 
 func (p *Problems) add(field, format string, args ...any) {
-	p.Items = append(p.Items, field+": "+fmt.Sprintf(format, args...))
+	item := field + ": " + fmt.Sprintf(format, args...)
+	if from, ok := p.env[settingOf(field)]; ok {
+		item = from + ": " + item
+	}
+	p.Items = append(p.Items, item)
+}
+
+// settingOf is the key of a field, without indexes: model.hidden[1] is set
+// by model.hidden.
+func settingOf(field string) string {
+	key, _, _ := strings.Cut(field, "[")
+	return key
 }
 
 // Validate checks the whole config and reports every problem at once.
 func (c *Config) Validate() error {
-	p := &Problems{Path: c.Path}
+	p := &Problems{Path: c.Path, env: c.env}
+	p.Items = append(p.Items, c.keyProblems...)
 	model, err := models.Build(c.Model)
 	var spec models.SpecErrors
 	if errors.As(err, &spec) {
