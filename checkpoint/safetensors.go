@@ -124,7 +124,8 @@ func WriteSum(path string, tensors []Tensor, meta map[string]string) (string, er
 	return hex.EncodeToString(sum.Sum(nil)), nil
 }
 
-// WriteAtomic writes a file through fill so that path never holds a partial file.
+// WriteAtomic writes a file through fill so that path never holds a partial
+// file; the file ends with mode 0644.
 func WriteAtomic(path string, fill func(io.Writer) error) (err error) {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
@@ -137,6 +138,11 @@ func WriteAtomic(path string, fill func(io.Writer) error) (err error) {
 			os.Remove(f.Name())
 		}
 	}()
+	// CreateTemp makes the file private (0600); the finished file is an
+	// ordinary output, readable as any other the program writes.
+	if err = f.Chmod(0o644); err != nil {
+		return err
+	}
 	bw := bufio.NewWriterSize(f, 1<<20)
 	if err = fill(bw); err != nil {
 		return fmt.Errorf("writing %s: %w", path, err)

@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"io"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -86,5 +87,26 @@ func TestReadAllMergesStages(t *testing.T) {
 	}
 	if _, err := ReadAll(t.TempDir()); err == nil {
 		t.Error("empty directory accepted")
+	}
+}
+
+// TestWriteAtomicIsReadableByOthers: outputs (weights, plots, launch.json) are
+// not private files, and a failed write leaves nothing behind.
+func TestWriteAtomicIsReadableByOthers(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "out.svg")
+	if err := WriteAtomic(path, func(w io.Writer) error { _, err := w.Write([]byte("<svg/>")); return err }); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(path)
+	if err != nil || st.Mode().Perm() != 0o644 {
+		t.Fatalf("mode %v, %v; want 0644", st.Mode().Perm(), err)
+	}
+	failed := filepath.Join(dir, "failed.svg")
+	if err := WriteAtomic(failed, func(io.Writer) error { return io.ErrUnexpectedEOF }); err == nil {
+		t.Fatal("a failing fill was not reported")
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, "*failed*")); len(left) != 0 {
+		t.Errorf("a failed write left %v", left)
 	}
 }

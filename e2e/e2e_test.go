@@ -407,4 +407,10 @@ func TestPlanFixesUnbalancedConfig(t *testing.T) {
 	if c.Stages[0].Layers[0] == "0-3" || c.Stages[0].CPUs != "0" || c.Stages[1].CPUs != "1" {
 		t.Errorf("planned stages %+v", c.Stages)
 	}
+	// A second plan does not overwrite the first without --force.
+	before := readFile(out)
+	r = run(t, time.Minute, nil, "plan", "--config", "../configs/fmnist-mlp-unbalanced-2stage.yaml", "--out", out)
+	if r.err == nil || !strings.Contains(r.out, "--out "+out+" exists; --force replaces it") || readFile(out) != before {
+		t.Errorf("plan over an existing output: %v\n%s", r.err, r.out)
+	}
 }

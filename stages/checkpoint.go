@@ -91,7 +91,11 @@ func (r *Runtime) saveCheckpoint(ctx context.Context, done int) error {
 			fmt.Fprintf(r.log, "stage 0: %v\n", err)
 			return
 		}
-		fmt.Fprintf(r.log, "checkpoint of step %d committed (%d parts)\n", m.Step, len(m.Parts))
+		parts := "parts"
+		if len(m.Parts) == 1 {
+			parts = "part"
+		}
+		fmt.Fprintf(r.log, "checkpoint of step %d committed (%d %s)\n", m.Step, len(m.Parts), parts)
 	}()
 	return nil
 }

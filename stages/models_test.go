@@ -1,8 +1,10 @@
 package stages
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -97,6 +99,14 @@ func TestGPTPipelineEqualsReference(t *testing.T) {
 				ms, _ := ReadMetrics(filepath.Join(pipe, "metrics.jsonl"))
 				if ms[1].Eval == nil || ms[1].Eval.Perplexity <= 1 || math.Abs(ms[1].Eval.Perplexity-math.Exp(ms[1].Eval.Loss)) > 1e-9 {
 					t.Errorf("step 2 has no validation perplexity: %+v", ms[1].Eval)
+				}
+				// The final evaluation is logged with the last step as well as in eval.json.
+				var final EvalResult
+				if b, err := os.ReadFile(filepath.Join(pipe, "eval.json")); err != nil || json.Unmarshal(b, &final) != nil {
+					t.Fatalf("eval.json: %v", err)
+				}
+				if last := ms[len(ms)-1]; last.Eval == nil || *last.Eval != final {
+					t.Errorf("step %d's evaluation %+v, eval.json %+v", last.Step, last.Eval, final)
 				}
 				if tied {
 					w := readWeights(t, pipe)

@@ -295,6 +295,8 @@ func (r *Runtime) Run(ctx context.Context) error {
 	start := time.Now()
 	lastLog := start
 	var err error
+	var final *EvalResult // the final evaluation, once run (nil on all but the last stage)
+	finalDone := false
 	for step := first; step < r.cfg.Train.Steps; step++ {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("stage %d stopped before step %d: %w", r.stage, step+1, context.Cause(ctx))
@@ -316,6 +318,13 @@ func (r *Runtime) Run(ctx context.Context) error {
 			if val, err = r.evaluate(ctx, evalTag(done)); err != nil {
 				return fmt.Errorf("stage %d, evaluation after step %d: %w", r.stage, done, err)
 			}
+		} else if r.evaluatesLast(done) {
+			// A run that logs evaluations has its final one in metrics.jsonl
+			// too, not only in eval.json.
+			if val, err = r.evaluate(ctx, EvalStep); err != nil {
+				return fmt.Errorf("stage %d, evaluation: %w", r.stage, err)
+			}
+			final, finalDone = val, true
 		}
 		if r.last().IsLast() {
 			loss := r.stepLoss()
@@ -339,12 +348,13 @@ func (r *Runtime) Run(ctx context.Context) error {
 			}
 		}
 	}
-	if r.cfg.Train.Evaluate {
-		res, err := r.evaluate(ctx, EvalStep)
-		if err != nil {
+	if r.cfg.Train.Evaluate && !finalDone {
+		if final, err = r.evaluate(ctx, EvalStep); err != nil {
 			return fmt.Errorf("stage %d, evaluation: %w", r.stage, err)
 		}
-		if err := r.writeEval(res); err != nil {
+	}
+	if r.cfg.Train.Evaluate {
+		if err := r.writeEval(final); err != nil {
 			return err
 		}
 	}
@@ -404,6 +414,14 @@ func (r *Runtime) writeRunInfo() error {
 }
 
 // trainStep runs this stage's actions for one global batch, then the optimizer.
+// evaluatesLast reports whether the evaluation after step done, the last, is
+// run inside the step loop: when evaluations are logged every eval_every steps
+// and either the final one is wanted (train.evaluate) or done is a multiple.
+func (r *Runtime) evaluatesLast(done int) bool {
+	every := r.cfg.Train.EvalEvery
+	return done == r.cfg.Train.Steps && every > 0 && (r.cfg.Train.Evaluate || done%every == 0)
+}
+
 func (r *Runtime) trainStep(ctx context.Context, step int) error {
 	r.losses = make([]float64, r.cfg.Data.MicroBatches)
 	for i, a := range r.actions {

@@ -8,10 +8,12 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -254,6 +256,8 @@ func isRemoteAlert(err error) bool {
 func explainTLSRefusal(who string, err error) error {
 	var verify *tls.CertificateVerificationError
 	switch {
+	case errors.Is(err, errSilentListener):
+		return fmt.Errorf("%s: %v: it expects TLS, probably (set the same transport.tls on every stage)", who, err)
 	case errors.As(err, &verify):
 		return fmt.Errorf("%s: its TLS certificate is not trusted: %v (transport.tls.ca must be the CA that signed every stage's certificate, and the certificate must name the host dialed)", who, err)
 	case isRemoteAlert(err):
@@ -262,14 +266,59 @@ func explainTLSRefusal(who string, err error) error {
 	return fmt.Errorf("%s: TLS handshake failed: %v (does the other stage use transport.tls too?)", who, err)
 }
 
-// clientTransport is a dialer's transport security, and the record of a TLS
-// refusal (nil without TLS).
+// clientTransport is a dialer's transport security, and the record of a
+// refusal no retry can cure.
 func clientTransport(o Options) (grpc.DialOption, *tlsRefusal) {
-	if o.TLS == nil {
-		return grpc.WithTransportCredentials(insecure.NewCredentials()), nil
-	}
 	r := &tlsRefusal{}
+	if o.TLS == nil {
+		return grpc.WithTransportCredentials(&plainCreds{insecure.NewCredentials(), r}), r
+	}
 	return grpc.WithTransportCredentials(&clientCreds{credentials.NewTLS(o.TLS.clientConfig()), r}), r
+}
+
+// errSilentListener is what a plain-text dialer records when the listener
+// hangs up without sending a byte. A gRPC listener speaks first (its HTTP/2
+// settings), so one that only hangs up expects something else: TLS, as a
+// rule, whose listener drops a connection whose first record is not a TLS
+// handshake.
+var errSilentListener = errors.New("the listener closed the connection without sending a byte")
+
+// plainCreds are a plain-text dialer's credentials, which watch each
+// connection for a listener that hangs up without a word (errSilentListener).
+type plainCreds struct {
+	credentials.TransportCredentials
+	refusal *tlsRefusal
+}
+
+func (c *plainCreds) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	conn, info, err := c.TransportCredentials.ClientHandshake(ctx, authority, raw)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &silenceConn{Conn: conn, refusal: c.refusal}, info, nil
+}
+
+func (c *plainCreds) Clone() credentials.TransportCredentials {
+	return &plainCreds{c.TransportCredentials.Clone(), c.refusal}
+}
+
+// silenceConn records errSilentListener when the connection ends before its
+// first byte arrives. gRPC reads a connection from one goroutine.
+type silenceConn struct {
+	net.Conn
+	refusal *tlsRefusal
+	heard   bool
+}
+
+func (c *silenceConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 {
+		c.heard = true
+	}
+	if err != nil && !c.heard && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)) {
+		c.refusal.set(errSilentListener)
+	}
+	return n, err
 }
 
 // serverTransport is a listener's transport security; who names the

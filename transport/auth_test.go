@@ -319,9 +319,14 @@ func TestMutualTLS(t *testing.T) {
 	})
 	t.Run("plain-text dialer", func(t *testing.T) {
 		srv, rec := tlsServer(t, down, issue(t, ca, ca, "stage 2"))
-		_, err := Dial(ctxT(t, 10*time.Second), srv.Addr(), up, Options{ConnectTimeout: 300 * time.Millisecond})
+		// A long connect timeout: the dialer must not spend it retrying.
+		_, err := Dial(ctxT(t, 60*time.Second), srv.Addr(), up, Options{ConnectTimeout: 30 * time.Second})
 		if err == nil {
 			t.Fatal("a plain-text dialer connected to a TLS listener")
+		}
+		want := fmt.Sprintf("stage 1: downstream stage 2 at %s: the listener closed the connection without sending a byte: it expects TLS, probably", srv.Addr())
+		if !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("got %v, want prefix %q", err, want)
 		}
 		t.Log(err)
 		rec.waitFor(t, 1, "refused a connection from 127.0.0.1:", "TLS handshake failed")

@@ -19,7 +19,12 @@ type runFlags struct {
 
 func (f *runFlags) register(c *cobra.Command, defaultRunDir string) {
 	c.Flags().StringVarP(&f.config, "config", "c", "", "run config (YAML); see configs/")
-	c.Flags().StringVar(&f.runDir, "run-dir", defaultRunDir, "directory for events, metrics, logs and weights (default: runs/NAME-TIME, a new one per run)")
+	usage := "directory for events, metrics, logs and weights"
+	if defaultRunDir == "" {
+		// Cobra shows a non-empty default itself; an empty one means this.
+		usage += " (default: runs/NAME-TIME, a new one per run)"
+	}
+	c.Flags().StringVar(&f.runDir, "run-dir", defaultRunDir, usage)
 	c.Flags().IntVar(&f.steps, "steps", 0, "override train.steps")
 	c.MarkFlagRequired("config")
 }

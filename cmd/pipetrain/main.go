@@ -18,14 +18,7 @@ import (
 func main() {
 	ctx, stop := signalContext()
 	defer stop()
-	root := &cobra.Command{
-		Use:           "pipetrain",
-		Short:         "Pipeline-parallel training: one process per stage, gRPC between them",
-		SilenceUsage:  true,
-		SilenceErrors: true,
-	}
-	root.AddCommand(launchCmd(), sampleCmd(), plotCmd(), stageCmd(), referenceCmd(), profileCmd(), simulateCmd(), planCmd(), validateCmd(), certsCmd())
-	if err := root.ExecuteContext(ctx); err != nil {
+	if err := newRoot().ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "pipetrain:", err)
 		if errors.Is(err, launcher.ErrInterrupted) {
 			os.Exit(130)
@@ -45,4 +38,16 @@ func signalContext() (context.Context, func()) {
 		}
 	}()
 	return ctx, func() { signal.Stop(ch); close(ch); cancel(nil) }
+}
+
+// newRoot is the pipetrain command with every subcommand.
+func newRoot() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "pipetrain",
+		Short:         "Pipeline-parallel training: one process per stage, gRPC between them",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(launchCmd(), sampleCmd(), plotCmd(), stageCmd(), referenceCmd(), profileCmd(), simulateCmd(), planCmd(), validateCmd(), certsCmd())
+	return root
 }

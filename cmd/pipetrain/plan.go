@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/plan"
@@ -22,6 +24,7 @@ import (
 func planCmd() *cobra.Command {
 	var path, out, memory, schedules string
 	var nStages, reps, micro int
+	var force bool
 	c := &cobra.Command{
 		Use:   "plan --config FILE [--stages N] [--memory-limit BYTES]",
 		Short: "Measure each layer here and choose stage boundaries, schedule and micro-batches that minimise the simulated step time",
@@ -40,6 +43,14 @@ func planCmd() *cobra.Command {
 			}
 			if nStages == 0 {
 				nStages = len(cfg.Stages)
+			}
+			if out == "" {
+				out = strings.TrimSuffix(cfg.Path, filepath.Ext(cfg.Path)) + "-planned.yaml"
+			}
+			// Checked before measuring: a config the user edited by hand
+			// since the last plan is not overwritten unless asked.
+			if _, err := os.Stat(out); err == nil && !force {
+				return fmt.Errorf("--out %s exists; --force replaces it", out)
 			}
 			fmt.Printf("pipetrain plan: measuring each layer of %s at micro-batch %d (median of %d)...\n", cfg.Path, cfg.MicroBatchSize(), reps)
 			layerCosts, err := stages.MeasureLayers(cfg.Model, cfg.MicroBatchSize(), cfg.Train.Seed, reps)
@@ -94,9 +105,6 @@ func planCmd() *cobra.Command {
 				fmt.Printf("now:  %s\n", describe(cur, len(prob.Layers)))
 				fmt.Printf("predicted speedup over the given config: %.2fx\n", cur.StepMS/best.StepMS)
 			}
-			if out == "" {
-				out = strings.TrimSuffix(cfg.Path, filepath.Ext(cfg.Path)) + "-planned.yaml"
-			}
 			if err := writePlannedConfig(cfg, best, len(prob.Layers), out); err != nil {
 				return err
 			}
@@ -109,6 +117,7 @@ func planCmd() *cobra.Command {
 	c.Flags().StringVar(&memory, "memory-limit", "", "bytes per stage for parameters, optimizer state and stashed activations (e.g. 512MiB); default none")
 	c.Flags().StringVar(&schedules, "schedules", "1f1b,zb-h1,gpipe", "schedules to consider")
 	c.Flags().StringVar(&out, "out", "", "where to write the new config (default: CONFIG-planned.yaml)")
+	c.Flags().BoolVar(&force, "force", false, "replace the output file if it exists")
 	c.Flags().IntVar(&reps, "reps", 5, "measurements per layer (the median is used)")
 	c.Flags().IntVar(&micro, "micro-batches", 0, "keep this micro-batch count instead of choosing one (powers of two up to 64 that divide the batch)")
 	c.MarkFlagRequired("config")
@@ -189,7 +198,7 @@ func writePlannedConfig(cfg *configs.Config, p *plan.Plan, layers int, out strin
 	if err := enc.Encode(doc); err != nil {
 		return err
 	}
-	if err := os.WriteFile(out, buf.Bytes(), 0o644); err != nil {
+	if err := checkpoint.WriteAtomic(out, func(w io.Writer) error { _, err := w.Write(buf.Bytes()); return err }); err != nil {
 		return err
 	}
 	if _, err := configs.Load(out); err != nil {

@@ -42,8 +42,8 @@ func sampleCmd() *cobra.Command {
 			return nil
 		},
 	}
-	f.register(c, "")
-	c.Flags().Lookup("config").Annotations = nil // found in RUN_DIR/launch.json unless given
+	c.Flags().StringVar(&f.runDir, "run-dir", "", "the trained run (a directory written by launch or reference)")
+	c.Flags().StringVarP(&f.config, "config", "c", "", "the run's config (default: the one in RUN_DIR/launch.json)")
 	c.Flags().StringVar(&prompt, "prompt", "", "text to continue")
 	c.Flags().IntVar(&tokens, "tokens", 200, "tokens to generate")
 	c.Flags().Float64Var(&temperature, "temperature", 0.8, "sampling temperature; 0 takes the most likely token each time")
