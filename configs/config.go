@@ -17,7 +17,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pipetrain/pipetrain/internal/affinity"
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/schedule"
 )
@@ -514,9 +513,7 @@ func (c *Config) validateStages(p *Problems, model *models.Model) {
 			}
 		}
 		if s.CPUs != "" {
-			if _, err := affinity.Parse(s.CPUs); err != nil {
-				p.add(field+".cpus", "%v", err)
-			}
+			c.validateCPUs(p, i)
 		}
 		if c.VirtualStages >= 1 && len(s.Layers) != c.VirtualStages {
 			p.add(field+".layers", "lists %d layer ranges; virtual_stages is %d, so give one range per chunk", len(s.Layers), c.VirtualStages)
