@@ -94,7 +94,10 @@ func TestAnalyseSkipsWarmup(t *testing.T) {
 			t.Errorf("stage %d bubble %v predicted %v throughput %v, want %v %v %v", i, got.Bubble, got.PredictedBubble,
 				got.Throughput, want[i].Bubble, want[i].PredictedBubble, want[i].Throughput)
 		}
-		got.Bubble, got.PredictedBubble, got.Throughput = want[i].Bubble, want[i].PredictedBubble, want[i].Throughput
+		if !near(got.TheoryBubble, 1.0/3) {
+			t.Errorf("stage %d theory %v, want 1/3", i, got.TheoryBubble)
+		}
+		got.Bubble, got.PredictedBubble, got.Throughput, got.TheoryBubble = want[i].Bubble, want[i].PredictedBubble, want[i].Throughput, 0
 		if got != want[i] {
 			t.Errorf("stage %d:\n got %+v\nwant %+v", i, got, want[i])
 		}

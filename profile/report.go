@@ -34,8 +34,10 @@ type StageReport struct {
 	// schedule would give with this run's mean action costs and free
 	// transfers. 0 when Report.Predicted is nil.
 	PredictedBubble float64
-	PeakStashed     int
-	BytesSent       int64
+	// TheoryBubble is the stage's bubble in Report.Theory; 0 when that is nil.
+	TheoryBubble float64
+	PeakStashed  int
+	BytesSent    int64
 	// Throughput is BytesSent per second of the pipeline window (Window), in
 	// bytes per second: the stage's mean outgoing rate over the time the
 	// pipeline ran. The logs time blocked sends only, not whole transfers, so a
@@ -115,6 +117,19 @@ type Report struct {
 	Predicted       *schedule.Timeline
 	PredictErr      error
 	PredictedBubble float64 // mean of Predicted.Bubble
+
+	// Theory is each stage's bubble with equal stages and free transfers:
+	// the schedule's closed form (schedule.TheoreticalBubble) where it has
+	// one. A custom schedule has none, and neither has a named one at sizes the
+	// closed forms do not cover; then Theory is the schedule simulated with
+	// unit costs (F 1, B 2, I and W 1 each), the costs the closed forms assume
+	// and under which the simulator reproduces every one of them, and
+	// TheorySimulated is set. Theory is nil when the schedule cannot be
+	// rebuilt or simulated, and TheoryErr says why.
+	Theory          []float64
+	TheorySimulated bool
+	TheoryErr       error
+	TheoryMean      float64 // mean of Theory
 }
 
 // Stragglers returns the analysed steps marked Straggler, in step order.
@@ -229,6 +244,12 @@ func Analyse(info RunInfo, events [][]Event, skip int) (*Report, error) {
 
 	r.analyseSteps(busy)
 	r.Links = links(aligned, analysed)
+	if r.Theory, r.TheorySimulated, r.TheoryErr = theory(info, events); r.Theory != nil {
+		for i := range r.Stages {
+			r.Stages[i].TheoryBubble = r.Theory[i]
+			r.TheoryMean += r.Theory[i] / float64(p)
+		}
+	}
 
 	transfer, _ := r.MeanTransfer()
 	if r.Predicted, r.PredictErr = predict(info, events, analysed, float64(transfer)/1e6); r.Predicted != nil {
@@ -350,6 +371,39 @@ func RunSchedule(info RunInfo) (*schedule.Schedule, error) {
 	return schedule.Build(info.Schedule, info.Stages, info.MicroBatches, max(info.Chunks, 1))
 }
 
+// theory returns each stage's bubble with equal stages and free transfers
+// (see Report.Theory), and whether it was simulated for want of a closed form.
+func theory(info RunInfo, events [][]Event) ([]float64, bool, error) {
+	p, v := topology(events)
+	if info.Stages == 0 {
+		info.Stages = p
+	}
+	if info.Chunks < 1 {
+		info.Chunks = v
+	}
+	if info.ScheduleCSV == "" && info.Stages == p {
+		if b, ok := schedule.TheoreticalBubble(info.Schedule, info.Stages, info.MicroBatches, info.Chunks); ok {
+			out := make([]float64, p)
+			for i := range out {
+				out[i] = b
+			}
+			return out, false, nil
+		}
+	}
+	s, err := RunSchedule(info)
+	if err != nil {
+		return nil, false, err
+	}
+	if s.Stages != p {
+		return nil, false, fmt.Errorf("schedule has %d stages, the run %d", s.Stages, p)
+	}
+	tl, err := schedule.Simulate(s, schedule.UniformCosts(s.Stages, 1, 2, 0))
+	if err != nil {
+		return nil, false, err
+	}
+	return tl.Bubble, true, nil
+}
+
 // predict simulates the run's schedule with its mean action costs over the
 // analysed steps.
 func predict(info RunInfo, events [][]Event, analysed map[int]int, transferMS float64) (*schedule.Timeline, error) {
@@ -436,7 +490,6 @@ func (r *Report) Write(w io.Writer, opts ...Options) error {
 		opt.Steps = opt.Steps || o.Steps
 	}
 	unit, tf := timeUnit(r.Window)
-	theory := pct(r.Info.TheoreticalBubble)
 
 	row, flush := table(w)
 	h := func(s string) string { return s + " " + unit }
@@ -459,6 +512,10 @@ func (r *Report) Write(w io.Writer, opts ...Options) error {
 		off := time.Duration(0)
 		if s.Stage < len(r.Clock.Offsets) {
 			off = r.Clock.Offsets[s.Stage]
+		}
+		theory := "-"
+		if r.Theory != nil {
+			theory = pct(s.TheoryBubble)
 		}
 		row(fmt.Sprint(s.Stage), pct(s.Bubble), sim, theory, fmt.Sprint(s.PeakStashed),
 			fmt.Sprintf("%.2f", float64(s.BytesSent)/(1<<20)), fmt.Sprintf("%.1f", s.Throughput/(1<<20)),
@@ -497,7 +554,11 @@ func (r *Report) Write(w io.Writer, opts ...Options) error {
 	if r.Predicted != nil {
 		sim = pct(r.PredictedBubble) + "%"
 	}
-	fmt.Fprintf(&b, "mean bubble %s%% vs simulated %s vs theory %s%%\n", pct(r.MeanBubble), sim, theory)
+	theory := "-"
+	if r.Theory != nil {
+		theory = pct(r.TheoryMean) + "%"
+	}
+	fmt.Fprintf(&b, "mean bubble %s%% vs simulated %s vs theory %s\n", pct(r.MeanBubble), sim, theory)
 	analysed := fmt.Sprintf("%d steps analysed", r.StepsAnalysed)
 	switch n := len(r.Steps); {
 	case n == 1:
@@ -509,6 +570,14 @@ func (r *Report) Write(w io.Writer, opts ...Options) error {
 		r.Info.Schedule, len(r.Stages), r.Info.MicroBatches, analysed, tf(r.Window), unit)
 	if r.PredictErr != nil {
 		fmt.Fprintf(&b, "simulation: %v\n", r.PredictErr)
+	}
+	switch {
+	case r.TheoryErr != nil:
+		fmt.Fprintf(&b, "theory: %v\n", r.TheoryErr)
+	case r.TheorySimulated && r.Info.Schedule == "custom":
+		b.WriteString("theory: a custom schedule has no closed form: its order simulated with equal stages, free transfers\n")
+	case r.TheorySimulated:
+		fmt.Fprintf(&b, "theory: %s has no closed form for this run: simulated with equal stages, free transfers\n", r.Info.Schedule)
 	}
 	r.writeClock(&b)
 	r.writeStragglers(&b)

@@ -328,3 +328,58 @@ func TestWriteGolden(t *testing.T) {
 		t.Errorf("report differs from %s (go test -update rewrites it):\ngot:\n%s\nwant:\n%s", path, got, want)
 	}
 }
+
+// TestTheoryCustomSchedule: a custom schedule has no closed form, so its
+// theory is its order simulated with the closed forms' unit costs (the same
+// figure a named schedule's closed form gives: 1f1b's (p-1)/(m+p-1) here),
+// said to be simulated; without its CSV there is no theory, and the report
+// says so rather than printing 0%.
+func TestTheoryCustomSchedule(t *testing.T) {
+	s := build(t, "1f1b", 3, 4, 1)
+	events := replay(t, s, schedule.Costs{F: []float64{1, 3, 1}, B: []float64{2, 6, 2}}, 3, 1)
+	var csv strings.Builder
+	if err := s.WriteCSV(&csv); err != nil {
+		t.Fatal(err)
+	}
+	info := RunInfo{Schedule: "custom", Stages: 3, MicroBatches: 4, Steps: 3, ScheduleCSV: csv.String()}
+	r, err := Analyse(info, events, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.TheorySimulated || r.TheoryErr != nil || !near(r.TheoryMean, 2.0/6) || len(r.Theory) != 3 {
+		t.Fatalf("theory %v (mean %v, simulated %v, %v), want 1/3 on each stage", r.Theory, r.TheoryMean, r.TheorySimulated, r.TheoryErr)
+	}
+	for i, st := range r.Stages {
+		if !near(st.TheoryBubble, 2.0/6) {
+			t.Errorf("stage %d theory %v, want 1/3", i, st.TheoryBubble)
+		}
+	}
+	var b strings.Builder
+	r.Write(&b)
+	for _, want := range []string{"vs theory 33.3%\n", "theory: a custom schedule has no closed form: its order simulated with equal stages, free transfers\n",
+		"    1       7.7    7.7      33.3"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, b.String())
+		}
+	}
+
+	// The same schedule by name: the closed form, not a simulation.
+	named, err := Analyse(runInfo(s, 3), events, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if named.TheorySimulated || !near(named.TheoryMean, r.TheoryMean) {
+		t.Errorf("1f1b theory %v (simulated %v), want the closed form %v", named.TheoryMean, named.TheorySimulated, r.TheoryMean)
+	}
+
+	info.ScheduleCSV = ""
+	if r, err = Analyse(info, events, 1); err != nil {
+		t.Fatal(err)
+	}
+	b.Reset()
+	r.Write(&b)
+	if r.Theory != nil || r.TheoryErr == nil || !strings.Contains(b.String(), "vs theory -\n") ||
+		!strings.Contains(b.String(), `theory: custom schedule without "schedule_csv" in run.json`) || strings.Contains(b.String(), "0.0%") {
+		t.Errorf("custom schedule without csv: %v\n%s", r.TheoryErr, b.String())
+	}
+}
