@@ -43,7 +43,7 @@ type Span struct {
 	Kind       Kind
 	MicroBatch int
 	Chunk      int    // virtual stage; chunk > 0 is drawn lighter and hatched so interleaving is visible
-	Step       int    // training step (measured runs); 0 for simulations
+	Step       int    // training step of a measured run, numbered from 1 as the training log does; 0 for simulations
 	Label      string // optional override of the box text (default "F3", "B3", "f3" for chunk > 0, ...)
 }
 
