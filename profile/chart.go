@@ -73,6 +73,9 @@ func shownSteps(events [][]Event, firstStep, steps int, waits bool) (clock Align
 			}
 		}
 	}
+	if t0 == math.MaxInt64 { // no action logged in the shown steps
+		t0 = 0
+	}
 	return clock, aligned, first, last, in, t0, nil
 }
 
