@@ -18,7 +18,10 @@ const stagePlaceholder = "{stage}"
 
 // validateAuth checks the token and TLS settings and that a stage listening
 // beyond loopback has one of them: a port open to the network without it
-// would take tensors from anyone who connects.
+// would take tensors from anyone who connects. Metrics addresses follow the
+// same rule (the metrics server then requires the token or a certificate):
+// they would show anyone the run's progress and timings, and take their
+// connections on the stage's host.
 func (c *Config) validateAuth(p *Problems) {
 	t := c.Transport
 	if t.Token != "" && t.TokenFile != "" {
@@ -35,17 +38,24 @@ func (c *Config) validateAuth(p *Problems) {
 		return
 	}
 	for i, s := range c.Stages {
-		if _, unix := transport.UnixPath(s.Address); unix {
-			continue // a socket file is reachable from this host only
-		}
-		host, _, err := net.SplitHostPort(s.Address)
-		if err != nil || host == "" {
-			continue // validateStages reports it
-		}
-		if !transport.IsLoopback(host) { // the rule Listen enforces too
+		if beyondLoopback(s.Address) { // the rule Listen enforces too
 			p.add(fmt.Sprintf("stages[%d].address", i), "%s listens beyond loopback; set transport.token (or token_file) or transport.tls so strangers cannot connect", s.Address)
 		}
+		if beyondLoopback(s.MetricsAddress) { // the rule ServeMetrics enforces too
+			p.add(fmt.Sprintf("stages[%d].metrics_address", i), "%s listens beyond loopback; set transport.token (or token_file) or transport.tls, which the metrics server then requires, so strangers cannot read it", s.MetricsAddress)
+		}
 	}
+}
+
+// beyondLoopback reports whether a well-formed TCP address can be reached
+// from other machines; socket files and malformed addresses (which
+// validateStages reports) are not.
+func beyondLoopback(addr string) bool {
+	if _, unix := transport.UnixPath(addr); unix {
+		return false // a socket file is reachable from this host only
+	}
+	host, _, err := net.SplitHostPort(addr)
+	return err == nil && host != "" && !transport.IsLoopback(host)
 }
 
 // validateTLSFiles checks that ca, cert and key are set together and that

@@ -97,6 +97,31 @@ func TestBeyondLoopbackNeedsAuth(t *testing.T) {
 	}
 }
 
+// TestMetricsBeyondLoopbackNeedsAuth: a metrics address follows the rule of
+// stage addresses.
+func TestMetricsBeyondLoopbackNeedsAuth(t *testing.T) {
+	dir := t.TempDir()
+	withMetrics := func(transport, metrics string) string {
+		p := authConfig(t, dir, transport, "127.0.0.1:7001", "127.0.0.1:7002")
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := strings.Replace(string(b), `"127.0.0.1:7002"}`, `"127.0.0.1:7002", metrics_address: "`+metrics+`"}`, 1)
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	wantProblems(t, withMetrics("", "0.0.0.0:9101"),
+		"stages[1].metrics_address: 0.0.0.0:9101 listens beyond loopback; set transport.token (or token_file) or transport.tls, which the metrics server then requires, so strangers cannot read it")
+	for _, tc := range []struct{ transport, metrics string }{{"", "127.0.0.1:9101"}, {"", "localhost:9101"}, {"  token: s3cret\n", "0.0.0.0:9101"}} {
+		if _, err := Load(withMetrics(tc.transport, tc.metrics)); err != nil {
+			t.Errorf("%q with %q: %v", tc.metrics, tc.transport, err)
+		}
+	}
+}
+
 func TestTokenFile(t *testing.T) {
 	dir := t.TempDir()
 	wantProblems(t, authConfig(t, dir, "  token: a\n  token_file: secret\n", "127.0.0.1:7001", "127.0.0.1:7002"),

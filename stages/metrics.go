@@ -1,15 +1,20 @@
 package stages
 
 import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/transport"
 )
 
@@ -102,20 +107,95 @@ func (m *Metrics) WriteTo(w io.Writer) (int64, error) {
 	return n, nil
 }
 
-// ServeMetrics serves m on addr at /metrics until the returned stop is called, and
-// returns the address it bound (addr may name port 0).
+// MetricsAuth is what a scraper must present to read a stage's metrics, the
+// same secrets its links require: Token as "Authorization: Bearer <Token>",
+// and with TLS set, HTTPS with a client certificate signed by the run's CA.
+// Both are required when both are set. The zero MetricsAuth requires nothing,
+// and then the metrics may be served on loopback only, as the links may.
+type MetricsAuth struct {
+	Token string
+	TLS   *transport.TLS
+}
+
+// MetricsAuthFor is stage i's MetricsAuth: the token and the TLS identity of
+// its links (transport.token or token_file, transport.tls).
+func MetricsAuthFor(c *configs.Config, i int) (MetricsAuth, error) {
+	opts, err := linkOptions(c, i)
+	if err != nil {
+		return MetricsAuth{}, err
+	}
+	return MetricsAuth{Token: opts.Token, TLS: opts.TLS}, nil
+}
+
+// Scheme is the URL scheme the metrics are served with: https with TLS.
+func (a MetricsAuth) Scheme() string {
+	if a.TLS != nil {
+		return "https"
+	}
+	return "http"
+}
+
+func (a MetricsAuth) authenticated() bool { return a.Token != "" || a.TLS != nil }
+
+// ServeMetrics serves m on addr at /metrics, without authentication, so on a
+// loopback address only; see ServeMetricsAuth.
 func ServeMetrics(addr string, m *Metrics) (stop func(), bound string, err error) {
+	return ServeMetricsAuth(addr, m, MetricsAuth{})
+}
+
+// ServeMetricsAuth serves m on addr at /metrics until the returned stop is
+// called, and returns the address it bound (addr may name port 0). A request
+// without what auth requires is refused. Without authentication it refuses to
+// listen beyond loopback: anyone on the network could read the run's metrics.
+func ServeMetricsAuth(addr string, m *Metrics, auth MetricsAuth) (stop func(), bound string, err error) {
+	if !auth.authenticated() {
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil || !transport.IsLoopback(host) {
+			return nil, "", fmt.Errorf("refusing to serve metrics on %s without authentication: other machines could read them; set transport.token (or token_file) or transport.tls, or use a loopback address", addr)
+		}
+	}
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, "", fmt.Errorf("metrics on %s: %w", addr, err)
 	}
+	var h http.Handler = m
+	if auth.Token != "" {
+		h = requireBearer(auth.Token, h)
+	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", m)
+	mux.Handle("/metrics", h)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	serve := func() error { return srv.Serve(lis) }
+	if auth.TLS != nil {
+		srv.TLSConfig = &tls.Config{
+			Certificates: []tls.Certificate{auth.TLS.Cert},
+			ClientCAs:    auth.TLS.CA,
+			ClientAuth:   tls.RequireAndVerifyClientCert,
+			// Scrapers are not this program: TLS 1.2 lets older ones in.
+			MinVersion: tls.VersionTLS12,
+		}
+		serve = func() error { return srv.ServeTLS(lis, "", "") }
+	}
 	go func() {
-		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := serve(); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			_ = err // the listener is ours; Serve ends only when Close is called
 		}
 	}()
 	return func() { srv.Close() }, lis.Addr().String(), nil
+}
+
+// requireBearer passes on the requests that carry "Authorization: Bearer
+// token", compared in constant time, and answers the others 401.
+func requireBearer(token string, next http.Handler) http.Handler {
+	want := sha256.Sum256([]byte(token))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		g := sha256.Sum256([]byte(got))
+		if !ok || subtle.ConstantTimeCompare(g[:], want[:]) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="pipetrain metrics"`)
+			http.Error(w, "bad or missing bearer token (the run's transport.token)", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }

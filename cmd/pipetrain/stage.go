@@ -50,12 +50,17 @@ func stageCmd() *cobra.Command {
 				return err
 			}
 			if addr := cfg.Stages[index].MetricsAddress; addr != "" {
-				stop, _, err := stages.ServeMetrics(addr, rt.Metrics())
+				// The metrics require the links' token or certificate, if any.
+				auth, err := stages.MetricsAuthFor(cfg, index)
+				if err != nil {
+					return err
+				}
+				stop, _, err := stages.ServeMetricsAuth(addr, rt.Metrics(), auth)
 				if err != nil {
 					return fmt.Errorf("stages[%d].metrics_address: %w", index, err)
 				}
 				defer stop()
-				fmt.Printf("stage %d: Prometheus metrics on http://%s/metrics\n", index, addr)
+				fmt.Printf("stage %d: Prometheus metrics on %s://%s/metrics\n", index, auth.Scheme(), addr)
 			}
 			go answerStatusQueries(queries, rt)
 			if err := rt.Run(cmd.Context()); err != nil {
