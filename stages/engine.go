@@ -133,6 +133,7 @@ func NewEngine(m *models.Model, first, last, batch int, seed uint64, split bool)
 		if e.weight, err = newWeightProgram(m, first, last, inputs, taps, e.params, counts); err != nil {
 			return nil, err
 		}
+		e.weight.rearm = e.rearm
 		for _, p := range e.params {
 			e.grads = append(e.grads, tensor.New(tensor.Of(m.DType), tensor.WithShape(p.Shape()...)))
 		}
@@ -390,12 +391,18 @@ func (e *Engine) machine() G.VM {
 }
 
 func (e *Engine) release(vm G.VM) {
+	e.rearm(vm)
+	e.idle = append(e.idle, vm)
+}
+
+// rearm readies a machine for its next run, keeping its registers unless a
+// layer needs fresh ones.
+func (e *Engine) rearm(vm G.VM) {
 	if e.fresh {
 		vm.Reset()
 	} else {
 		rewind(vm)
 	}
-	e.idle = append(e.idle, vm)
 }
 
 // rewind readies a finished machine for its next run. gorgonia's Reset also

@@ -19,6 +19,10 @@ type weightProgram struct {
 	grads  []*G.Node // one per parameter, in the stage's params order
 	taps   []*G.Node // the affine outputs: differentiated, never computed
 	vm     G.VM
+	// rearm ends a run: the engine's, which keeps the registers between
+	// runs unless a layer needs fresh ones, so a W pass allocates no more
+	// than the fused backward it replaces.
+	rearm func(G.VM)
 }
 
 // counts[i] is how many of params layer first+i owns (they are contiguous).
@@ -67,7 +71,7 @@ func (w *weightProgram) run(stash []G.Value, sums []*tensor.Dense) error {
 			return fmt.Errorf("weight gradient: %s: %w", leaf.Name(), err)
 		}
 	}
-	defer w.vm.Reset()
+	defer w.rearm(w.vm)
 	if err := w.vm.RunAll(); err != nil {
 		return fmt.Errorf("weight gradient: %w", err)
 	}
