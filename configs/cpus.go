@@ -52,6 +52,10 @@ func (c *Config) validateCPUs(p *Problems, i int) {
 	}
 }
 
+// CPUsCheckedHere reports whether validation checked stage i's cpus against
+// this machine: whether the stage runs here, as far as runsHere can tell.
+func (c *Config) CPUsCheckedHere(i int) bool { return runsHere(c.Stages[i].Address) }
+
 // usableCPUs are the CPUs this process may run on: those the machine has
 // online, less any its cgroup or a parent's affinity (taskset) keep from it.
 func usableCPUs() (unix.CPUSet, error) {

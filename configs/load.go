@@ -151,6 +151,17 @@ func LoadUnchecked(path string) (*Config, error) {
 	return &c, nil
 }
 
+// Overrides lists the PIPETRAIN_* variables that set keys of this config, as
+// NAME=value (a secret by its name only), sorted.
+func (c *Config) Overrides() []string {
+	out := make([]string, 0, len(c.env))
+	for _, from := range c.env {
+		out = append(out, from)
+	}
+	slices.Sort(out)
+	return out
+}
+
 // readEnv returns, for every key an environment variable sets, how it was set
 // (PIPETRAIN_SCHEDULE=gpipe), and a problem for every PIPETRAIN_* variable
 // that sets no key. Empty variables set nothing, as in viper.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -25,8 +26,9 @@ func validateCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			out := cmd.OutOrStdout()
 			theory, _ := schedule.TheoreticalBubble(cfg.Schedule, len(cfg.Stages), cfg.Data.MicroBatches, cfg.VirtualStages)
-			fmt.Printf("%s: ok\n  model %s, %d layers, %s\n  %s schedule, %d stages, %d micro-batches of %d, theoretical bubble %.1f%%\n",
+			fmt.Fprintf(out, "%s: ok\n  model %s, %d layers, %s\n  %s schedule, %d stages, %d micro-batches of %d, theoretical bubble %.1f%%\n",
 				cfg.Path, cfg.Model.Name, len(m.Layers), cfg.Model.DType, cfg.Schedule, len(cfg.Stages), cfg.Data.MicroBatches, cfg.MicroBatchSize(), 100*theory)
 			for i, s := range cfg.Stages {
 				for chunk := range s.Layers {
@@ -35,11 +37,19 @@ func validateCmd() *cobra.Command {
 					if cfg.VirtualStages > 1 {
 						name += fmt.Sprintf(" chunk %d", chunk)
 					}
-					fmt.Printf("  %-16s %-21s layers %-5s in %v -> out %v\n", name, s.Address, s.Layers[chunk], m.ShapeAt(first, cfg.MicroBatchSize()), m.ShapeAt(last, cfg.MicroBatchSize()))
+					fmt.Fprintf(out, "  %-16s %-21s layers %-5s in %v -> out %v\n", name, s.Address, s.Layers[chunk], m.ShapeAt(first, cfg.MicroBatchSize()), m.ShapeAt(last, cfg.MicroBatchSize()))
+				}
+			}
+			if env := cfg.Overrides(); len(env) > 0 {
+				fmt.Fprintf(out, "  from the environment: %s\n", strings.Join(env, ", "))
+			}
+			for i, s := range cfg.Stages {
+				if s.CPUs != "" && !cfg.CPUsCheckedHere(i) {
+					fmt.Fprintf(out, "  note: stages[%d].cpus %q not checked: %s is not this machine; the stage checks them when it starts\n", i, s.CPUs, s.Address)
 				}
 			}
 			if err := cfg.CheckData(); err != nil {
-				fmt.Printf("  warning: %v\n", err)
+				fmt.Fprintf(out, "  warning: %v\n", err)
 			}
 			return nil
 		},
