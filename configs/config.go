@@ -172,8 +172,9 @@ type Stage struct {
 	MetricsAddress string `mapstructure:"metrics_address" json:"metrics_address,omitempty"`
 }
 
-// defaults apply where the file is silent; registering every key also lets
-// PIPETRAIN_* environment variables override keys the file does not mention.
+// defaults apply where the file is silent. Keys without a default (the GPT
+// and CNN sizes, model.hidden) are zero unless set; every key outside stages
+// may also be set by its PIPETRAIN_* variable (see LoadUnchecked).
 var defaults = map[string]any{
 	"name":                      "",
 	"model.name":                "mlp",
@@ -223,6 +224,7 @@ var defaults = map[string]any{
 
 // Load reads a YAML config, applies PIPETRAIN_* environment overrides (a key's dots
 // become underscores: PIPETRAIN_TRAIN_STEPS=50 sets train.steps) and validates it.
+// A key the schema lacks, in the file or as a PIPETRAIN_* variable, is a problem.
 func Load(path string) (*Config, error) {
 	c, err := LoadUnchecked(path)
 	if err != nil {
