@@ -404,13 +404,8 @@ func (c *Config) validateSchedule(p *Problems, model *models.Model) {
 		p.add(field, "%v", err)
 		return
 	}
-	if model != nil && sched.SplitsBackward() {
-		for _, l := range model.Layers {
-			if _, ok := l.(models.Splittable); !ok {
-				p.add("schedule", "%s splits the backward into input and weight gradients; layer %s of model %s cannot", c.Schedule, l.Name(), c.Model.Name)
-				break
-			}
-		}
+	if err := c.CheckScheduleRuns(sched, model); err != nil {
+		p.add("schedule", "%v", err)
 	}
 }
 

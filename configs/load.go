@@ -27,6 +27,17 @@ var nonConfigEnv = map[string]bool{}
 // secretKeys are keys whose values never appear in messages.
 var secretKeys = map[string]bool{"transport.token": true}
 
+// SecretVariables are the PIPETRAIN_* variables of the secret keys, whose
+// values must never be shown or written down.
+func SecretVariables() []string {
+	var out []string
+	for k := range secretKeys {
+		out = append(out, EnvName(k))
+	}
+	slices.Sort(out)
+	return out
+}
+
 // keyTree is the schema of a config section, read from the mapstructure tags
 // of the struct that holds it: a section has keys, a list of sections (stages)
 // has the keys of one entry, and a value has neither.

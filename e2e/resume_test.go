@@ -88,3 +88,28 @@ func TestResumeRefusesChangedSettings(t *testing.T) {
 		t.Errorf("checkpoints changed by refused resumes: %v, now %v", before, after)
 	}
 }
+
+// TestResumeNeedsTheSecretAgain: a token given by variable is never written
+// to the run directory, so a resume must be given it again, and says so.
+func TestResumeNeedsTheSecretAgain(t *testing.T) {
+	needData(t)
+	cfg := withFreshAddresses(t, defaultConfig)
+	const secret = "s3cret-value-never-on-disk"
+	env := []string{"PIPETRAIN_CHECKPOINT_EVERY=5", "PIPETRAIN_TRAIN_EVALUATE=false", "PIPETRAIN_TRANSPORT_TOKEN=" + secret}
+	dir := t.TempDir()
+	if r := run(t, 2*time.Minute, env, "launch", "--config", cfg, "--steps", "5", "--run-dir", dir); r.err != nil {
+		t.Fatalf("first launch: %v\n%s", r.err, r.out)
+	}
+	info, err := os.ReadFile(filepath.Join(dir, "launch.json"))
+	if err != nil || strings.Contains(string(info), secret) || !strings.Contains(string(info), "PIPETRAIN_TRANSPORT_TOKEN") {
+		t.Fatalf("launch.json (%v) holds the secret, or does not name its variable:\n%s", err, info)
+	}
+	r := run(t, time.Minute, nil, "launch", "--resume", dir, "--steps", "7")
+	if r.err == nil || !strings.Contains(r.out, "the run was launched with PIPETRAIN_TRANSPORT_TOKEN set; set it again") {
+		t.Fatalf("resume without the token: %v\n%s", r.err, r.out)
+	}
+	r = run(t, 2*time.Minute, env[2:], "launch", "--resume", dir, "--steps", "7")
+	if r.err != nil || !strings.Contains(r.out, "resumed from the checkpoint of step 5") {
+		t.Fatalf("resume with the token: %v\n%s", r.err, r.out)
+	}
+}

@@ -34,9 +34,6 @@ type launchInfo struct {
 
 const launchFile = "launch.json"
 
-// secretEnv are the variables whose values stay out of launch.json.
-var secretEnv = []string{"PIPETRAIN_TRANSPORT_TOKEN"}
-
 // pipetrainEnv returns the PIPETRAIN_* variables of this process.
 func pipetrainEnv() map[string]string {
 	env := map[string]string{}
@@ -57,7 +54,7 @@ func newLaunchInfo(f runFlags, cfg *configs.Config) (launchInfo, error) {
 		return launchInfo{}, err
 	}
 	info := launchInfo{Config: abs, Steps: f.steps, Env: pipetrainEnv(), Training: cfg.TrainingSettings()}
-	for _, k := range secretEnv {
+	for _, k := range configs.SecretVariables() {
 		if _, ok := info.Env[k]; ok {
 			delete(info.Env, k)
 			info.SecretEnv = append(info.SecretEnv, k)
