@@ -11,6 +11,7 @@ import (
 	"math"
 	"strings"
 
+	"github.com/pipetrain/pipetrain/internal/words"
 	"github.com/pipetrain/pipetrain/timeline"
 )
 
@@ -300,7 +301,7 @@ func WriteHTML(w io.Writer, c *timeline.Chart, r *Report) error {
 	// The chart draws its own title; the page's names the run.
 	title := "pipetrain run"
 	if r != nil {
-		title = fmt.Sprintf("pipetrain run: schedule %s, %d stages, %d micro-batches", r.Info.Schedule, len(r.Stages), r.Info.MicroBatches)
+		title = fmt.Sprintf("pipetrain run: schedule %s, %s, %s", r.Info.Schedule, words.Count(len(r.Stages), "stage"), words.Count(r.Info.MicroBatches, "micro-batch"))
 	} else if c != nil && c.Title != "" {
 		title = c.Title
 	}

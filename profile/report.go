@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/pipetrain/pipetrain/internal/words"
 	"github.com/pipetrain/pipetrain/schedule"
 )
 
@@ -566,8 +567,8 @@ func (r *Report) Write(w io.Writer, opts ...Options) error {
 	case n > 1:
 		analysed += fmt.Sprintf(" (%d-%d)", r.Steps[0].Step, r.Steps[n-1].Step)
 	}
-	fmt.Fprintf(&b, "(schedule %s, %d stages, %d micro-batches, %s, window %s %s)\n",
-		r.Info.Schedule, len(r.Stages), r.Info.MicroBatches, analysed, tf(r.Window), unit)
+	fmt.Fprintf(&b, "(schedule %s, %s, %s, %s, window %s %s)\n",
+		r.Info.Schedule, words.Count(len(r.Stages), "stage"), words.Count(r.Info.MicroBatches, "micro-batch"), analysed, tf(r.Window), unit)
 	if r.PredictErr != nil {
 		fmt.Fprintf(&b, "simulation: %v\n", r.PredictErr)
 	}

@@ -14,6 +14,7 @@ import (
 	"gorgonia.org/tensor"
 
 	"github.com/pipetrain/pipetrain/checkpoint"
+	"github.com/pipetrain/pipetrain/internal/words"
 	"github.com/pipetrain/pipetrain/profile"
 )
 
@@ -91,11 +92,7 @@ func (r *Runtime) saveCheckpoint(ctx context.Context, done int) error {
 			fmt.Fprintf(r.log, "stage 0: %v\n", err)
 			return
 		}
-		parts := "parts"
-		if len(m.Parts) == 1 {
-			parts = "part"
-		}
-		fmt.Fprintf(r.log, "checkpoint of step %d committed (%d %s)\n", m.Step, len(m.Parts), parts)
+		fmt.Fprintf(r.log, "checkpoint of step %d committed (%s)\n", m.Step, words.Count(len(m.Parts), "part"))
 	}()
 	return nil
 }

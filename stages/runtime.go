@@ -20,6 +20,7 @@ import (
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/data"
 	"github.com/pipetrain/pipetrain/internal/blas"
+	"github.com/pipetrain/pipetrain/internal/words"
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/optim"
 	"github.com/pipetrain/pipetrain/profile"
@@ -366,7 +367,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 	for _, e := range r.engines {
 		peak += e.PeakInFlight()
 	}
-	fmt.Fprintf(r.log, "stage %d: done in %.1fs, peak %d micro-batches stashed\n", r.stage, time.Since(start).Seconds(), peak)
+	fmt.Fprintf(r.log, "stage %d: done in %.1fs, peak %s stashed\n", r.stage, time.Since(start).Seconds(), words.Count(peak, "micro-batch"))
 	return nil
 }
 

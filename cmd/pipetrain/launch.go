@@ -16,6 +16,7 @@ import (
 
 	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/internal/words"
 	"github.com/pipetrain/pipetrain/launcher"
 	"github.com/pipetrain/pipetrain/stages"
 )
@@ -48,7 +49,7 @@ func launchCmd() *cobra.Command {
 			if f.steps > 0 {
 				extra = append(extra, "--steps", strconv.Itoa(f.steps))
 			}
-			fmt.Printf("pipetrain: %d stages of %s, run directory %s\n", len(cfg.Stages), cfg.Path, f.runDir)
+			fmt.Printf("pipetrain: %s of %s, run directory %s\n", words.Count(len(cfg.Stages), "stage"), cfg.Path, f.runDir)
 			live := launcher.NewLive(f.runDir, len(cfg.Stages), 10)
 			stopLive := make(chan struct{})
 			go live.Follow(500*time.Millisecond, stopLive)

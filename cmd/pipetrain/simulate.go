@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/internal/words"
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/profile"
 	"github.com/pipetrain/pipetrain/schedule"
@@ -370,7 +371,7 @@ func (c simCosts) print(w io.Writer, cfg *configs.Config, split bool) {
 	} else {
 		transfer += " (" + c.transferFrom + ")"
 	}
-	fmt.Fprintf(w, "%s: %d stages, %d micro-batches; costs per micro-batch %s; %s\n", cfg.Path, len(cfg.Stages), cfg.Data.MicroBatches, c.source, transfer)
+	fmt.Fprintf(w, "%s: %s, %s; costs per micro-batch %s; %s\n", cfg.Path, words.Count(len(cfg.Stages), "stage"), words.Count(cfg.Data.MicroBatches, "micro-batch"), c.source, transfer)
 	for s := range c.F {
 		fmt.Fprintf(w, "  stage %d  F %.3f ms  B %.3f ms%s", s, c.F[s], c.B[s], mark(c.bStages[s]))
 		if split {
@@ -486,8 +487,8 @@ func simulateOne(w io.Writer, s *schedule.Schedule, costs schedule.Costs, stash 
 	fmt.Fprintf(w, "\n%s: makespan %.2f ms, mean bubble %.1f%%%s\n", name, tl.Makespan, 100*mean, theory)
 	chart := &timeline.Chart{Title: fmt.Sprintf("%s: simulated, makespan %.2f ms", name, tl.Makespan), Unit: "ms"}
 	for st := range tl.Spans {
-		fmt.Fprintf(w, "  stage %d  busy %8.2f ms  bubble %5.1f%%  peak stash %d micro-batches (%.2f MiB)\n",
-			st, tl.Busy[st], 100*tl.Bubble[st], tl.PeakInFlight[st], float64(int64(tl.PeakInFlight[st])*stash[st])/(1<<20))
+		fmt.Fprintf(w, "  stage %d  busy %8.2f ms  bubble %5.1f%%  peak stash %s (%.2f MiB)\n",
+			st, tl.Busy[st], 100*tl.Bubble[st], words.Count(tl.PeakInFlight[st], "micro-batch"), float64(int64(tl.PeakInFlight[st])*stash[st])/(1<<20))
 		row := timeline.Row{Name: fmt.Sprintf("stage %d", st), Note: fmt.Sprintf("bubble %.1f%%", 100*tl.Bubble[st])}
 		for _, sp := range tl.Spans[st] {
 			row.Spans = append(row.Spans, timeline.Span{Start: sp.Start, End: sp.End, Kind: timeline.Kind(sp.Action.Kind.String()), MicroBatch: sp.Action.MicroBatch, Chunk: sp.Action.Chunk})
