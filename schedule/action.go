@@ -28,6 +28,11 @@
 // last model stage reads its own loss), needs the same device's forward of
 // that micro-batch, and sends to k-1; a weight pass needs only the same
 // device's input-gradient pass. Sends never block.
+//
+// Such a schedule holds compute only. Lower adds its communication, one pass
+// per kind of traffic (sends and receives, gradient reductions), into a
+// Lowered schedule of Ops that checks, simulates, prints and parses the same
+// way (lower.go, lowered_check.go).
 package schedule
 
 import (

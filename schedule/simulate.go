@@ -78,16 +78,24 @@ func Simulate(s *Schedule, c Costs) (*Timeline, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := s.Stages
+	if err := c.check(s.Stages); err != nil {
+		return nil, err
+	}
+	return simulate(s, x, c)
+}
+
+// check verifies costs for p stages: one forward and backward (and, if
+// given, input-gradient and weight) entry per stage, all finite and >= 0.
+func (c Costs) check(p int) error {
 	if len(c.F) != p || len(c.B) != p {
-		return nil, fmt.Errorf("costs have %d forward and %d backward entries, want %d each", len(c.F), len(c.B), p)
+		return fmt.Errorf("costs have %d forward and %d backward entries, want %d each", len(c.F), len(c.B), p)
 	}
 	for _, opt := range []struct {
 		what string
 		vals []float64
 	}{{"input-gradient", c.I}, {"weight", c.W}} {
 		if opt.vals != nil && len(opt.vals) != p {
-			return nil, fmt.Errorf("costs have %d %s entries, want %d (or none, for B/2)", len(opt.vals), opt.what, p)
+			return fmt.Errorf("costs have %d %s entries, want %d (or none, for B/2)", len(opt.vals), opt.what, p)
 		}
 	}
 	for st := range p {
@@ -102,13 +110,13 @@ func Simulate(s *Schedule, c Costs) (*Timeline, error) {
 			got += fmt.Sprintf(" W=%v", c.W[st])
 		}
 		if !ok {
-			return nil, fmt.Errorf("stage %d: costs must be finite and >= 0, got %s", st, got)
+			return fmt.Errorf("stage %d: costs must be finite and >= 0, got %s", st, got)
 		}
 	}
 	if !nonNegative(c.Transfer) {
-		return nil, fmt.Errorf("transfer cost must be finite and >= 0, got %v", c.Transfer)
+		return fmt.Errorf("transfer cost must be finite and >= 0, got %v", c.Transfer)
 	}
-	return simulate(s, x, c)
+	return nil
 }
 
 func nonNegative(x float64) bool { return x >= 0 && !math.IsInf(x, 1) }

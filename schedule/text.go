@@ -36,7 +36,17 @@ func (s *Schedule) Grid() string {
 // checks only the syntax, naming the line and column of a bad action: call
 // Check on the result to learn whether the schedule is runnable.
 func ParseGrid(text string) (*Schedule, error) {
-	var rows [][]Action
+	rows, err := gridRows(text, ParseAction)
+	if err != nil {
+		return nil, err
+	}
+	return fromRows(rows), nil
+}
+
+// gridRows reads "stage N: items..." lines, N counting from 0, skipping blank
+// lines and "#" comments, each item read by parse.
+func gridRows[T any](text string, parse func(string) (T, error)) ([][]T, error) {
+	var rows [][]T
 	for n, line := range strings.Split(text, "\n") {
 		trimmed := strings.TrimSpace(line)
 		if trimmed == "" || strings.HasPrefix(trimmed, "#") {
@@ -51,7 +61,7 @@ func ParseGrid(text string) (*Schedule, error) {
 		if err != nil || st != len(rows) {
 			return nil, fmt.Errorf("line %d: want stage %d, got %q", n+1, len(rows), f[1])
 		}
-		list := []Action{}
+		list := []T{}
 		for col := len(head) + 1; col < len(line); {
 			for col < len(line) && isSpace(line[col]) {
 				col++
@@ -63,18 +73,18 @@ func ParseGrid(text string) (*Schedule, error) {
 			if w == col {
 				break
 			}
-			a, err := ParseAction(line[w:col])
+			item, err := parse(line[w:col])
 			if err != nil {
 				return nil, fmt.Errorf("line %d, column %d: %w", n+1, w+1, err)
 			}
-			list = append(list, a)
+			list = append(list, item)
 		}
 		rows = append(rows, list)
 	}
 	if len(rows) == 0 {
 		return nil, fmt.Errorf("no stage lines found")
 	}
-	return fromRows(rows), nil
+	return rows, nil
 }
 
 func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f' }

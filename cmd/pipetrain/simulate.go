@@ -66,6 +66,7 @@ type simulateOptions struct {
 	transfer     time.Duration
 	transferSet  bool // --transfer was given
 	reps         int
+	lowered      bool
 }
 
 func simulateCmd() *cobra.Command {
@@ -86,6 +87,7 @@ func simulateCmd() *cobra.Command {
 	c.Flags().StringVar(&o.scheduleFile, "schedule-file", "", "simulate a schedule written by hand (.csv, .yaml, or the grid simulate prints), after checking it")
 	c.Flags().StringVar(&o.costs, "costs", "measure", "action costs: measure (time the config's stages here), a run directory (its events), or f=F,b=B[,w=W] in ms (w defaults to b/2)")
 	c.Flags().DurationVar(&o.transfer, "transfer", 0, "time to move one activation between stages (default: a run's measured mean link delay with --costs RUN_DIR, else estimated from its size at 2 GB/s plus 100us)")
+	c.Flags().BoolVar(&o.lowered, "lowered", false, "also print each schedule lowered: its actions with the sends, receives and gradient reductions the stages execute")
 	c.Flags().IntVar(&o.reps, "reps", 5, "measurements per action when --costs measure (the median is used)")
 	c.Flags().StringVar(&o.svg, "svg", "", "write each schedule's timeline as an SVG: FILE.svg gets the schedule name added before .svg")
 	c.MarkFlagRequired("config")
@@ -138,7 +140,7 @@ func runSimulate(w io.Writer, o simulateOptions) error {
 			fmt.Fprintf(w, "\n%s: not applicable here: %s\n", p.name, p.skip)
 			continue
 		}
-		tl, err := simulateOne(w, p.sched, costs.Costs, stash, o.svg)
+		tl, err := simulateOne(w, p.sched, costs.Costs, stash, o.svg, o.lowered)
 		if err != nil {
 			return err
 		}
@@ -461,11 +463,16 @@ func parseUniform(s string) (uniform, error) {
 	return u, nil
 }
 
-// simulateOne simulates s and prints its summary, per-stage figures, text
-// timeline and its actions as a grid ParseGrid reads back; with svg, it also
-// writes the timeline as an SVG.
-func simulateOne(w io.Writer, s *schedule.Schedule, costs schedule.Costs, stash []int64, svg string) (*schedule.Timeline, error) {
-	tl, err := schedule.Simulate(s, costs)
+// simulateOne lowers s (adding its sends, receives and reductions),
+// simulates the result and prints its summary, per-stage figures, text
+// timeline and its actions as a grid ParseGrid reads back; with lowered, also
+// the lowered ops; with svg, it also writes the timeline as an SVG.
+func simulateOne(w io.Writer, s *schedule.Schedule, costs schedule.Costs, stash []int64, svg string, lowered bool) (*schedule.Timeline, error) {
+	l, err := schedule.Lower(s)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", s.Name, err)
+	}
+	tl, err := l.Simulate(costs)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", s.Name, err)
 	}
@@ -499,10 +506,10 @@ func simulateOne(w io.Writer, s *schedule.Schedule, costs schedule.Costs, stash 
 		return nil, err
 	}
 	fmt.Fprintf(w, "  # %s: actions per stage, in the grid form --schedule-file and schedule_file read\n", name)
-	for _, line := range strings.SplitAfter(s.Grid(), "\n") {
-		if line != "" {
-			fmt.Fprint(w, "  "+line)
-		}
+	printIndented(w, s.Grid())
+	if lowered {
+		fmt.Fprintf(w, "  # %s lowered: each action with its receive (<from) and send (>to), and each chunk's gradient reduction (R)\n", name)
+		printIndented(w, l.Grid())
 	}
 	if svg == "" {
 		return tl, nil
@@ -541,3 +548,12 @@ func loadScheduleFile(path string) (*schedule.Schedule, error) {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }
+
+// printIndented prints text's lines indented by two spaces.
+func printIndented(w io.Writer, text string) {
+	for _, line := range strings.SplitAfter(text, "\n") {
+		if line != "" {
+			fmt.Fprint(w, "  "+line)
+		}
+	}
+}

@@ -420,3 +420,45 @@ func TestSimulateTransferFlag(t *testing.T) {
 		t.Errorf("--transfer 0 not used as given:\n%s", out)
 	}
 }
+
+// TestSimulateLowered: --lowered prints, for every schedule, the lowered ops
+// after its grid; they parse back, pass the lowered Check, and hold the
+// printed compute grid.
+func TestSimulateLowered(t *testing.T) {
+	out, err := runSimulateCmd(t, "--config", writeSimConfig(t, simMLP), "--costs", "f=1,b=2", "--lowered")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	grids := printedGrids(out)
+	lines := strings.Split(out, "\n")
+	found := 0
+	for i, line := range lines {
+		name, ok := strings.CutSuffix(strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(line), "# ")), " lowered: each action with its receive (<from) and send (>to), and each chunk's gradient reduction (R)")
+		if !ok || !strings.HasPrefix(strings.TrimSpace(line), "#") {
+			continue
+		}
+		name, _, _ = strings.Cut(name, " (")
+		var block []string
+		for _, l := range lines[i+1:] {
+			if !strings.HasPrefix(strings.TrimSpace(l), "stage ") {
+				break
+			}
+			block = append(block, l)
+		}
+		l, err := schedule.ParseLoweredGrid(strings.Join(block, "\n"))
+		if err == nil {
+			err = l.Check()
+		}
+		if err != nil {
+			t.Fatalf("%s: the lowered grid does not check: %v\n%s", name, err, strings.Join(block, "\n"))
+		}
+		compute, err := schedule.ParseGrid(grids[name])
+		if err != nil || !reflect.DeepEqual(compute.Actions, l.Compute().Actions) {
+			t.Errorf("%s: the lowered ops do not hold the printed grid (%v)", name, err)
+		}
+		found++
+	}
+	if found != len(schedule.Names()) {
+		t.Errorf("%d lowered grids printed, want one per schedule (%d):\n%s", found, len(schedule.Names()), out)
+	}
+}

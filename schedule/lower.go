@@ -1,0 +1,297 @@
+package schedule
+
+import (
+	"fmt"
+	"strings"
+)
+
+// A lowered schedule is a compute-only Schedule with its communication made
+// explicit, as torch.distributed.pipelining lowers a compute schedule with
+// passes (_add_send_recv, _add_reduce_grad) into the action list its runtime
+// executes one by one. Each kind of traffic is added by its own pass, so new
+// traffic (a data-parallel all-reduce, another placement of chunks) is a new
+// pass and a new op, not an edit to every consumer. Lowering is pure: the
+// same schedule always lowers to the same ops.
+
+// OpKind says what one op of a lowered schedule does.
+type OpKind uint8
+
+const (
+	Compute    OpKind = iota // run Action
+	RecvAct                  // receive the input of Action (a forward) from Peer
+	SendAct                  // send the output of Action (a forward) to Peer
+	RecvGrad                 // receive the output gradient Action (B or I) needs from Peer
+	SendGrad                 // send the input gradient Action (B or I) computed to Peer
+	ReduceGrad               // the stage's gradients of Action.Chunk are final for the step: reduce them across replicas
+	numOpKinds
+)
+
+func (k OpKind) String() string {
+	switch k {
+	case Compute:
+		return "compute"
+	case RecvAct:
+		return "recv activation"
+	case SendAct:
+		return "send activation"
+	case RecvGrad:
+		return "recv gradient"
+	case SendGrad:
+		return "send gradient"
+	case ReduceGrad:
+		return "reduce gradients"
+	}
+	return fmt.Sprintf("OpKind(%d)", uint8(k))
+}
+
+// Op is one step of a lowered schedule. Action is the compute action the op
+// runs or carries the tensor of (for ReduceGrad only its Stage and Chunk
+// count); Peer is the stage at the other end of a send or receive, -1
+// otherwise.
+type Op struct {
+	Kind   OpKind
+	Action Action
+	Peer   int
+}
+
+// String renders an op in the grid's vocabulary: a compute op as its action
+// ("2F0c1"); a receive as the action that needs it and "<" its sender
+// ("2F0<1": stage 2 receives micro-batch 0's activation from stage 1,
+// "2B0<3": its output gradient from stage 3); a send as the action that made
+// it and ">" its receiver ("2F0>3", "2B0>1"); a reduction as "2R" (chunk 0)
+// or "2Rc1". ParseOp inverts it.
+func (o Op) String() string {
+	switch o.Kind {
+	case Compute:
+		return o.Action.String()
+	case RecvAct, RecvGrad:
+		return fmt.Sprintf("%v<%d", o.Action, o.Peer)
+	case SendAct, SendGrad:
+		return fmt.Sprintf("%v>%d", o.Action, o.Peer)
+	case ReduceGrad:
+		if o.Action.Chunk != 0 {
+			return fmt.Sprintf("%dRc%d", o.Action.Stage, o.Action.Chunk)
+		}
+		return fmt.Sprintf("%dR", o.Action.Stage)
+	}
+	return fmt.Sprintf("%v?%v", o.Action, o.Kind)
+}
+
+// ParseOp is the inverse of Op.String.
+func ParseOp(s string) (Op, error) {
+	if i := strings.IndexAny(s, "<>"); i >= 0 {
+		a, err := ParseAction(s[:i])
+		if err != nil {
+			return Op{}, fmt.Errorf("parse op %q: %w", s, err)
+		}
+		peer, rest, ok := leadingInt(s[i+1:])
+		if !ok || rest != "" {
+			return Op{}, fmt.Errorf("parse op %q: want a stage number after %q", s, s[i])
+		}
+		o := Op{Action: a, Peer: peer}
+		switch {
+		case a.Kind == Forward && s[i] == '<':
+			o.Kind = RecvAct
+		case a.Kind == Forward:
+			o.Kind = SendAct
+		case (a.Kind == Backward || a.Kind == Input) && s[i] == '<':
+			o.Kind = RecvGrad
+		case a.Kind == Backward || a.Kind == Input:
+			o.Kind = SendGrad
+		default:
+			return Op{}, fmt.Errorf("parse op %q: a %v pass sends and receives nothing", s, a.Kind)
+		}
+		return o, nil
+	}
+	if stage, rest, ok := leadingInt(s); ok && strings.HasPrefix(rest, "R") {
+		o := Op{Kind: ReduceGrad, Action: Action{Stage: stage}, Peer: -1}
+		if rest = rest[1:]; rest != "" {
+			c, tail, ok := leadingInt(strings.TrimPrefix(rest, "c"))
+			if !strings.HasPrefix(rest, "c") || !ok || tail != "" {
+				return Op{}, fmt.Errorf("parse op %q: want <stage>R or <stage>Rc<chunk>", s)
+			}
+			o.Action.Chunk = c
+		}
+		return o, nil
+	}
+	a, err := ParseAction(s)
+	if err != nil {
+		return Op{}, err
+	}
+	return Op{Kind: Compute, Action: a, Peer: -1}, nil
+}
+
+// Tag is the chunk a tensor of this send or receive is tagged with on the
+// wire: the chunk of the upstream model stage of the boundary it crosses, so
+// that the two ends agree whichever of them names it. It is -1 for other ops.
+func (o Op) Tag(stages int) int {
+	ms := o.Action.ModelStage(stages)
+	switch o.Kind {
+	case RecvAct, SendGrad:
+		return (ms - 1) / stages
+	case SendAct, RecvGrad:
+		return ms / stages
+	}
+	return -1
+}
+
+// matches reports whether o and r are the two ends of one message: a send
+// and the receive it feeds.
+func (o Op) matches(r Op, stages int) bool {
+	switch {
+	case o.Kind == SendAct && r.Kind == RecvAct:
+		return r.Action.MicroBatch == o.Action.MicroBatch && r.Action.ModelStage(stages) == o.Action.ModelStage(stages)+1
+	case o.Kind == SendGrad && r.Kind == RecvGrad:
+		return r.Action.MicroBatch == o.Action.MicroBatch && r.Action.ModelStage(stages) == o.Action.ModelStage(stages)-1
+	}
+	return false
+}
+
+// Lowered is a schedule with its communication: Ops[s] is everything stage s
+// does in one training step, in order.
+type Lowered struct {
+	Name         string
+	Stages       int
+	MicroBatches int
+	Chunks       int
+	Ops          [][]Op
+}
+
+// Pass adds one kind of traffic to a lowered schedule.
+type Pass func(*Lowered)
+
+// Lower checks a compute-only schedule and lowers it with the given passes,
+// by default AddSendRecv then AddReduceGrad.
+func Lower(s *Schedule, passes ...Pass) (*Lowered, error) {
+	if err := s.Check(); err != nil {
+		return nil, err
+	}
+	if len(passes) == 0 {
+		passes = []Pass{AddSendRecv, AddReduceGrad}
+	}
+	l := &Lowered{Name: s.Name, Stages: s.Stages, MicroBatches: s.MicroBatches, Chunks: s.Chunks, Ops: make([][]Op, s.Stages)}
+	for st, list := range s.Actions {
+		for _, a := range list {
+			l.Ops[st] = append(l.Ops[st], Op{Kind: Compute, Action: a, Peer: -1})
+		}
+	}
+	for _, pass := range passes {
+		pass(l)
+	}
+	return l, nil
+}
+
+// AddSendRecv puts each compute op's receive right before it and its send
+// right after it: a forward receives its input from the previous model
+// stage's device (none on model stage 0, which reads data) and sends its
+// output to the next (none on the last, which computes the loss); a full or
+// input-gradient backward receives its output gradient from the next model
+// stage's device (none on the last) and sends its input gradient to the
+// previous one (none on model stage 0); a weight pass neither sends nor
+// receives.
+func AddSendRecv(l *Lowered) {
+	p, v := l.Stages, l.Chunks
+	for st, ops := range l.Ops {
+		var out []Op
+		for _, o := range ops {
+			if o.Kind != Compute {
+				out = append(out, o)
+				continue
+			}
+			a := o.Action
+			recv, send := RecvAct, SendAct
+			if a.Kind == Backward || a.Kind == Input {
+				recv, send = RecvGrad, SendGrad
+			}
+			if a.Kind != Weight {
+				if from := a.RecvFrom(p, v); from >= 0 {
+					out = append(out, Op{Kind: recv, Action: a, Peer: from})
+				}
+			}
+			out = append(out, o)
+			if a.Kind != Weight {
+				if to := a.SendTo(p, v); to >= 0 {
+					out = append(out, Op{Kind: send, Action: a, Peer: to})
+				}
+			}
+		}
+		l.Ops[st] = out
+	}
+}
+
+// AddReduceGrad puts, for each chunk of each stage, a ReduceGrad right after
+// the op that completes the chunk's last gradient of the step (its last full
+// backward or weight pass, and after that op's send): from there on the
+// chunk's gradients may be reduced across data-parallel replicas while the
+// stage computes on.
+func AddReduceGrad(l *Lowered) {
+	for st, ops := range l.Ops {
+		last := make([]int, l.Chunks) // per chunk, the position of the last gradient-completing op
+		for i := range last {
+			last[i] = -1
+		}
+		for i, o := range ops {
+			if o.Kind == Compute && (o.Action.Kind == Backward || o.Action.Kind == Weight) {
+				last[o.Action.Chunk] = i
+			} else if o.Kind == SendGrad && last[o.Action.Chunk] == i-1 && ops[i-1].Action == o.Action {
+				last[o.Action.Chunk] = i
+			}
+		}
+		var out []Op
+		for i, o := range ops {
+			out = append(out, o)
+			for c, at := range last {
+				if at == i {
+					out = append(out, Op{Kind: ReduceGrad, Action: Action{Stage: st, Chunk: c}, Peer: -1})
+				}
+			}
+		}
+		l.Ops[st] = out
+	}
+}
+
+// Compute returns the compute-only schedule inside a lowered one.
+func (l *Lowered) Compute() *Schedule {
+	s := &Schedule{Name: l.Name, Stages: l.Stages, MicroBatches: l.MicroBatches, Chunks: l.Chunks, Actions: make([][]Action, len(l.Ops))}
+	for st, ops := range l.Ops {
+		for _, o := range ops {
+			if o.Kind == Compute {
+				s.Actions[st] = append(s.Actions[st], o.Action)
+			}
+		}
+	}
+	return s
+}
+
+// Grid prints a lowered schedule one stage per line, as Schedule.Grid prints
+// a compute-only one: "stage 0: 0F0 0F0>1 0F1 0F1>1 0B0<1 0B0 0R".
+func (l *Lowered) Grid() string {
+	var b strings.Builder
+	for st, ops := range l.Ops {
+		b.WriteString(stageLabel(st, len(l.Ops)))
+		for _, o := range ops {
+			b.WriteString(" " + o.String())
+		}
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// ParseLoweredGrid reads what Lowered.Grid prints; the sizes are those of its
+// compute ops. The result is not checked: call Check.
+func ParseLoweredGrid(text string) (*Lowered, error) {
+	rows, err := gridRows(text, ParseOp)
+	if err != nil {
+		return nil, err
+	}
+	l := &Lowered{Stages: len(rows), Chunks: 1, Ops: rows}
+	for _, ops := range rows {
+		for _, o := range ops {
+			if o.Kind == Compute {
+				l.MicroBatches = max(l.MicroBatches, o.Action.MicroBatch+1)
+			}
+			l.Chunks = max(l.Chunks, o.Action.Chunk+1)
+		}
+	}
+	return l, nil
+}

@@ -1,0 +1,229 @@
+package schedule
+
+import (
+	"fmt"
+	"strings"
+)
+
+// message names one tensor of a step on the wire: what carries it (an
+// activation or a gradient), the micro-batch, and the model stage that sends it.
+type message struct {
+	grad       bool
+	microBatch int
+	from       int // model stage of the sender
+}
+
+func (o Op) message(stages int) message {
+	return message{grad: o.Kind == SendGrad || o.Kind == RecvGrad, microBatch: o.Action.MicroBatch, from: o.senderModelStage(stages)}
+}
+
+func (o Op) senderModelStage(stages int) int {
+	ms := o.Action.ModelStage(stages)
+	switch o.Kind {
+	case RecvAct:
+		return ms - 1
+	case RecvGrad:
+		return ms + 1
+	}
+	return ms
+}
+
+func (o Op) isSend() bool { return o.Kind == SendAct || o.Kind == SendGrad }
+func (o Op) isRecv() bool { return o.Kind == RecvAct || o.Kind == RecvGrad }
+
+// Check verifies a lowered schedule: its compute ops form a schedule that
+// passes Schedule.Check; every op sits on its own stage's list; each compute
+// op that needs a tensor from another model stage is preceded by exactly one
+// receive of it, and each that produces one for another model stage followed
+// by exactly one send of it; every send names the stage that receives it and
+// has exactly one matching receive there, and every receive one send; each
+// chunk's gradients are reduced exactly once, after its last gradient op; and
+// the whole plays to the end in the simulator (no deadlock). Errors name the
+// first offending op.
+func (l *Lowered) Check() error {
+	_, err := l.simulate(UniformCosts(l.Stages, 1, 1, 0))
+	return err
+}
+
+// validate is Check without the deadlock search.
+func (l *Lowered) validate() error {
+	if len(l.Ops) != l.Stages {
+		return fmt.Errorf("lowered schedule has %d stage lists, want %d", len(l.Ops), l.Stages)
+	}
+	for st, ops := range l.Ops {
+		for j, o := range ops {
+			if o.Kind >= numOpKinds {
+				return fmt.Errorf("stage %d: op %d: unknown kind %d", st, j, uint8(o.Kind))
+			}
+			if o.Action.Stage != st {
+				return fmt.Errorf("stage %d: op %v at position %d belongs on stage %d's list", st, o, j, o.Action.Stage)
+			}
+		}
+	}
+	if err := l.Compute().Check(); err != nil {
+		return err
+	}
+	p, v := l.Stages, l.Chunks
+	sends, recvs := map[message]Op{}, map[message]Op{}
+	for st, ops := range l.Ops {
+		reduced := make([]int, v)
+		for j, o := range ops {
+			bad := func(format string, args ...any) error {
+				return fmt.Errorf("stage %d: op %v at position %d: %s", st, o, j, fmt.Sprintf(format, args...))
+			}
+			switch {
+			case o.Kind == Compute:
+				if err := l.checkComm(ops, j); err != nil {
+					return bad("%v", err)
+				}
+			case o.isSend() || o.isRecv():
+				want := o.Action.SendTo(p, v)
+				if o.isRecv() {
+					want = o.Action.RecvFrom(p, v)
+				}
+				if want < 0 || (o.Kind == SendAct || o.Kind == RecvAct) != (o.Action.Kind == Forward) || o.Action.Kind == Weight {
+					return bad("%v carries nothing of this kind", o.Action)
+				}
+				if o.Peer != want {
+					return bad("the other end is stage %d, not %d", want, o.Peer)
+				}
+				set := sends
+				if o.isRecv() {
+					set = recvs
+				}
+				if _, dup := set[o.message(p)]; dup {
+					return bad("appears twice")
+				}
+				set[o.message(p)] = o
+			case o.Kind == ReduceGrad:
+				c := o.Action.Chunk
+				if c < 0 || c >= v {
+					return bad("chunk %d out of range [0, %d)", c, v)
+				}
+				if reduced[c]++; reduced[c] > 1 {
+					return bad("chunk %d's gradients are reduced twice", c)
+				}
+				for _, later := range ops[j+1:] {
+					if later.Kind == Compute && later.Action.Chunk == c && (later.Action.Kind == Backward || later.Action.Kind == Weight) {
+						return bad("comes before %v, which still adds to chunk %d's gradients", later, c)
+					}
+				}
+			}
+		}
+	}
+	for m, s := range sends {
+		if _, ok := recvs[m]; !ok {
+			return fmt.Errorf("stage %d: send %v has no matching receive on stage %d", s.Action.Stage, s, s.Peer)
+		}
+	}
+	for m, r := range recvs {
+		if _, ok := sends[m]; !ok {
+			return fmt.Errorf("stage %d: receive %v has no matching send on stage %d", r.Action.Stage, r, r.Peer)
+		}
+	}
+	return nil
+}
+
+// checkComm verifies that the compute op at ops[j] has the receive it needs
+// before it and the send it owes after it, each exactly once on this list.
+func (l *Lowered) checkComm(ops []Op, j int) error {
+	a := ops[j].Action
+	p, v := l.Stages, l.Chunks
+	if a.Kind == Weight {
+		return nil
+	}
+	recv, send := RecvAct, SendAct
+	if a.Kind != Forward {
+		recv, send = RecvGrad, SendGrad
+	}
+	count := func(k OpKind, from, to int) int {
+		n := 0
+		for _, o := range ops[from:to] {
+			if o.Kind == k && o.Action == a {
+				n++
+			}
+		}
+		return n
+	}
+	if a.RecvFrom(p, v) >= 0 && count(recv, 0, j) != 1 {
+		return fmt.Errorf("needs exactly one %s before it (%v<%d), found %d", recv, a, a.RecvFrom(p, v), count(recv, 0, j))
+	}
+	if a.SendTo(p, v) >= 0 && count(send, j+1, len(ops)) != 1 {
+		return fmt.Errorf("needs exactly one %s after it (%v>%d), found %d", send, a, a.SendTo(p, v), count(send, j+1, len(ops)))
+	}
+	return nil
+}
+
+// Simulate plays a lowered schedule as Simulate plays a compute-only one: a
+// stage runs its ops in order; a compute op takes its cost, a receive waits
+// for its message (the send's time, plus Costs.Transfer between stages), a
+// send and a reduction take no time (sends never block: receivers read
+// ahead). On a schedule lowered from s it gives s's timeline exactly.
+func (l *Lowered) Simulate(c Costs) (*Timeline, error) {
+	if err := c.check(l.Stages); err != nil {
+		return nil, err
+	}
+	return l.simulate(c)
+}
+
+func (l *Lowered) simulate(c Costs) (*Timeline, error) {
+	if err := l.validate(); err != nil {
+		return nil, err
+	}
+	p, v := l.Stages, l.Chunks
+	sent := map[message]float64{} // when each message left its sender
+	clock := make([]float64, p)   // each stage's time after its last op
+	next := make([]int, p)        // each stage's next op
+	tl := &Timeline{
+		Spans:        make([][]Span, p),
+		Busy:         make([]float64, p),
+		Bubble:       make([]float64, p),
+		PeakInFlight: l.Compute().PeakInFlight(),
+	}
+	for moved := true; moved; {
+		moved = false
+		for st := range p {
+		run:
+			for ; next[st] < len(l.Ops[st]); next[st]++ {
+				o := l.Ops[st][next[st]]
+				switch {
+				case o.Kind == Compute:
+					d := c.duration(o.Action, v)
+					tl.Spans[st] = append(tl.Spans[st], Span{Action: o.Action, Start: clock[st], End: clock[st] + d})
+					tl.Busy[st] += d
+					clock[st] += d
+				case o.isSend():
+					sent[o.message(p)] = clock[st]
+				case o.isRecv():
+					t, ok := sent[o.message(p)]
+					if !ok {
+						break run
+					}
+					if o.Peer != st {
+						t += c.Transfer
+					}
+					clock[st] = max(clock[st], t)
+				}
+				moved = true
+			}
+		}
+	}
+	var waits []string
+	for st := range p {
+		if n := next[st]; n < len(l.Ops[st]) {
+			waits = append(waits, fmt.Sprintf("stage %d waits at %v", st, l.Ops[st][n]))
+		}
+	}
+	if len(waits) > 0 {
+		return nil, fmt.Errorf("deadlock: %s", strings.Join(waits, "; "))
+	}
+	for st := range p {
+		tl.Makespan = max(tl.Makespan, clock[st])
+	}
+	for st := range p {
+		if tl.Makespan > 0 {
+			tl.Bubble[st] = 1 - tl.Busy[st]/tl.Makespan
+		}
+	}
+	return tl, nil
+}
