@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/pipetrain/pipetrain/models"
+	"github.com/pipetrain/pipetrain/optim"
 	"github.com/pipetrain/pipetrain/schedule"
 )
 
@@ -86,15 +87,8 @@ type Train struct {
 	EvalEvery int `mapstructure:"eval_every" json:"eval_every,omitempty"`
 }
 
-// Optimizer is sgd (with optional momentum) or adam.
-type Optimizer struct {
-	Name     string  `mapstructure:"name" json:"name"`
-	LR       float64 `mapstructure:"lr" json:"lr"`
-	Momentum float64 `mapstructure:"momentum" json:"momentum"`
-	Beta1    float64 `mapstructure:"beta1" json:"beta1"`
-	Beta2    float64 `mapstructure:"beta2" json:"beta2"`
-	Eps      float64 `mapstructure:"eps" json:"eps"`
-}
+// Optimizer is sgd (with optional momentum) or adam: optim's own spec.
+type Optimizer = optim.Spec
 
 // Compute sets how each process computes.
 type Compute struct {

@@ -9,14 +9,12 @@ import (
 	"math"
 
 	"gorgonia.org/tensor"
-
-	"github.com/pipetrain/pipetrain/configs"
 )
 
 // Optimizer updates one list of parameters (a stage chunk's), always in the same
 // order, so two processes holding the same parameters compute the same update.
 type Optimizer struct {
-	cfg    configs.Optimizer
+	cfg    Spec
 	shapes []tensor.Shape
 	dt     tensor.Dtype
 	steps  int64
@@ -26,7 +24,7 @@ type Optimizer struct {
 }
 
 // New makes the configured optimizer for parameters of the given shapes.
-func New(o configs.Optimizer, dt tensor.Dtype, shapes []tensor.Shape) (*Optimizer, error) {
+func New(o Spec, dt tensor.Dtype, shapes []tensor.Shape) (*Optimizer, error) {
 	if dt != tensor.Float32 && dt != tensor.Float64 {
 		return nil, fmt.Errorf("optimizer: unsupported dtype %v", dt)
 	}

@@ -4,15 +4,13 @@ import (
 	"testing"
 
 	"gorgonia.org/tensor"
-
-	"github.com/pipetrain/pipetrain/configs"
 )
 
 // BenchmarkAdam3M is one Adam step over 3.2 million float32 parameters (a
 // 3136x1024 layer), the size of the largest stage in docs/profiling.md.
 func BenchmarkAdam3M(b *testing.B) {
 	shape := tensor.Shape{3136, 1024}
-	o, err := New(configs.Optimizer{Name: "adam", LR: 1e-3, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8}, tensor.Float32, []tensor.Shape{shape})
+	o, err := New(Spec{Name: "adam", LR: 1e-3, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8}, tensor.Float32, []tensor.Shape{shape})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -5,13 +5,11 @@ import (
 	"testing"
 
 	"gorgonia.org/tensor"
-
-	"github.com/pipetrain/pipetrain/configs"
 )
 
 // textbook is Adam, SGD and momentum as written in their papers, on one scalar
 // parameter, for comparison.
-func textbook(o configs.Optimizer, p float64, grads []float64) float64 {
+func textbook(o Spec, p float64, grads []float64) float64 {
 	var m, v, buf float64
 	for t, g := range grads {
 		switch {
@@ -33,7 +31,7 @@ func textbook(o configs.Optimizer, p float64, grads []float64) float64 {
 
 func TestOptimizersMatchTextbook(t *testing.T) {
 	grads := []float64{0.5, -0.25, 0.125, 1.5, -2, 0.01, 0}
-	cases := []configs.Optimizer{
+	cases := []Spec{
 		{Name: "sgd", LR: 0.1},
 		{Name: "sgd", LR: 0.1, Momentum: 0.9},
 		{Name: "adam", LR: 0.01, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8},
@@ -75,7 +73,7 @@ func TestOptimizersMatchTextbook(t *testing.T) {
 // TestStateRestores checks that an optimizer rebuilt from another's step count
 // and buffers continues with the same bits.
 func TestStateRestores(t *testing.T) {
-	c := configs.Optimizer{Name: "adam", LR: 0.01, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8}
+	c := Spec{Name: "adam", LR: 0.01, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8}
 	shapes := []tensor.Shape{{2, 3}, {3}}
 	run := func(o *Optimizer, ps []*tensor.Dense, from, to int) {
 		for s := from; s < to; s++ {
@@ -125,12 +123,12 @@ func TestStateRestores(t *testing.T) {
 }
 
 func TestStepRejectsMismatchedShapes(t *testing.T) {
-	o, _ := New(configs.Optimizer{Name: "sgd", LR: 1}, tensor.Float32, []tensor.Shape{{2}})
+	o, _ := New(Spec{Name: "sgd", LR: 1}, tensor.Float32, []tensor.Shape{{2}})
 	p := tensor.New(tensor.Of(tensor.Float32), tensor.WithShape(3))
 	if err := o.Step([]*tensor.Dense{p}, []*tensor.Dense{p}); err == nil {
 		t.Error("a (3) parameter accepted for a (2) slot")
 	}
-	if _, err := New(configs.Optimizer{Name: "lion"}, tensor.Float32, nil); err == nil {
+	if _, err := New(Spec{Name: "lion"}, tensor.Float32, nil); err == nil {
 		t.Error("unknown optimizer accepted")
 	}
 }
