@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -32,8 +31,8 @@ type Config struct {
 	// ScheduleFile holds a user's schedule (with schedule: custom): CSV, YAML or
 	// the grid the simulator prints; a relative path is relative to the config.
 	ScheduleFile string `mapstructure:"schedule_file" json:"schedule_file,omitempty"`
-	// ScheduleText is the loaded custom schedule, so the digest covers its
-	// contents, not just its path.
+	// ScheduleText is the loaded custom schedule (see readScheduleFile), so
+	// the digest covers its contents, not just its path.
 	ScheduleText string `mapstructure:"-" json:"schedule_text,omitempty"`
 	// VirtualStages is the number of model chunks each stage holds (interleaved
 	// schedules); 1 otherwise.
@@ -411,12 +410,7 @@ func (c *Config) BuildSchedule() (*schedule.Schedule, error) {
 	if c.Schedule != "custom" {
 		return schedule.Build(c.Schedule, p, m, c.VirtualStages)
 	}
-	path := c.ScheduleFile
-	if !filepath.IsAbs(path) && c.Path != "" {
-		path = filepath.Join(filepath.Dir(c.Path), path)
-	}
-	// Once loaded, the schedule comes from the text the digest covers, never from
-	// the file again: a file edited after validation cannot change a running job.
+	path := c.resolve(c.ScheduleFile)
 	var s *schedule.Schedule
 	var err error
 	if c.ScheduleText != "" {
@@ -435,12 +429,26 @@ func (c *Config) BuildSchedule() (*schedule.Schedule, error) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	s.Name = "custom"
-	var text strings.Builder
-	if err := s.WriteCSV(&text); err != nil {
-		return nil, err
-	}
-	c.ScheduleText = text.String()
 	return s, nil
+}
+
+// readScheduleFile keeps a custom schedule's contents, as CSV, in
+// ScheduleText when the config is loaded: the digest then covers the
+// schedule itself, and BuildSchedule never reads the file again, so a file
+// edited after loading cannot change a running job. A file that cannot be
+// read is left to BuildSchedule (and so Validate) to report.
+func (c *Config) readScheduleFile() {
+	if c.Schedule != "custom" || c.ScheduleFile == "" {
+		return
+	}
+	s, err := schedule.ReadFile(c.resolve(c.ScheduleFile))
+	if err != nil {
+		return
+	}
+	var text strings.Builder
+	if s.WriteCSV(&text) == nil {
+		c.ScheduleText = text.String()
+	}
 }
 
 func (c *Config) validateOptimizer(p *Problems) {

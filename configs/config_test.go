@@ -3,6 +3,7 @@ package configs
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -230,6 +231,17 @@ func TestCustomScheduleFile(t *testing.T) {
 	s, err := c.BuildSchedule()
 	if err != nil || s.Name != "custom" || len(s.Actions[1]) != 8 {
 		t.Fatalf("custom schedule: %v %+v", err, s)
+	}
+	// A config made in code, never loaded, reads the file; building from it
+	// leaves it as it was.
+	inCode := *c
+	inCode.ScheduleText = ""
+	before := inCode
+	if fromFile, err := inCode.BuildSchedule(); err != nil || fromFile.Grid() != s.Grid() {
+		t.Errorf("building from the file: %v", err)
+	}
+	if !reflect.DeepEqual(before, inCode) {
+		t.Error("BuildSchedule changed the config it was given")
 	}
 	digest := c.Digest()
 	// The loaded schedule is kept: later builds do not read the file again.

@@ -405,16 +405,27 @@ func (r *Runtime) writeRunInfo() error {
 	theory, _ := schedule.TheoreticalBubble(r.schedName, r.stages, r.cfg.Data.MicroBatches, len(r.engines))
 	info := profile.RunInfo{Schedule: r.schedName, Stages: r.stages, MicroBatches: r.cfg.Data.MicroBatches, Steps: r.cfg.Train.Steps, Chunks: len(r.engines), TheoreticalBubble: theory}
 	if r.schedName == "custom" {
-		info.ScheduleCSV = r.cfg.ScheduleText
+		// The schedule itself, so profile can simulate what ran.
+		sched, err := r.cfg.BuildSchedule()
+		if err != nil {
+			return err
+		}
+		var csv strings.Builder
+		if err := sched.WriteCSV(&csv); err != nil {
+			return err
+		}
+		info.ScheduleCSV = csv.String()
 	}
-	b, _ := json.MarshalIndent(info, "", "  ")
+	b, err := json.MarshalIndent(info, "", "  ")
+	if err != nil {
+		return err
+	}
 	return checkpoint.WriteAtomic(filepath.Join(r.runDir, "run.json"), func(w io.Writer) error {
 		_, err := w.Write(append(b, '\n'))
 		return err
 	})
 }
 
-// trainStep runs this stage's actions for one global batch, then the optimizer.
 // evaluatesLast reports whether the evaluation after step done, the last, is
 // run inside the step loop: when evaluations are logged every eval_every steps
 // and either the final one is wanted (train.evaluate) or done is a multiple.
@@ -423,6 +434,7 @@ func (r *Runtime) evaluatesLast(done int) bool {
 	return done == r.cfg.Train.Steps && every > 0 && (r.cfg.Train.Evaluate || done%every == 0)
 }
 
+// trainStep runs this stage's actions for one global batch, then the optimizer.
 func (r *Runtime) trainStep(ctx context.Context, step int) error {
 	r.losses = make([]float64, r.cfg.Data.MicroBatches)
 	for i, a := range r.actions {
