@@ -1,0 +1,24 @@
+// Package stages runs one pipeline stage: it builds the stage's slice of the
+// model as gorgonia programs (Engine), connects to its neighbours (Connect),
+// and executes its schedule's actions step after step (Runtime), writing the
+// run directory's logs, metrics, checkpoints and weights. The same Runtime,
+// holding every layer on one chunk, is the one-process reference that
+// pipelined runs must equal bit for bit.
+//
+// # Concurrency
+//
+// A Runtime is driven by one goroutine, the one that calls Run: every
+// action, send, receive, log line of the training loop and file write happens
+// there, in schedule order. Only these are safe from other goroutines while
+// Run is in progress:
+//
+//   - Activity, which reads atomics the training goroutine stores (a status
+//     query answers from a signal handler's goroutine);
+//   - Metrics, whose counters are guarded by their own mutex (the Prometheus
+//     handler reads them from its HTTP goroutines).
+//
+// Run starts goroutines of its own only on stage 0, one per checkpoint, to
+// wait for every stage's part and commit the manifest; they end before Run
+// returns, and write to the log only one whole line at a time. The links'
+// own goroutines belong to the transport (see transport.Link).
+package stages
