@@ -226,6 +226,22 @@ func TestLaunchEqualsReference(t *testing.T) {
 					t.Errorf("profile lacks %q (%v):\n%s", want, prof.err, prof.out)
 				}
 			}
+			// Each stage process recorded the clock it ran on: one boot id,
+			// so the profile never shifts them apart.
+			boot, host := strings.TrimSpace(readFile("/proc/sys/kernel/random/boot_id")), hostname(t)
+			for i := range 4 {
+				var c struct {
+					Host   string `json:"host"`
+					BootID string `json:"boot_id"`
+				}
+				if err := json.Unmarshal([]byte(readFile(filepath.Join(pipeDir, "events", fmt.Sprintf("stage-%d.clock.json", i)))), &c); err != nil ||
+					c.BootID == "" || c.BootID != boot || c.Host != host {
+					t.Errorf("stage %d's clock record: %+v (%v), want boot id %q, host %q", i, c, err, boot, host)
+				}
+			}
+			if want := "clocks: not shifted: stages 0-3 share one clock (boot id " + boot[:min(8, len(boot))] + "…, host " + host + ")\n"; !strings.Contains(prof.out, want) {
+				t.Errorf("profile lacks %q:\n%s", want, prof.out)
+			}
 			var trace struct {
 				TraceEvents []map[string]any `json:"traceEvents"`
 			}
@@ -375,6 +391,15 @@ func TestStagesFromDifferentConfigsRefuseEachOther(t *testing.T) {
 			t.Errorf("took %v to refuse", r.took)
 		}
 	}
+}
+
+func hostname(t *testing.T) string {
+	t.Helper()
+	h, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
 }
 
 func readFile(p string) string {

@@ -113,7 +113,9 @@ func messages(events [][]Event) []message {
 // Align leaves a link's clocks alone unless its messages demand a shift: a
 // (noise aside) negative apparent delay longer than AlignThreshold. Then it
 // takes the middle of that range, (MinDown - MinUp) / 2, which is NTP's rule:
-// exact when the two ways' fastest transfers take equally long.
+// exact when the two ways' fastest transfers take equally long. A link whose
+// stages recorded one clock (Clock.Shares) is never shifted, whatever its
+// messages say: SharedClock is set, and its offset is 0 exactly.
 type ClockLink struct {
 	From, To  int // To = From + 1
 	DownPairs int // activations From -> To with both ends logged
@@ -129,8 +131,11 @@ type ClockLink struct {
 	// Violation is how long before their send the link's messages appear to
 	// arrive on the logged clocks: max(0, -MinDown, -MinUp).
 	Violation time.Duration
-	// Shifted says whether To's clock is shifted from From's: Violation exceeds
-	// AlignThreshold and there were pairs both ways.
+	// SharedClock says whether From and To recorded one clock (Clock.Shares).
+	SharedClock bool
+	// Shifted says whether To's clock is shifted from From's: the stages do
+	// not share a clock, Violation exceeds AlignThreshold and there were pairs
+	// both ways.
 	Shifted bool
 	// Offset is the offset applied: Estimate when Shifted, else 0 (the stages
 	// are taken to share a clock).
@@ -138,9 +143,11 @@ type ClockLink struct {
 	// Uncertainty bounds |Offset - the true offset|, never negative: for a
 	// shifted link half the width of [-MinUp, MinDown], (MinDown + MinUp) / 2;
 	// for one left alone the farther end of that range from 0 (0 when the
-	// stages do share a clock, but the logs cannot tell). When the range is
-	// empty (Conflict: MinDown + MinUp < 0) no constant offset agrees with every
-	// message, and Uncertainty is half the disagreement.
+	// stages do share a clock, but the logs cannot tell); 0 for a SharedClock
+	// link. When the range is empty (Conflict: MinDown + MinUp < 0) no
+	// constant offset agrees with every message, and Uncertainty is half the
+	// disagreement; Conflict is never set on a SharedClock link, whose offset
+	// is known.
 	Uncertainty time.Duration
 	Conflict    bool
 }
@@ -150,15 +157,24 @@ type Alignment struct {
 	// Offsets[s] is how far stage s's clock runs ahead of stage 0's, as
 	// applied: subtract it from stage s's times to read them on stage 0's
 	// clock. Offsets are chained along the neighbour links from stage 0 (with
-	// chunks the ring gives a redundant path, which is not used).
+	// chunks the ring gives a redundant path, which is not used); a stage that
+	// shares a clock with an earlier one (Clock.Shares) takes that stage's
+	// offset.
 	Offsets []time.Duration
 	// Errors[s] bounds the error of Offsets[s]: the sum of the links'
-	// Uncertainty along the chain from stage 0.
+	// Uncertainty along the chain from stage 0 (the earlier stage's error, for
+	// a stage that shares its clock).
 	Errors []time.Duration
 	Links  []ClockLink // one per neighbour link s -> s+1
 	// Shifted says whether the events were moved to stage 0's clock: whether
 	// any link was shifted.
 	Shifted bool
+	// Clocks are the clocks the stages recorded, as given to Align (nil when
+	// none did).
+	Clocks []Clock
+	// estimated[s] says whether a link with Conflict lies on the chain that
+	// gave Offsets[s], so that Errors[s] is an estimate rather than a bound.
+	estimated []bool
 }
 
 // MaxOffset returns the largest |offset| applied.
@@ -174,13 +190,10 @@ func (a *Alignment) MaxOffset() time.Duration {
 // that stage had messages that no constant offset agrees with (Conflict), so
 // that the figure is an estimate rather than a bound.
 func (a *Alignment) MaxError() (d time.Duration, conflict bool) {
-	chain := false // a conflict on the chain from stage 0 to stage s
 	for s, e := range a.Errors {
-		if s > 0 {
-			chain = chain || a.Links[s-1].Conflict
-		}
-		if e > d || e == d && chain {
-			d, conflict = e, chain
+		est := s < len(a.estimated) && a.estimated[s]
+		if e > d || e == d && est {
+			d, conflict = e, est
 		}
 	}
 	return d, conflict
@@ -196,10 +209,13 @@ func fastest(ds []time.Duration) time.Duration {
 // Align estimates each stage's clock offset from stage 0's (see ClockLink)
 // and returns the events on stage 0's clock: a shifted copy when some link's
 // messages demand a shift, events itself otherwise (callers must not modify
-// it).
-func Align(events [][]Event) (Alignment, [][]Event) {
+// it). clocks[s] is the clock stage s recorded (ReadClocks); stages beyond
+// clocks, nil included, have none, and their links are judged by their
+// messages alone.
+func Align(events [][]Event, clocks []Clock) (Alignment, [][]Event) {
 	p := len(events)
-	a := Alignment{Offsets: make([]time.Duration, p), Errors: make([]time.Duration, p)}
+	a := Alignment{Offsets: make([]time.Duration, p), Errors: make([]time.Duration, p), Clocks: clocks,
+		estimated: make([]bool, p)}
 	if p > 1 {
 		a.Links = make([]ClockLink, p-1)
 	}
@@ -229,6 +245,9 @@ func Align(events [][]Event) (Alignment, [][]Event) {
 		}
 		if l.OffsetKnown = l.DownPairs > 0 && l.UpPairs > 0; l.OffsetKnown {
 			l.Estimate = (l.MinDown - l.MinUp) / 2
+		}
+		l.SharedClock = clockAt(clocks, s).Shares(clockAt(clocks, s+1))
+		if l.OffsetKnown && !l.SharedClock {
 			width := l.MinDown + l.MinUp
 			l.Conflict = width < 0
 			l.Shifted = l.Violation > AlignThreshold
@@ -247,6 +266,13 @@ func Align(events [][]Event) (Alignment, [][]Event) {
 		a.Shifted = a.Shifted || l.Shifted
 		a.Offsets[s+1] = a.Offsets[s] + l.Offset
 		a.Errors[s+1] = a.Errors[s] + l.Uncertainty
+		a.estimated[s+1] = a.estimated[s] || l.Conflict
+		for t := 0; t <= s; t++ {
+			if clockAt(clocks, t).Shares(clockAt(clocks, s+1)) {
+				a.Offsets[s+1], a.Errors[s+1], a.estimated[s+1] = a.Offsets[t], a.Errors[t], a.estimated[t]
+				break
+			}
+		}
 	}
 	if !a.Shifted {
 		return a, events

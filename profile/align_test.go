@@ -41,7 +41,7 @@ func TestAlignRecoversOffsets(t *testing.T) {
 	run.clock = truth
 	skewed := run.events(t)
 
-	a, aligned := Align(skewed)
+	a, aligned := Align(skewed, nil)
 	if !a.Shifted {
 		t.Fatal("offsets of seconds not shifted")
 	}
@@ -60,7 +60,7 @@ func TestAlignRecoversOffsets(t *testing.T) {
 	}
 
 	// The unshifted logs' offsets are 0, and nothing moves.
-	ap, same := Align(plain)
+	ap, same := Align(plain, nil)
 	if ap.Shifted || ap.MaxOffset() != 0 || &same[0][0] != &plain[0][0] {
 		t.Errorf("unshifted logs: %+v", ap)
 	}
@@ -105,7 +105,7 @@ func TestAlignAsymmetricDelays(t *testing.T) {
 	run.clock = truth
 	skewed := run.events(t)
 
-	a, _ := Align(skewed)
+	a, _ := Align(skewed, nil)
 	// Each link's estimate is off by half the asymmetry, and the errors add
 	// up along the chain.
 	for st, want := range truth {
@@ -116,7 +116,7 @@ func TestAlignAsymmetricDelays(t *testing.T) {
 	}
 	// On one clock no message arrives before it is sent: nothing moves,
 	// though NTP's rule would see half the asymmetry on each link.
-	if ap, _ := Align(plain); ap.Shifted || ap.MaxOffset() != 0 || ap.Links[2].Estimate != -(up-down)/2 {
+	if ap, _ := Align(plain, nil); ap.Shifted || ap.MaxOffset() != 0 || ap.Links[2].Estimate != -(up-down)/2 {
 		t.Errorf("same-host logs: %+v, want estimates of half the asymmetry, not applied", ap)
 	}
 
@@ -154,7 +154,7 @@ func TestAlignWithoutPairs(t *testing.T) {
 		{ev(0, 0, "F", 0, 0, 1, 0, 1, 1)},
 		{ev(1, 0, "F", 0, 5001, 5002, 1, 0, 1)},
 	}
-	a, out := Align(events)
+	a, out := Align(events, nil)
 	if a.Shifted || a.Links[0].OffsetKnown || a.Offsets[1] != 0 || &out[0][0] != &events[0][0] {
 		t.Errorf("%+v", a)
 	}
@@ -197,7 +197,7 @@ func TestAlignOneClockYield(t *testing.T) {
 			return -200_000
 		}}
 	events := run.events(t)
-	a, out := Align(events)
+	a, out := Align(events, nil)
 	if a.Shifted || a.MaxOffset() != 0 || &out[0][0] != &events[0][0] {
 		t.Errorf("one clock shifted: %+v", a)
 	}
@@ -233,7 +233,7 @@ func TestAlignOneClockOutlier(t *testing.T) {
 		}
 		return events
 	}
-	a, _ := Align(late(run.events(t)))
+	a, _ := Align(late(run.events(t)), nil)
 	l := a.Links[0]
 	if a.Shifted || a.MaxOffset() != 0 || l.UpPairs != 64 || l.MinUp != 100*time.Microsecond || l.Violation != 0 {
 		t.Errorf("one outlier shifted the clocks: %+v", a)
@@ -241,7 +241,7 @@ func TestAlignOneClockOutlier(t *testing.T) {
 
 	// Every message early by more than the threshold is a clock offset.
 	run.clock = []int64{0, -5 * ms}
-	a, _ = Align(late(run.events(t)))
+	a, _ = Align(late(run.events(t)), nil)
 	if l := a.Links[0]; !a.Shifted || l.Offset != -5*time.Millisecond || l.Violation != 4900*time.Microsecond {
 		t.Errorf("clock 5 ms behind: %+v", a)
 	}
@@ -261,7 +261,7 @@ func TestAlignErrorNeverNegative(t *testing.T) {
 			return -300_000
 		}}
 	events := run.events(t)
-	a, _ := Align(events)
+	a, _ := Align(events, nil)
 	l := a.Links[0]
 	if !a.Shifted || !l.Conflict || l.Uncertainty != 100*time.Microsecond || a.Errors[1] != 100*time.Microsecond ||
 		l.Offset != 3_700_000_000-200_000 {

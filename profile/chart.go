@@ -20,7 +20,7 @@ import (
 // between one step's drain and the next one's fill.
 const DefaultChartSteps = 3
 
-// ChartOptions tune Chart.
+// ChartOptions tune Chart (and, Clocks only, WriteTrace).
 type ChartOptions struct {
 	// Waits draws each action's wait for its input (wait_ns before start_ns)
 	// as a WAIT span.
@@ -29,6 +29,22 @@ type ChartOptions struct {
 	// from each send to its receive: 0 means 1, and a negative number none.
 	// Arrows over every step of a long chart hide the boxes.
 	ArrowSteps int
+	// Clocks are the clocks the stages recorded (RunInfo.Clocks), for Align:
+	// stages that share one are never shifted apart.
+	Clocks []Clock
+}
+
+// chartOptions merges opts: the last one's ArrowSteps and non-nil Clocks.
+func chartOptions(opts []ChartOptions) ChartOptions {
+	var opt ChartOptions
+	for _, o := range opts {
+		opt.Waits = opt.Waits || o.Waits
+		opt.ArrowSteps = o.ArrowSteps
+		if o.Clocks != nil {
+			opt.Clocks = o.Clocks
+		}
+	}
+	return opt
 }
 
 // ShownSteps returns the steps Chart and WriteTrace show, numbered as the
@@ -57,11 +73,11 @@ func ShownSteps(events [][]Event, firstStep, steps int) (first, last int, err er
 // reports whether an event's step (its index, Event.Step) is shown, and t0 is
 // the earliest start among the shown actions (the earliest wait's start, with
 // waits).
-func shownSteps(events [][]Event, firstStep, steps int, waits bool) (clock Alignment, aligned [][]Event, first, last int, in func(*Event) bool, t0 int64, err error) {
+func shownSteps(events [][]Event, clocks []Clock, firstStep, steps int, waits bool) (clock Alignment, aligned [][]Event, first, last int, in func(*Event) bool, t0 int64, err error) {
 	if first, last, err = ShownSteps(events, firstStep, steps); err != nil {
 		return clock, nil, 0, 0, nil, 0, err
 	}
-	clock, aligned = Align(events)
+	clock, aligned = Align(events, clocks)
 	in = func(e *Event) bool { return e.StepNumber() >= first && e.StepNumber() <= last }
 	t0 = math.MaxInt64
 	for _, stage := range aligned {
@@ -102,12 +118,8 @@ func chartKind(k string) timeline.Kind {
 // first ChartOptions.ArrowSteps shown steps. It is an error for firstStep to
 // lie outside the run.
 func Chart(events [][]Event, firstStep, steps int, opts ...ChartOptions) (*timeline.Chart, error) {
-	var opt ChartOptions
-	for _, o := range opts {
-		opt.Waits = opt.Waits || o.Waits
-		opt.ArrowSteps = o.ArrowSteps
-	}
-	clock, aligned, first, last, in, t0, err := shownSteps(events, firstStep, steps, opt.Waits)
+	opt := chartOptions(opts)
+	clock, aligned, first, last, in, t0, err := shownSteps(events, opt.Clocks, firstStep, steps, opt.Waits)
 	if err != nil {
 		return nil, err
 	}
@@ -217,10 +229,11 @@ func traceName(e *Event) string {
 // it), micro-batch, chunk, bytes sent, wait and blocked-send time as args, and
 // a flow ("ph":"s" at the sender's slice end, "ph":"f" with "bp":"e" at the
 // receiver's slice start) from each send to its receive. Times are
-// microseconds from the first shown action, clocks aligned (Align). It is an
-// error for firstStep to lie outside the run; nothing is written then.
-func WriteTrace(w io.Writer, events [][]Event, firstStep, steps int) error {
-	clock, aligned, first, last, in, t0, err := shownSteps(events, firstStep, steps, false)
+// microseconds from the first shown action, clocks aligned (Align, with the
+// stages' recorded clocks when opts give them; the rest of opts is Chart's). It
+// is an error for firstStep to lie outside the run; nothing is written then.
+func WriteTrace(w io.Writer, events [][]Event, firstStep, steps int, opts ...ChartOptions) error {
+	clock, aligned, first, last, in, t0, err := shownSteps(events, chartOptions(opts).Clocks, firstStep, steps, false)
 	if err != nil {
 		return err
 	}

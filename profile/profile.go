@@ -3,14 +3,15 @@
 // pipeline bubble can be compared with the schedule's theoretical one.
 //
 // Each stage process writes RUN_DIR/events/stage-<i>.jsonl, one JSON object
-// per executed action, and the launcher writes RUN_DIR/run.json.
+// per executed action, and beside it stage-<i>.clock.json, the clock it runs
+// on (Clock); the launcher writes RUN_DIR/run.json.
 //
 // Stages may run on hosts whose clocks differ: Align estimates each stage's
-// offset from the messages neighbours exchange, and Analyse, Chart and
-// WriteTrace work on stage 0's clock. Analyse reports per stage, per step
-// (with straggler steps) and per link, beside the schedule simulator's
-// prediction for the run's own action costs; Chart, WriteTrace and WriteHTML
-// draw a few steps of the run.
+// offset from the messages neighbours exchange, except between stages that
+// recorded one clock, and Analyse, Chart and WriteTrace work on stage 0's
+// clock. Analyse reports per stage, per step (with straggler steps) and per
+// link, beside the schedule simulator's prediction for the run's own action
+// costs; Chart, WriteTrace and WriteHTML draw a few steps of the run.
 package profile
 
 import (
@@ -100,6 +101,10 @@ type RunInfo struct {
 	// ScheduleCSV is, for a user-written ("custom") schedule, the schedule in
 	// schedule.Load's "csv" format, so that the profiler can simulate it.
 	ScheduleCSV string `json:"schedule_csv,omitempty"`
+	// Clocks are the clocks the stages recorded beside their event logs
+	// (ReadClocks), not part of run.json: ReadRun fills them in, and Analyse
+	// aligns the stages' clocks with them. nil when no stage recorded one.
+	Clocks []Clock `json:"-"`
 }
 
 // EventsFile is the path of stage's event log inside a run directory.
@@ -107,9 +112,10 @@ func EventsFile(dir string, stage int) string {
 	return filepath.Join(dir, "events", fmt.Sprintf("stage-%d.jsonl", stage))
 }
 
-// ReadRun reads run.json and every stage's event log from a run directory.
-// All stages are required: a report over some of them would misstate the
-// pipeline window. Errors name the file, and the line for a bad event.
+// ReadRun reads run.json, every stage's event log and the stages' clock
+// records (into RunInfo.Clocks; see ReadClocks) from a run directory. All
+// stages' event logs are required: a report over some of them would misstate
+// the pipeline window. Errors name the file, and the line for a bad event.
 func ReadRun(dir string) (RunInfo, [][]Event, error) {
 	var info RunInfo
 	path := filepath.Join(dir, "run.json")
@@ -128,6 +134,9 @@ func ReadRun(dir string) (RunInfo, [][]Event, error) {
 		if events[i], err = readEvents(EventsFile(dir, i), i); err != nil {
 			return info, nil, err
 		}
+	}
+	if info.Clocks, err = ReadClocks(dir, info.Stages); err != nil {
+		return info, nil, err
 	}
 	return info, events, nil
 }

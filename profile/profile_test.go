@@ -240,7 +240,7 @@ func TestReadRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if gotInfo != info || !reflect.DeepEqual(gotEvents, events) {
+	if !reflect.DeepEqual(gotInfo, info) || !reflect.DeepEqual(gotEvents, events) {
 		t.Errorf("round trip differs:\n%+v\n%+v", gotInfo, gotEvents)
 	}
 }
@@ -263,7 +263,7 @@ func TestReadRunFormat(t *testing.T) {
 		WaitNS: 1200, BytesSent: 65536, Stashed: 3}
 	wantNew := Event{Stage: 0, Step: 0, Kind: "B", MB: 2, Chunk: 1, StartNS: 1700000060000, EndNS: 1700000090000,
 		BytesSent: 4096, Stashed: 2, SendNS: 700}
-	if info != wantInfo || len(events) != 1 || len(events[0]) != 2 || events[0][0] != wantEvent || events[0][1] != wantNew {
+	if !reflect.DeepEqual(info, wantInfo) || len(events) != 1 || len(events[0]) != 2 || events[0][0] != wantEvent || events[0][1] != wantNew {
 		t.Errorf("got %+v %+v", info, events)
 	}
 

@@ -149,8 +149,8 @@ func (r *Report) Stragglers() []StepReport {
 // one-off warm-up costs such as allocation; skip must leave at least one step,
 // and it is an error when it does not (or is negative).
 //
-// The stages' clocks are aligned first (Align), so the logs of stages on
-// different hosts can be analysed together.
+// The stages' clocks are aligned first (Align, with info.Clocks), so the logs
+// of stages on different hosts can be analysed together.
 func Analyse(info RunInfo, events [][]Event, skip int) (*Report, error) {
 	if len(events) == 0 {
 		return nil, errors.New("profile: no stages")
@@ -158,7 +158,7 @@ func Analyse(info RunInfo, events [][]Event, skip int) (*Report, error) {
 	if info.Stages != 0 && info.Stages != len(events) {
 		return nil, fmt.Errorf("profile: run has %d stages but events for %d", info.Stages, len(events))
 	}
-	clock, aligned := Align(events)
+	clock, aligned := Align(events, info.Clocks)
 
 	// Each step's pipeline window across all stages.
 	type span struct{ start, end int64 }
@@ -593,17 +593,26 @@ func (r *Report) Write(w io.Writer, opts ...Options) error {
 	return nil
 }
 
-// writeClock says whether and how far the clocks were shifted, why, and which
-// offsets could not be measured.
+// writeClock says whether and how far the clocks were shifted, why, which
+// stages recorded one clock, and which offsets could not be measured.
 func (r *Report) writeClock(b *strings.Builder) {
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.3f ms", float64(d)/1e6) }
-	if r.Clock.Shifted {
+	groups := clockGroups(r.Clock.Clocks)
+	var described []string
+	for _, g := range groups {
+		described = append(described, g.describe(r.Clock.Clocks))
+	}
+	switch {
+	case r.Clock.Shifted:
 		bound, conflict := r.Clock.MaxError()
 		how := "at most"
 		if conflict {
 			how = "about"
 		}
 		fmt.Fprintf(b, "clocks: shifted to stage 0's (largest offset %s, error %s %s)\n", ms(r.Clock.MaxOffset()), how, ms(bound))
+		if groups != nil {
+			fmt.Fprintf(b, "clocks: %s\n", strings.Join(described, "; "))
+		}
 		for _, l := range r.Clock.Links {
 			if l.Shifted {
 				fmt.Fprintf(b, "clocks: stage %d vs %d: %+.3f ms ±%s (as logged, messages arrived up to %s early)\n",
@@ -614,11 +623,16 @@ func (r *Report) writeClock(b *strings.Builder) {
 					l.From, l.To, ms(2*l.Uncertainty))
 			}
 		}
-	} else {
+	case len(groups) == 1 && groups[0].known:
+		fmt.Fprintf(b, "clocks: not shifted: %s\n", described[0])
+	case groups != nil:
+		fmt.Fprintf(b, "clocks: not shifted: no message between stages not known to share a clock arrived more than %s before it was sent\n", ms(AlignThreshold))
+		fmt.Fprintf(b, "clocks: %s\n", strings.Join(described, "; "))
+	default:
 		fmt.Fprintf(b, "clocks: not shifted: no message arrived more than %s before it was sent, as on one clock\n", ms(AlignThreshold))
 	}
 	for _, l := range r.Clock.Links {
-		if !l.OffsetKnown {
+		if !l.OffsetKnown && !l.SharedClock {
 			fmt.Fprintf(b, "clocks: no messages both ways between stages %d and %d: offset taken as 0\n", l.From, l.To)
 		}
 	}

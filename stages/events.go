@@ -3,8 +3,11 @@ package stages
 import (
 	"bufio"
 	"encoding/json"
+	"io"
 	"os"
+	"strings"
 
+	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/profile"
 )
 
@@ -16,9 +19,13 @@ type eventLog struct {
 	e *json.Encoder
 }
 
-// openEventLog creates the log, or appends to it when a resumed run continues it.
-func openEventLog(path string, resume bool) (*eventLog, error) {
-	f, err := openLog(path, resume)
+// openEventLog records the stage's clock (writeClock) and creates the stage's
+// event log in runDir, or appends to it when a resumed run continues it.
+func openEventLog(runDir string, stage int, resume bool) (*eventLog, error) {
+	if err := writeClock(runDir, stage, resume); err != nil {
+		return nil, err
+	}
+	f, err := openLog(profile.EventsFile(runDir, stage), resume)
 	if err != nil {
 		return nil, err
 	}
@@ -39,4 +46,42 @@ func openLog(path string, resume bool) (*os.File, error) {
 		return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	}
 	return os.Create(path)
+}
+
+// bootIDFile is where Linux gives the boot id, drawn at random at every boot
+// and shared by every process under the kernel, containers included.
+var bootIDFile = "/proc/sys/kernel/random/boot_id"
+
+// localClock returns the clock this process times its events on: its host
+// name and the kernel's boot id ("" where there is none to read).
+func localClock() profile.Clock {
+	host, _ := os.Hostname()
+	id, _ := os.ReadFile(bootIDFile)
+	return profile.Clock{Host: host, BootID: strings.TrimSpace(string(id))}
+}
+
+// writeClock records, atomically, the clock the stage's events are timed on
+// (profile.ClockFile), so that the profile never shifts apart stages that
+// share one. A resumed run keeps the events of the earlier processes of the
+// stage, and their clocks in Earlier; events logged before the stage recorded
+// its clock count as on an unknown one.
+func writeClock(runDir string, stage int, resume bool) error {
+	c := localClock()
+	if resume {
+		if st, err := os.Stat(profile.EventsFile(runDir, stage)); err == nil && st.Size() > 0 {
+			var old profile.Clock
+			if b, err := os.ReadFile(profile.ClockFile(runDir, stage)); err != nil || json.Unmarshal(b, &old) != nil {
+				old = profile.Clock{}
+			}
+			c.Earlier = append(old.Earlier, profile.Clock{Host: old.Host, BootID: old.BootID})
+		}
+	}
+	b, err := json.Marshal(c)
+	if err != nil {
+		return err
+	}
+	return checkpoint.WriteAtomic(profile.ClockFile(runDir, stage), func(w io.Writer) error {
+		_, err := w.Write(append(b, '\n'))
+		return err
+	})
 }

@@ -378,7 +378,7 @@ func (r *Runtime) open() error {
 		}
 	}
 	var err error
-	if r.events, err = openEventLog(profile.EventsFile(r.runDir, r.stage), r.resume); err != nil {
+	if r.events, err = openEventLog(r.runDir, r.stage, r.resume); err != nil {
 		return err
 	}
 	if r.stage == 0 {

@@ -87,11 +87,12 @@ Steps are numbered as the training log and metrics.jsonl number them: from 1.`,
 				}
 				return nil
 			}
-			chart, err := profile.Chart(events, from, to-from+1)
+			clocks := profile.ChartOptions{Clocks: info.Clocks} // aligned as the report's
+			chart, err := profile.Chart(events, from, to-from+1, clocks)
 			if err != nil {
 				return err
 			}
-			if err := write(trace, func(w io.Writer) error { return profile.WriteTrace(w, events, from, to-from+1) }); err != nil {
+			if err := write(trace, func(w io.Writer) error { return profile.WriteTrace(w, events, from, to-from+1, clocks) }); err != nil {
 				return err
 			}
 			if err := write(svg, chart.SVG); err != nil {
