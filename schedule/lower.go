@@ -295,3 +295,21 @@ func ParseLoweredGrid(text string) (*Lowered, error) {
 	}
 	return l, nil
 }
+
+// LowerEvaluation is an evaluation pass lowered: each micro-batch's forward
+// through every chunk of every stage, micro-batch by micro-batch, with the
+// receives and sends AddSendRecv gives forwards. Having no backward it is
+// not a training schedule, so Check does not apply; it plays in the
+// simulator's order without deadlock (the tests check).
+func LowerEvaluation(stages, microBatches, chunks int) *Lowered {
+	l := &Lowered{Name: "evaluation", Stages: stages, MicroBatches: microBatches, Chunks: chunks, Ops: make([][]Op, stages)}
+	for st := range stages {
+		for k := range microBatches {
+			for c := range chunks {
+				l.Ops[st] = append(l.Ops[st], Op{Kind: Compute, Action: Action{Stage: st, Kind: Forward, MicroBatch: k, Chunk: c}, Peer: -1})
+			}
+		}
+	}
+	AddSendRecv(l)
+	return l
+}

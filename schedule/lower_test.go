@@ -241,3 +241,37 @@ stage 1: 1F0<0 1F0 1F1<0 1B0 1B0>0 1F1 1B1 1B1>0 1R
 		t.Errorf("deadlock: got %v", err)
 	}
 }
+
+// TestLowerEvaluation: every activation an evaluation pass sends is received
+// once, with the tags training uses, and the pass plays to the end.
+func TestLowerEvaluation(t *testing.T) {
+	for p := 1; p <= 8; p++ {
+		for v := 1; v <= 4; v++ {
+			if v > 1 && p < 2 {
+				continue
+			}
+			const batches = 5
+			l := LowerEvaluation(p, batches, v)
+			sends, recvs := 0, map[message]int{}
+			for _, ops := range l.Ops {
+				for _, o := range ops {
+					switch {
+					case o.isRecv():
+						recvs[o.message(p)]++
+					case o.isSend():
+						sends++
+					}
+				}
+			}
+			if want := (p*v - 1) * batches; sends != want || len(recvs) != want {
+				t.Fatalf("p%d v%d: %d sends, %d messages received, want %d", p, v, sends, len(recvs), want)
+			}
+			if _, err := l.play(UniformCosts(p, 1, 1, 0.5)); err != nil {
+				t.Fatalf("p%d v%d: %v", p, v, err)
+			}
+		}
+	}
+	if got, want := LowerEvaluation(2, 2, 2).Grid(), "stage 0: 0F0 0F0>1 0F0c1<1 0F0c1 0F0c1>1 0F1 0F1>1 0F1c1<1 0F1c1 0F1c1>1\nstage 1: 1F0<0 1F0 1F0>0 1F0c1<0 1F0c1 1F1<0 1F1 1F1>0 1F1c1<0 1F1c1\n"; got != want {
+		t.Errorf("evaluation p2 m2 v2:\n%s\nwant:\n%s", got, want)
+	}
+}

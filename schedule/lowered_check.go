@@ -170,6 +170,11 @@ func (l *Lowered) simulate(c Costs) (*Timeline, error) {
 	if err := l.validate(); err != nil {
 		return nil, err
 	}
+	return l.play(c)
+}
+
+// play is the simulation of a lowered schedule assumed well formed.
+func (l *Lowered) play(c Costs) (*Timeline, error) {
 	p, v := l.Stages, l.Chunks
 	sent := map[message]float64{} // when each message left its sender
 	clock := make([]float64, p)   // each stage's time after its last op

@@ -11,7 +11,7 @@ import (
 // writes it with atomic stores and never allocates; a reader may see the
 // fields of two neighbouring moments, which is good enough for a diagnosis.
 type activity struct {
-	action atomic.Int64 // index into the runtime's actions, -1 between actions
+	action atomic.Int64 // index into the runtime's ops, -1 between steps
 	peer   atomic.Int64 // the stage waited for, -1 when not waiting
 	since  atomic.Int64 // unix ns of the last change
 }
@@ -22,7 +22,7 @@ func (a *activity) init() {
 	a.since.Store(time.Now().UnixNano())
 }
 
-// in marks the start of action i of the schedule (-1: none).
+// in marks the start of op i of the lowered schedule (-1: none).
 func (a *activity) in(i int) {
 	a.peer.Store(-1)
 	a.action.Store(int64(i))
@@ -43,7 +43,7 @@ func (a *activity) resumed() {
 // Activity is a stage's answer to a status query.
 type Activity struct {
 	Stage  int
-	Action string // the schedule action it is in ("1B3"), "" between actions
+	Action string // the op of the lowered schedule it is in ("1B3", "1B3<2"), "" between steps
 	Peer   int    // the stage it waits for, -1 when not waiting on one
 	For    time.Duration
 }
@@ -51,8 +51,8 @@ type Activity struct {
 // Activity reports what the stage is doing now; safe to call from any goroutine.
 func (r *Runtime) Activity() Activity {
 	a := Activity{Stage: r.stage, Peer: int(r.act.peer.Load()), For: time.Since(time.Unix(0, r.act.since.Load()))}
-	if i := int(r.act.action.Load()); i >= 0 && i < len(r.actions) {
-		a.Action = r.actions[i].String()
+	if i := int(r.act.action.Load()); i >= 0 && i < len(r.ops) {
+		a.Action = r.ops[i].String()
 	}
 	return a
 }

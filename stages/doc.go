@@ -1,7 +1,8 @@
 // Package stages runs one pipeline stage: it builds the stage's slice of the
 // model as gorgonia programs (Engine), connects to its neighbours (Connect),
-// and executes its schedule's actions step after step (Runtime), writing the
-// run directory's logs, metrics, checkpoints and weights. The same Runtime,
+// and executes its lowered schedule (schedule.Lower: compute, sends,
+// receives) op by op, step after step (Runtime, execute.go), writing the run
+// directory's logs, metrics, checkpoints and weights. The same Runtime,
 // holding every layer on one chunk, is the one-process reference that
 // pipelined runs must equal bit for bit.
 //

@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -60,7 +61,10 @@ type Runtime struct {
 	stage, stages int // position in the pipeline, and its length
 	engines       []*Engine
 	optims        []*optim.Optimizer // one per engine: state and step counts are per parameter list
-	actions       []schedule.Action
+	actions       []schedule.Action  // this stage's compute, in order
+	ops           []schedule.Op      // and with its communication: what Run executes
+	evalOps       []schedule.Op      // an evaluation pass, lowered
+	exec          execState
 	schedName     string
 	prev, next    *peer
 	feed          feed
@@ -99,7 +103,12 @@ func New(o Options) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	r.actions, r.schedName = sched.Actions[r.stage], sched.Name
+	lowered, err := schedule.Lower(sched)
+	if err != nil {
+		return nil, err
+	}
+	r.actions, r.ops, r.schedName = sched.Actions[r.stage], lowered.Ops[r.stage], sched.Name
+	r.exec = execState{inbox: map[schedule.Action]received{}, outbox: map[schedule.Action]*tensor.Dense{}}
 	for chunk, lr := range ranges {
 		e, err := NewEngine(model, lr[0], lr[1], c.MicroBatchSize(), c.Train.Seed, splitsChunk(r.actions, chunk))
 		if err != nil {
@@ -114,7 +123,12 @@ func New(o Options) (*Runtime, error) {
 	if err := r.attach(o, model); err != nil {
 		return nil, err
 	}
+
 	if err := r.loadData(o, model); err != nil {
+		return nil, err
+	}
+	r.evalOps = schedule.LowerEvaluation(r.stages, r.feed.evalBatches(), len(r.engines)).Ops[r.stage]
+	if err := r.checkOps(slices.Concat(r.ops, r.evalOps)); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -190,16 +204,6 @@ func (r *Runtime) attach(o Options, model *models.Model) error {
 		r.next.microBatches = r.cfg.Data.MicroBatches
 	}
 	return nil
-}
-
-// upTag is the chunk tag of the boundary into chunk c of this stage: tensors are
-// tagged with the chunk of the boundary's upstream model stage, which for stage 0
-// (fed by the last stage over the ring) is the previous chunk.
-func (r *Runtime) upTag(c int) int {
-	if r.stage == 0 {
-		return c - 1
-	}
-	return c
 }
 
 func (r *Runtime) first() *Engine { return r.engines[0] }
@@ -437,24 +441,9 @@ func (r *Runtime) evaluatesLast(done int) bool {
 // trainStep runs this stage's actions for one global batch, then the optimizer.
 func (r *Runtime) trainStep(ctx context.Context, step int) error {
 	r.losses = make([]float64, r.cfg.Data.MicroBatches)
-	for i, a := range r.actions {
-		r.act.in(i)
-		var err error
-		switch a.Kind {
-		case schedule.Forward:
-			err = r.forward(ctx, step, a)
-		case schedule.Backward, schedule.Input:
-			err = r.backward(ctx, step, a)
-		case schedule.Weight:
-			err = r.weight(step, a)
-		default:
-			err = fmt.Errorf("kind not supported by this runtime")
-		}
-		if err != nil {
-			return fmt.Errorf("%v: %w", a, err)
-		}
+	if err := r.runOps(ctx, step); err != nil {
+		return err
 	}
-	r.act.in(-1)
 	t0 := time.Now()
 	if err := r.syncTied(ctx, step); err != nil {
 		return err
@@ -466,99 +455,6 @@ func (r *Runtime) trainStep(ctx context.Context, step int) error {
 	}
 	r.live.action(profile.Optimizer, time.Since(t0), 0, r.inFlight())
 	return r.events.add(profile.Event{Stage: r.stage, Step: step, Kind: profile.Optimizer, StartNS: t0.UnixNano(), EndNS: time.Now().UnixNano()})
-}
-
-func (r *Runtime) forward(ctx context.Context, step int, a schedule.Action) error {
-	e, mb := r.engines[a.Chunk], a.MicroBatch
-	waitStart := time.Now()
-	var input *tensor.Dense
-	var err error
-	if !e.IsFirst() {
-		var msg *transport.Tensor
-		if input, msg, err = r.prev.recvHeld(ctx, int64(step), mb, r.upTag(a.Chunk)); err != nil {
-			return err
-		}
-		r.hold(a.Chunk, mb, msg)
-	}
-	start := time.Now()
-	var targets []int
-	if e.IsFirst() {
-		input = r.newInput(e)
-	}
-	if e.IsFirst() || e.IsLast() {
-		x := input
-		if !e.IsFirst() {
-			x = nil
-		}
-		targets = r.feed.train(step, mb, x, e.IsLast())
-	}
-	out, err := e.Forward(mb, input, targets)
-	if err != nil {
-		return err
-	}
-	var sent int64
-	var blocked time.Duration
-	if e.IsLast() {
-		r.losses[mb] = scalar(out)
-	} else if sent, blocked, err = r.next.sendOwned(ctx, transport.Activation, int64(step), mb, a.Chunk, out); err != nil {
-		return err
-	}
-	return r.record(step, a, profile.Forward, waitStart, start, sent, blocked)
-}
-
-// backward runs a full backward (B) or its input-gradient part (I).
-func (r *Runtime) backward(ctx context.Context, step int, a schedule.Action) error {
-	e, mb := r.engines[a.Chunk], a.MicroBatch
-	waitStart := time.Now()
-	var grad G.Value = e.LossScale(r.cfg.Data.MicroBatches)
-	if !e.IsLast() {
-		t, msg, err := r.next.recvHeld(ctx, int64(step), mb, a.Chunk)
-		if err != nil {
-			return err
-		}
-		r.hold(a.Chunk, mb, msg)
-		grad = t
-	}
-	start := time.Now()
-	var dx *tensor.Dense
-	var err error
-	kind := profile.Backward
-	if a.Kind == schedule.Input {
-		dx, err = e.Input(mb, grad)
-		kind = profile.Input
-	} else {
-		dx, err = e.Backward(mb, grad)
-	}
-	if err != nil {
-		return err
-	}
-	if a.Kind != schedule.Input {
-		r.finish(a.Chunk, mb)
-	}
-	var sent int64
-	var blocked time.Duration
-	if !e.IsFirst() {
-		if sent, blocked, err = r.prev.sendOwned(ctx, transport.Gradient, int64(step), mb, r.upTag(a.Chunk), dx); err != nil {
-			return err
-		}
-	}
-	return r.record(step, a, kind, waitStart, start, sent, blocked)
-}
-
-func (r *Runtime) weight(step int, a schedule.Action) error {
-	start := time.Now()
-	if err := r.engines[a.Chunk].Weight(a.MicroBatch); err != nil {
-		return err
-	}
-	r.finish(a.Chunk, a.MicroBatch)
-	return r.record(step, a, profile.Weight, start, start, 0, 0)
-}
-
-func (r *Runtime) record(step int, a schedule.Action, kind string, waitStart, start time.Time, sent int64, blocked time.Duration) error {
-	r.live.action(kind, time.Since(start), sent, r.inFlight())
-	return r.events.add(profile.Event{Stage: r.stage, Step: step, Kind: kind, MB: a.MicroBatch, Chunk: a.Chunk,
-		StartNS: start.UnixNano(), EndNS: time.Now().UnixNano(), WaitNS: start.Sub(waitStart).Nanoseconds(),
-		BytesSent: sent, SendNS: blocked.Nanoseconds(), Stashed: r.inFlight()})
 }
 
 // hold keeps msg (nil: nothing to keep) until micro-batch mb of chunk is finished.
@@ -634,49 +530,22 @@ func evalTag(done int) int { return -1 - done }
 // return nil.
 func (r *Runtime) evaluate(ctx context.Context, tag int) (*EvalResult, error) {
 	var res EvalResult
-	for k := 0; k < r.feed.evalBatches(); k++ {
-		for c, e := range r.engines {
-			var input *tensor.Dense
-			var msg *transport.Tensor
-			var err error
-			if !e.IsFirst() {
-				if input, msg, err = r.prev.recvHeld(ctx, int64(tag), k, r.upTag(c)); err != nil {
-					return nil, err
-				}
-			} else {
-				input = r.newInput(e)
-			}
-			var targets []int
-			rows := 0
-			if e.IsFirst() || e.IsLast() {
-				x := input
-				if !e.IsFirst() {
-					x = nil
-				}
-				targets, rows = r.feed.eval(k, x, e.IsLast())
-			}
-			out, err := e.Forward(k, input, targets)
-			if err != nil {
-				return nil, err
-			}
-			e.Discard(k)
-			if msg != nil {
-				e.releaseHeld(held{msg})
-			}
-			if !e.IsLast() {
-				if _, _, err := r.next.sendOwned(ctx, transport.Activation, int64(tag), k, c, out); err != nil {
-					return nil, err
-				}
-				continue
-			}
-			logits, err := e.Logits()
-			if err != nil {
-				return nil, err
-			}
-			correct, loss := score(logits, targets[:rows])
-			res.Correct += correct
-			res.Loss += loss
-			res.Examples += rows
+	var input, out *tensor.Dense
+	var msg *transport.Tensor
+	for _, o := range r.evalOps {
+		a := o.Action
+		var err error
+		switch o.Kind {
+		case schedule.RecvAct:
+			input, msg, err = r.prev.recvHeld(ctx, int64(tag), a.MicroBatch, o.Tag(r.stages))
+		case schedule.SendAct:
+			_, _, err = r.next.sendOwned(ctx, transport.Activation, int64(tag), a.MicroBatch, o.Tag(r.stages), out)
+		case schedule.Compute:
+			out, err = r.evalForward(a, input, msg, &res)
+			input, msg = nil, nil
+		}
+		if err != nil {
+			return nil, err
 		}
 	}
 	if !r.last().IsLast() || res.Examples == 0 {
@@ -692,6 +561,46 @@ func (r *Runtime) evaluate(ctx context.Context, tag int) (*EvalResult, error) {
 		fmt.Fprintf(r.log, "%s accuracy %.2f%% (%d/%d), %s loss %.4f\n", what, 100*res.Accuracy, res.Correct, res.Examples, what, res.Loss)
 	}
 	return &res, nil
+}
+
+// evalForward runs evaluation micro-batch a.MicroBatch forward through chunk
+// a.Chunk from input (data on the model's first stage) and releases the
+// received msg; on the last model stage it scores the predictions into res,
+// elsewhere it returns the activation to send.
+func (r *Runtime) evalForward(a schedule.Action, input *tensor.Dense, msg *transport.Tensor, res *EvalResult) (*tensor.Dense, error) {
+	e, k := r.engines[a.Chunk], a.MicroBatch
+	if e.IsFirst() {
+		input = r.newInput(e)
+	}
+	var targets []int
+	rows := 0
+	if e.IsFirst() || e.IsLast() {
+		x := input
+		if !e.IsFirst() {
+			x = nil
+		}
+		targets, rows = r.feed.eval(k, x, e.IsLast())
+	}
+	out, err := e.Forward(k, input, targets)
+	if err != nil {
+		return nil, err
+	}
+	e.Discard(k)
+	if msg != nil {
+		e.releaseHeld(held{msg})
+	}
+	if !e.IsLast() {
+		return out, nil
+	}
+	logits, err := e.Logits()
+	if err != nil {
+		return nil, err
+	}
+	correct, loss := score(logits, targets[:rows])
+	res.Correct += correct
+	res.Loss += loss
+	res.Examples += rows
+	return nil, nil
 }
 
 // writeEval saves the final evaluation as RUN_DIR/eval.json (last stage).

@@ -330,6 +330,35 @@ func TestStalledNeighbourTimesOut(t *testing.T) {
 	if took := time.Since(start); took > 5*time.Second {
 		t.Errorf("gave up after %v", took)
 	}
+	// The status a launcher reads names the op the stage gave up in and the
+	// stage it waited for.
+	if a := rt.Activity(); a.Action != "1F0<0" || a.Peer != 0 {
+		t.Errorf("status after the timeout: %+v, want op 1F0<0 waiting for stage 0", a)
+	}
+}
+
+// TestCheckOpsRefusesWrongPeer: an op whose peer is not the neighbour at the
+// end of its link, or that needs a link the stage lacks, is refused before
+// anything runs.
+func TestCheckOpsRefusesWrongPeer(t *testing.T) {
+	c := testConfig("1f1b", plain("0-1", "2-3"), 2, "float32", "sgd")
+	peer, rt := secondStage(t, c, t.TempDir())
+	defer peer.Close()
+	f0 := schedule.Action{Stage: 1, Kind: schedule.Forward}
+	if err := rt.checkOps(rt.ops); err != nil {
+		t.Fatalf("the stage's own ops: %v", err)
+	}
+	for _, tc := range []struct {
+		op   schedule.Op
+		want string
+	}{
+		{schedule.Op{Kind: schedule.RecvAct, Action: f0, Peer: 3}, "1F0<3: the link it travels on leads to stage 0"},
+		{schedule.Op{Kind: schedule.SendAct, Action: f0, Peer: 2}, "1F0>2: this stage has no link for it"},
+	} {
+		if err := rt.checkOps([]schedule.Op{tc.op}); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: got %v, want %q", tc.op, err, tc.want)
+		}
+	}
 }
 
 // TestCustomScheduleTrainsLikeReference runs a hand-written schedule file.
