@@ -30,10 +30,11 @@ type received struct {
 // compute op whose send follows it (an action's event spans its send, as
 // the profile expects).
 type execState struct {
-	inbox   map[schedule.Action]received
-	outbox  map[schedule.Action]*tensor.Dense
-	pending *profile.Event
-	start   time.Time // of the pending event's compute
+	inbox      map[schedule.Action]received
+	outbox     map[schedule.Action]*tensor.Dense
+	pending    profile.Event // valid when hasPending
+	hasPending bool
+	start      time.Time // of the pending event's compute
 }
 
 // checkOps verifies that every send and receive of ops names the neighbour
@@ -110,7 +111,7 @@ func (r *Runtime) runOp(ctx context.Context, step int, o schedule.Op, i int) err
 			StartNS: start.UnixNano(), WaitNS: r.exec.inbox[a].waited.Nanoseconds()}
 		delete(r.exec.inbox, a)
 		if next := i + 1; next < len(r.ops) && r.ops[next].Action == a && (r.ops[next].Kind == schedule.SendAct || r.ops[next].Kind == schedule.SendGrad) {
-			r.exec.pending, r.exec.start = &ev, start
+			r.exec.pending, r.exec.hasPending, r.exec.start = ev, true, start
 			return nil
 		}
 		return r.record(ev, start)
@@ -141,10 +142,10 @@ func (r *Runtime) send(ctx context.Context, p *peer, kind transport.Kind, step i
 	if err != nil {
 		return err
 	}
-	if ev := r.exec.pending; ev != nil && ev.MB == o.Action.MicroBatch && ev.Chunk == o.Action.Chunk {
-		r.exec.pending = nil
+	if ev := r.exec.pending; r.exec.hasPending && ev.MB == o.Action.MicroBatch && ev.Chunk == o.Action.Chunk {
+		r.exec.hasPending = false
 		ev.BytesSent, ev.SendNS = sent, blocked.Nanoseconds()
-		return r.record(*ev, r.exec.start)
+		return r.record(ev, r.exec.start)
 	}
 	return nil
 }
