@@ -4,19 +4,19 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/pipetrain/pipetrain/runlog"
 )
 
 // Live follows the event logs of a running job and keeps the bubble of its most
 // recent complete steps, for the launcher's progress line. It reads only what the
 // stages have flushed (whole lines), so it never disturbs them.
 type Live struct {
-	dir    string
+	dir    string // the run directory
 	stages int
 	window int // recent steps averaged
 
@@ -33,19 +33,13 @@ type stepStats struct {
 	finished   []bool  // per stage: OPT seen
 }
 
-// event is the part of a stage event the live view needs.
-type event struct {
-	Stage   int    `json:"stage"`
-	Step    int    `json:"step"`
-	Kind    string `json:"kind"`
-	StartNS int64  `json:"start_ns"`
-	EndNS   int64  `json:"end_ns"`
-}
+// event is a stage's event as its log records it.
+type event = runlog.Event
 
 // NewLive watches RUN_DIR/events for a job of the given stages, averaging over
 // the last window complete steps.
 func NewLive(runDir string, stages, window int) *Live {
-	return &Live{dir: filepath.Join(runDir, "events"), stages: stages, window: max(window, 1),
+	return &Live{dir: runDir, stages: stages, window: max(window, 1),
 		offsets: make([]int64, stages), partial: make([][]byte, stages), steps: map[int]*stepStats{}}
 }
 
@@ -54,7 +48,7 @@ func (l *Live) Poll() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for s := 0; s < l.stages; s++ {
-		f, err := os.Open(filepath.Join(l.dir, fmt.Sprintf("stage-%d.jsonl", s)))
+		f, err := os.Open(runlog.EventsFile(l.dir, s))
 		if err != nil {
 			continue // not started yet
 		}
@@ -84,7 +78,7 @@ func (l *Live) add(e event) {
 		st = &stepStats{start: make([]int64, l.stages), end: make([]int64, l.stages), busy: make([]int64, l.stages), finished: make([]bool, l.stages)}
 		l.steps[e.Step] = st
 	}
-	if e.Kind == "OPT" {
+	if e.Kind == runlog.Optimizer {
 		st.finished[e.Stage] = true
 		for _, f := range st.finished {
 			if !f {

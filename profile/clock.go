@@ -5,62 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/pipetrain/pipetrain/runlog"
 )
 
-// Clock is the clock a stage's events are timed on, as the stage process
-// records it when it starts, next to its event log (ClockFile): its host name
-// and the Linux kernel's boot id (/proc/sys/kernel/random/boot_id). Processes
-// under one kernel, containers included, read one wall clock; the kernel draws
-// a new boot id at random at every boot, so two hosts never have the same one.
-//
-//	{"host":"gpu1","boot_id":"1a2b3c4d-5e6f-4a8b-9c0d-1e2f3a4b5c6d"}
-type Clock struct {
-	Host   string `json:"host"`
-	BootID string `json:"boot_id"` // "" where the stage could read none
-	// Earlier holds, oldest first, the clocks of the stage's earlier
-	// processes whose events its log still holds: a resumed run appends to the
-	// log. An entry without a boot id stands for events logged before the
-	// stage recorded its clock.
-	Earlier []Clock `json:"earlier,omitempty"`
-}
+// Clock is the clock a stage's events are timed on (see runlog.Clock).
+type Clock = runlog.Clock
 
-// ClockFile is the path of stage's clock record inside a run directory:
-// events/stage-<i>.clock.json, beside its event log.
-func ClockFile(dir string, stage int) string {
-	return filepath.Join(dir, "events", fmt.Sprintf("stage-%d.clock.json", stage))
-}
-
-// Known reports whether c names the clock of every event in its stage's
-// log: it has a boot id, and so has every earlier entry.
-func (c *Clock) Known() bool {
-	if c.BootID == "" {
-		return false
-	}
-	for i := range c.Earlier {
-		if c.Earlier[i].BootID == "" {
-			return false
-		}
-	}
-	return true
-}
-
-// Shares reports whether two stages' logs were timed on one clock throughout:
-// both are Known, with the same boot ids in the same order.
-func (c *Clock) Shares(d *Clock) bool {
-	return c.Known() && d.Known() && c.key() == d.key()
-}
-
-// key is the boot ids of c's processes, oldest first.
-func (c *Clock) key() string {
-	var ids []string
-	for _, e := range c.Earlier {
-		ids = append(ids, e.BootID)
-	}
-	return strings.Join(append(ids, c.BootID), " ")
-}
+// ClockFile is the path of stage's clock record inside a run directory.
+func ClockFile(dir string, stage int) string { return runlog.ClockFile(dir, stage) }
 
 // ReadClocks reads the clock records of a run's stages (ClockFile). A stage
 // without one (a run directory from before stages recorded their clocks, or
@@ -122,10 +77,10 @@ func clockGroups(clocks []Clock) []clockGroup {
 			unknown = append(unknown, s)
 			continue
 		}
-		i, ok := at[c.key()]
+		i, ok := at[c.Key()]
 		if !ok {
 			i = len(groups)
-			at[c.key()] = i
+			at[c.Key()] = i
 			groups = append(groups, clockGroup{clock: c, known: true})
 		}
 		groups[i].stages = append(groups[i].stages, s)

@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/pipetrain/pipetrain/internal/stats"
 	"github.com/pipetrain/pipetrain/internal/words"
 	"github.com/pipetrain/pipetrain/schedule"
 )
@@ -279,31 +280,16 @@ func (r *Report) analyseSteps(busy [][]time.Duration) {
 		st.SlowestBusy = busy[i][st.Slowest]
 		windows[i] = st.Window
 	}
-	r.MedianStep = median(windows)
+	r.MedianStep = stats.Median(windows)
 	devs := make([]time.Duration, len(windows))
 	for i, w := range windows {
 		devs[i] = max(w-r.MedianStep, r.MedianStep-w)
 	}
-	r.StepMAD = median(devs)
+	r.StepMAD = stats.Median(devs)
 	for i := range r.Steps {
 		w := r.Steps[i].Window
 		r.Steps[i].Straggler = r.MedianStep > 0 && w > r.MedianStep+3*r.StepMAD && float64(w) >= 1.5*float64(r.MedianStep)
 	}
-}
-
-// median returns the median of xs (the mean of the middle two for an even
-// count), 0 for none.
-func median(xs []time.Duration) time.Duration {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	n := len(s)
-	if n%2 == 1 {
-		return s[n/2]
-	}
-	return (s[n/2-1] + s[n/2]) / 2
 }
 
 // links sums the traffic of each link over the analysed steps from aligned

@@ -15,7 +15,7 @@ import (
 
 	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/internal/words"
-	"github.com/pipetrain/pipetrain/profile"
+	"github.com/pipetrain/pipetrain/runlog"
 )
 
 // CheckpointDir is where a run keeps its checkpoints.
@@ -211,7 +211,7 @@ func truncateJSONL(path string, keep func(step int) bool) error {
 // rewindLogs drops what the failed attempt logged after the checkpoint it resumes
 // from: events of steps >= start (0-based) and metrics of steps > start (1-based).
 func (r *Runtime) rewindLogs(start int) error {
-	if err := truncateJSONL(profile.EventsFile(r.runDir, r.stage), func(s int) bool { return s >= 0 && s < start }); err != nil {
+	if err := truncateJSONL(runlog.EventsFile(r.runDir, r.stage), func(s int) bool { return s >= 0 && s < start }); err != nil {
 		return err
 	}
 	if r.last().IsLast() {

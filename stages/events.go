@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/pipetrain/pipetrain/checkpoint"
-	"github.com/pipetrain/pipetrain/profile"
+	"github.com/pipetrain/pipetrain/runlog"
 )
 
 // eventLog appends one JSON line per executed action; it is flushed once per step
@@ -25,7 +25,7 @@ func openEventLog(runDir string, stage int, resume bool) (*eventLog, error) {
 	if err := writeClock(runDir, stage, resume); err != nil {
 		return nil, err
 	}
-	f, err := openLog(profile.EventsFile(runDir, stage), resume)
+	f, err := openLog(runlog.EventsFile(runDir, stage), resume)
 	if err != nil {
 		return nil, err
 	}
@@ -33,8 +33,8 @@ func openEventLog(runDir string, stage int, resume bool) (*eventLog, error) {
 	return &eventLog{f: f, w: w, e: json.NewEncoder(w)}, nil
 }
 
-func (l *eventLog) add(e profile.Event) error { return l.e.Encode(e) }
-func (l *eventLog) flush() error              { return l.w.Flush() }
+func (l *eventLog) add(e runlog.Event) error { return l.e.Encode(e) }
+func (l *eventLog) flush() error             { return l.w.Flush() }
 func (l *eventLog) close() {
 	l.w.Flush()
 	l.f.Close()
@@ -54,33 +54,33 @@ var bootIDFile = "/proc/sys/kernel/random/boot_id"
 
 // localClock returns the clock this process times its events on: its host
 // name and the kernel's boot id ("" where there is none to read).
-func localClock() profile.Clock {
+func localClock() runlog.Clock {
 	host, _ := os.Hostname()
 	id, _ := os.ReadFile(bootIDFile)
-	return profile.Clock{Host: host, BootID: strings.TrimSpace(string(id))}
+	return runlog.Clock{Host: host, BootID: strings.TrimSpace(string(id))}
 }
 
 // writeClock records, atomically, the clock the stage's events are timed on
-// (profile.ClockFile), so that the profile never shifts apart stages that
+// (runlog.ClockFile), so that the profile never shifts apart stages that
 // share one. A resumed run keeps the events of the earlier processes of the
 // stage, and their clocks in Earlier; events logged before the stage recorded
 // its clock count as on an unknown one.
 func writeClock(runDir string, stage int, resume bool) error {
 	c := localClock()
 	if resume {
-		if st, err := os.Stat(profile.EventsFile(runDir, stage)); err == nil && st.Size() > 0 {
-			var old profile.Clock
-			if b, err := os.ReadFile(profile.ClockFile(runDir, stage)); err != nil || json.Unmarshal(b, &old) != nil {
-				old = profile.Clock{}
+		if st, err := os.Stat(runlog.EventsFile(runDir, stage)); err == nil && st.Size() > 0 {
+			var old runlog.Clock
+			if b, err := os.ReadFile(runlog.ClockFile(runDir, stage)); err != nil || json.Unmarshal(b, &old) != nil {
+				old = runlog.Clock{}
 			}
-			c.Earlier = append(old.Earlier, profile.Clock{Host: old.Host, BootID: old.BootID})
+			c.Earlier = append(old.Earlier, runlog.Clock{Host: old.Host, BootID: old.BootID})
 		}
 	}
 	b, err := json.Marshal(c)
 	if err != nil {
 		return err
 	}
-	return checkpoint.WriteAtomic(profile.ClockFile(runDir, stage), func(w io.Writer) error {
+	return checkpoint.WriteAtomic(runlog.ClockFile(runDir, stage), func(w io.Writer) error {
 		_, err := w.Write(append(b, '\n'))
 		return err
 	})

@@ -8,7 +8,7 @@ import (
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
-	"github.com/pipetrain/pipetrain/profile"
+	"github.com/pipetrain/pipetrain/runlog"
 	"github.com/pipetrain/pipetrain/schedule"
 	"github.com/pipetrain/pipetrain/transport"
 )
@@ -32,7 +32,7 @@ type received struct {
 type execState struct {
 	inbox      map[schedule.Action]received
 	outbox     map[schedule.Action]*tensor.Dense
-	pending    profile.Event // valid when hasPending
+	pending    runlog.Event // valid when hasPending
 	hasPending bool
 	start      time.Time // of the pending event's compute
 }
@@ -94,12 +94,12 @@ func (r *Runtime) runOp(ctx context.Context, step int, o schedule.Op, i int) err
 		switch a.Kind {
 		case schedule.Forward:
 			out, err = r.forward(step, a)
-			kind = profile.Forward
+			kind = runlog.Forward
 		case schedule.Backward, schedule.Input:
 			out, kind, err = r.backward(a)
 		case schedule.Weight:
 			err = r.weight(a)
-			kind = profile.Weight
+			kind = runlog.Weight
 		}
 		if err != nil {
 			return err
@@ -107,7 +107,7 @@ func (r *Runtime) runOp(ctx context.Context, step int, o schedule.Op, i int) err
 		if out != nil {
 			r.exec.outbox[a] = out
 		}
-		ev := profile.Event{Stage: r.stage, Step: step, Kind: kind, MB: a.MicroBatch, Chunk: a.Chunk,
+		ev := runlog.Event{Stage: r.stage, Step: step, Kind: kind, MB: a.MicroBatch, Chunk: a.Chunk,
 			StartNS: start.UnixNano(), WaitNS: r.exec.inbox[a].waited.Nanoseconds()}
 		delete(r.exec.inbox, a)
 		if next := i + 1; next < len(r.ops) && r.ops[next].Action == a && (r.ops[next].Kind == schedule.SendAct || r.ops[next].Kind == schedule.SendGrad) {
@@ -189,10 +189,10 @@ func (r *Runtime) backward(a schedule.Action) (*tensor.Dense, string, error) {
 	}
 	var dx *tensor.Dense
 	var err error
-	kind := profile.Backward
+	kind := runlog.Backward
 	if a.Kind == schedule.Input {
 		dx, err = e.Input(mb, grad)
-		kind = profile.Input
+		kind = runlog.Input
 	} else {
 		dx, err = e.Backward(mb, grad)
 	}
@@ -217,7 +217,7 @@ func (r *Runtime) weight(a schedule.Action) error {
 }
 
 // record logs an action's event, ending now.
-func (r *Runtime) record(ev profile.Event, start time.Time) error {
+func (r *Runtime) record(ev runlog.Event, start time.Time) error {
 	r.live.action(ev.Kind, time.Since(start), ev.BytesSent, r.inFlight())
 	ev.EndNS, ev.Stashed = time.Now().UnixNano(), r.inFlight()
 	return r.events.add(ev)

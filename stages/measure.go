@@ -3,13 +3,13 @@ package stages
 import (
 	"fmt"
 	"math/rand/v2"
-	"sort"
 	"time"
 
 	"gorgonia.org/tensor"
 
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/internal/blas"
+	"github.com/pipetrain/pipetrain/internal/stats"
 	"github.com/pipetrain/pipetrain/models"
 )
 
@@ -125,7 +125,7 @@ func measureRange(model *models.Model, first, last, batch int, seed uint64, reps
 		params += int64(p.Shape().TotalSize())
 	}
 	size := int64(model.DType.Size())
-	cost := Cost{F: median(fs), B: median(bs), I: median(is), W: median(ws), StashBytes: stashBytes(model, first, last, batch),
+	cost := Cost{F: stats.Median(fs), B: stats.Median(bs), I: stats.Median(is), W: stats.Median(ws), StashBytes: stashBytes(model, first, last, batch),
 		ParamBytes: 4 * params * size, OutBytes: int64(model.ShapeAt(last, batch).TotalSize()) * size}
 	if split == nil {
 		cost.I, cost.W = cost.B/2, cost.B/2
@@ -186,15 +186,6 @@ func randomTokens(r *rand.Rand, dt tensor.Dtype, shape tensor.Shape, vocab int) 
 		}
 	}
 	return t
-}
-
-func median(ds []time.Duration) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := append([]time.Duration(nil), ds...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	return s[len(s)/2]
 }
 
 // EstimateTransfer is the time to move the largest activation between stages over

@@ -24,7 +24,7 @@ import (
 	"github.com/pipetrain/pipetrain/internal/words"
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/optim"
-	"github.com/pipetrain/pipetrain/profile"
+	"github.com/pipetrain/pipetrain/runlog"
 	"github.com/pipetrain/pipetrain/schedule"
 	"github.com/pipetrain/pipetrain/transport"
 )
@@ -407,7 +407,7 @@ func (r *Runtime) close() {
 
 func (r *Runtime) writeRunInfo() error {
 	theory, _ := schedule.TheoreticalBubble(r.schedName, r.stages, r.cfg.Data.MicroBatches, len(r.engines))
-	info := profile.RunInfo{Schedule: r.schedName, Stages: r.stages, MicroBatches: r.cfg.Data.MicroBatches, Steps: r.cfg.Train.Steps, Chunks: len(r.engines), TheoreticalBubble: theory}
+	info := runlog.RunInfo{Schedule: r.schedName, Stages: r.stages, MicroBatches: r.cfg.Data.MicroBatches, Steps: r.cfg.Train.Steps, Chunks: len(r.engines), TheoreticalBubble: theory}
 	if r.schedName == "custom" {
 		// The schedule itself, so profile can simulate what ran.
 		sched, err := r.cfg.BuildSchedule()
@@ -453,8 +453,8 @@ func (r *Runtime) trainStep(ctx context.Context, step int) error {
 			return fmt.Errorf("optimizer: %w", err)
 		}
 	}
-	r.live.action(profile.Optimizer, time.Since(t0), 0, r.inFlight())
-	return r.events.add(profile.Event{Stage: r.stage, Step: step, Kind: profile.Optimizer, StartNS: t0.UnixNano(), EndNS: time.Now().UnixNano()})
+	r.live.action(runlog.Optimizer, time.Since(t0), 0, r.inFlight())
+	return r.events.add(runlog.Event{Stage: r.stage, Step: step, Kind: runlog.Optimizer, StartNS: t0.UnixNano(), EndNS: time.Now().UnixNano()})
 }
 
 // hold keeps msg (nil: nothing to keep) until micro-batch mb of chunk is finished.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/internal/stats"
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/profile"
 	"github.com/pipetrain/pipetrain/stages"
@@ -74,7 +75,7 @@ func runCompression(o *options, b *bytes.Buffer) error {
 		}
 	}
 	for i := range rows {
-		rows[i].stepMS = median(stepMS[i])
+		rows[i].stepMS = stats.Median(stepMS[i])
 	}
 	fmt.Fprintf(b, "`pipetrain launch` of `%s` (4 stage processes, 1F1B, 8 micro-batches of 32) for %d steps with `transport.compression` none, fp16 and bf16, the same seed and data. Bytes are the tensor payloads all stages sent per step (from the event logs); the loss is the mean of the last 10 steps; the step time is the median over a run's steps after the first 10, then the median of %d runs per format, the formats taking turns. The step-time change is what compression costs end to end here, the target's measure. The cast cost is timed in this process for the busiest stage: what one stage spends per step encoding the messages it sends and decoding those it receives, minus the same for float32 (stages cast in parallel, each its own messages, when each has its own core).\n\n", base, steps, max(o.runReps, 1))
 	fmt.Fprintf(b, "| wire format | bytes sent per step | vs float32 | final loss | vs float32 | step time | step-time change | target | met? | cast cost per stage and step | of step time |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
@@ -118,7 +119,7 @@ func compressionRun(runDir string, batch, steps, skip int) (compressionRow, erro
 	if err != nil {
 		return row, err
 	}
-	row.stepMS = median(ms)
+	row.stepMS = stats.Median(ms)
 	metrics, err := stages.ReadMetrics(filepath.Join(runDir, "metrics.jsonl"))
 	if err != nil {
 		return row, err
@@ -170,7 +171,7 @@ func castCost(c *configs.Config, model *models.Model, comp string, reps int) (fl
 				}
 				ts = append(ts, float64(time.Since(start).Microseconds())/1e3)
 			}
-			return median(ts), nil
+			return stats.Median(ts), nil
 		}
 		base, err := perStep(transport.Float32)
 		if err != nil {

@@ -14,6 +14,7 @@ import (
 	"gorgonia.org/tensor"
 
 	iblas "github.com/pipetrain/pipetrain/internal/blas"
+	"github.com/pipetrain/pipetrain/internal/stats"
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/stages"
 )
@@ -77,7 +78,7 @@ func runCompute(o *options, b *bytes.Buffer) error {
 	fmt.Fprintf(b, "|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		fmt.Fprintf(b, "| %d | %.2f ms (±%.0f%%) | %.1f | %.1f | %s | ≥ %s | %s | %s | %.0f | %s (%s) |\n",
-			r.batch, 1e3*median(r.stageSec), 50*spread(r.stageSec), r.stageGF, r.sgemmGF, pct(r.ratio), pct(computeTarget), yesNo(r.ratio >= computeTarget),
+			r.batch, 1e3*stats.Median(r.stageSec), 50*spread(r.stageSec), r.stageGF, r.sgemmGF, pct(r.ratio), pct(computeTarget), yesNo(r.ratio >= computeTarget),
 			pct(r.overheadShare), r.allocs, byteSize(r.bytes), byteSize(r.copyBytes))
 	}
 	fmt.Fprintf(b, "\n(± is half the spread, max−min over median, of the repetitions.)\n\n")
@@ -223,7 +224,7 @@ func measureCompute(o *options, m *models.Model, mb int) (*computeRow, error) {
 	r.allocs = float64(after.Mallocs-before.Mallocs) / float64(kStage)
 	r.bytes = float64(after.TotalAlloc-before.TotalAlloc) / float64(kStage)
 
-	st, sg := median(r.stageSec), median(r.sgemmSec)
+	st, sg := stats.Median(r.stageSec), stats.Median(r.sgemmSec)
 	r.stageGF, r.sgemmGF = r.flops/st/1e9, r.flops/sg/1e9
 	r.ratio = r.stageGF / r.sgemmGF
 	r.overheadShare = max(0, 1-sg/st)

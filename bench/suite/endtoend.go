@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/internal/stats"
 	"github.com/pipetrain/pipetrain/models"
 )
 
@@ -110,10 +111,10 @@ func runEndToEnd(o *options, b *bytes.Buffer) error {
 		for j := range res[i].launch {
 			rs = append(rs, res[i].launch[j]/res[i].ref[j])
 		}
-		ratios[i] = median(rs)
+		ratios[i] = stats.Median(rs)
 		ceil[i] = ceiling(c.model, c.parts, float64(cores)/float64(max(1, res[i].refThreads)))
 		fmt.Fprintf(b, "| %s | %s / %d | %.0f (±%.0f%%) | %.0f (±%.0f%%) | %.2f× | %.2f× | %s |\n", c.label, threadList(res[i].stageThreads), res[i].refThreads,
-			median(res[i].launch), 50*spread(res[i].launch), median(res[i].ref), 50*spread(res[i].ref), ratios[i], ceil[i], pct(ratios[i]/ceil[i]))
+			stats.Median(res[i].launch), 50*spread(res[i].launch), stats.Median(res[i].ref), 50*spread(res[i].ref), ratios[i], ceil[i], pct(ratios[i]/ceil[i]))
 	}
 	fmt.Fprintf(b, "\nOne stage under `launch` runs at %.2f× the reference: ", ratios[0])
 	switch {
@@ -131,7 +132,7 @@ func runEndToEnd(o *options, b *bytes.Buffer) error {
 		parts = append(parts, fmt.Sprintf("%.2f× with %d stages (%s of its %.2f× ceiling)", ratios[i], len(cases[i].parts), pct(ratios[i]/ceil[i]), ceil[i]))
 	}
 	// The demo config's own reference step.
-	refStep := float64(demo.Data.BatchSize) / median(res[len(cases)-2].ref) * 1e3
+	refStep := float64(demo.Data.BatchSize) / stats.Median(res[len(cases)-2].ref) * 1e3
 	perAction := refStep / float64(demo.Data.MicroBatches) / float64(len(demo.Stages))
 	fmt.Fprintf(b, "The demo model reaches %s. Its reference step takes %.1f ms on %d thread(s), so with %d micro-batches over %d stages one stage's forward and backward of a micro-batch "+
 		"are worth about %.2f ms of compute together, ", strings.Join(parts, " and "), refStep, res[len(cases)-2].refThreads, demo.Data.MicroBatches, len(demo.Stages), perAction)
@@ -147,7 +148,7 @@ func runEndToEnd(o *options, b *bytes.Buffer) error {
 	default:
 		fmt.Fprintf(b, "enough to pay for the messages: pipelining gains %.2f× here. ", best)
 	}
-	wideRef := float64(wide.Data.BatchSize) / median(res[w].ref) * 1e3
+	wideRef := float64(wide.Data.BatchSize) / stats.Median(res[w].ref) * 1e3
 	fmt.Fprintf(b, "The wider model (reference step %.1f ms on %d thread(s), about %.1f times the compute per action) reaches %.2f× with %d stages, %s of a %.2f× ceiling: ",
 		wideRef, res[w].refThreads, wideRef/float64(wide.Data.MicroBatches)/float64(len(wide.Stages))/perAction, ratios[w], len(cases[w].parts), pct(ratios[w]/ceil[w]), ceil[w])
 	if ceil[w] < 1.25 {
@@ -187,7 +188,7 @@ func samplesPerSec(o *options, command string, rc runConfig) (float64, *configs.
 	if err != nil {
 		return 0, nil, err
 	}
-	return float64(cfg.Data.BatchSize) / median(ms) * 1e3, cfg, nil
+	return float64(cfg.Data.BatchSize) / stats.Median(ms) * 1e3, cfg, nil
 }
 
 // balancedSplit cuts the model's layers into p contiguous ranges minimising the

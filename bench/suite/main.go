@@ -34,6 +34,7 @@ import (
 
 	"github.com/pipetrain/pipetrain/internal/blas"
 	"github.com/pipetrain/pipetrain/internal/machine"
+	"github.com/pipetrain/pipetrain/internal/stats"
 )
 
 // options are the command's flags, shared by every section.
@@ -308,20 +309,6 @@ func fatalf(format string, args ...any) {
 	os.Exit(1)
 }
 
-// median of xs (the mean of the middle two for an even count); NaN when empty.
-func median(xs []float64) float64 {
-	if len(xs) == 0 {
-		return math.NaN()
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	n := len(s)
-	if n%2 == 1 {
-		return s[n/2]
-	}
-	return (s[n/2-1] + s[n/2]) / 2
-}
-
 // quantile q in [0, 1] of xs, nearest rank; NaN when empty.
 func quantile(xs []float64, q float64) float64 {
 	if len(xs) == 0 {
@@ -338,7 +325,7 @@ func spread(xs []float64) float64 {
 	if len(xs) < 2 {
 		return 0
 	}
-	return (slices.Max(xs) - slices.Min(xs)) / median(xs)
+	return (slices.Max(xs) - slices.Min(xs)) / stats.Median(xs)
 }
 
 func yesNo(ok bool) string {

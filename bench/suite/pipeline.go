@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/internal/stats"
 	"github.com/pipetrain/pipetrain/profile"
 	"github.com/pipetrain/pipetrain/schedule"
 )
@@ -93,13 +94,13 @@ func runPipeline(o *options, b *bytes.Buffer) error {
 			e, ew = append(e, r.makespanMS/r.stepMS), append(ew, r.makespanMS/r.windowMS)
 			cl = append(cl, r.busyMS/(float64(cores)*r.stepMS))
 		}
-		eff[name], load[name] = median(e), median(cl)
+		eff[name], load[name] = stats.Median(e), stats.Median(cl)
 		target, met := "", ""
 		if name == "1f1b" {
 			target, met = fmt.Sprintf("≥ %.1f", pipelineTarget), yesNo(eff[name] >= pipelineTarget)
 		}
 		fmt.Fprintf(b, "| %s | %.1f ms | %.1f ms | %.1f ms | %.2f | %s | %s | %.2f | %s |\n",
-			name, median(step), median(mk), median(link), eff[name], target, met, median(ew), pct(load[name]))
+			name, stats.Median(step), stats.Median(mk), stats.Median(link), eff[name], target, met, stats.Median(ew), pct(load[name]))
 	}
 
 	targets = append(targets, targetResult{fmt.Sprintf("schedule efficiency, 1F1B at p = %d, m = %d", stagesN, pipelineMicro), fmt.Sprintf("≥ %.1f", pipelineTarget),
@@ -147,7 +148,7 @@ func runPipeline(o *options, b *bytes.Buffer) error {
 		for _, r := range runs[n] {
 			xs = append(xs, r.stepMS)
 		}
-		steps[n] = median(xs)
+		steps[n] = stats.Median(xs)
 		if steps[n] < steps[fast] {
 			fast = n
 		}
@@ -206,7 +207,7 @@ func pipelineOnce(o *options, rc runConfig) (pipelineRun, *configs.Config, error
 	if err != nil {
 		return r, nil, err
 	}
-	r.stepMS = median(steps)
+	r.stepMS = stats.Median(steps)
 	r.windowMS = float64(rep.MedianStep) / float64(time.Millisecond)
 	r.busyMS = medianBusy(events, o.skip)
 	return r, cfg, nil
@@ -229,7 +230,7 @@ func medianCosts(events [][]profile.Event, skip int) []profile.ActionCosts {
 			if len(by[k]) == 0 {
 				return 0
 			}
-			return time.Duration(median(by[k]))
+			return time.Duration(stats.Median(by[k]))
 		}
 		out[s] = profile.ActionCosts{F: med(profile.Forward), B: med(profile.Backward), I: med(profile.Input), W: med(profile.Weight)}
 		if out[s].B == 0 && out[s].I > 0 {
@@ -254,5 +255,5 @@ func medianBusy(events [][]profile.Event, skip int) float64 {
 	for _, v := range perStep {
 		xs = append(xs, v)
 	}
-	return median(xs)
+	return stats.Median(xs)
 }

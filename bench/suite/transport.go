@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"time"
 
+	"github.com/pipetrain/pipetrain/internal/stats"
 	"github.com/pipetrain/pipetrain/transport"
 )
 
@@ -357,9 +358,9 @@ func measureStream(o *options, size, n int) (*streamRow, error) {
 		}
 		r.unixMB = append(r.unixMB, mb)
 	}
-	r.unixMed = median(r.unixMB)
-	r.grpcMed, r.tcpMed = median(r.grpcMB), median(r.tcpMB)
-	r.grpcAllocs, r.grpcBytes, r.tcpAllocs, r.tcpBytes = median(ga), median(gb), median(ta), median(tb)
+	r.unixMed = stats.Median(r.unixMB)
+	r.grpcMed, r.tcpMed = stats.Median(r.grpcMB), stats.Median(r.tcpMB)
+	r.grpcAllocs, r.grpcBytes, r.tcpAllocs, r.tcpBytes = stats.Median(ga), stats.Median(gb), stats.Median(ta), stats.Median(tb)
 	return r, nil
 }
 
@@ -429,8 +430,8 @@ func measureLatency(o *options, size, trips int) (*latencyRow, error) {
 		}
 		r.tcpRTT = append(r.tcpRTT, rtt...)
 	}
-	r.grpcMedian, r.grpcP99 = median(r.grpcRTT), quantile(r.grpcRTT, 0.99)
-	r.tcpMedian, r.tcpP99 = median(r.tcpRTT), quantile(r.tcpRTT, 0.99)
-	r.grpcAllocs = median(ga)
+	r.grpcMedian, r.grpcP99 = stats.Median(r.grpcRTT), quantile(r.grpcRTT, 0.99)
+	r.tcpMedian, r.tcpP99 = stats.Median(r.tcpRTT), quantile(r.tcpRTT, 0.99)
+	r.grpcAllocs = stats.Median(ga)
 	return r, nil
 }

@@ -1,0 +1,152 @@
+// Package runlog defines what a stage process writes into a run directory
+// for others to read: the event log's records (Event), the run's metadata
+// (RunInfo), the clock a stage records (Clock), and where each file lives.
+// The stage runtime writes them; profile and the launcher read them. It holds
+// types and names only, so that writers and readers share one definition
+// without the runtime depending on the analysis.
+package runlog
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+)
+
+// Event kinds.
+const (
+	Forward   = "F"
+	Backward  = "B"   // full backward, or the input-gradient part (I) of a split one
+	Input     = "I"   // input gradient of a split backward (zero-bubble schedules)
+	Weight    = "W"   // weight gradient of a split backward
+	Optimizer = "OPT" // optimizer step after the pipeline flush
+)
+
+// Event is one action executed by a stage.
+type Event struct {
+	Stage int `json:"stage"`
+	// Step is the step's index from 0: the training log, metrics.jsonl and
+	// checkpoints call it step Step+1 (StepNumber), and so does everything
+	// this package prints.
+	Step int    `json:"step"`
+	Kind string `json:"kind"` // Forward, Backward, Input, Weight or Optimizer
+	MB   int    `json:"mb"`   // micro-batch; meaningless for Optimizer
+	// Chunk is the virtual stage (interleaved schedules); 0 otherwise.
+	Chunk int `json:"chunk,omitempty"`
+	// StartNS and EndNS are wall-clock ns (time.Now().UnixNano()) of the
+	// compute. Wall clock, not monotonic, so that stages in different
+	// processes on one host share a time base (across hosts, see Align).
+	// StartNS is just after the input arrived; what the action sends leaves at
+	// EndNS.
+	StartNS int64 `json:"start_ns"`
+	EndNS   int64 `json:"end_ns"`
+	// WaitNS is time spent blocked waiting for the input before StartNS.
+	WaitNS int64 `json:"wait_ns"`
+	// SendNS is the part of the action (between StartNS and EndNS) spent in
+	// Send: blocked because the link's queue was full, or, on a stage whose
+	// Go processors are all busy, yielding to the link's writer while it hands
+	// the bytes to the kernel. Logs written before the field existed read as 0.
+	SendNS int64 `json:"send_ns"`
+	// BytesSent is what the action sent to a neighbouring stage.
+	BytesSent int64 `json:"bytes_sent"`
+	// Stashed is how many micro-batches' activations the stage held after
+	// the action: the schedule's memory cost.
+	Stashed int `json:"stashed"`
+}
+
+// StepNumber is the number the training log, metrics.jsonl and checkpoints
+// give the event's step: its index plus 1.
+func (e *Event) StepNumber() int { return e.Step + 1 }
+
+// RunInfo is the run metadata written by the launcher.
+type RunInfo struct {
+	Schedule          string  `json:"schedule"`
+	Stages            int     `json:"stages"`
+	MicroBatches      int     `json:"micro_batches"`
+	Steps             int     `json:"steps"`
+	Chunks            int     `json:"chunks,omitempty"`   // virtual stages per stage; 0 or 1 without interleaving
+	TheoreticalBubble float64 `json:"theoretical_bubble"` // fraction, e.g. (p-1)/(m+p-1)
+	// ScheduleCSV is, for a user-written ("custom") schedule, the schedule in
+	// schedule.Load's "csv" format, so that the profiler can simulate it.
+	ScheduleCSV string `json:"schedule_csv,omitempty"`
+	// Clocks are the clocks the stages recorded beside their event logs
+	// (ReadClocks), not part of run.json: ReadRun fills them in, and Analyse
+	// aligns the stages' clocks with them. nil when no stage recorded one.
+	Clocks []Clock `json:"-"`
+}
+
+// RunFile is the path of a run directory's metadata, written by stage 0.
+func RunFile(dir string) string { return filepath.Join(dir, "run.json") }
+
+// EventsFile is the path of stage's event log inside a run directory.
+func EventsFile(dir string, stage int) string {
+	return filepath.Join(dir, "events", fmt.Sprintf("stage-%d.jsonl", stage))
+}
+
+// Clock is the clock a stage's events are timed on, as the stage process
+// records it when it starts, next to its event log (ClockFile): its host name
+// and the Linux kernel's boot id (/proc/sys/kernel/random/boot_id). Processes
+// under one kernel, containers included, read one wall clock; the kernel draws
+// a new boot id at random at every boot, so two hosts never have the same one.
+//
+//	{"host":"gpu1","boot_id":"1a2b3c4d-5e6f-4a8b-9c0d-1e2f3a4b5c6d"}
+type Clock struct {
+	Host   string `json:"host"`
+	BootID string `json:"boot_id"` // "" where the stage could read none
+	// Earlier holds, oldest first, the clocks of the stage's earlier
+	// processes whose events its log still holds: a resumed run appends to the
+	// log. An entry without a boot id stands for events logged before the
+	// stage recorded its clock.
+	Earlier []Clock `json:"earlier,omitempty"`
+}
+
+// ClockFile is the path of stage's clock record inside a run directory:
+// events/stage-<i>.clock.json, beside its event log.
+func ClockFile(dir string, stage int) string {
+	return filepath.Join(dir, "events", fmt.Sprintf("stage-%d.clock.json", stage))
+}
+
+// Known reports whether c names the clock of every event in its stage's
+// log: it has a boot id, and so has every earlier entry.
+func (c *Clock) Known() bool {
+	if c.BootID == "" {
+		return false
+	}
+	for i := range c.Earlier {
+		if c.Earlier[i].BootID == "" {
+			return false
+		}
+	}
+	return true
+}
+
+// Shares reports whether two stages' logs were timed on one clock throughout:
+// both are Known, with the same boot ids in the same order.
+func (c *Clock) Shares(d *Clock) bool {
+	return c.Known() && d.Known() && c.Key() == d.Key()
+}
+
+// Key is the boot ids of c's processes, oldest first.
+func (c *Clock) Key() string {
+	var ids []string
+	for _, e := range c.Earlier {
+		ids = append(ids, e.BootID)
+	}
+	return strings.Join(append(ids, c.BootID), " ")
+}
+
+// Check rejects an event of stage's log that would silently skew a report.
+func (e *Event) Check(stage int) error {
+	switch {
+	case e.Stage != stage:
+		return fmt.Errorf("event of stage %d in stage %d's log", e.Stage, stage)
+	case e.Kind != Forward && e.Kind != Backward && e.Kind != Input && e.Kind != Weight && e.Kind != Optimizer:
+		return fmt.Errorf("unknown kind %q: want F, B, I, W or OPT", e.Kind)
+	case e.EndNS < e.StartNS:
+		return fmt.Errorf("end_ns %d before start_ns %d", e.EndNS, e.StartNS)
+	case e.Step < 0:
+		return fmt.Errorf("negative step %d", e.Step)
+	case e.SendNS < 0:
+		return fmt.Errorf("negative send_ns %d", e.SendNS)
+	}
+	return nil
+}
