@@ -39,7 +39,7 @@ func (s *Schedule) SplitsBackward() bool {
 type builtin struct {
 	name   string
 	sizes  func(p, m, v int) error // rules beyond checkSize; the error omits the name
-	build  func(p, m, v int) [][]Action
+	build  func(p, m, v int) ([][]Action, error)
 	bubble func(p, m, v int) float64
 }
 
@@ -116,13 +116,11 @@ func Build(name string, stages, microBatches, chunks int) (*Schedule, error) {
 	if err := b.check(stages, microBatches, chunks); err != nil {
 		return nil, err
 	}
-	return &Schedule{
-		Name:         name,
-		Stages:       stages,
-		MicroBatches: microBatches,
-		Chunks:       chunks,
-		Actions:      b.build(stages, microBatches, chunks),
-	}, nil
+	actions, err := b.build(stages, microBatches, chunks)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return &Schedule{Name: name, Stages: stages, MicroBatches: microBatches, Chunks: chunks, Actions: actions}, nil
 }
 
 // check applies checkSize and then b's own rules.
@@ -169,13 +167,13 @@ func interleavedSizes(p, m, v int) error {
 }
 
 // perStage turns a builder of one stage's list into a builder of all lists.
-func perStage(stage func(s, p, m, v int) []Action) func(p, m, v int) [][]Action {
-	return func(p, m, v int) [][]Action {
+func perStage(stage func(s, p, m, v int) []Action) func(p, m, v int) ([][]Action, error) {
+	return func(p, m, v int) ([][]Action, error) {
 		out := make([][]Action, p)
 		for s := range p {
 			out[s] = stage(s, p, m, v)
 		}
-		return out
+		return out, nil
 	}
 }
 
@@ -255,7 +253,7 @@ func interleavedStage(s, p, m, v int) []Action {
 // forward or input-gradient pass of its 1F1B order if that is ready (and, for
 // a forward, fewer than min(p, m) micro-batches are in flight), else its
 // oldest pending weight pass, else idles.
-func zbH1(p, m, v int) [][]Action {
+func zbH1(p, m, v int) ([][]Action, error) {
 	limit := min(p, m)
 	out := make([][]Action, p)
 	order := make([][]Action, p)
@@ -289,7 +287,9 @@ func zbH1(p, m, v int) [][]Action {
 	left := 3 * p * m
 	for t := 0; left > 0; t++ {
 		if t > 6*p*m+2*p {
-			panic(fmt.Sprintf("schedule: zb-h1 list scheduling stalled (p=%d, m=%d)", p, m))
+			// Unreachable for any size Build accepts (the tests build every
+			// size up to p = 8, m = 32); an error rather than a loop or a panic.
+			return nil, fmt.Errorf("list scheduling stalled at time %d (p=%d, m=%d)", t, p, m)
 		}
 		for s := range p {
 			if free[s] > t {
@@ -321,7 +321,7 @@ func zbH1(p, m, v int) [][]Action {
 			}
 		}
 	}
-	return out
+	return out, nil
 }
 
 // The closed forms below are the idle fraction of the makespan, the same on

@@ -1,12 +1,9 @@
 package stages
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,7 +11,6 @@ import (
 	"sync"
 	"time"
 
-	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
 	"github.com/pipetrain/pipetrain/checkpoint"
@@ -405,31 +401,6 @@ func (r *Runtime) close() {
 	}
 }
 
-func (r *Runtime) writeRunInfo() error {
-	theory, _ := schedule.TheoreticalBubble(r.schedName, r.stages, r.cfg.Data.MicroBatches, len(r.engines))
-	info := runlog.RunInfo{Schedule: r.schedName, Stages: r.stages, MicroBatches: r.cfg.Data.MicroBatches, Steps: r.cfg.Train.Steps, Chunks: len(r.engines), TheoreticalBubble: theory}
-	if r.schedName == "custom" {
-		// The schedule itself, so profile can simulate what ran.
-		sched, err := r.cfg.BuildSchedule()
-		if err != nil {
-			return err
-		}
-		var csv strings.Builder
-		if err := sched.WriteCSV(&csv); err != nil {
-			return err
-		}
-		info.ScheduleCSV = csv.String()
-	}
-	b, err := json.MarshalIndent(info, "", "  ")
-	if err != nil {
-		return err
-	}
-	return checkpoint.WriteAtomic(filepath.Join(r.runDir, "run.json"), func(w io.Writer) error {
-		_, err := w.Write(append(b, '\n'))
-		return err
-	})
-}
-
 // evaluatesLast reports whether the evaluation after step done, the last, is
 // run inside the step loop: when evaluations are logged every eval_every steps
 // and either the final one is wanted (train.evaluate) or done is a multiple.
@@ -494,152 +465,6 @@ func (r *Runtime) stepLoss() float64 {
 	return s / float64(len(r.losses))
 }
 
-// Metric is one line of metrics.jsonl.
-type Metric struct {
-	Step          int     `json:"step"`
-	Loss          float64 `json:"loss"`
-	SamplesPerSec float64 `json:"samples_per_sec"`
-	ElapsedSec    float64 `json:"elapsed_s"`
-	// Eval is set on the steps after which the model was evaluated (train.eval_every).
-	Eval *EvalResult `json:"eval,omitempty"`
-}
-
-func (r *Runtime) writeMetric(step int, loss, rate float64, elapsed time.Duration, eval *EvalResult) error {
-	b, _ := json.Marshal(Metric{Step: step, Loss: loss, SamplesPerSec: rate, ElapsedSec: elapsed.Seconds(), Eval: eval})
-	_, err := r.metrics.Write(append(b, '\n'))
-	return err
-}
-
-// EvalResult is what eval.json holds: over the test images, or over the
-// validation text's tokens (then Examples counts tokens and Perplexity is set).
-type EvalResult struct {
-	Examples   int     `json:"examples"`
-	Correct    int     `json:"correct"`
-	Accuracy   float64 `json:"accuracy"`
-	Loss       float64 `json:"loss"`
-	Perplexity float64 `json:"perplexity,omitempty"`
-}
-
-// evalTag tags the messages of the evaluation after step done (1-based), so they
-// are never taken for a training step's or another evaluation's; the final one
-// is EvalStep.
-func evalTag(done int) int { return -1 - done }
-
-// evaluate runs the feed's evaluation micro-batches forward through the pipeline,
-// chunk by chunk, and on the last stage scores the predictions; other stages
-// return nil.
-func (r *Runtime) evaluate(ctx context.Context, tag int) (*EvalResult, error) {
-	var res EvalResult
-	var input, out *tensor.Dense
-	var msg *transport.Tensor
-	for _, o := range r.evalOps {
-		a := o.Action
-		var err error
-		switch o.Kind {
-		case schedule.RecvAct:
-			input, msg, err = r.prev.recvHeld(ctx, int64(tag), a.MicroBatch, o.Tag(r.stages))
-		case schedule.SendAct:
-			_, _, err = r.next.sendOwned(ctx, transport.Activation, int64(tag), a.MicroBatch, o.Tag(r.stages), out)
-		case schedule.Compute:
-			out, err = r.evalForward(a, input, msg, &res)
-			input, msg = nil, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-	}
-	if !r.last().IsLast() || res.Examples == 0 {
-		return nil, nil
-	}
-	res.Accuracy = float64(res.Correct) / float64(res.Examples)
-	res.Loss /= float64(res.Examples)
-	what := r.feed.name()
-	if _, text := r.feed.(*textFeed); text {
-		res.Perplexity = math.Exp(res.Loss)
-		fmt.Fprintf(r.log, "%s loss %.4f, perplexity %.2f, next-token accuracy %.2f%% (%d tokens)\n", what, res.Loss, res.Perplexity, 100*res.Accuracy, res.Examples)
-	} else {
-		fmt.Fprintf(r.log, "%s accuracy %.2f%% (%d/%d), %s loss %.4f\n", what, 100*res.Accuracy, res.Correct, res.Examples, what, res.Loss)
-	}
-	return &res, nil
-}
-
-// evalForward runs evaluation micro-batch a.MicroBatch forward through chunk
-// a.Chunk from input (data on the model's first stage) and releases the
-// received msg; on the last model stage it scores the predictions into res,
-// elsewhere it returns the activation to send.
-func (r *Runtime) evalForward(a schedule.Action, input *tensor.Dense, msg *transport.Tensor, res *EvalResult) (*tensor.Dense, error) {
-	e, k := r.engines[a.Chunk], a.MicroBatch
-	if e.IsFirst() {
-		input = r.newInput(e)
-	}
-	var targets []int
-	rows := 0
-	if e.IsFirst() || e.IsLast() {
-		x := input
-		if !e.IsFirst() {
-			x = nil
-		}
-		targets, rows = r.feed.eval(k, x, e.IsLast())
-	}
-	out, err := e.Forward(k, input, targets)
-	if err != nil {
-		return nil, err
-	}
-	e.Discard(k)
-	if msg != nil {
-		e.releaseHeld(held{msg})
-	}
-	if !e.IsLast() {
-		return out, nil
-	}
-	logits, err := e.Logits()
-	if err != nil {
-		return nil, err
-	}
-	correct, loss := score(logits, targets[:rows])
-	res.Correct += correct
-	res.Loss += loss
-	res.Examples += rows
-	return nil, nil
-}
-
-// writeEval saves the final evaluation as RUN_DIR/eval.json (last stage).
-func (r *Runtime) writeEval(res *EvalResult) error {
-	if res == nil {
-		return nil
-	}
-	b, _ := json.MarshalIndent(res, "", "  ")
-	return checkpoint.WriteAtomic(filepath.Join(r.runDir, "eval.json"), func(w io.Writer) error {
-		_, err := w.Write(append(b, '\n'))
-		return err
-	})
-}
-
-// score counts correct argmax predictions and sums the cross-entropy of the first
-// len(targets) rows of logits.
-func score(logits *tensor.Dense, targets []int) (correct int, loss float64) {
-	c := logits.Shape()[1]
-	vals := asFloat64s(logits)
-	for i, y := range targets {
-		row := vals[i*c : (i+1)*c]
-		best, mx := 0, row[0]
-		for j, v := range row {
-			if v > mx {
-				best, mx = j, v
-			}
-		}
-		if best == y {
-			correct++
-		}
-		var z float64
-		for _, v := range row {
-			z += math.Exp(v - mx)
-		}
-		loss += math.Log(z) + mx - row[y]
-	}
-	return correct, loss
-}
-
 func asFloat64s(t *tensor.Dense) []float64 {
 	switch d := t.Data().(type) {
 	case []float64:
@@ -655,48 +480,3 @@ func asFloat64s(t *tensor.Dense) []float64 {
 }
 
 func scalar(t *tensor.Dense) float64 { return asFloat64s(t)[0] }
-
-// saveWeights writes the stage's parameters to RUN_DIR/weights/stage-<i>.safetensors.
-func (r *Runtime) saveWeights() error {
-	var ts []checkpoint.Tensor
-	var params []*G.Node
-	for _, e := range r.engines {
-		params = append(params, e.Params()...)
-	}
-	for _, p := range params {
-		t := checkpoint.Tensor{Name: p.Name(), Shape: p.Shape().Clone()}
-		switch d := p.Value().Data().(type) {
-		case []float32:
-			t.F32 = d
-		case []float64:
-			t.F64 = d
-		}
-		ts = append(ts, t)
-	}
-	path := filepath.Join(r.runDir, "weights", fmt.Sprintf("stage-%d.safetensors", r.stage))
-	meta := map[string]string{"step": fmt.Sprint(r.cfg.Train.Steps), "config_digest": r.cfg.Digest(), "stage": fmt.Sprint(r.stage)}
-	if err := checkpoint.Write(path, ts, meta); err != nil {
-		return fmt.Errorf("stage %d: saving weights: %w", r.stage, err)
-	}
-	return nil
-}
-
-// ReadMetrics reads a run's metrics.jsonl.
-func ReadMetrics(path string) ([]Metric, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	var out []Metric
-	for i, line := range bytes.Split(bytes.TrimSpace(b), []byte("\n")) {
-		if len(line) == 0 {
-			continue
-		}
-		var m Metric
-		if err := json.Unmarshal(line, &m); err != nil {
-			return nil, fmt.Errorf("%s:%d: %w", path, i+1, err)
-		}
-		out = append(out, m)
-	}
-	return out, nil
-}

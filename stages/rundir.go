@@ -1,0 +1,127 @@
+package stages
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	G "gorgonia.org/gorgonia"
+
+	"github.com/pipetrain/pipetrain/checkpoint"
+	"github.com/pipetrain/pipetrain/runlog"
+	"github.com/pipetrain/pipetrain/schedule"
+)
+
+// The files a run directory holds beside the event logs and checkpoints:
+// run.json, metrics.jsonl, eval.json and the final weights.
+
+// writeRunInfo writes run.json (stage 0): what profile needs to know of the run.
+func (r *Runtime) writeRunInfo() error {
+	theory, _ := schedule.TheoreticalBubble(r.schedName, r.stages, r.cfg.Data.MicroBatches, len(r.engines))
+	info := runlog.RunInfo{Schedule: r.schedName, Stages: r.stages, MicroBatches: r.cfg.Data.MicroBatches, Steps: r.cfg.Train.Steps, Chunks: len(r.engines), TheoreticalBubble: theory}
+	if r.schedName == "custom" {
+		// The schedule itself, so profile can simulate what ran.
+		sched, err := r.cfg.BuildSchedule()
+		if err != nil {
+			return err
+		}
+		var csv strings.Builder
+		if err := sched.WriteCSV(&csv); err != nil {
+			return err
+		}
+		info.ScheduleCSV = csv.String()
+	}
+	b, err := json.MarshalIndent(info, "", "  ")
+	if err != nil {
+		return err
+	}
+	return checkpoint.WriteAtomic(filepath.Join(r.runDir, "run.json"), func(w io.Writer) error {
+		_, err := w.Write(append(b, '\n'))
+		return err
+	})
+}
+
+// Metric is one line of metrics.jsonl.
+type Metric struct {
+	Step          int     `json:"step"`
+	Loss          float64 `json:"loss"`
+	SamplesPerSec float64 `json:"samples_per_sec"`
+	ElapsedSec    float64 `json:"elapsed_s"`
+	// Eval is set on the steps after which the model was evaluated (train.eval_every).
+	Eval *EvalResult `json:"eval,omitempty"`
+}
+
+// writeMetric appends one step's line to metrics.jsonl (last stage).
+func (r *Runtime) writeMetric(step int, loss, rate float64, elapsed time.Duration, eval *EvalResult) error {
+	b, err := json.Marshal(Metric{Step: step, Loss: loss, SamplesPerSec: rate, ElapsedSec: elapsed.Seconds(), Eval: eval})
+	if err != nil {
+		return err
+	}
+	_, err = r.metrics.Write(append(b, '\n'))
+	return err
+}
+
+// writeEval saves the final evaluation as RUN_DIR/eval.json (last stage).
+func (r *Runtime) writeEval(res *EvalResult) error {
+	if res == nil {
+		return nil
+	}
+	b, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
+	return checkpoint.WriteAtomic(filepath.Join(r.runDir, "eval.json"), func(w io.Writer) error {
+		_, err := w.Write(append(b, '\n'))
+		return err
+	})
+}
+
+// saveWeights writes the stage's parameters to RUN_DIR/weights/stage-<i>.safetensors.
+func (r *Runtime) saveWeights() error {
+	var ts []checkpoint.Tensor
+	var params []*G.Node
+	for _, e := range r.engines {
+		params = append(params, e.Params()...)
+	}
+	for _, p := range params {
+		t := checkpoint.Tensor{Name: p.Name(), Shape: p.Shape().Clone()}
+		switch d := p.Value().Data().(type) {
+		case []float32:
+			t.F32 = d
+		case []float64:
+			t.F64 = d
+		}
+		ts = append(ts, t)
+	}
+	path := filepath.Join(r.runDir, "weights", fmt.Sprintf("stage-%d.safetensors", r.stage))
+	meta := map[string]string{"step": fmt.Sprint(r.cfg.Train.Steps), "config_digest": r.cfg.Digest(), "stage": fmt.Sprint(r.stage)}
+	if err := checkpoint.Write(path, ts, meta); err != nil {
+		return fmt.Errorf("stage %d: saving weights: %w", r.stage, err)
+	}
+	return nil
+}
+
+// ReadMetrics reads a run's metrics.jsonl.
+func ReadMetrics(path string) ([]Metric, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var out []Metric
+	for i, line := range bytes.Split(bytes.TrimSpace(b), []byte("\n")) {
+		if len(line) == 0 {
+			continue
+		}
+		var m Metric
+		if err := json.Unmarshal(line, &m); err != nil {
+			return nil, fmt.Errorf("%s:%d: %w", path, i+1, err)
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
