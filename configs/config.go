@@ -403,51 +403,64 @@ func (c *Config) validateSchedule(p *Problems, model *models.Model) {
 }
 
 // BuildSchedule returns the run's schedule, checked: the named one, or for
-// schedule: custom the one in schedule_file, which must fit the config's stages,
-// micro-batches and virtual stages.
+// schedule: custom the compute of the one in schedule_file (see BuildLowered).
 func (c *Config) BuildSchedule() (*schedule.Schedule, error) {
+	if c.Schedule != "custom" {
+		return schedule.Build(c.Schedule, max(len(c.Stages), 1), max(c.Data.MicroBatches, 1), c.VirtualStages)
+	}
+	l, err := c.BuildLowered()
+	if err != nil {
+		return nil, err
+	}
+	return l.Compute(), nil
+}
+
+// BuildLowered returns the run's schedule lowered, as its stages execute it
+// (schedule.Lower), and checked: the named one, or for schedule: custom the
+// one in schedule_file, compute-only (then lowered) or lowered by hand (then
+// checked as written), which must fit the config's stages, micro-batches and
+// virtual stages.
+func (c *Config) BuildLowered() (*schedule.Lowered, error) {
 	p, m := max(len(c.Stages), 1), max(c.Data.MicroBatches, 1)
 	if c.Schedule != "custom" {
-		return schedule.Build(c.Schedule, p, m, c.VirtualStages)
+		s, err := schedule.Build(c.Schedule, p, m, c.VirtualStages)
+		if err != nil {
+			return nil, err
+		}
+		return schedule.Lower(s)
 	}
 	path := c.resolve(c.ScheduleFile)
-	var s *schedule.Schedule
+	var l *schedule.Lowered
 	var err error
 	if c.ScheduleText != "" {
-		s, err = schedule.Load(strings.NewReader(c.ScheduleText), "csv")
+		if l, err = schedule.ParseLoweredGrid(c.ScheduleText); err == nil {
+			err = l.Check()
+		}
 	} else {
-		s, err = schedule.ReadFile(path)
+		l, err = schedule.ReadLowered(path)
 	}
 	if err != nil {
 		return nil, err
 	}
-	if s.Stages != p || s.MicroBatches != m || s.Chunks != c.VirtualStages {
+	if l.Stages != p || l.MicroBatches != m || l.Chunks != c.VirtualStages {
 		return nil, fmt.Errorf("%s has %d stages, %d micro-batches and %d chunks; the config has %d, %d and %d (virtual_stages)",
-			path, s.Stages, s.MicroBatches, s.Chunks, p, m, c.VirtualStages)
+			path, l.Stages, l.MicroBatches, l.Chunks, p, m, c.VirtualStages)
 	}
-	if err := s.Check(); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	s.Name = "custom"
-	return s, nil
+	l.Name = "custom"
+	return l, nil
 }
 
-// readScheduleFile keeps a custom schedule's contents, as CSV, in
+// readScheduleFile keeps a custom schedule's contents, lowered, in
 // ScheduleText when the config is loaded: the digest then covers the
-// schedule itself, and BuildSchedule never reads the file again, so a file
+// schedule itself, and BuildLowered never reads the file again, so a file
 // edited after loading cannot change a running job. A file that cannot be
-// read is left to BuildSchedule (and so Validate) to report.
+// read is left to BuildLowered (and so Validate) to report.
 func (c *Config) readScheduleFile() {
 	if c.Schedule != "custom" || c.ScheduleFile == "" {
 		return
 	}
-	s, err := schedule.ReadFile(c.resolve(c.ScheduleFile))
-	if err != nil {
-		return
-	}
-	var text strings.Builder
-	if s.WriteCSV(&text) == nil {
-		c.ScheduleText = text.String()
+	if l, err := schedule.ReadLowered(c.resolve(c.ScheduleFile)); err == nil {
+		c.ScheduleText = l.Grid()
 	}
 }
 

@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/pipetrain/pipetrain/schedule"
 )
 
 const good = `
@@ -270,6 +272,27 @@ func TestCustomScheduleFile(t *testing.T) {
 	}
 	if _, err := Load(cfg("absent.csv")); err == nil || !strings.Contains(err.Error(), "absent.csv") {
 		t.Errorf("missing file: %v", err)
+	}
+
+	// A lowered file is checked as written: sound compute, but stage 1 waits
+	// for micro-batch 2's activation before sending micro-batch 0's gradient,
+	// which stage 0 needs before it sends that activation.
+	s1, err := schedule.Build("1f1b", 2, 4, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lowered, err := schedule.Lower(s1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write("good.txt", lowered.Grid())
+	if c, err := Load(cfg("good.txt")); err != nil || c.ScheduleText != lowered.Grid() {
+		t.Errorf("a lowered file as Lower prints it: %v", err)
+	}
+	dead := strings.Replace(strings.Replace(lowered.Grid(), " 1F2<0 ", " ", 1), "1F0 1B0 ", "1F0 1F2<0 1B0 ", 1)
+	write("dead.txt", dead)
+	if _, err := Load(cfg("dead.txt")); err == nil || !strings.Contains(err.Error(), "schedule_file") || !strings.Contains(err.Error(), "deadlock") {
+		t.Errorf("a lowered file that deadlocks: %v\n%s", err, dead)
 	}
 }
 

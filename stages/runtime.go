@@ -95,14 +95,11 @@ func New(o Options) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	sched, ranges, err := r.plan(c, model, o.Reference)
+	lowered, ranges, err := r.plan(c, model, o.Reference)
 	if err != nil {
 		return nil, err
 	}
-	lowered, err := schedule.Lower(sched)
-	if err != nil {
-		return nil, err
-	}
+	sched := lowered.Compute()
 	r.actions, r.ops, r.schedName = sched.Actions[r.stage], lowered.Ops[r.stage], sched.Name
 	r.exec = execState{inbox: map[schedule.Action]received{}, outbox: map[schedule.Action]*tensor.Dense{}}
 	for chunk, lr := range ranges {
@@ -130,20 +127,21 @@ func New(o Options) (*Runtime, error) {
 	return r, nil
 }
 
-// plan returns this stage's schedule and the layer range of each of its chunks. The
-// reference holds every layer in one chunk and trains with 1F1B on one stage: any
-// schedule, split or not, computes the same bits as that.
-func (r *Runtime) plan(c *configs.Config, model *models.Model, reference bool) (*schedule.Schedule, [][2]int, error) {
+// plan returns the run's lowered schedule and the layer range of each of this
+// stage's chunks. The reference holds every layer in one chunk and trains with
+// 1F1B on one stage: any schedule, split or not, computes the same bits as that.
+func (r *Runtime) plan(c *configs.Config, model *models.Model, reference bool) (*schedule.Lowered, [][2]int, error) {
 	if reference {
 		r.stage, r.stages = 0, 1
 		sched, err := schedule.Build("1f1b", 1, c.Data.MicroBatches, 1)
-		return sched, [][2]int{{0, len(model.Layers)}}, err
+		if err != nil {
+			return nil, nil, err
+		}
+		lowered, err := schedule.Lower(sched)
+		return lowered, [][2]int{{0, len(model.Layers)}}, err
 	}
-	sched, err := c.BuildSchedule()
+	lowered, err := c.BuildLowered()
 	if err != nil {
-		return nil, nil, err
-	}
-	if err := sched.Check(); err != nil {
 		return nil, nil, fmt.Errorf("schedule %s: %w", c.Schedule, err)
 	}
 	var ranges [][2]int
@@ -151,7 +149,7 @@ func (r *Runtime) plan(c *configs.Config, model *models.Model, reference bool) (
 		first, last := c.ChunkLayers(r.stage, chunk)
 		ranges = append(ranges, [2]int{first, last})
 	}
-	return sched, ranges, nil
+	return lowered, ranges, nil
 }
 
 // splitsChunk reports whether the schedule runs this chunk's backward as separate
