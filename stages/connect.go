@@ -31,17 +31,14 @@ func (l *Links) Close() error {
 	return errors.Join(errs...)
 }
 
-// Connect opens stage i's links: it listens on its address for the previous stage
+// Connect opens the links of the layout's stage i: it listens on its address for the previous stage
 // and dials the next one at the same time, each bounded by
 // transport.connect_timeout, and runs the handshake that checks both sides agree on
 // the config digest and the shapes and dtype of the tensors between them. With
 // virtual stages the last stage also feeds stage 0 (the ring), so every stage
 // listens and dials.
-func Connect(ctx context.Context, c *configs.Config, i int) (*Links, error) {
-	up, down, err := Hellos(c, i)
-	if err != nil {
-		return nil, err
-	}
+func Connect(ctx context.Context, l *Layout) (*Links, error) {
+	c, i, up, down := l.Config, l.Stage, l.Up, l.Down
 	p, ring := len(c.Stages), up.Ring
 	opts, err := linkOptions(c, i)
 	if err != nil {
@@ -113,25 +110,6 @@ func linkOptions(c *configs.Config, i int) (transport.Options, error) {
 		}
 	}
 	return opts, nil
-}
-
-// Hellos are stage i's handshakes on its link from the previous stage and on its
-// link to the next, each naming the activation shape of every chunk it carries.
-func Hellos(c *configs.Config, i int) (up, down transport.Hello, err error) {
-	model, err := models.Build(c.Model)
-	if err != nil {
-		return up, down, err
-	}
-	dt, err := WireDType(c, model)
-	if err != nil {
-		return up, down, err
-	}
-	p := len(c.Stages)
-	hello := func(from int) transport.Hello {
-		return transport.Hello{Stage: i, Stages: p, ConfigDigest: c.Digest(), Address: c.Stages[i].Address,
-			DType: dt, Shapes: LinkShapes(c, model, from), Ring: NeedsRing(c, model)}
-	}
-	return hello((i + p - 1) % p), hello(i), nil
 }
 
 // LinkShapes lists, by chunk tag, the activation shapes on the link from stage

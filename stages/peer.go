@@ -3,7 +3,6 @@ package stages
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"gorgonia.org/tensor"
@@ -11,16 +10,18 @@ import (
 	"github.com/pipetrain/pipetrain/transport"
 )
 
-// peer wraps the link to one neighbour. It checks every tensor that arrives against
-// what the link carries (kind, dtype, shape) and hands them out by (step,
-// micro-batch), holding early arrivals, so a schedule may consume in any order.
+// peer wraps the link to one neighbour. The transport has checked every
+// tensor that arrives against the handshake (kind, dtype, chunk, shape); the
+// peer checks that it belongs to the step being run and hands tensors out by
+// (step, micro-batch, chunk), holding early arrivals, so a schedule may
+// consume in any order.
 type peer struct {
-	link   transport.Link
-	name   string
-	kind   transport.Kind // what arrives on this link
-	dtype  transport.DType
-	shapes [][]int // by chunk tag
-	held   map[slot]*transport.Tensor
+	link  transport.Link
+	name  string
+	stage int            // the neighbour's
+	kind  transport.Kind // what arrives on this link
+	dtype transport.DType
+	held  map[slot]*transport.Tensor
 	// timeout bounds each wait for a tensor, and for room in the send queue; 0
 	// means only ctx bounds them.
 	timeout      time.Duration
@@ -28,8 +29,7 @@ type peer struct {
 	metrics      *Metrics // counts received bytes; may be nil
 	// act, when set, is told of every wait on this neighbour (stage), so a
 	// status query names the stage this one waits for.
-	act   *activity
-	stage int
+	act *activity
 }
 
 type slot struct {
@@ -41,9 +41,9 @@ type slot struct {
 // maxHeld bounds early arrivals; more means the neighbour runs a different schedule.
 const maxHeld = 1024
 
-func newPeer(l transport.Link, kind transport.Kind, dt transport.DType, shapes [][]int, timeout time.Duration) *peer {
+func newPeer(l transport.Link, kind transport.Kind, timeout time.Duration) *peer {
 	h := l.Peer()
-	return &peer{link: l, stage: h.Stage, name: fmt.Sprintf("stage %d (%s)", h.Stage, h.Address), kind: kind, dtype: dt, shapes: shapes, held: map[slot]*transport.Tensor{}, timeout: timeout}
+	return &peer{link: l, stage: h.Stage, name: fmt.Sprintf("stage %d (%s)", h.Stage, h.Address), kind: kind, dtype: h.DType, held: map[slot]*transport.Tensor{}, timeout: timeout}
 }
 
 // recv returns micro-batch mb of step, for the boundary tagged chunk, as a tensor
@@ -77,9 +77,6 @@ func (p *peer) recvHeld(ctx context.Context, step int64, mb, chunk int) (v *tens
 			}
 			return nil, nil, fmt.Errorf("waiting for %s of %s micro-batch %d%s from %s: %w", p.kind, stepText(step), mb, chunkText(chunk), p.name, err)
 		}
-		if err := p.check(got); err != nil {
-			return nil, nil, err
-		}
 		if err := p.checkTag(got, step); err != nil {
 			return nil, nil, err
 		}
@@ -100,8 +97,8 @@ func (p *peer) recvHeld(ctx context.Context, step int64, mb, chunk int) (v *tens
 	if p.metrics != nil {
 		p.metrics.received(int64(len(t.Data)))
 	}
-	shape := p.shapes[chunk]
-	switch p.dtype {
+	shape := t.Shape
+	switch t.DType {
 	case transport.Float64:
 		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(t.Float64s())), t, nil
 	case transport.Float32:
@@ -119,18 +116,6 @@ func chunkText(chunk int) string {
 		return ""
 	}
 	return fmt.Sprintf(" chunk %d", chunk)
-}
-
-func (p *peer) check(t *transport.Tensor) error {
-	c := int(t.Chunk)
-	if c < 0 || c >= len(p.shapes) {
-		return fmt.Errorf("%s sent %s for chunk %d; this link carries chunks 0-%d", p.name, t.Kind, c, len(p.shapes)-1)
-	}
-	if t.Kind != p.kind || t.DType != p.dtype || !slices.Equal(t.Shape, p.shapes[c]) {
-		return fmt.Errorf("%s sent %s %v %s for step %d micro-batch %d%s; this link carries %s %v %s",
-			p.name, t.Kind, t.Shape, t.DType, t.Step+1, t.MicroBatch, chunkText(c), p.kind, p.shapes[c], p.dtype)
-	}
-	return nil
 }
 
 // checkTag rejects a tensor that cannot belong to the step being waited for or the

@@ -31,6 +31,9 @@ const EvalStep = -1
 
 // Options configures one stage process (or the one-process reference).
 type Options struct {
+	// Layout is the stage's layout, the one Connect took; New lays out
+	// Config's stage Stage (or the reference) itself when it is nil.
+	Layout *Layout
 	Config *configs.Config
 	// Stage is the index into Config.Stages this runtime executes.
 	Stage int
@@ -77,28 +80,25 @@ type Runtime struct {
 
 	tied       [][2]string // parameter pairs whose gradients are summed before each step
 	resume     bool
-	act        activity       // what the stage is doing, for status queries
+	act        activity // what the stage is doing, for status queries
+	layout     *Layout
 	commits    sync.WaitGroup // stage 0's checkpoint commits in progress
 	lastCommit chan struct{}  // closed when the newest commit has ended
 }
 
 // New builds the stage: its slices of the model, its schedule and its data.
 func New(o Options) (*Runtime, error) {
-	c := o.Config
-	r := &Runtime{cfg: c, stage: o.Stage, stages: len(c.Stages), runDir: o.RunDir, log: o.Log, live: newMetrics(o.Stage), resume: o.Resume}
+	l, err := o.layout()
+	if err != nil {
+		return nil, err
+	}
+	c, model, lowered, ranges := l.Config, l.Model, l.Schedule, l.Ranges
+	r := &Runtime{cfg: c, stage: l.Stage, stages: l.Stages, runDir: o.RunDir, log: o.Log, live: newMetrics(l.Stage), resume: o.Resume}
 	if r.log == nil {
 		r.log = io.Discard
 	}
 	r.act.init()
-	blas.SetThreads(c.Threads(o.Stage))
-	model, err := models.Build(c.Model)
-	if err != nil {
-		return nil, err
-	}
-	lowered, ranges, err := r.plan(c, model, o.Reference)
-	if err != nil {
-		return nil, err
-	}
+	blas.SetThreads(c.Threads(l.Stage))
 	sched := lowered.Compute()
 	r.actions, r.ops, r.schedName = sched.Actions[r.stage], lowered.Ops[r.stage], sched.Name
 	r.exec = execState{inbox: map[schedule.Action]received{}, outbox: map[schedule.Action]*tensor.Dense{}}
@@ -127,29 +127,15 @@ func New(o Options) (*Runtime, error) {
 	return r, nil
 }
 
-// plan returns the run's lowered schedule and the layer range of each of this
-// stage's chunks. The reference holds every layer in one chunk and trains with
-// 1F1B on one stage: any schedule, split or not, computes the same bits as that.
-func (r *Runtime) plan(c *configs.Config, model *models.Model, reference bool) (*schedule.Lowered, [][2]int, error) {
-	if reference {
-		r.stage, r.stages = 0, 1
-		sched, err := schedule.Build("1f1b", 1, c.Data.MicroBatches, 1)
-		if err != nil {
-			return nil, nil, err
-		}
-		lowered, err := schedule.Lower(sched)
-		return lowered, [][2]int{{0, len(model.Layers)}}, err
+// layout is the stage's Layout: the one given, or laid out from the config.
+func (o Options) layout() (*Layout, error) {
+	switch {
+	case o.Layout != nil:
+		return o.Layout, nil
+	case o.Reference:
+		return ReferenceLayout(o.Config)
 	}
-	lowered, err := c.BuildLowered()
-	if err != nil {
-		return nil, nil, fmt.Errorf("schedule %s: %w", c.Schedule, err)
-	}
-	var ranges [][2]int
-	for chunk := 0; chunk < c.VirtualStages; chunk++ {
-		first, last := c.ChunkLayers(r.stage, chunk)
-		ranges = append(ranges, [2]int{first, last})
-	}
-	return lowered, ranges, nil
+	return NewLayout(o.Config, o.Stage)
 }
 
 // splitsChunk reports whether the schedule runs this chunk's backward as separate
@@ -177,15 +163,11 @@ func (r *Runtime) attach(o Options, model *models.Model) error {
 		needPrev = needPrev || r.stage == 0
 		needNext = needNext || r.stage == r.stages-1
 	}
-	dt, err := WireDType(r.cfg, model)
-	if err != nil {
-		return err
-	}
 	if needPrev {
 		if o.Prev == nil {
 			return fmt.Errorf("stage %d: no link to the previous stage", r.stage)
 		}
-		r.prev = newPeer(o.Prev, transport.Activation, dt, LinkShapes(r.cfg, model, (r.stage+r.stages-1)%r.stages), r.cfg.Transport.RecvTimeout)
+		r.prev = newPeer(o.Prev, transport.Activation, r.cfg.Transport.RecvTimeout)
 		r.prev.metrics, r.prev.act, r.live.links["prev"] = r.live, &r.act, o.Prev
 		r.prev.microBatches = r.cfg.Data.MicroBatches
 	}
@@ -193,7 +175,7 @@ func (r *Runtime) attach(o Options, model *models.Model) error {
 		if o.Next == nil {
 			return fmt.Errorf("stage %d: no link to the next stage", r.stage)
 		}
-		r.next = newPeer(o.Next, transport.Gradient, dt, LinkShapes(r.cfg, model, r.stage), r.cfg.Transport.RecvTimeout)
+		r.next = newPeer(o.Next, transport.Gradient, r.cfg.Transport.RecvTimeout)
 		r.next.metrics, r.next.act, r.live.links["next"] = r.live, &r.act, o.Next
 		r.next.microBatches = r.cfg.Data.MicroBatches
 	}

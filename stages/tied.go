@@ -105,7 +105,8 @@ func (r *Runtime) exchangeTied(ctx context.Context, step, pair int, mine *tensor
 	if link == nil {
 		return nil, fmt.Errorf("stage %d holds one of them but has no ring link to the stage holding the other", r.stage)
 	}
-	tag := len(link.shapes) - len(r.tied) + pair
+	// The ring link carries the tied gradients after its activation chunks.
+	tag := len(link.link.Peer().Shapes) - len(r.tied) + pair
 	if _, _, err := link.send(ctx, kind, int64(step), 0, tag, mine); err != nil {
 		return nil, err
 	}

@@ -23,9 +23,11 @@ type Link interface {
 	// the shape of its chunk, Shapes[t.Chunk] (a chunk outside Shapes is
 	// refused).
 	Send(ctx context.Context, t *Tensor) error
-	// Recv returns the next tensor from the neighbour in arrival order; the
-	// caller owns it (its Data is a fresh buffer, so Float32s views of it may
-	// be modified). A background goroutine reads ahead into a bounded queue.
+	// Recv returns the next tensor from the neighbour in arrival order,
+	// checked against the handshake as Send checks outgoing ones (kind,
+	// chunk, dtype, shape); the caller owns it (its Data is a fresh buffer,
+	// so Float32s views of it may be modified). A background goroutine reads
+	// ahead into a bounded queue.
 	// Errors name the peer: "stage 2 (127.0.0.1:7102): stream closed:
 	// <cause>"; a clean close by the peer wraps io.EOF.
 	Recv(ctx context.Context) (*Tensor, error)
@@ -115,6 +117,31 @@ func checkOutgoing(self, peer Hello, out Kind, t *Tensor) error {
 		return fmt.Errorf("send to %s: tensor of %d bytes exceeds the %d-byte message limit", peer.name(), len(t.Data), maxMsgSize)
 	}
 	return nil
+}
+
+// checkIncoming validates a received tensor against what the handshake
+// agreed, as checkOutgoing does before a send, so that whatever a neighbour
+// sends (another build, a bug) reaches the caller only as the kind, chunk,
+// dtype and shape the link carries. in is the kind the link receives.
+func checkIncoming(self, peer Hello, in Kind, t *Tensor) error {
+	if t.Kind != in {
+		return fmt.Errorf("%s sent %s tensors on a link that carries %s from it", peer.name(), t.Kind, in)
+	}
+	if t.Chunk < 0 || int64(t.Chunk) >= int64(len(self.Shapes)) {
+		return fmt.Errorf("%s sent %s for chunk %d; this link carries chunks 0-%d", peer.name(), t.Kind, t.Chunk, len(self.Shapes)-1)
+	}
+	if want := self.Shapes[t.Chunk]; t.DType != self.DType || !slices.Equal(t.Shape, want) {
+		return fmt.Errorf("%s sent %s %v %s for chunk %d; the handshake agreed %v %s", peer.name(), t.Kind, t.Shape, t.DType, t.Chunk, want, self.DType)
+	}
+	return nil
+}
+
+// opposite is the kind a link receives when it sends out.
+func opposite(out Kind) Kind {
+	if out == Activation {
+		return Gradient
+	}
+	return Activation
 }
 
 // msgStream is the part of a gRPC client or server stream a link uses.
@@ -228,6 +255,10 @@ func (l *streamLink) Recv(ctx context.Context) (*Tensor, error) {
 	case t, ok := <-l.recvQ:
 		if !ok {
 			return nil, l.streamErr(l.readErr)
+		}
+		if err := checkIncoming(l.self, l.peer, opposite(l.out), t); err != nil {
+			t.Release()
+			return nil, err
 		}
 		return t, nil
 	case <-ctx.Done():

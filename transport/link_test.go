@@ -933,3 +933,36 @@ func TestPipeReportsQueues(t *testing.T) {
 		t.Errorf("receiver queue %d, want 3", r)
 	}
 }
+
+// TestRecvChecksAgainstHandshake: a tensor the handshake did not agree on
+// (wrong shape, chunk or kind) is refused by Recv, naming the sender, on an
+// in-memory pipe and on a gRPC stream alike, as Send refuses it going out.
+func TestRecvChecksAgainstHandshake(t *testing.T) {
+	up, down := hellos(2, 3)
+	liar := up.clone()
+	liar.Shapes = [][]int{{4}} // the sender believes in another shape
+	a, b := Pipe(liar, down, 2)
+	if err := a.Send(ctxT(t, time.Second), pattern(Activation, 0, 0, []int{4})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Recv(ctxT(t, time.Second)); err == nil || !strings.Contains(err.Error(), "stage 1 (127.0.0.1:7101) sent activation [4] float32 for chunk 0; the handshake agreed [2 3] float32") {
+		t.Errorf("pipe: %v", err)
+	}
+
+	_, ul, dl := connect(t, up, down, Options{})
+	sl := ul.(*streamLink)
+	for _, tc := range []struct {
+		t    *Tensor
+		want string
+	}{
+		{pattern(Activation, 0, 0, []int{3, 2}), "sent activation [3 2] float32 for chunk 0; the handshake agreed [2 3] float32"},
+		{chunkPattern(Activation, 0, 0, 1, []int{2, 3}), "sent activation for chunk 1; this link carries chunks 0-0"},
+		{pattern(Gradient, 0, 0, []int{2, 3}), "sent gradient tensors on a link that carries activation from it"},
+	} {
+		sl.sendQ <- tc.t // past Send's own check, as a faulty peer would send
+		if _, err := dl.Recv(ctxT(t, 5*time.Second)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("stream: got %v, want %q", err, tc.want)
+		}
+	}
+	exchange(t, ul, dl, 2, []int{2, 3}) // the link still carries what was agreed
+}

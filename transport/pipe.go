@@ -8,8 +8,8 @@ import (
 
 // Pipe returns two connected in-memory Links (a is upstream, b downstream)
 // for unit tests of other packages. They behave like a gRPC link: bounded
-// queues of depth (min 1), the same Send checks (kind, chunk in range, dtype
-// and a.Shapes[chunk] / b.Shapes[chunk]), tensors copied so the ends share no
+// queues of depth (min 1), the same Send and Recv checks (kind, chunk in
+// range, dtype and a.Shapes[chunk] / b.Shapes[chunk]), tensors copied so the ends share no
 // memory, and Recv on one end fails with ErrPeerClosed (after
 // draining what was sent) once the other end is closed. No goroutines.
 func Pipe(a, b Hello, depth int) (Link, Link) {
@@ -58,6 +58,17 @@ func (p *pipeEnd) Send(ctx context.Context, t *Tensor) error {
 }
 
 func (p *pipeEnd) Recv(ctx context.Context) (*Tensor, error) {
+	t, err := p.recv(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkIncoming(p.self, p.peer, opposite(p.out), t); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+func (p *pipeEnd) recv(ctx context.Context) (*Tensor, error) {
 	select {
 	case <-p.closed:
 		return nil, fmt.Errorf("%s: %w", p.peer.name(), ErrClosed)

@@ -40,12 +40,16 @@ func stageCmd() *cobra.Command {
 					return fmt.Errorf("stages[%d].cpus: %w", index, err)
 				}
 			}
-			links, err := stages.Connect(cmd.Context(), cfg, index)
+			layout, err := stages.NewLayout(cfg, index)
+			if err != nil {
+				return err
+			}
+			links, err := stages.Connect(cmd.Context(), layout)
 			if err != nil {
 				return err
 			}
 			defer links.Close()
-			rt, err := stages.New(stages.Options{Config: cfg, Stage: index, RunDir: f.runDir, Prev: links.Prev, Next: links.Next, Log: os.Stdout, Resume: resume})
+			rt, err := stages.New(stages.Options{Layout: layout, Config: cfg, Stage: index, RunDir: f.runDir, Prev: links.Prev, Next: links.Next, Log: os.Stdout, Resume: resume})
 			if err != nil {
 				return err
 			}
