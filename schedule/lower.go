@@ -23,6 +23,7 @@ const (
 	RecvGrad                 // receive the output gradient Action (B or I) needs from Peer
 	SendGrad                 // send the input gradient Action (B or I) computed to Peer
 	ReduceGrad               // the stage's gradients of Action.Chunk are final for the step: reduce them across replicas
+	SyncTied                 // sum tied weight Index's two gradients, exchanging this stage's with Peer's (-1: both are here)
 	numOpKinds
 )
 
@@ -40,18 +41,21 @@ func (k OpKind) String() string {
 		return "send gradient"
 	case ReduceGrad:
 		return "reduce gradients"
+	case SyncTied:
+		return "sum tied gradients"
 	}
 	return fmt.Sprintf("OpKind(%d)", uint8(k))
 }
 
 // Op is one step of a lowered schedule. Action is the compute action the op
 // runs or carries the tensor of (for ReduceGrad only its Stage and Chunk
-// count); Peer is the stage at the other end of a send or receive, -1
-// otherwise.
+// count, for SyncTied only its Stage); Peer is the stage at the other end of
+// a send, receive or exchange, -1 otherwise; Index is SyncTied's tied weight.
 type Op struct {
 	Kind   OpKind
 	Action Action
 	Peer   int
+	Index  int
 }
 
 // String renders an op in the grid's vocabulary: a compute op as its action
@@ -59,7 +63,8 @@ type Op struct {
 // ("2F0<1": stage 2 receives micro-batch 0's activation from stage 1,
 // "2B0<3": its output gradient from stage 3); a send as the action that made
 // it and ">" its receiver ("2F0>3", "2B0>1"); a reduction as "2R" (chunk 0)
-// or "2Rc1". ParseOp inverts it.
+// or "2Rc1"; a tied weight's exchange as "0T0~3" (weight 0, with stage 3) or
+// "0T0" (both halves on stage 0). ParseOp inverts it.
 func (o Op) String() string {
 	switch o.Kind {
 	case Compute:
@@ -73,12 +78,32 @@ func (o Op) String() string {
 			return fmt.Sprintf("%dRc%d", o.Action.Stage, o.Action.Chunk)
 		}
 		return fmt.Sprintf("%dR", o.Action.Stage)
+	case SyncTied:
+		if o.Peer < 0 {
+			return fmt.Sprintf("%dT%d", o.Action.Stage, o.Index)
+		}
+		return fmt.Sprintf("%dT%d~%d", o.Action.Stage, o.Index, o.Peer)
 	}
 	return fmt.Sprintf("%v?%v", o.Action, o.Kind)
 }
 
 // ParseOp is the inverse of Op.String.
 func ParseOp(s string) (Op, error) {
+	if stage, rest, ok := leadingInt(s); ok && strings.HasPrefix(rest, "T") {
+		index, tail, ok := leadingInt(rest[1:])
+		if !ok {
+			return Op{}, fmt.Errorf("parse op %q: want <stage>T<weight>[~<stage>]", s)
+		}
+		o := Op{Kind: SyncTied, Action: Action{Stage: stage}, Peer: -1, Index: index}
+		if tail != "" {
+			peer, end, ok := leadingInt(strings.TrimPrefix(tail, "~"))
+			if !strings.HasPrefix(tail, "~") || !ok || end != "" {
+				return Op{}, fmt.Errorf("parse op %q: want <stage>T<weight>[~<stage>]", s)
+			}
+			o.Peer = peer
+		}
+		return o, nil
+	}
 	if i := strings.IndexAny(s, "<>"); i >= 0 {
 		a, err := ParseAction(s[:i])
 		if err != nil {
@@ -134,6 +159,11 @@ func (o Op) Tag(stages int) int {
 	}
 	return -1
 }
+
+// TiedTag is the chunk tag a SyncTied op's gradient carries on the ring link
+// between the last stage and stage 0: after the chunks-1 activation tags
+// that link carries, one per tied weight.
+func (o Op) TiedTag(chunks int) int { return chunks - 1 + o.Index }
 
 // matches reports whether o and r are the two ends of one message: a send
 // and the receive it feeds.
@@ -247,6 +277,36 @@ func AddReduceGrad(l *Lowered) {
 			}
 		}
 		l.Ops[st] = out
+	}
+}
+
+// AddTiedSync returns the pass for a model with n tied weights, each held
+// twice, by its first model stage (stage 0) and its last (the last stage):
+// it ends both stages' lists with one SyncTied per weight, which exchanges
+// the two halves' gradients over the ring link and sums them, so both copies
+// take the same step (on a one-stage schedule the sum is local). A list that
+// already has a weight's op keeps it.
+func AddTiedSync(n int) Pass {
+	return func(l *Lowered) {
+		last := l.Stages - 1
+		for _, st := range []int{0, last} {
+			peer := last - st
+			if last == 0 {
+				peer = -1
+			}
+			for i := range n {
+				has := false
+				for _, o := range l.Ops[st] {
+					has = has || o.Kind == SyncTied && o.Index == i
+				}
+				if !has {
+					l.Ops[st] = append(l.Ops[st], Op{Kind: SyncTied, Action: Action{Stage: st}, Peer: peer, Index: i})
+				}
+			}
+			if last == 0 {
+				break
+			}
+		}
 	}
 }
 

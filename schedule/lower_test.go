@@ -275,3 +275,65 @@ func TestLowerEvaluation(t *testing.T) {
 		t.Errorf("evaluation p2 m2 v2:\n%s\nwant:\n%s", got, want)
 	}
 }
+
+// TestAddTiedSync: a tied weight's exchange ends the lists of stage 0 and the
+// last stage, each naming the other (locally on one stage), checks, parses
+// back, and plays; one side alone, or a wrong peer, is refused.
+func TestAddTiedSync(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		p, m, v int
+		want    []string
+	}{
+		{"1f1b", 4, 4, 1, []string{"0R 0T0~3 0T1~3\n", "3R 3T0~0 3T1~0\n"}},
+		{"interleaved", 2, 2, 2, []string{"0T0~1 0T1~1\n", "1T0~0 1T1~0\n"}},
+		{"1f1b", 1, 2, 1, []string{"0R 0T0 0T1\n"}},
+	} {
+		s := mustBuild(t, tc.name, tc.p, tc.m, tc.v)
+		l, err := Lower(s, AddSendRecv, AddReduceGrad, AddTiedSync(2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		grid := l.Grid()
+		for _, w := range tc.want {
+			if !strings.Contains(grid, w) {
+				t.Errorf("%s p%d: lacks %q:\n%s", tc.name, tc.p, w, grid)
+			}
+		}
+		if err := l.Check(); err != nil {
+			t.Errorf("%s p%d: %v", tc.name, tc.p, err)
+		}
+		back, err := ParseLoweredGrid(grid)
+		if err != nil || !reflect.DeepEqual(back.Ops, l.Ops) {
+			t.Errorf("%s p%d: does not parse back: %v", tc.name, tc.p, err)
+		}
+		if _, err := l.Simulate(UniformCosts(tc.p, 1, 2, 0.5)); err != nil {
+			t.Errorf("%s p%d: %v", tc.name, tc.p, err)
+		}
+		if o := (Op{Kind: SyncTied, Index: 1}); o.TiedTag(tc.v) != tc.v {
+			t.Errorf("tied weight 1's tag with %d chunks: %d", tc.v, o.TiedTag(tc.v))
+		}
+	}
+	l, err := Lower(mustBuild(t, "1f1b", 4, 4, 1), AddSendRecv, AddTiedSync(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ from, to, want string }{
+		{" 3T0~0", "", "stage 0 exchanges tied weight 0's gradient, but stage 3 does not"},
+		{" 0T0~3", " 0T0~2", "tied weights are held by stages 0 and 3"},
+	} {
+		text := strings.Replace(l.Grid(), tc.from, tc.to, 1)
+		bad, err := ParseLoweredGrid(text)
+		if err == nil {
+			err = bad.Check()
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q -> %q: got %v, want %q", tc.from, tc.to, err, tc.want)
+		}
+	}
+	for _, s := range []string{"0T0~3", "0T1"} {
+		if o, err := ParseOp(s); err != nil || o.String() != s {
+			t.Errorf("ParseOp(%q) = %v, %v", s, o, err)
+		}
+	}
+}

@@ -65,6 +65,7 @@ func (l *Lowered) validate() error {
 	}
 	p, v := l.Stages, l.Chunks
 	sends, recvs := map[message]Op{}, map[message]Op{}
+	tied := map[[2]int]bool{} // (stage, weight) of each SyncTied
 	for st, ops := range l.Ops {
 		reduced := make([]int, v)
 		for j, o := range ops {
@@ -95,6 +96,18 @@ func (l *Lowered) validate() error {
 					return bad("appears twice")
 				}
 				set[o.message(p)] = o
+			case o.Kind == SyncTied:
+				want := l.Stages - 1 - st
+				if l.Stages == 1 {
+					want = -1
+				}
+				if (st != 0 && st != l.Stages-1) || o.Peer != want {
+					return bad("tied weights are held by stages 0 and %d, exchanging with each other", l.Stages-1)
+				}
+				if _, dup := tied[[2]int{st, o.Index}]; dup {
+					return bad("appears twice")
+				}
+				tied[[2]int{st, o.Index}] = true
 			case o.Kind == ReduceGrad:
 				c := o.Action.Chunk
 				if c < 0 || c >= v {
@@ -119,6 +132,11 @@ func (l *Lowered) validate() error {
 	for m, r := range recvs {
 		if _, ok := sends[m]; !ok {
 			return fmt.Errorf("stage %d: receive %v has no matching send on stage %d", r.Action.Stage, r, r.Peer)
+		}
+	}
+	for k := range tied {
+		if other := (l.Stages - 1 - k[0]); !tied[[2]int{other, k[1]}] {
+			return fmt.Errorf("stage %d exchanges tied weight %d's gradient, but stage %d does not", k[0], k[1], other)
 		}
 	}
 	return nil
@@ -208,6 +226,17 @@ func (l *Lowered) play(c Costs) (*Timeline, error) {
 						t += c.Transfer
 					}
 					clock[st] = max(clock[st], t)
+				case o.Kind == SyncTied && o.Peer >= 0:
+					// Each side sends its half, then waits for the other's.
+					mine := message{grad: true, microBatch: -1 - o.Index, from: -1 - st}
+					if _, ok := sent[mine]; !ok {
+						sent[mine] = clock[st]
+					}
+					t, ok := sent[message{grad: true, microBatch: -1 - o.Index, from: -1 - o.Peer}]
+					if !ok {
+						break run
+					}
+					clock[st] = max(clock[st], t+c.Transfer)
 				}
 				moved = true
 			}

@@ -48,6 +48,15 @@ func (r *Runtime) checkOps(ops []schedule.Op) error {
 			p = r.prev
 		case schedule.SendAct, schedule.RecvGrad:
 			p = r.next
+		case schedule.SyncTied:
+			// Over the ring: stage 0 hears the last stage on its previous
+			// link, the last stage talks to stage 0 on its next.
+			if o.Peer < 0 {
+				continue
+			}
+			if p = r.next; r.stage == 0 {
+				p = r.prev
+			}
 		default:
 			continue
 		}
@@ -86,6 +95,8 @@ func (r *Runtime) runOp(ctx context.Context, step int, o schedule.Op, i int) err
 		return r.send(ctx, r.prev, transport.Gradient, step, o)
 	case schedule.ReduceGrad:
 		return nil // data-parallel replicas reduce here; a lone pipeline has nothing to
+	case schedule.SyncTied:
+		return r.syncTied(ctx, step, o)
 	case schedule.Compute:
 		var out *tensor.Dense
 		var kind string

@@ -39,6 +39,7 @@ func NewLayout(c *configs.Config, i int) (*Layout, error) {
 	if err != nil {
 		return nil, fmt.Errorf("schedule %s: %w", c.Schedule, err)
 	}
+	schedule.AddTiedSync(len(model.Tied))(lowered)
 	l := &Layout{Config: c, Stage: i, Stages: len(c.Stages), Model: model, Schedule: lowered}
 	for chunk := 0; chunk < c.VirtualStages; chunk++ {
 		first, last := c.ChunkLayers(i, chunk)
@@ -69,7 +70,7 @@ func ReferenceLayout(c *configs.Config) (*Layout, error) {
 	if err != nil {
 		return nil, err
 	}
-	lowered, err := schedule.Lower(sched)
+	lowered, err := schedule.Lower(sched, schedule.AddSendRecv, schedule.AddReduceGrad, schedule.AddTiedSync(len(model.Tied)))
 	if err != nil {
 		return nil, err
 	}

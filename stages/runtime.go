@@ -396,9 +396,6 @@ func (r *Runtime) trainStep(ctx context.Context, step int) error {
 		return err
 	}
 	t0 := time.Now()
-	if err := r.syncTied(ctx, step); err != nil {
-		return err
-	}
 	for i, e := range r.engines {
 		if err := e.Step(r.optims[i]); err != nil {
 			return fmt.Errorf("optimizer: %w", err)

@@ -7,6 +7,7 @@ import (
 
 	"gorgonia.org/tensor"
 
+	"github.com/pipetrain/pipetrain/schedule"
 	"github.com/pipetrain/pipetrain/transport"
 )
 
@@ -17,6 +18,7 @@ import (
 // link, so both apply the same summed gradient and stay identical: the pipeline
 // trains exactly the model that holds the matrix once. In one process (the
 // reference) the two copies sit in one stage and the sum is taken locally.
+// Where and with whom is the lowered schedule's to say (schedule.AddTiedSync).
 
 // layerOf is the layer a parameter belongs to: "embed" for "embed.tok".
 func layerOf(param string) string {
@@ -45,55 +47,61 @@ func (r *Runtime) gradOf(name string) (*tensor.Dense, error) {
 	return nil, nil
 }
 
-// syncTied makes every tied pair's two gradients their sum, exchanging them with
-// the stage that holds the other half.
-func (r *Runtime) syncTied(ctx context.Context, step int) error {
-	for pair, names := range r.tied {
-		a, err := r.gradOf(names[0])
-		if err != nil {
-			return err
-		}
-		b, err := r.gradOf(names[1])
-		if err != nil {
-			return err
-		}
-		switch {
-		case a != nil && b != nil:
-			sum, err := addGrads(a, b)
-			if err != nil {
-				return err
-			}
-			copy2(a, sum)
-			copy2(b, sum)
-		case a != nil || b != nil:
-			mine := a
-			if mine == nil {
-				mine = b
-			}
-			other, err := r.exchangeTied(ctx, step, pair, mine)
-			if err != nil {
-				return fmt.Errorf("tied weights %s and %s: %w", names[0], names[1], err)
-			}
-			// a + b in the same order on both stages (addition commutes in
-			// IEEE arithmetic anyway, so the two sums are equal bit for bit).
-			var sum *tensor.Dense
-			if a != nil {
-				sum, err = addGrads(a, other)
-			} else {
-				sum, err = addGrads(other, b)
-			}
-			if err != nil {
-				return err
-			}
-			copy2(mine, sum)
-		}
+// syncTied runs a SyncTied op: it makes tied weight o.Index's two gradients
+// their sum, locally when this stage holds both halves (the reference, or a
+// one-stage pipeline), else by exchanging this stage's half with o.Peer's over
+// the ring link, tagged as the lowered schedule says.
+func (r *Runtime) syncTied(ctx context.Context, step int, o schedule.Op) error {
+	if o.Index < 0 || o.Index >= len(r.tied) {
+		return fmt.Errorf("the model has %d tied weights", len(r.tied))
 	}
+	names := r.tied[o.Index]
+	a, err := r.gradOf(names[0])
+	if err != nil {
+		return err
+	}
+	b, err := r.gradOf(names[1])
+	if err != nil {
+		return err
+	}
+	switch {
+	case a != nil && b != nil:
+		sum, err := addGrads(a, b)
+		if err != nil {
+			return err
+		}
+		copy2(a, sum)
+		copy2(b, sum)
+		return nil
+	case a == nil && b == nil:
+		return fmt.Errorf("stage %d holds neither %s nor %s", r.stage, names[0], names[1])
+	}
+	mine := a
+	if mine == nil {
+		mine = b
+	}
+	other, err := r.exchangeTied(ctx, step, o.TiedTag(len(r.engines)), mine)
+	if err != nil {
+		return fmt.Errorf("tied weights %s and %s: %w", names[0], names[1], err)
+	}
+	// a + b in the same order on both stages (addition commutes in IEEE
+	// arithmetic anyway, so the two sums are equal bit for bit).
+	var sum *tensor.Dense
+	if a != nil {
+		sum, err = addGrads(a, other)
+	} else {
+		sum, err = addGrads(other, b)
+	}
+	if err != nil {
+		return err
+	}
+	copy2(mine, sum)
 	return nil
 }
 
-// exchangeTied sends this stage's gradient of tied pair `pair` over the ring link
-// and returns the other stage's.
-func (r *Runtime) exchangeTied(ctx context.Context, step, pair int, mine *tensor.Dense) (*tensor.Dense, error) {
+// exchangeTied sends this stage's gradient of a tied weight over the ring link,
+// tagged tag, and returns the other stage's.
+func (r *Runtime) exchangeTied(ctx context.Context, step, tag int, mine *tensor.Dense) (*tensor.Dense, error) {
 	var link *peer
 	kind := transport.Activation // the ring's dialer (last stage) sends activations
 	switch {
@@ -105,8 +113,6 @@ func (r *Runtime) exchangeTied(ctx context.Context, step, pair int, mine *tensor
 	if link == nil {
 		return nil, fmt.Errorf("stage %d holds one of them but has no ring link to the stage holding the other", r.stage)
 	}
-	// The ring link carries the tied gradients after its activation chunks.
-	tag := len(link.link.Peer().Shapes) - len(r.tied) + pair
 	if _, _, err := link.send(ctx, kind, int64(step), 0, tag, mine); err != nil {
 		return nil, err
 	}

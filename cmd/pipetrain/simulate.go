@@ -140,7 +140,7 @@ func runSimulate(w io.Writer, o simulateOptions) error {
 			fmt.Fprintf(w, "\n%s: not applicable here: %s\n", p.name, p.skip)
 			continue
 		}
-		tl, err := simulateOne(w, p.sched, costs.Costs, stash, o.svg, o.lowered)
+		tl, err := simulateOne(w, p.sched, costs.Costs, stash, o.svg, o.lowered, len(model.Tied))
 		if err != nil {
 			return err
 		}
@@ -463,12 +463,13 @@ func parseUniform(s string) (uniform, error) {
 	return u, nil
 }
 
-// simulateOne lowers s (adding its sends, receives and reductions),
+// simulateOne lowers s (adding its sends, receives, reductions and the
+// exchanges of the model's tied weights),
 // simulates the result and prints its summary, per-stage figures, text
 // timeline and its actions as a grid ParseGrid reads back; with lowered, also
 // the lowered ops; with svg, it also writes the timeline as an SVG.
-func simulateOne(w io.Writer, s *schedule.Schedule, costs schedule.Costs, stash []int64, svg string, lowered bool) (*schedule.Timeline, error) {
-	l, err := schedule.Lower(s)
+func simulateOne(w io.Writer, s *schedule.Schedule, costs schedule.Costs, stash []int64, svg string, lowered bool, tied int) (*schedule.Timeline, error) {
+	l, err := schedule.Lower(s, schedule.AddSendRecv, schedule.AddReduceGrad, schedule.AddTiedSync(tied))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", s.Name, err)
 	}
@@ -508,7 +509,7 @@ func simulateOne(w io.Writer, s *schedule.Schedule, costs schedule.Costs, stash 
 	fmt.Fprintf(w, "  # %s: actions per stage, in the grid form --schedule-file and schedule_file read\n", name)
 	printIndented(w, s.Grid())
 	if lowered {
-		fmt.Fprintf(w, "  # %s lowered: each action with its receive (<from) and send (>to), and each chunk's gradient reduction (R)\n", name)
+		fmt.Fprintf(w, "  # %s lowered: each action with its receive (<from) and send (>to), each chunk's gradient reduction (R), each tied weight's exchange (T)\n", name)
 		printIndented(w, l.Grid())
 	}
 	if svg == "" {

@@ -433,7 +433,7 @@ func TestSimulateLowered(t *testing.T) {
 	lines := strings.Split(out, "\n")
 	found := 0
 	for i, line := range lines {
-		name, ok := strings.CutSuffix(strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(line), "# ")), " lowered: each action with its receive (<from) and send (>to), and each chunk's gradient reduction (R)")
+		name, ok := strings.CutSuffix(strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(line), "# ")), " lowered: each action with its receive (<from) and send (>to), each chunk's gradient reduction (R), each tied weight's exchange (T)")
 		if !ok || !strings.HasPrefix(strings.TrimSpace(line), "#") {
 			continue
 		}
