@@ -17,7 +17,20 @@ import (
 // order, each receive, compute and send as the op names it. Where a tensor
 // comes from and goes to, and how it is tagged on the wire, is the lowered
 // schedule's to say; the executor only checks, when the stage is set up, that
-// each op's peer is the neighbour at the end of the link it uses.
+// each op's peer is the neighbour at the end of the link it uses. What a
+// compute op computes is its Computer's business (the stage's engines, or a
+// test's fake), so the executor can be tested by feeding messages in and
+// checking the messages and actions that come out.
+
+// Computer runs the executor's compute ops.
+type Computer interface {
+	// Compute runs action a of step on in, the tensor a receive op took for
+	// it (nil when none did), and returns what the action's send op hands on
+	// (nil when it sends nothing) and the event kind it logs.
+	Compute(step int, a schedule.Action, in *tensor.Dense) (out *tensor.Dense, kind string, err error)
+	// SyncTied runs a SyncTied op.
+	SyncTied(ctx context.Context, step int, o schedule.Op) error
+}
 
 // received is a tensor a receive op took for a later compute op.
 type received struct {
@@ -25,11 +38,21 @@ type received struct {
 	waited time.Duration // how long the receive waited for it
 }
 
-// execState carries tensors between a step's ops: what receives took for
-// compute ops, what compute ops made for send ops, and the event of a
-// compute op whose send follows it (an action's event spans its send, as
-// the profile expects).
-type execState struct {
+// executor runs one stage's ops. It is used by one goroutine.
+type executor struct {
+	stage, stages int
+	ops           []schedule.Op
+	prev, next    *peer // nil where the stage has no such link
+	compute       Computer
+	act           *activity
+	// hold keeps a received message until its micro-batch is finished
+	// (may be nil); record logs an action's event, ending now.
+	hold   func(chunk, mb int, msg *transport.Tensor)
+	record func(ev runlog.Event, start time.Time) error
+
+	// Between a step's ops: what receives took for compute ops, what compute
+	// ops made for send ops, and the event of a compute op whose send
+	// follows it (an action's event spans its send, as the profile expects).
 	inbox      map[schedule.Action]received
 	outbox     map[schedule.Action]*tensor.Dense
 	pending    runlog.Event // valid when hasPending
@@ -37,136 +60,155 @@ type execState struct {
 	start      time.Time // of the pending event's compute
 }
 
-// checkOps verifies that every send and receive of ops names the neighbour
-// at the end of the link it travels on: activations arrive from the previous
+func newExecutor(stage, stages int, ops []schedule.Op, prev, next *peer, c Computer, act *activity) *executor {
+	return &executor{stage: stage, stages: stages, ops: ops, prev: prev, next: next, compute: c, act: act,
+		inbox: map[schedule.Action]received{}, outbox: map[schedule.Action]*tensor.Dense{}}
+}
+
+// check verifies that every send and receive of ops names the neighbour at
+// the end of the link it travels on: activations arrive from the previous
 // stage and leave for the next, gradients the other way round.
-func (r *Runtime) checkOps(ops []schedule.Op) error {
+func (x *executor) check(ops []schedule.Op) error {
 	for _, o := range ops {
 		var p *peer
 		switch o.Kind {
 		case schedule.RecvAct, schedule.SendGrad:
-			p = r.prev
+			p = x.prev
 		case schedule.SendAct, schedule.RecvGrad:
-			p = r.next
+			p = x.next
 		case schedule.SyncTied:
 			// Over the ring: stage 0 hears the last stage on its previous
 			// link, the last stage talks to stage 0 on its next.
 			if o.Peer < 0 {
 				continue
 			}
-			if p = r.next; r.stage == 0 {
-				p = r.prev
+			if p = x.next; x.stage == 0 {
+				p = x.prev
 			}
 		default:
 			continue
 		}
 		if p == nil {
-			return fmt.Errorf("stage %d: %v: this stage has no link for it", r.stage, o)
+			return fmt.Errorf("stage %d: %v: this stage has no link for it", x.stage, o)
 		}
 		if p.stage != o.Peer {
-			return fmt.Errorf("stage %d: %v: the link it travels on leads to stage %d", r.stage, o, p.stage)
+			return fmt.Errorf("stage %d: %v: the link it travels on leads to stage %d", x.stage, o, p.stage)
 		}
 	}
 	return nil
 }
 
-// runOps executes the stage's ops for one training step.
-func (r *Runtime) runOps(ctx context.Context, step int) error {
-	for i, o := range r.ops {
-		r.act.in(i)
-		if err := r.runOp(ctx, step, o, i); err != nil {
+// run executes the ops for one training step.
+func (x *executor) run(ctx context.Context, step int) error {
+	for i, o := range x.ops {
+		if x.act != nil {
+			x.act.in(i)
+		}
+		if err := x.runOp(ctx, step, o, i); err != nil {
 			return fmt.Errorf("%v: %w", o, err)
 		}
 	}
-	r.act.in(-1)
+	if x.act != nil {
+		x.act.in(-1)
+	}
 	return nil
 }
 
-func (r *Runtime) runOp(ctx context.Context, step int, o schedule.Op, i int) error {
+func (x *executor) runOp(ctx context.Context, step int, o schedule.Op, i int) error {
 	a := o.Action
 	switch o.Kind {
 	case schedule.RecvAct:
-		return r.receive(ctx, r.prev, step, o)
+		return x.receive(ctx, x.prev, step, o)
 	case schedule.RecvGrad:
-		return r.receive(ctx, r.next, step, o)
+		return x.receive(ctx, x.next, step, o)
 	case schedule.SendAct:
-		return r.send(ctx, r.next, transport.Activation, step, o)
+		return x.send(ctx, x.next, transport.Activation, step, o)
 	case schedule.SendGrad:
-		return r.send(ctx, r.prev, transport.Gradient, step, o)
+		return x.send(ctx, x.prev, transport.Gradient, step, o)
 	case schedule.ReduceGrad:
 		return nil // data-parallel replicas reduce here; a lone pipeline has nothing to
 	case schedule.SyncTied:
-		return r.syncTied(ctx, step, o)
+		return x.compute.SyncTied(ctx, step, o)
 	case schedule.Compute:
-		var out *tensor.Dense
-		var kind string
-		var err error
 		start := time.Now()
-		switch a.Kind {
-		case schedule.Forward:
-			out, err = r.forward(step, a)
-			kind = runlog.Forward
-		case schedule.Backward, schedule.Input:
-			out, kind, err = r.backward(a)
-		case schedule.Weight:
-			err = r.weight(a)
-			kind = runlog.Weight
-		}
+		out, kind, err := x.compute.Compute(step, a, x.inbox[a].v)
 		if err != nil {
 			return err
 		}
 		if out != nil {
-			r.exec.outbox[a] = out
+			x.outbox[a] = out
 		}
-		ev := runlog.Event{Stage: r.stage, Step: step, Kind: kind, MB: a.MicroBatch, Chunk: a.Chunk,
-			StartNS: start.UnixNano(), WaitNS: r.exec.inbox[a].waited.Nanoseconds()}
-		delete(r.exec.inbox, a)
-		if next := i + 1; next < len(r.ops) && r.ops[next].Action == a && (r.ops[next].Kind == schedule.SendAct || r.ops[next].Kind == schedule.SendGrad) {
-			r.exec.pending, r.exec.hasPending, r.exec.start = ev, true, start
+		ev := runlog.Event{Stage: x.stage, Step: step, Kind: kind, MB: a.MicroBatch, Chunk: a.Chunk,
+			StartNS: start.UnixNano(), WaitNS: x.inbox[a].waited.Nanoseconds()}
+		delete(x.inbox, a)
+		if next := i + 1; next < len(x.ops) && x.ops[next].Action == a && (x.ops[next].Kind == schedule.SendAct || x.ops[next].Kind == schedule.SendGrad) {
+			x.pending, x.hasPending, x.start = ev, true, start
 			return nil
 		}
-		return r.record(ev, start)
+		return x.log(ev, start)
 	}
 	return fmt.Errorf("op kind %v not supported by this runtime", o.Kind)
 }
 
 // receive takes the tensor o names for a later compute op.
-func (r *Runtime) receive(ctx context.Context, p *peer, step int, o schedule.Op) error {
+func (x *executor) receive(ctx context.Context, p *peer, step int, o schedule.Op) error {
 	t0 := time.Now()
-	v, msg, err := p.recvHeld(ctx, int64(step), o.Action.MicroBatch, o.Tag(r.stages))
+	v, msg, err := p.recvHeld(ctx, int64(step), o.Action.MicroBatch, o.Tag(x.stages))
 	if err != nil {
 		return err
 	}
-	r.hold(o.Action.Chunk, o.Action.MicroBatch, msg)
-	r.exec.inbox[o.Action] = received{v: v, waited: time.Since(t0)}
+	if x.hold != nil {
+		x.hold(o.Action.Chunk, o.Action.MicroBatch, msg)
+	}
+	x.inbox[o.Action] = received{v: v, waited: time.Since(t0)}
 	return nil
 }
 
 // send hands the output of o's compute op to the neighbour, uncopied.
-func (r *Runtime) send(ctx context.Context, p *peer, kind transport.Kind, step int, o schedule.Op) error {
-	out, ok := r.exec.outbox[o.Action]
+func (x *executor) send(ctx context.Context, p *peer, kind transport.Kind, step int, o schedule.Op) error {
+	out, ok := x.outbox[o.Action]
 	if !ok {
 		return fmt.Errorf("nothing to send: %v has not run", o.Action)
 	}
-	delete(r.exec.outbox, o.Action)
-	sent, blocked, err := p.sendOwned(ctx, kind, int64(step), o.Action.MicroBatch, o.Tag(r.stages), out)
+	delete(x.outbox, o.Action)
+	sent, blocked, err := p.sendOwned(ctx, kind, int64(step), o.Action.MicroBatch, o.Tag(x.stages), out)
 	if err != nil {
 		return err
 	}
-	if ev := r.exec.pending; r.exec.hasPending && ev.MB == o.Action.MicroBatch && ev.Chunk == o.Action.Chunk {
-		r.exec.hasPending = false
+	if ev := x.pending; x.hasPending && ev.MB == o.Action.MicroBatch && ev.Chunk == o.Action.Chunk {
+		x.hasPending = false
 		ev.BytesSent, ev.SendNS = sent, blocked.Nanoseconds()
-		return r.record(ev, r.exec.start)
+		return x.log(ev, x.start)
 	}
 	return nil
+}
+
+func (x *executor) log(ev runlog.Event, start time.Time) error {
+	if x.record == nil {
+		return nil
+	}
+	return x.record(ev, start)
+}
+
+// Compute runs a compute op on the stage's engines (Computer).
+func (r *Runtime) Compute(step int, a schedule.Action, in *tensor.Dense) (*tensor.Dense, string, error) {
+	switch a.Kind {
+	case schedule.Forward:
+		out, err := r.forward(step, a, in)
+		return out, runlog.Forward, err
+	case schedule.Backward, schedule.Input:
+		return r.backward(a, in)
+	case schedule.Weight:
+		return nil, runlog.Weight, r.weight(a)
+	}
+	return nil, "", fmt.Errorf("kind %v not supported by this runtime", a.Kind)
 }
 
 // forward runs a forward: on the model's first stage from the step's data,
 // elsewhere from the received activation; the last stage keeps the loss.
 // It returns the output to send (nil on the last model stage).
-func (r *Runtime) forward(step int, a schedule.Action) (*tensor.Dense, error) {
+func (r *Runtime) forward(step int, a schedule.Action, input *tensor.Dense) (*tensor.Dense, error) {
 	e, mb := r.engines[a.Chunk], a.MicroBatch
-	input := r.exec.inbox[a].v
 	var targets []int
 	if e.IsFirst() {
 		input = r.newInput(e)
@@ -192,11 +234,11 @@ func (r *Runtime) forward(step int, a schedule.Action) (*tensor.Dense, error) {
 // backward runs a full backward (B) or its input-gradient part (I) from the
 // received output gradient (the loss's on the last model stage). It returns
 // the input gradient to send (nil on the first model stage).
-func (r *Runtime) backward(a schedule.Action) (*tensor.Dense, string, error) {
+func (r *Runtime) backward(a schedule.Action, in *tensor.Dense) (*tensor.Dense, string, error) {
 	e, mb := r.engines[a.Chunk], a.MicroBatch
 	var grad G.Value = e.LossScale(r.cfg.Data.MicroBatches)
 	if !e.IsLast() {
-		grad = r.exec.inbox[a].v
+		grad = in
 	}
 	var dx *tensor.Dense
 	var err error

@@ -63,7 +63,7 @@ type Runtime struct {
 	actions       []schedule.Action  // this stage's compute, in order
 	ops           []schedule.Op      // and with its communication: what Run executes
 	evalOps       []schedule.Op      // an evaluation pass, lowered
-	exec          execState
+	exec          *executor
 	schedName     string
 	prev, next    *peer
 	feed          feed
@@ -101,7 +101,6 @@ func New(o Options) (*Runtime, error) {
 	blas.SetThreads(c.Threads(l.Stage))
 	sched := lowered.Compute()
 	r.actions, r.ops, r.schedName = sched.Actions[r.stage], lowered.Ops[r.stage], sched.Name
-	r.exec = execState{inbox: map[schedule.Action]received{}, outbox: map[schedule.Action]*tensor.Dense{}}
 	for chunk, lr := range ranges {
 		e, err := NewEngine(model, lr[0], lr[1], c.MicroBatchSize(), c.Train.Seed, splitsChunk(r.actions, chunk))
 		if err != nil {
@@ -121,7 +120,9 @@ func New(o Options) (*Runtime, error) {
 		return nil, err
 	}
 	r.evalOps = schedule.LowerEvaluation(r.stages, r.feed.evalBatches(), len(r.engines)).Ops[r.stage]
-	if err := r.checkOps(slices.Concat(r.ops, r.evalOps)); err != nil {
+	r.exec = newExecutor(r.stage, r.stages, r.ops, r.prev, r.next, r, &r.act)
+	r.exec.hold, r.exec.record = r.hold, r.record
+	if err := r.exec.check(slices.Concat(r.ops, r.evalOps)); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -392,7 +393,7 @@ func (r *Runtime) evaluatesLast(done int) bool {
 // trainStep runs this stage's actions for one global batch, then the optimizer.
 func (r *Runtime) trainStep(ctx context.Context, step int) error {
 	r.losses = make([]float64, r.cfg.Data.MicroBatches)
-	if err := r.runOps(ctx, step); err != nil {
+	if err := r.exec.run(ctx, step); err != nil {
 		return err
 	}
 	t0 := time.Now()

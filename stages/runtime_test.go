@@ -345,7 +345,7 @@ func TestCheckOpsRefusesWrongPeer(t *testing.T) {
 	peer, rt := secondStage(t, c, t.TempDir())
 	defer peer.Close()
 	f0 := schedule.Action{Stage: 1, Kind: schedule.Forward}
-	if err := rt.checkOps(rt.ops); err != nil {
+	if err := rt.exec.check(rt.ops); err != nil {
 		t.Fatalf("the stage's own ops: %v", err)
 	}
 	for _, tc := range []struct {
@@ -355,7 +355,7 @@ func TestCheckOpsRefusesWrongPeer(t *testing.T) {
 		{schedule.Op{Kind: schedule.RecvAct, Action: f0, Peer: 3}, "1F0<3: the link it travels on leads to stage 0"},
 		{schedule.Op{Kind: schedule.SendAct, Action: f0, Peer: 2}, "1F0>2: this stage has no link for it"},
 	} {
-		if err := rt.checkOps([]schedule.Op{tc.op}); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if err := rt.exec.check([]schedule.Op{tc.op}); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: got %v, want %q", tc.op, err, tc.want)
 		}
 	}

@@ -47,11 +47,11 @@ func (r *Runtime) gradOf(name string) (*tensor.Dense, error) {
 	return nil, nil
 }
 
-// syncTied runs a SyncTied op: it makes tied weight o.Index's two gradients
+// SyncTied runs a SyncTied op (Computer): it makes tied weight o.Index's two gradients
 // their sum, locally when this stage holds both halves (the reference, or a
 // one-stage pipeline), else by exchanging this stage's half with o.Peer's over
 // the ring link, tagged as the lowered schedule says.
-func (r *Runtime) syncTied(ctx context.Context, step int, o schedule.Op) error {
+func (r *Runtime) SyncTied(ctx context.Context, step int, o schedule.Op) error {
 	if o.Index < 0 || o.Index >= len(r.tied) {
 		return fmt.Errorf("the model has %d tied weights", len(r.tied))
 	}
