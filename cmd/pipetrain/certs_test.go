@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"errors"
 	"os"
 	"path/filepath"
@@ -22,17 +21,6 @@ stages:
   - {layers: "1-2", address: "10.0.0.2:7002"}
 `
 
-func runCerts(t *testing.T, args ...string) (string, error) {
-	t.Helper()
-	cmd := certsCmd()
-	var out bytes.Buffer
-	cmd.SetOut(&out)
-	cmd.SetErr(&out)
-	cmd.SetArgs(args)
-	err := cmd.Execute()
-	return out.String(), err
-}
-
 // TestCertsCommand: certs works on a config that cannot pass validation yet
 // (it listens beyond loopback with no authentication), and the printed
 // settings, pasted into the config, make it valid.
@@ -45,7 +33,7 @@ func TestCertsCommand(t *testing.T) {
 	if _, err := configs.Load(cfg); err == nil {
 		t.Fatal("the config validates without authentication")
 	}
-	out, err := runCerts(t, "--config", cfg, "--out", filepath.Join(dir, "pki"))
+	out, err := runCommand(t, certsCmd(), "--config", cfg, "--out", filepath.Join(dir, "pki"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,10 +58,10 @@ func TestCertsCommand(t *testing.T) {
 	}
 
 	// Existing files are kept unless --force.
-	if _, err := runCerts(t, "--config", cfg, "--out", filepath.Join(dir, "pki")); !errors.Is(err, certs.ErrExists) || !strings.Contains(err.Error(), "--force") {
+	if _, err := runCommand(t, certsCmd(), "--config", cfg, "--out", filepath.Join(dir, "pki")); !errors.Is(err, certs.ErrExists) || !strings.Contains(err.Error(), "--force") {
 		t.Errorf("second run: %v", err)
 	}
-	if _, err := runCerts(t, "--config", cfg, "--out", filepath.Join(dir, "pki"), "--force"); err != nil {
+	if _, err := runCommand(t, certsCmd(), "--config", cfg, "--out", filepath.Join(dir, "pki"), "--force"); err != nil {
 		t.Errorf("--force: %v", err)
 	}
 }
@@ -83,7 +71,7 @@ func TestCertsBadAddress(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte(strings.Replace(certsConfig, "10.0.0.2:7002", "10.0.0.2", 1)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_, err := runCerts(t, "--config", cfg, "--out", t.TempDir())
+	_, err := runCommand(t, certsCmd(), "--config", cfg, "--out", t.TempDir())
 	if err == nil || !strings.HasPrefix(err.Error(), cfg+": stages[1].address:") {
 		t.Errorf("got %v", err)
 	}

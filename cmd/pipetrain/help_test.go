@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"strings"
 	"testing"
 )
@@ -9,15 +8,11 @@ import (
 // help returns the help text of a subcommand.
 func help(t *testing.T, args ...string) string {
 	t.Helper()
-	root := newRoot()
-	var out bytes.Buffer
-	root.SetOut(&out)
-	root.SetErr(&out)
-	root.SetArgs(append(args, "--help"))
-	if err := root.Execute(); err != nil {
+	out, err := runCommand(t, newRoot(), append(args, "--help")...)
+	if err != nil {
 		t.Fatalf("%v --help: %v", args, err)
 	}
-	return out.String()
+	return out
 }
 
 // flagLine is the help line of a flag.

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -54,17 +53,6 @@ func writeProfileRun(t *testing.T, steps int) string {
 	return dir
 }
 
-func runProfile(t *testing.T, args ...string) (string, error) {
-	t.Helper()
-	cmd := profileCmd()
-	var out bytes.Buffer
-	cmd.SetOut(&out)
-	cmd.SetErr(&out)
-	cmd.SetArgs(args)
-	err := cmd.Execute()
-	return out.String(), err
-}
-
 // TestProfileRangesOutsideRun: a step range outside the run is refused with an
 // error naming the flag and the steps the run logged, before anything is
 // printed or written.
@@ -82,7 +70,7 @@ func TestProfileRangesOutsideRun(t *testing.T) {
 		{[]string{"--skip", "-1"}, "--skip -1 leaves no step to analyse"},
 		{[]string{"--chart-steps", "0", "--svg", svg}, "--chart-steps 0: show at least 1 step"},
 	} {
-		out, err := runProfile(t, append([]string{run}, tc.args...)...)
+		out, err := runCommand(t, profileCmd(), append([]string{run}, tc.args...)...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: error %v, want %q", tc.args, err, tc.want)
 		}
@@ -95,7 +83,7 @@ func TestProfileRangesOutsideRun(t *testing.T) {
 	}
 
 	// The default warm-up on a run of one step analyses that step.
-	out, err := runProfile(t, writeProfileRun(t, 1))
+	out, err := runCommand(t, profileCmd(), writeProfileRun(t, 1))
 	if err != nil || !strings.Contains(out, "1 step analysed (step 1)") {
 		t.Errorf("one-step run: %v\n%s", err, out)
 	}
@@ -118,7 +106,7 @@ func TestProfileStepNumbers(t *testing.T) {
 		{[]string{"--first-step", "4"}, 4, 5, "(steps 4 to 5)"},
 		{[]string{"--first-step", "1", "--chart-steps", "1"}, 1, 1, "(step 1)"},
 	} {
-		out, err := runProfile(t, append([]string{run, "--steps", "--svg", svg, "--trace", trace}, tc.args...)...)
+		out, err := runCommand(t, profileCmd(), append([]string{run, "--steps", "--svg", svg, "--trace", trace}, tc.args...)...)
 		if err != nil {
 			t.Fatalf("%v: %v", tc.args, err)
 		}
@@ -165,7 +153,7 @@ func TestProfileStepNumbers(t *testing.T) {
 		}
 	}
 	// The per-step table of the default run: steps 2 to 5.
-	out, _ := runProfile(t, run, "--steps")
+	out, _ := runCommand(t, profileCmd(), run, "--steps")
 	if !strings.Contains(out, "4 steps analysed (2-5)") || !strings.Contains(out, "\n   5 ") || strings.Contains(out, "\n   1 ") {
 		t.Errorf("report's steps:\n%s", out)
 	}
@@ -208,7 +196,7 @@ func TestProfileSharedClockPictures(t *testing.T) {
 	svg, trace := filepath.Join(pics, "run.svg"), filepath.Join(pics, "run.json")
 	check := func(shifted bool, clockLine string) {
 		t.Helper()
-		out, err := runProfile(t, dir, "--svg", svg, "--trace", trace)
+		out, err := runCommand(t, profileCmd(), dir, "--svg", svg, "--trace", trace)
 		if err != nil || !strings.Contains(out, clockLine) {
 			t.Errorf("report lacks %q (%v):\n%s", clockLine, err, out)
 		}

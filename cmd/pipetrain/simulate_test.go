@@ -46,19 +46,6 @@ func writeSimConfig(t *testing.T, text string) string {
 	return p
 }
 
-// runSimulateCmd runs simulate as the command line would, returning what it
-// printed and its error (main exits 1 on an error).
-func runSimulateCmd(t *testing.T, args ...string) (string, error) {
-	t.Helper()
-	cmd := simulateCmd()
-	var out bytes.Buffer
-	cmd.SetOut(&out)
-	cmd.SetErr(&out)
-	cmd.SetArgs(args)
-	err := cmd.Execute()
-	return out.String(), err
-}
-
 var gridComment = regexp.MustCompile(`^\s*# (\S+)(?: \(\d+ chunks per stage\))?: actions per stage`)
 
 // printedGrids cuts each schedule's grid block (its comment line and the
@@ -86,7 +73,7 @@ func printedGrids(out string) map[string]string {
 // reads back through schedule.ReadFile, and through Load as "grid", as the
 // very schedule simulated.
 func TestSimulateGridRoundTrips(t *testing.T) {
-	out, err := runSimulateCmd(t, "--config", writeSimConfig(t, simMLP), "--costs", "f=1,b=2,w=1")
+	out, err := runCommand(t, simulateCmd(), "--config", writeSimConfig(t, simMLP), "--costs", "f=1,b=2,w=1")
 	if err != nil {
 		t.Fatalf("simulate: %v\n%s", err, out)
 	}
@@ -131,7 +118,7 @@ func TestSimulateGridRoundTrips(t *testing.T) {
 // accepted by --schedule-file and simulated to the same makespan.
 func TestSimulateScheduleFileFromPrintedGrid(t *testing.T) {
 	cfg := writeSimConfig(t, simMLP)
-	out, err := runSimulateCmd(t, "--config", cfg, "--costs", "f=1,b=2,w=1", "--transfer", "0", "--schedule", "zb-h1")
+	out, err := runCommand(t, simulateCmd(), "--config", cfg, "--costs", "f=1,b=2,w=1", "--transfer", "0", "--schedule", "zb-h1")
 	if err != nil {
 		t.Fatalf("simulate: %v\n%s", err, out)
 	}
@@ -139,7 +126,7 @@ func TestSimulateScheduleFileFromPrintedGrid(t *testing.T) {
 	if err := os.WriteFile(path, []byte(printedGrids(out)["zb-h1"]), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	again, err := runSimulateCmd(t, "--config", cfg, "--costs", "f=1,b=2,w=1", "--transfer", "0", "--schedule-file", path)
+	again, err := runCommand(t, simulateCmd(), "--config", cfg, "--costs", "f=1,b=2,w=1", "--transfer", "0", "--schedule-file", path)
 	if err != nil {
 		t.Fatalf("simulate --schedule-file: %v\n%s", err, again)
 	}
@@ -237,7 +224,7 @@ func TestSimulateMarksUnmeasuredCosts(t *testing.T) {
 		},
 	}
 	for _, tc := range cases {
-		out, err := runSimulateCmd(t, append([]string{"--config", cfg, "--schedule", "1f1b,zb-h1"}, tc.args...)...)
+		out, err := runCommand(t, simulateCmd(), append([]string{"--config", cfg, "--schedule", "1f1b,zb-h1"}, tc.args...)...)
 		if err != nil {
 			t.Errorf("%s: %v\n%s", tc.name, err, out)
 			continue
@@ -260,7 +247,7 @@ func TestSimulateMarksUnmeasuredCosts(t *testing.T) {
 	}
 
 	// Measured here: F, B, I and W unmarked; the transfer estimated, and marked.
-	out, err := runSimulateCmd(t, "--config", cfg, "--schedule", "1f1b", "--reps", "1")
+	out, err := runCommand(t, simulateCmd(), "--config", cfg, "--schedule", "1f1b", "--reps", "1")
 	if err != nil {
 		t.Fatalf("measure: %v\n%s", err, out)
 	}
@@ -281,7 +268,7 @@ func TestSimulateMarksUnmeasuredCosts(t *testing.T) {
 // under --schedule all; the other schedules are simulated.
 func TestSimulateRefusesWhatLaunchRefuses(t *testing.T) {
 	cfg := writeSimConfig(t, simGPT)
-	out, err := runSimulateCmd(t, "--config", cfg, "--costs", "f=1,b=2", "--schedule", "1f1b,zb-h1")
+	out, err := runCommand(t, simulateCmd(), "--config", cfg, "--costs", "f=1,b=2", "--schedule", "1f1b,zb-h1")
 	if err == nil || !strings.Contains(err.Error(), "--schedule zb-h1: not applicable") ||
 		!strings.Contains(err.Error(), "zb-h1 splits the backward into input and weight gradients; layer embed of model gpt cannot") {
 		t.Errorf("zb-h1 named for gpt: got %v\n%s", err, out)
@@ -289,7 +276,7 @@ func TestSimulateRefusesWhatLaunchRefuses(t *testing.T) {
 	if strings.Contains(out, "makespan") {
 		t.Errorf("simulated before refusing:\n%s", out)
 	}
-	out, err = runSimulateCmd(t, "--config", cfg, "--costs", "f=1,b=2")
+	out, err = runCommand(t, simulateCmd(), "--config", cfg, "--costs", "f=1,b=2")
 	if err != nil {
 		t.Fatalf("--schedule all for gpt: %v\n%s", err, out)
 	}
@@ -309,7 +296,7 @@ func TestSimulateRefusesWhatLaunchRefuses(t *testing.T) {
 	if err := os.WriteFile(grid, []byte(zb.Grid()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := runSimulateCmd(t, "--config", cfg, "--costs", "f=1,b=2", "--schedule-file", grid); err == nil || !strings.Contains(err.Error(), "layer embed of model gpt cannot") {
+	if _, err := runCommand(t, simulateCmd(), "--config", cfg, "--costs", "f=1,b=2", "--schedule-file", grid); err == nil || !strings.Contains(err.Error(), "layer embed of model gpt cannot") {
 		t.Errorf("split schedule file for gpt: got %v", err)
 	}
 }
@@ -339,7 +326,7 @@ func TestSimulateBadRequests(t *testing.T) {
 		{[]string{"--transfer", "-1ms"}, []string{"--transfer -1ms: must be 0 or more"}},
 	}
 	for _, tc := range cases {
-		out, err := runSimulateCmd(t, append([]string{"--config", cfg, "--transfer", "0"}, tc.args...)...)
+		out, err := runCommand(t, simulateCmd(), append([]string{"--config", cfg, "--transfer", "0"}, tc.args...)...)
 		if err == nil {
 			t.Errorf("%v: no error\n%s", tc.args, out)
 			continue
@@ -399,7 +386,7 @@ func TestZBVerdict(t *testing.T) {
 // TestSimulateTransferFlag: --help states the one default --transfer has, and
 // a --transfer given, 0 included, is used as given.
 func TestSimulateTransferFlag(t *testing.T) {
-	text, err := runSimulateCmd(t, "--help")
+	text, err := runCommand(t, simulateCmd(), "--help")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -412,7 +399,7 @@ func TestSimulateTransferFlag(t *testing.T) {
 	if strings.Count(line, "default") != 1 || !strings.Contains(line, "(default: a run's measured mean link delay") {
 		t.Errorf("--transfer help line %q, want one default", line)
 	}
-	out, err := runSimulateCmd(t, "--config", writeSimConfig(t, simMLP), "--costs", "f=1,b=2,w=1", "--schedule", "1f1b", "--transfer", "0")
+	out, err := runCommand(t, simulateCmd(), "--config", writeSimConfig(t, simMLP), "--costs", "f=1,b=2,w=1", "--schedule", "1f1b", "--transfer", "0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -425,7 +412,7 @@ func TestSimulateTransferFlag(t *testing.T) {
 // after its grid; they parse back, pass the lowered Check, and hold the
 // printed compute grid.
 func TestSimulateLowered(t *testing.T) {
-	out, err := runSimulateCmd(t, "--config", writeSimConfig(t, simMLP), "--costs", "f=1,b=2", "--lowered")
+	out, err := runCommand(t, simulateCmd(), "--config", writeSimConfig(t, simMLP), "--costs", "f=1,b=2", "--lowered")
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,13 +14,8 @@ func runValidate(t *testing.T, config string) (string, error) {
 		t.Fatal(err)
 	}
 	cmd := validateCmd()
-	var out bytes.Buffer
-	cmd.SetOut(&out)
-	cmd.SetErr(&out)
 	cmd.SilenceUsage, cmd.SilenceErrors = true, true
-	cmd.SetArgs([]string{"--config", p})
-	err := cmd.Execute()
-	return out.String(), err
+	return runCommand(t, cmd, "--config", p)
 }
 
 const validateConfig = `
@@ -35,8 +29,9 @@ stages:
   - {layers: "1-2", address: "192.0.2.1:7002", cpus: "0-1"}
 `
 
-// TestValidateRefusesMisspelledKeys: the config of issue 12, which validated
-// and trained with 8 micro-batches, is refused with every misspelling named.
+// TestValidateRefusesMisspelledKeys: a config with misspelled keys, which
+// once validated and trained with 8 micro-batches instead of 2, is refused
+// with every misspelling named.
 func TestValidateRefusesMisspelledKeys(t *testing.T) {
 	t.Setenv("PIPETRAIN_TRIAN_STEPS", "3")
 	bad := strings.NewReplacer(
