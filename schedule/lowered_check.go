@@ -251,13 +251,6 @@ func (l *Lowered) play(c Costs) (*Timeline, error) {
 	if len(waits) > 0 {
 		return nil, fmt.Errorf("deadlock: %s", strings.Join(waits, "; "))
 	}
-	for st := range p {
-		tl.Makespan = max(tl.Makespan, clock[st])
-	}
-	for st := range p {
-		if tl.Makespan > 0 {
-			tl.Bubble[st] = 1 - tl.Busy[st]/tl.Makespan
-		}
-	}
+	tl.finish(clock)
 	return tl, nil
 }

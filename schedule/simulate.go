@@ -219,13 +219,19 @@ func simulate(s *Schedule, x *index, c Costs) (*Timeline, error) {
 		return nil, fmt.Errorf("deadlock: %s", strings.Join(waits, "; "))
 	}
 
-	for st := range p {
-		tl.Makespan = max(tl.Makespan, free[st])
+	tl.finish(free)
+	return tl, nil
+}
+
+// finish sets the makespan, the latest of the stages' end times, and each
+// stage's bubble from it.
+func (tl *Timeline) finish(ends []float64) {
+	for _, e := range ends {
+		tl.Makespan = max(tl.Makespan, e)
 	}
-	for st := range p {
+	for st := range tl.Bubble {
 		if tl.Makespan > 0 {
 			tl.Bubble[st] = 1 - tl.Busy[st]/tl.Makespan
 		}
 	}
-	return tl, nil
 }
