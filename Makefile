@@ -57,7 +57,7 @@ test: deps vet race fuzz
 # Go benchmarks with allocation counts, then the measured report docs/benchmarks.md
 # (compute, transport, schedules, end to end; about 6 minutes on 2 cores). BENCH_FLAGS=-quick for a smoke run.
 bench: build
-	go test -run '^$$' -bench . -benchmem -benchtime 2s ./transport/ ./stages/
+	go test -run '^$$' -bench . -benchmem -benchtime 2s ./transport/ ./engine/
 	go run ./bench/suite -bin $(BIN) -out docs/benchmarks.md $(BENCH_FLAGS)
 
 # Measured against simulated bubble and throughput per schedule: docs/schedules-benchmark.md.

@@ -1,8 +1,8 @@
-// Package stages runs one pipeline stage: it builds the stage's slice of the
-// model as gorgonia programs (Engine), connects to its neighbours (Connect),
-// and executes its lowered schedule (schedule.Lower: compute, sends,
-// receives) op by op, step after step (Runtime, execute.go), writing the run
-// directory's logs, metrics, checkpoints and weights. The same Runtime,
+// Package stages runs one pipeline stage: it lays the stage out (Layout),
+// builds its slice of the model (package engine), connects to its neighbours
+// (Connect), and executes its lowered schedule (schedule.Lower: compute,
+// sends, receives) op by op, step after step (Runtime, execute.go), writing
+// the run directory's logs, metrics, checkpoints and weights. The same Runtime,
 // holding every layer on one chunk, is the one-process reference that
 // pipelined runs must equal bit for bit.
 //

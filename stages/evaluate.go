@@ -88,7 +88,7 @@ func (r *Runtime) evalForward(a schedule.Action, input *tensor.Dense, msg *trans
 	}
 	e.Discard(k)
 	if msg != nil {
-		e.releaseHeld(held{msg})
+		releaseHeld(e, held{msg})
 	}
 	if !e.IsLast() {
 		return out, nil

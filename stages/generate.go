@@ -13,13 +13,14 @@ import (
 	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/data"
+	"github.com/pipetrain/pipetrain/engine"
 	"github.com/pipetrain/pipetrain/models"
 )
 
 // Generator continues text with a trained language model, all its layers in one
 // process: generation is one token at a time, so there is nothing to pipeline.
 type Generator struct {
-	engine  *Engine
+	engine  *engine.Engine
 	tok     data.Tokenizer
 	context int
 	// From says which weights were loaded.
@@ -40,7 +41,7 @@ func NewGenerator(c *configs.Config, runDir string) (*Generator, error) {
 	if err != nil {
 		return nil, err
 	}
-	e, err := NewEngine(model, 0, len(model.Layers), 1, c.Train.Seed, false)
+	e, err := engine.NewEngine(model, 0, len(model.Layers), 1, c.Train.Seed, false)
 	if err != nil {
 		return nil, err
 	}

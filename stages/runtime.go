@@ -16,6 +16,7 @@ import (
 	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/data"
+	"github.com/pipetrain/pipetrain/engine"
 	"github.com/pipetrain/pipetrain/internal/blas"
 	"github.com/pipetrain/pipetrain/internal/words"
 	"github.com/pipetrain/pipetrain/models"
@@ -58,7 +59,7 @@ type Options struct {
 type Runtime struct {
 	cfg           *configs.Config
 	stage, stages int // position in the pipeline, and its length
-	engines       []*Engine
+	engines       []*engine.Engine
 	optims        []*optim.Optimizer // one per engine: state and step counts are per parameter list
 	actions       []schedule.Action  // this stage's compute, in order
 	ops           []schedule.Op      // and with its communication: what Run executes
@@ -102,7 +103,7 @@ func New(o Options) (*Runtime, error) {
 	sched := lowered.Compute()
 	r.actions, r.ops, r.schedName = sched.Actions[r.stage], lowered.Ops[r.stage], sched.Name
 	for chunk, lr := range ranges {
-		e, err := NewEngine(model, lr[0], lr[1], c.MicroBatchSize(), c.Train.Seed, splitsChunk(r.actions, chunk))
+		e, err := engine.NewEngine(model, lr[0], lr[1], c.MicroBatchSize(), c.Train.Seed, splitsChunk(r.actions, chunk))
 		if err != nil {
 			return nil, fmt.Errorf("stage %d chunk %d: %w", r.stage, chunk, err)
 		}
@@ -183,8 +184,8 @@ func (r *Runtime) attach(o Options, model *models.Model) error {
 	return nil
 }
 
-func (r *Runtime) first() *Engine { return r.engines[0] }
-func (r *Runtime) last() *Engine  { return r.engines[len(r.engines)-1] }
+func (r *Runtime) first() *engine.Engine { return r.engines[0] }
+func (r *Runtime) last() *engine.Engine  { return r.engines[len(r.engines)-1] }
 
 func (r *Runtime) loadData(o Options, model *models.Model) error {
 	c := r.cfg
@@ -225,7 +226,7 @@ func (r *Runtime) loadData(o Options, model *models.Model) error {
 func (r *Runtime) Metrics() *Metrics { return r.live }
 
 // Engines exposes the stage's compute, one engine per chunk, for tests and tools.
-func (r *Runtime) Engines() []*Engine { return r.engines }
+func (r *Runtime) Engines() []*engine.Engine { return r.engines }
 
 // inFlight is the number of micro-batch chunks whose activations the stage holds.
 func (r *Runtime) inFlight() int {
@@ -424,12 +425,12 @@ func (r *Runtime) finish(chunk, mb int) {
 	k := [2]int{chunk, mb}
 	if h, ok := r.held[k]; ok {
 		delete(r.held, k)
-		r.engines[chunk].releaseHeld(h)
+		releaseHeld(r.engines[chunk], h)
 	}
 }
 
 // newInput is a zeroed input micro-batch for the first model stage.
-func (r *Runtime) newInput(e *Engine) *tensor.Dense {
+func (r *Runtime) newInput(e *engine.Engine) *tensor.Dense {
 	return tensor.New(tensor.Of(e.Model.DType), tensor.WithShape(e.InShape()...))
 }
 

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/engine"
 	"github.com/pipetrain/pipetrain/internal/blas"
 	"github.com/pipetrain/pipetrain/internal/machine"
 	"github.com/pipetrain/pipetrain/models"
@@ -156,7 +157,7 @@ func run(bin, cfgPath, name string, micro, steps, skip int) (measured, simulated
 	}
 	// The run's own measured link delay, as for every other cost; the size-based
 	// estimate only when no message was timed.
-	transfer := float64(stages.EstimateTransfer(cfg, model)) / 1e6
+	transfer := float64(engine.EstimateTransfer(cfg, model)) / 1e6
 	if d, ok := rep.MeanTransfer(); ok {
 		transfer = float64(d) / 1e6
 	}

@@ -13,10 +13,10 @@ import (
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
+	"github.com/pipetrain/pipetrain/engine"
 	iblas "github.com/pipetrain/pipetrain/internal/blas"
 	"github.com/pipetrain/pipetrain/internal/stats"
 	"github.com/pipetrain/pipetrain/models"
-	"github.com/pipetrain/pipetrain/stages"
 )
 
 // The compute section's stage: the two middle layers of a 1024-wide MLP
@@ -68,12 +68,12 @@ func runCompute(o *options, b *bytes.Buffer) error {
 	}
 
 	layers := computeLast - computeFirst
-	fmt.Fprintf(b, "One stage holding layers %d-%d of a %d-wide MLP (each a %dx%d Dense layer with bias and ReLU), built with `stages.NewEngine` "+
+	fmt.Fprintf(b, "One stage holding layers %d-%d of a %d-wide MLP (each a %dx%d Dense layer with bias and ReLU), built with `engine.NewEngine` "+
 		"as a middle stage: `Forward` then `Backward` (fused) of one micro-batch, the input gradient included. ", computeFirst, computeLast-1, computeWidth, computeWidth, computeWidth)
 	fmt.Fprintf(b, "FLOPs count the matrix products only, 2·m·n·k each: %d forward (one per layer) and %d backward (input and weight gradient per layer). ", layers, 2*layers)
 	fmt.Fprintf(b, "The limit is the same %d products as plain `sgemm` calls (gonum `blas32` routed to %s, the kernels gorgonia calls), timed in the same run, interleaved with the stage's repetitions. ", 3*layers, iblas.Name)
 	fmt.Fprintf(b, "One BLAS thread; median of %d repetitions of about %s each. Allocations are counted over steady-state steps with `runtime.MemStats` "+
-		"(the same loop is `BenchmarkEngineStepAllocs` in `stages/alloc_bench_test.go`, which `make bench` runs with `-benchmem`).\n\n", o.reps, repTime)
+		"(the same loop is `BenchmarkEngineStepAllocs` in `engine/alloc_bench_test.go`, which `make bench` runs with `-benchmem`).\n\n", o.reps, repTime)
 	fmt.Fprintf(b, "| micro-batch | stage step | stage GFLOP/s | sgemm GFLOP/s | stage / sgemm | target | met? | time outside the products | allocs/step | bytes/step (of which output copies) |\n")
 	fmt.Fprintf(b, "|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
@@ -153,7 +153,7 @@ func maxRatio(rows []*computeRow) float64 {
 }
 
 func measureCompute(o *options, m *models.Model, mb int) (*computeRow, error) {
-	e, err := stages.NewEngine(m, computeFirst, computeLast, mb, 1, false)
+	e, err := engine.NewEngine(m, computeFirst, computeLast, mb, 1, false)
 	if err != nil {
 		return nil, err
 	}

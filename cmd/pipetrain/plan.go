@@ -16,9 +16,9 @@ import (
 
 	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/engine"
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/plan"
-	"github.com/pipetrain/pipetrain/stages"
 )
 
 func planCmd() *cobra.Command {
@@ -53,7 +53,7 @@ func planCmd() *cobra.Command {
 				return fmt.Errorf("--out %s exists; --force replaces it", out)
 			}
 			fmt.Printf("pipetrain plan: measuring each layer of %s at micro-batch %d (median of %d)...\n", cfg.Path, cfg.MicroBatchSize(), reps)
-			layerCosts, err := stages.MeasureLayers(cfg.Model, cfg.MicroBatchSize(), cfg.Train.Seed, reps)
+			layerCosts, err := engine.MeasureLayers(cfg.Model, cfg.MicroBatchSize(), cfg.Train.Seed, reps)
 			if err != nil {
 				return err
 			}

@@ -15,11 +15,11 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/engine"
 	"github.com/pipetrain/pipetrain/internal/words"
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/profile"
 	"github.com/pipetrain/pipetrain/schedule"
-	"github.com/pipetrain/pipetrain/stages"
 	"github.com/pipetrain/pipetrain/timeline"
 )
 
@@ -129,11 +129,11 @@ func runSimulate(w io.Writer, o simulateOptions) error {
 	case costs.runTransfer > 0:
 		costs.Transfer, costs.transferFrom = ms(costs.runTransfer), "the run's measured mean link delay"
 	default:
-		costs.Transfer, costs.transferEstimated = ms(stages.EstimateTransfer(cfg, model)), true
+		costs.Transfer, costs.transferEstimated = ms(engine.EstimateTransfer(cfg, model)), true
 	}
 	costs.print(w, cfg, splittable(model))
 
-	stash := stages.StashBytes(cfg, model)
+	stash := engine.StashBytes(cfg, model)
 	var zb, oneF *schedule.Timeline
 	for _, p := range plans {
 		if p.sched == nil {
@@ -254,7 +254,7 @@ func simulationCosts(cfg *configs.Config, model *models.Model, from string, reps
 	switch {
 	case from == "measure":
 		reps = max(reps, 1)
-		measured, err := stages.MeasureCosts(cfg, reps)
+		measured, err := engine.MeasureCosts(cfg, reps)
 		if err != nil {
 			return c, err
 		}

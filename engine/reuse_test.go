@@ -1,4 +1,4 @@
-package stages
+package engine
 
 import (
 	"math"
@@ -13,7 +13,7 @@ import (
 
 // TestReleasedBuffersAreNeverTouched plays a middle stage twice, in lock step:
 // one engine gets each micro-batch's input and output gradient in buffers that
-// are scribbled over as soon as releaseHeld would hand them back to the
+// are scribbled over as soon as Unshare would let the stage hand them back to the
 // transport, the other gets fresh buffers it keeps. Outputs, input gradients
 // and the summed weight gradients must stay bit-identical, and no scribbled
 // buffer may change afterwards: the engine neither reads nor writes memory it
@@ -49,7 +49,7 @@ func TestReleasedBuffersAreNeverTouched(t *testing.T) {
 			released, kept := 0, 0
 			release := func(mem []float32) {
 				bytes := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(mem))), 4*len(mem))
-				if !a.unshare(bytes) {
+				if !a.Unshare(bytes) {
 					kept++
 					return
 				}

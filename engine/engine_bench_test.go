@@ -1,4 +1,4 @@
-package stages
+package engine
 
 import (
 	"math/rand/v2"

@@ -1,16 +1,14 @@
-package stages
+package engine
 
 import (
 	"reflect"
 	"unsafe"
 
 	G "gorgonia.org/gorgonia"
-
-	"github.com/pipetrain/pipetrain/transport"
 )
 
-// Received tensors go back to the transport (transport.Tensor.Release) once
-// their micro-batch is finished, so the link receives the next ones into warm
+// A stage hands received tensors back to the transport once their
+// micro-batch is finished, so the link receives the next ones into warm
 // memory rather than a fresh allocation per message. That is only safe if
 // nothing will write into that memory again, and gorgonia makes it subtle: a
 // machine keeps its registers between runs (rewind), a view op such as
@@ -21,25 +19,11 @@ import (
 // such registers (their next run allocates afresh), and anything else that
 // still points there keeps the buffer from being released at all.
 
-// held is what a micro-batch received: its input activation and, later, its
-// output gradient.
-type held []*transport.Tensor
-
-// releaseHeld hands a finished micro-batch's received tensors back to the
-// transport where e no longer refers to their memory.
-func (e *Engine) releaseHeld(h held) {
-	for _, t := range h {
-		if e.unshare(t.Data) {
-			t.Release()
-		}
-	}
-}
-
-// unshare drops idle machines' registers that point into mem and reports
+// Unshare drops idle machines' registers that point into mem and reports
 // whether nothing else in e does: no in-flight machine's register, no node's
 // value or gradient (except the input node's value, which the next Forward
 // rebinds before anything reads it).
-func (e *Engine) unshare(mem []byte) bool {
+func (e *Engine) Unshare(mem []byte) bool {
 	if len(mem) == 0 {
 		return false
 	}
