@@ -16,6 +16,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 )
 
@@ -268,4 +269,32 @@ func ReadAll(dir string) (map[string]Tensor, error) {
 		}
 	}
 	return out, nil
+}
+
+// CopyInto copies tensor name of byName into data ([]float32 or []float64)
+// of the given shape, refusing a missing tensor, another shape or another
+// dtype with an error naming it.
+func CopyInto(byName map[string]Tensor, name string, shape []int, data any) error {
+	t, ok := byName[name]
+	if !ok {
+		return fmt.Errorf("no tensor %s", name)
+	}
+	if !slices.Equal(t.Shape, shape) {
+		return fmt.Errorf("tensor %s has shape %v, the model %v", name, t.Shape, shape)
+	}
+	switch d := data.(type) {
+	case []float32:
+		if t.F32 == nil {
+			return fmt.Errorf("tensor %s is not float32", name)
+		}
+		copy(d, t.F32)
+	case []float64:
+		if t.F64 == nil {
+			return fmt.Errorf("tensor %s is not float64", name)
+		}
+		copy(d, t.F64)
+	default:
+		return fmt.Errorf("tensor %s: cannot copy into %T", name, data)
+	}
+	return nil
 }

@@ -110,3 +110,25 @@ func TestWriteAtomicIsReadableByOthers(t *testing.T) {
 		t.Errorf("a failed write left %v", left)
 	}
 }
+
+func TestCopyInto(t *testing.T) {
+	byName := map[string]Tensor{"w": {Name: "w", Shape: []int{2, 2}, F32: []float32{1, 2, 3, 4}}}
+	dst := make([]float32, 4)
+	if err := CopyInto(byName, "w", []int{2, 2}, dst); err != nil || dst[3] != 4 {
+		t.Fatalf("copy: %v %v", err, dst)
+	}
+	for _, tc := range []struct {
+		name  string
+		shape []int
+		data  any
+		want  string
+	}{
+		{"v", []int{2, 2}, dst, "no tensor v"},
+		{"w", []int{4}, dst, "has shape [2 2], the model [4]"},
+		{"w", []int{2, 2}, make([]float64, 4), "is not float64"},
+	} {
+		if err := CopyInto(byName, tc.name, tc.shape, tc.data); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s %v %T: got %v, want %q", tc.name, tc.shape, tc.data, err, tc.want)
+		}
+	}
+}

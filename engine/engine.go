@@ -452,3 +452,19 @@ func copyDense(v G.Value) (*tensor.Dense, error) {
 	}
 	return nil, fmt.Errorf("unexpected value type %T", v)
 }
+
+// Float64s is a float32 or float64 tensor's values as float64s (the tensor's
+// own slice when it is float64).
+func Float64s(t *tensor.Dense) []float64 {
+	switch d := t.Data().(type) {
+	case []float64:
+		return d
+	case []float32:
+		out := make([]float64, len(d))
+		for i, v := range d {
+			out[i] = float64(v)
+		}
+		return out
+	}
+	return nil
+}

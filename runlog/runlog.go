@@ -74,6 +74,12 @@ type RunInfo struct {
 	Clocks []Clock `json:"-"`
 }
 
+// CheckpointDir is where a run keeps its checkpoints.
+func CheckpointDir(runDir string) string { return filepath.Join(runDir, "checkpoints") }
+
+// WeightsDir is where a run keeps its final weights, one file per stage.
+func WeightsDir(runDir string) string { return filepath.Join(runDir, "weights") }
+
 // RunFile is the path of a run directory's metadata, written by stage 0.
 func RunFile(dir string) string { return filepath.Join(dir, "run.json") }
 

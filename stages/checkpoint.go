@@ -18,8 +18,8 @@ import (
 	"github.com/pipetrain/pipetrain/runlog"
 )
 
-// CheckpointDir is where a run keeps its checkpoints.
-func CheckpointDir(runDir string) string { return filepath.Join(runDir, "checkpoints") }
+// CheckpointDir is where a run keeps its checkpoints (runlog.CheckpointDir).
+func CheckpointDir(runDir string) string { return runlog.CheckpointDir(runDir) }
 
 // optimName names an optimizer buffer of a parameter inside a checkpoint part.
 func optimName(slot, param string) string { return "optim." + slot + "." + param }
@@ -156,26 +156,7 @@ func (r *Runtime) restore() (int, error) {
 
 // fill copies a checkpoint tensor into a live one of the same name, shape and dtype.
 func fill(byName map[string]checkpoint.Tensor, name string, dst *tensor.Dense) error {
-	t, ok := byName[name]
-	if !ok {
-		return fmt.Errorf("no tensor %s", name)
-	}
-	if !tensor.Shape(t.Shape).Eq(dst.Shape()) {
-		return fmt.Errorf("tensor %s has shape %v, the model %v", name, t.Shape, dst.Shape())
-	}
-	switch d := dst.Data().(type) {
-	case []float32:
-		if t.F32 == nil {
-			return fmt.Errorf("tensor %s is not float32", name)
-		}
-		copy(d, t.F32)
-	case []float64:
-		if t.F64 == nil {
-			return fmt.Errorf("tensor %s is not float64", name)
-		}
-		copy(d, t.F64)
-	}
-	return nil
+	return checkpoint.CopyInto(byName, name, dst.Shape(), dst.Data())
 }
 
 // truncateJSONL keeps the lines of a JSONL log whose step field passes keep, so a

@@ -7,6 +7,7 @@ import (
 
 	"gorgonia.org/tensor"
 
+	"github.com/pipetrain/pipetrain/engine"
 	"github.com/pipetrain/pipetrain/schedule"
 	"github.com/pipetrain/pipetrain/transport"
 )
@@ -108,7 +109,7 @@ func (r *Runtime) evalForward(a schedule.Action, input *tensor.Dense, msg *trans
 // len(targets) rows of logits.
 func score(logits *tensor.Dense, targets []int) (correct int, loss float64) {
 	c := logits.Shape()[1]
-	vals := asFloat64s(logits)
+	vals := engine.Float64s(logits)
 	for i, y := range targets {
 		row := vals[i*c : (i+1)*c]
 		best, mx := 0, row[0]

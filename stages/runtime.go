@@ -444,18 +444,4 @@ func (r *Runtime) stepLoss() float64 {
 	return s / float64(len(r.losses))
 }
 
-func asFloat64s(t *tensor.Dense) []float64 {
-	switch d := t.Data().(type) {
-	case []float64:
-		return d
-	case []float32:
-		out := make([]float64, len(d))
-		for i, v := range d {
-			out[i] = float64(v)
-		}
-		return out
-	}
-	return nil
-}
-
-func scalar(t *tensor.Dense) float64 { return asFloat64s(t)[0] }
+func scalar(t *tensor.Dense) float64 { return engine.Float64s(t)[0] }

@@ -18,6 +18,7 @@ import (
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/internal/words"
 	"github.com/pipetrain/pipetrain/launcher"
+	"github.com/pipetrain/pipetrain/runlog"
 	"github.com/pipetrain/pipetrain/stages"
 )
 
@@ -123,7 +124,7 @@ func (f *runFlags) loadLaunch(resumeDir string) (*configs.Config, launchInfo, er
 // what was lost. It gives up at once on an interrupt, or when an attempt failed
 // before completing a step (the fault would only repeat).
 func superviseRun(ctx context.Context, cfg *configs.Config, opts launcher.Options) error {
-	root := stages.CheckpointDir(opts.RunDir)
+	root := runlog.CheckpointDir(opts.RunDir)
 	startedAt := resumePoint(root, cfg)
 	if !opts.Resume {
 		startedAt = 0

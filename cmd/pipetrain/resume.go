@@ -12,7 +12,7 @@ import (
 
 	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/configs"
-	"github.com/pipetrain/pipetrain/stages"
+	"github.com/pipetrain/pipetrain/runlog"
 )
 
 // launchInfo is what a run directory keeps of how its run was launched, so
@@ -150,7 +150,7 @@ func checkResumable(runDir string, info *launchInfo, cfg *configs.Config) (int, 
 				runDir, strings.Join(lines, "\n  "))
 		}
 	}
-	root := stages.CheckpointDir(runDir)
+	root := runlog.CheckpointDir(runDir)
 	m, skipped, err := checkpoint.Latest(root, cfg.TrainingDigest())
 	if err != nil {
 		return 0, err

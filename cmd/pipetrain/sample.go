@@ -3,9 +3,8 @@ package main
 import (
 	"fmt"
 
+	"github.com/pipetrain/pipetrain/generate"
 	"github.com/spf13/cobra"
-
-	"github.com/pipetrain/pipetrain/stages"
 )
 
 func sampleCmd() *cobra.Command {
@@ -29,7 +28,7 @@ func sampleCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			g, err := stages.NewGenerator(cfg, f.runDir)
+			g, err := generate.New(cfg, f.runDir)
 			if err != nil {
 				return err
 			}

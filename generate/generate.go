@@ -1,4 +1,8 @@
-package stages
+// Package generate continues text with a trained language model: the whole
+// model in one process, its weights from a run directory, one token at a
+// time. It is separate from the training runtime, which it shares nothing
+// with but the engine.
+package generate
 
 import (
 	"errors"
@@ -6,7 +10,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 
 	"gorgonia.org/tensor"
 
@@ -15,6 +18,7 @@ import (
 	"github.com/pipetrain/pipetrain/data"
 	"github.com/pipetrain/pipetrain/engine"
 	"github.com/pipetrain/pipetrain/models"
+	"github.com/pipetrain/pipetrain/runlog"
 )
 
 // Generator continues text with a trained language model, all its layers in one
@@ -27,9 +31,9 @@ type Generator struct {
 	From string
 }
 
-// NewGenerator builds the config's model and loads a run's weights: its final
+// New builds the config's model and loads a run's weights: its final
 // weights, or if the run did not finish, its newest complete checkpoint.
-func NewGenerator(c *configs.Config, runDir string) (*Generator, error) {
+func New(c *configs.Config, runDir string) (*Generator, error) {
 	model, err := models.Build(c.Model)
 	if err != nil {
 		return nil, err
@@ -51,7 +55,7 @@ func NewGenerator(c *configs.Config, runDir string) (*Generator, error) {
 		return nil, err
 	}
 	for _, p := range e.Params() {
-		if err := fill(weights, p.Name(), p.Value().(*tensor.Dense)); err != nil {
+		if err := checkpoint.CopyInto(weights, p.Name(), p.Shape(), p.Value().Data()); err != nil {
 			return nil, fmt.Errorf("%s: %w", from, err)
 		}
 	}
@@ -61,12 +65,12 @@ func NewGenerator(c *configs.Config, runDir string) (*Generator, error) {
 
 // runWeights reads a run's final weights, or its newest complete checkpoint.
 func runWeights(c *configs.Config, runDir string) (map[string]checkpoint.Tensor, string, error) {
-	dir := filepath.Join(runDir, "weights")
+	dir := runlog.WeightsDir(runDir)
 	if entries, _ := os.ReadDir(dir); len(entries) > 0 {
 		w, err := checkpoint.ReadAll(dir)
 		return w, dir, err
 	}
-	m, _, err := checkpoint.Latest(CheckpointDir(runDir), c.TrainingDigest())
+	m, _, err := checkpoint.Latest(runlog.CheckpointDir(runDir), c.TrainingDigest())
 	if err != nil {
 		return nil, "", err
 	}
@@ -107,7 +111,7 @@ func (g *Generator) Generate(prompt []byte, n int, temperature float64, seed uin
 			return nil, err
 		}
 		vocab := logits.Shape()[1]
-		row := asFloat64s(logits)[(len(window)-1)*vocab : len(window)*vocab]
+		row := engine.Float64s(logits)[(len(window)-1)*vocab : len(window)*vocab]
 		ids = append(ids, int32(pick(row, temperature, rng)))
 	}
 	return g.tok.Decode(ids)
