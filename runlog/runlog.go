@@ -12,7 +12,8 @@ import (
 	"strings"
 )
 
-// Event kinds.
+// Event kinds: an action's as package schedule spells its kinds (a test
+// holds them equal), and the optimizer step.
 const (
 	Forward   = "F"
 	Backward  = "B"   // full backward, or the input-gradient part (I) of a split one

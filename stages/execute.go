@@ -192,16 +192,21 @@ func (x *executor) log(ev runlog.Event, start time.Time) error {
 
 // Compute runs a compute op on the stage's engines (Computer).
 func (r *Runtime) Compute(step int, a schedule.Action, in *tensor.Dense) (*tensor.Dense, string, error) {
+	// An event's kind is its action's, as the schedule spells it (runlog's
+	// kinds are those spellings).
+	var out *tensor.Dense
+	var err error
 	switch a.Kind {
 	case schedule.Forward:
-		out, err := r.forward(step, a, in)
-		return out, runlog.Forward, err
+		out, err = r.forward(step, a, in)
 	case schedule.Backward, schedule.Input:
-		return r.backward(a, in)
+		out, err = r.backward(a, in)
 	case schedule.Weight:
-		return nil, runlog.Weight, r.weight(a)
+		err = r.weight(a)
+	default:
+		err = fmt.Errorf("kind %v not supported by this runtime", a.Kind)
 	}
-	return nil, "", fmt.Errorf("kind %v not supported by this runtime", a.Kind)
+	return out, a.Kind.String(), err
 }
 
 // forward runs a forward: on the model's first stage from the step's data,
@@ -234,7 +239,7 @@ func (r *Runtime) forward(step int, a schedule.Action, input *tensor.Dense) (*te
 // backward runs a full backward (B) or its input-gradient part (I) from the
 // received output gradient (the loss's on the last model stage). It returns
 // the input gradient to send (nil on the first model stage).
-func (r *Runtime) backward(a schedule.Action, in *tensor.Dense) (*tensor.Dense, string, error) {
+func (r *Runtime) backward(a schedule.Action, in *tensor.Dense) (*tensor.Dense, error) {
 	e, mb := r.engines[a.Chunk], a.MicroBatch
 	var grad G.Value = e.LossScale(r.cfg.Data.MicroBatches)
 	if !e.IsLast() {
@@ -242,23 +247,21 @@ func (r *Runtime) backward(a schedule.Action, in *tensor.Dense) (*tensor.Dense, 
 	}
 	var dx *tensor.Dense
 	var err error
-	kind := runlog.Backward
 	if a.Kind == schedule.Input {
 		dx, err = e.Input(mb, grad)
-		kind = runlog.Input
 	} else {
 		dx, err = e.Backward(mb, grad)
 	}
 	if err != nil {
-		return nil, kind, err
+		return nil, err
 	}
 	if a.Kind != schedule.Input {
 		r.finish(a.Chunk, mb)
 	}
 	if e.IsFirst() {
-		return nil, kind, nil
+		return nil, nil
 	}
-	return dx, kind, nil
+	return dx, nil
 }
 
 func (r *Runtime) weight(a schedule.Action) error {
