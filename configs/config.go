@@ -418,8 +418,8 @@ func (c *Config) BuildSchedule() (*schedule.Schedule, error) {
 // BuildLowered returns the run's schedule lowered, as its stages execute it
 // (schedule.Lower), and checked: the named one, or for schedule: custom the
 // one in schedule_file, compute-only (then lowered) or lowered by hand (then
-// checked as written), which must fit the config's stages, micro-batches and
-// virtual stages.
+// checked as written, for deadlocks with the configured queue depth too),
+// which must fit the config's stages, micro-batches and virtual stages.
 func (c *Config) BuildLowered() (*schedule.Lowered, error) {
 	p, m := max(len(c.Stages), 1), max(c.Data.MicroBatches, 1)
 	if c.Schedule != "custom" {
@@ -445,6 +445,11 @@ func (c *Config) BuildLowered() (*schedule.Lowered, error) {
 	if l.Stages != p || l.MicroBatches != m || l.Chunks != c.VirtualStages {
 		return nil, fmt.Errorf("%s has %d stages, %d micro-batches and %d chunks; the config has %d, %d and %d (virtual_stages)",
 			path, l.Stages, l.MicroBatches, l.Chunks, p, m, c.VirtualStages)
+	}
+	// Links hold transport.queue_depth messages in each of their queues: a
+	// hand-placed receive may need more room than that.
+	if err := l.CheckDepth(c.Transport.QueueDepth); err != nil {
+		return nil, fmt.Errorf("%s, with transport.queue_depth %d: %w", path, c.Transport.QueueDepth, err)
 	}
 	l.Name = "custom"
 	return l, nil

@@ -294,6 +294,26 @@ func TestCustomScheduleFile(t *testing.T) {
 	if _, err := Load(cfg("dead.txt")); err == nil || !strings.Contains(err.Error(), "schedule_file") || !strings.Contains(err.Error(), "deadlock") {
 		t.Errorf("a lowered file that deadlocks: %v\n%s", err, dead)
 	}
+
+	// Stage 1 takes micro-batch 3's activation first: four messages must fit
+	// on the link, which two queues of depth 1 do not hold.
+	g, err := schedule.Build("gpipe", 2, 4, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gl, err := schedule.Lower(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	early := strings.Replace(strings.Replace(gl.Grid(), "stage 1: 1F0<0", "stage 1: 1F3<0 1F0<0", 1), "1F2 1F3<0 1F3", "1F2 1F3", 1)
+	write("early.txt", early)
+	if _, err := Load(cfg("early.txt")); err != nil {
+		t.Errorf("early receive with the default queue depth: %v", err)
+	}
+	t.Setenv("PIPETRAIN_TRANSPORT_QUEUE_DEPTH", "1")
+	if _, err := Load(cfg("early.txt")); err == nil || !strings.Contains(err.Error(), "with transport.queue_depth 1: deadlock") {
+		t.Errorf("early receive with queue depth 1: %v", err)
+	}
 }
 
 // TestModelProblemsNamedAtOnce: every problem of the model section is

@@ -337,3 +337,47 @@ func TestAddTiedSync(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckDepth: links hold 2·depth messages not yet received. A stage that
+// receives micro-batch 3's activation before micro-batch 0's needs room for
+// four on its link: refused with depth 1, accepted with depth 2. Every
+// built-in schedule needs no more than depth 1.
+func TestCheckDepth(t *testing.T) {
+	l, err := Lower(mustBuild(t, "gpipe", 2, 4, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Replace(l.Grid(), "stage 1: 1F0<0", "stage 1: 1F3<0 1F0<0", 1)
+	text = strings.Replace(text, "1F2 1F3<0 1F3", "1F2 1F3", 1)
+	early, err := ParseLoweredGrid(text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := early.Check(); err != nil {
+		t.Fatalf("unbounded links: %v\n%s", err, text)
+	}
+	if err := early.CheckDepth(2); err != nil {
+		t.Errorf("depth 2: %v", err)
+	}
+	if err := early.CheckDepth(1); err == nil || !strings.Contains(err.Error(), "deadlock: stage 0 waits at 0F2>1; stage 1 waits at 1F3<0") {
+		t.Errorf("depth 1: got %v", err)
+	}
+	for _, name := range Names() {
+		for p := 1; p <= 8; p++ {
+			for m := 1; m <= 32; m++ {
+				for v := 1; v <= 4; v++ {
+					if !allowed(name, p, m, v) {
+						continue
+					}
+					l, err := Lower(mustBuild(t, name, p, m, v))
+					if err == nil {
+						err = l.CheckDepth(1)
+					}
+					if err != nil {
+						t.Fatalf("%s p%d m%d v%d with depth 1: %v", name, p, m, v, err)
+					}
+				}
+			}
+		}
+	}
+}

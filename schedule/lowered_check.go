@@ -40,8 +40,19 @@ func (o Op) isRecv() bool { return o.Kind == RecvAct || o.Kind == RecvGrad }
 // chunk's gradients are reduced exactly once, after its last gradient op; and
 // the whole plays to the end in the simulator (no deadlock). Errors name the
 // first offending op.
-func (l *Lowered) Check() error {
-	_, err := l.simulate(UniformCosts(l.Stages, 1, 1, 0))
+func (l *Lowered) Check() error { return l.CheckDepth(0) }
+
+// CheckDepth is Check with links that hold at most depth messages in each of
+// their two queues (the sender's and the receiver's read-ahead, as
+// transport.queue_depth bounds them): a send waits while 2·depth of its
+// link's messages are not yet taken by a receive on the other side, which
+// takes every message up to the one it wants (holding early ones), and
+// orders that need more room deadlock. depth <= 0 means unbounded.
+func (l *Lowered) CheckDepth(depth int) error {
+	if err := l.validate(); err != nil {
+		return err
+	}
+	_, err := l.playDepth(UniformCosts(l.Stages, 1, 1, 0), depth)
 	return err
 }
 
@@ -192,9 +203,22 @@ func (l *Lowered) simulate(c Costs) (*Timeline, error) {
 }
 
 // play is the simulation of a lowered schedule assumed well formed.
-func (l *Lowered) play(c Costs) (*Timeline, error) {
+func (l *Lowered) play(c Costs) (*Timeline, error) { return l.playDepth(c, 0) }
+
+// link is one direction of traffic between two stages.
+type link struct {
+	from, to int
+	grad     bool
+}
+
+// playDepth is play with links of bounded room (see CheckDepth); the times
+// it gives are those of unbounded links, so use it for deadlocks only.
+func (l *Lowered) playDepth(c Costs, depth int) (*Timeline, error) {
 	p, v := l.Stages, l.Chunks
 	sent := map[message]float64{} // when each message left its sender
+	seq := map[message]int{}      // its place on its link
+	queued := map[link]int{}      // messages sent on each link
+	taken := map[link]int{}       // of which a receive has taken (read past) this many
 	clock := make([]float64, p)   // each stage's time after its last op
 	next := make([]int, p)        // each stage's next op
 	tl := &Timeline{
@@ -216,12 +240,21 @@ func (l *Lowered) play(c Costs) (*Timeline, error) {
 					tl.Busy[st] += d
 					clock[st] += d
 				case o.isSend():
-					sent[o.message(p)] = clock[st]
+					ln := link{from: st, to: o.Peer, grad: o.Kind == SendGrad}
+					if depth > 0 && queued[ln]-taken[ln] >= 2*depth {
+						break run // the link is full until the other side receives
+					}
+					m := o.message(p)
+					sent[m], seq[m] = clock[st], queued[ln]
+					queued[ln]++
 				case o.isRecv():
-					t, ok := sent[o.message(p)]
+					m := o.message(p)
+					t, ok := sent[m]
 					if !ok {
 						break run
 					}
+					ln := link{from: o.Peer, to: st, grad: o.Kind == RecvGrad}
+					taken[ln] = max(taken[ln], seq[m]+1)
 					if o.Peer != st {
 						t += c.Transfer
 					}
