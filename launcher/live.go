@@ -53,6 +53,8 @@ func (l *Live) Poll() {
 			continue // not started yet
 		}
 		f.Seek(l.offsets[s], io.SeekStart)
+		// A read that fails keeps what it got and the next poll reads on:
+		// the live view is best effort and never stops a run.
 		b, _ := io.ReadAll(bufio.NewReader(f))
 		f.Close()
 		l.offsets[s] += int64(len(b))

@@ -143,7 +143,10 @@ func (r *Runtime) restore() (int, error) {
 				return 0, fmt.Errorf("%s: %w", m.PartPath(r.stage), err)
 			}
 			for _, slot := range o.SlotNames() {
-				v, _ := o.Slot(slot, i)
+				v, err := o.Slot(slot, i)
+				if err != nil {
+					return 0, err
+				}
 				if err := fill(byName, optimName(slot, p.Name()), v); err != nil {
 					return 0, fmt.Errorf("%s: %w", m.PartPath(r.stage), err)
 				}
