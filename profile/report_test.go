@@ -262,23 +262,14 @@ func TestLinksInterleaved(t *testing.T) {
 }
 
 func TestPredictCustomSchedule(t *testing.T) {
-	s := build(t, "1f1b", 3, 4, 1)
-	events := replay(t, s, schedule.UniformCosts(3, 1, 2, 0), 3, 1)
-	var csv strings.Builder
-	if err := s.WriteCSV(&csv); err != nil {
-		t.Fatal(err)
-	}
-	info := RunInfo{Schedule: "custom", Stages: 3, MicroBatches: 4, Steps: 3, ScheduleCSV: csv.String()}
-	r, err := Analyse(info, events, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, info, events := analyseCustom(t, schedule.UniformCosts(3, 1, 2, 0))
 	if r.Predicted == nil || !near(r.PredictedBubble, 2.0/6) || !near(r.MeanBubble, r.PredictedBubble) {
 		t.Errorf("predicted %v (%v), measured %v, want 1/3", r.PredictedBubble, r.PredictErr, r.MeanBubble)
 	}
 
 	info.ScheduleCSV = ""
-	if r, err = Analyse(info, events, 1); err != nil {
+	r, err := Analyse(info, events, 1)
+	if err != nil {
 		t.Fatal(err)
 	}
 	var b strings.Builder
@@ -335,17 +326,7 @@ func TestWriteGolden(t *testing.T) {
 // said to be simulated; without its CSV there is no theory, and the report
 // says so rather than printing 0%.
 func TestTheoryCustomSchedule(t *testing.T) {
-	s := build(t, "1f1b", 3, 4, 1)
-	events := replay(t, s, schedule.Costs{F: []float64{1, 3, 1}, B: []float64{2, 6, 2}}, 3, 1)
-	var csv strings.Builder
-	if err := s.WriteCSV(&csv); err != nil {
-		t.Fatal(err)
-	}
-	info := RunInfo{Schedule: "custom", Stages: 3, MicroBatches: 4, Steps: 3, ScheduleCSV: csv.String()}
-	r, err := Analyse(info, events, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, info, events := analyseCustom(t, schedule.Costs{F: []float64{1, 3, 1}, B: []float64{2, 6, 2}})
 	if !r.TheorySimulated || r.TheoryErr != nil || !near(r.TheoryMean, 2.0/6) || len(r.Theory) != 3 {
 		t.Fatalf("theory %v (mean %v, simulated %v, %v), want 1/3 on each stage", r.Theory, r.TheoryMean, r.TheorySimulated, r.TheoryErr)
 	}
@@ -364,7 +345,7 @@ func TestTheoryCustomSchedule(t *testing.T) {
 	}
 
 	// The same schedule by name: the closed form, not a simulation.
-	named, err := Analyse(runInfo(s, 3), events, 1)
+	named, err := Analyse(runInfo(build(t, "1f1b", 3, 4, 1), 3), events, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -382,4 +363,22 @@ func TestTheoryCustomSchedule(t *testing.T) {
 		!strings.Contains(b.String(), `theory: custom schedule without "schedule_csv" in run.json`) || strings.Contains(b.String(), "0.0%") {
 		t.Errorf("custom schedule without csv: %v\n%s", r.TheoryErr, b.String())
 	}
+}
+
+// analyseCustom replays 3 steps of a 3-stage, 4-micro-batch 1F1B with costs
+// and analyses them as a run of schedule: custom, whose run.json holds it.
+func analyseCustom(t *testing.T, costs schedule.Costs) (*Report, RunInfo, [][]Event) {
+	t.Helper()
+	s := build(t, "1f1b", 3, 4, 1)
+	events := replay(t, s, costs, 3, 1)
+	var csv strings.Builder
+	if err := s.WriteCSV(&csv); err != nil {
+		t.Fatal(err)
+	}
+	info := RunInfo{Schedule: "custom", Stages: 3, MicroBatches: 4, Steps: 3, ScheduleCSV: csv.String()}
+	r, err := Analyse(info, events, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, info, events
 }
