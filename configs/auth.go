@@ -38,8 +38,10 @@ func (c *Config) validateAuth(p *Problems) {
 		return
 	}
 	for i, s := range c.Stages {
-		if beyondLoopback(s.Address) { // the rule Listen enforces too
-			p.add(fmt.Sprintf("stages[%d].address", i), "%s listens beyond loopback; set transport.token (or token_file) or transport.tls so strangers cannot connect", s.Address)
+		for r := range c.stageReplicas(i) {
+			if a := c.Address(i, r); beyondLoopback(a) { // the rule Listen enforces too
+				p.add(c.addressField(i, r), "%s listens beyond loopback; set transport.token (or token_file) or transport.tls so strangers cannot connect", a)
+			}
 		}
 		if beyondLoopback(s.MetricsAddress) { // the rule ServeMetrics enforces too
 			p.add(fmt.Sprintf("stages[%d].metrics_address", i), "%s listens beyond loopback; set transport.token (or token_file) or transport.tls, which the metrics server then requires, so strangers cannot read it", s.MetricsAddress)

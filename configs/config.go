@@ -40,6 +40,11 @@ type Config struct {
 	Compute       Compute   `mapstructure:"compute" json:"compute"`
 	Transport     Transport `mapstructure:"transport" json:"transport"`
 	Stages        []Stage   `mapstructure:"stages" json:"stages"`
+	// DataParallel is the number of replicas of the pipeline: the run has
+	// stages × replicas processes, laid out as Grid says, and each replica
+	// trains on its own share of every batch.
+	DataParallel int       `mapstructure:"data_parallel" json:"data_parallel"`
+	AllReduce    AllReduce `mapstructure:"all_reduce" json:"all_reduce"`
 	// Checkpoint and Recovery change how a run survives faults, never what it
 	// computes, so they are left out of the digest: a run may be resumed with
 	// other settings.
@@ -147,6 +152,17 @@ type Recovery struct {
 	MaxRestarts int `mapstructure:"max_restarts"`
 }
 
+// AllReduce tunes how the replicas of a stage sum their gradients.
+type AllReduce struct {
+	// BucketBytes cuts a stage's gradients into buckets of at most this many
+	// bytes, each reduced in turn. The cut decides the order in which each
+	// element is summed, so it is a training setting.
+	BucketBytes int `mapstructure:"bucket_bytes" json:"bucket_bytes"`
+	// CheckEvery compares a digest of every replica's weights every so many
+	// steps, stopping the run if they differ (0: never).
+	CheckEvery int `mapstructure:"check_every" json:"check_every"`
+}
+
 // Stage places contiguous ranges of layers on one process: one range, or with
 // virtual_stages v, one per chunk. Chunk c of stage s is model stage c*p + s (p
 // stages), as in Megatron-LM's interleaved placement, and the model stages cover
@@ -156,7 +172,10 @@ type Stage struct {
 	// YAML may give a single range as a plain string.
 	Layers  []string `mapstructure:"layers" json:"layers"`
 	Address string   `mapstructure:"address" json:"address"`
-	Device  string   `mapstructure:"device" json:"device"`
+	// Addresses lists one address per replica (data_parallel > 1), replica 0
+	// first; Address is then replica 0's.
+	Addresses []string `mapstructure:"addresses" json:"addresses,omitempty"`
+	Device    string   `mapstructure:"device" json:"device"`
 	// CPUs optionally pins the stage process to CPUs ("0", "2-3", "0,4"), so that
 	// a stage owns its cores as it would own a device.
 	CPUs string `mapstructure:"cpus" json:"cpus,omitempty"`
@@ -198,6 +217,9 @@ var defaults = map[string]any{
 	"schedule":                  "1f1b",
 	"schedule_file":             "",
 	"virtual_stages":            1,
+	"data_parallel":             1,
+	"all_reduce.bucket_bytes":   DefaultBucketBytes,
+	"all_reduce.check_every":    10,
 	"compute.blas_threads":      0,
 	"transport.connect_timeout": "30s",
 	"transport.queue_depth":     4,
@@ -287,8 +309,13 @@ func (c *Config) Validate() error {
 	}
 	if c.Data.MicroBatches < 1 {
 		p.add("data.micro_batches", "must be at least 1, got %d", c.Data.MicroBatches)
-	} else if c.Data.BatchSize >= 1 && c.Data.BatchSize%c.Data.MicroBatches != 0 {
-		p.add("data.batch_size", "%d is not divisible by data.micro_batches %d", c.Data.BatchSize, c.Data.MicroBatches)
+	} else if r := c.Replicas(); c.Data.BatchSize >= 1 && c.DataParallel >= 0 && c.Data.BatchSize%(r*c.Data.MicroBatches) != 0 {
+		if r == 1 {
+			p.add("data.batch_size", "%d is not divisible by data.micro_batches %d", c.Data.BatchSize, c.Data.MicroBatches)
+		} else {
+			p.add("data.batch_size", "%d is not divisible by data_parallel %d × data.micro_batches %d = %d: each replica takes batch_size / data_parallel examples, cut into micro_batches",
+				c.Data.BatchSize, r, c.Data.MicroBatches, r*c.Data.MicroBatches)
+		}
 	}
 	if c.Train.Steps < 1 {
 		p.add("train.steps", "must be at least 1, got %d", c.Train.Steps)
@@ -335,6 +362,7 @@ func (c *Config) Validate() error {
 		p.add("recovery.max_restarts", "must be 0 or more, got %d", c.Recovery.MaxRestarts)
 	}
 	c.validateAuth(p)
+	c.validateReplicas(p)
 	c.validateStages(p, model)
 	if len(p.Items) > 0 {
 		return p
@@ -503,14 +531,16 @@ func (c *Config) validateStages(p *Problems, model *models.Model) {
 	// clash names both fields. Stage addresses are claimed first: a metrics
 	// address that takes another stage's port is the one reported.
 	addrs := map[string]string{}
-	for i, s := range c.Stages {
-		field := fmt.Sprintf("stages[%d].address", i)
-		if err := checkAddress(s.Address); err != nil {
-			p.add(field, "%v", err)
-		} else if o, dup := addrs[s.Address]; dup {
-			p.add(field, "%s is also used by %s", s.Address, o)
-		} else {
-			addrs[s.Address] = field
+	for i := range c.Stages {
+		for r := range c.stageReplicas(i) {
+			a, field := c.Address(i, r), c.addressField(i, r)
+			if err := checkAddress(a); err != nil {
+				p.add(field, "%v", err)
+			} else if o, dup := addrs[a]; dup {
+				p.add(field, "%s is also used by %s", a, o)
+			} else {
+				addrs[a] = field
+			}
 		}
 	}
 	for i, s := range c.Stages {
@@ -694,8 +724,9 @@ func (c *Config) ModelStages() int { return len(c.Stages) * c.VirtualStages }
 // Place returns the stage and chunk that hold model stage k.
 func (c *Config) Place(k int) (stage, chunk int) { return k % len(c.Stages), k / len(c.Stages) }
 
-// MicroBatchSize is the number of examples in one micro-batch.
-func (c *Config) MicroBatchSize() int { return c.Data.BatchSize / c.Data.MicroBatches }
+// MicroBatchSize is the number of examples in one micro-batch: a replica's
+// share of the batch, cut into micro_batches.
+func (c *Config) MicroBatchSize() int { return c.Data.BatchSize / c.Replicas() / c.Data.MicroBatches }
 
 // Digest identifies everything that must agree between the stages of one run.
 func (c *Config) Digest() string {

@@ -11,8 +11,9 @@ import (
 
 // trainingState is what a checkpoint's contents depend on, keyed as in the YAML
 // file: the model, its split into stages, the data and its order (the seed), the
-// optimizer, the schedule (its accumulation order) and the BLAS thread count
-// (which changes the last bits of every product). Everything else (the step
+// optimizer, the schedule (its accumulation order), the BLAS thread count
+// (which changes the last bits of every product) and the replicas with the
+// all-reduce's buckets (which cut the batch and order the gradients' sums). Everything else (the step
 // count, logging, evaluation, checkpointing, the transport and where stages
 // run) may change between a run and its resumption.
 func (c *Config) trainingState() map[string]any {
@@ -28,6 +29,13 @@ func (c *Config) trainingState() map[string]any {
 		"virtual_stages": c.VirtualStages,
 		"compute":        map[string]any{"blas_threads": c.Compute.BLASThreads},
 		"stages":         layers,
+	}
+	if c.Replicas() > 1 {
+		// Replicas change each micro-batch's size and, with the bucket
+		// size, the order in which gradients are summed. A run without
+		// replicas keeps the digest it always had.
+		state["data_parallel"] = c.DataParallel
+		state["all_reduce"] = map[string]any{"bucket_bytes": c.BucketBytes()}
 	}
 	if c.ScheduleText != "" {
 		// A custom schedule counts by its contents, not by its file's path.

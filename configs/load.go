@@ -148,6 +148,7 @@ func LoadUnchecked(path string) (*Config, error) {
 		return nil, p
 	}
 	c.Path = path
+	c.normaliseAddresses()
 	c.readScheduleFile()
 	c.env = env
 	c.keyProblems = p.Items

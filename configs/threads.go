@@ -10,7 +10,7 @@ import (
 // Threads is the BLAS thread count of stage i (the reference counts as stage 0):
 // compute.blas_threads if set, else a fair share of the machine: the CPUs the
 // stage is pinned to, or this machine's cores divided among the stages that
-// listen on the same host, at least 1.
+// listen on the same host (every replica's), at least 1.
 func (c *Config) Threads(i int) int {
 	if c.Compute.BLASThreads > 0 {
 		return c.Compute.BLASThreads
@@ -23,9 +23,11 @@ func (c *Config) Threads(i int) int {
 	}
 	host, _, _ := net.SplitHostPort(c.Stages[i].Address)
 	sharing := 0
-	for _, s := range c.Stages {
-		if h, _, _ := net.SplitHostPort(s.Address); h == host {
-			sharing++
+	for s := range c.Stages {
+		for r := range c.Replicas() {
+			if h, _, _ := net.SplitHostPort(c.Address(s, r)); h == host {
+				sharing++
+			}
 		}
 	}
 	return max(1, runtime.NumCPU()/max(sharing, 1))

@@ -1,5 +1,5 @@
 // Package launcher starts one pipetrain stage process per stage of a config on this
-// machine and supervises them: it prefixes and saves their output, stops them all
+// machine (per stage and replica with data_parallel, in grid rank order) and supervises them: it prefixes and saves their output, stops them all
 // when one fails or when the user interrupts, and reports which stage failed first.
 package launcher
 
@@ -23,7 +23,10 @@ type Options struct {
 	Binary     string // the pipetrain executable to run each stage with
 	ConfigPath string
 	Stages     int
-	RunDir     string
+	// Replicas is the config's data_parallel: each stage runs this many
+	// processes (0 and 1: one).
+	Replicas int
+	RunDir   string
 	// ExtraArgs are passed to every stage (e.g. --steps), so all agree.
 	ExtraArgs []string
 	// Out receives every stage's output, each line prefixed with "[stage i] ".
@@ -54,9 +57,11 @@ func (o Options) queryTimeout() time.Duration {
 // blame: the one that failed, or, when that one gave up waiting, the stage at
 // the end of the chain of waits, which stopped making progress (Hung).
 type StageError struct {
-	Stage    int
-	Err      error
-	LastLine string
+	Stage int
+	// Replica is the blamed stage's replica, when Replicas > 1.
+	Replica, Replicas int
+	Err               error
+	LastLine          string
 	// Hung is set when Stage did not fail but stopped making progress; Why
 	// says how that was found and Detector is the stage that failed.
 	Hung     bool
@@ -65,24 +70,35 @@ type StageError struct {
 }
 
 func (e *StageError) Error() string {
+	name := processName(e.Stage, e.Replica, e.Replicas)
 	if e.Hung {
-		return fmt.Sprintf("stage %d stopped making progress: %s; stage %d failed (%v); its last output: %s",
-			e.Stage, e.Why, e.Detector, e.Err, e.LastLine)
+		return fmt.Sprintf("%s stopped making progress: %s; %s failed (%v); its last output: %s",
+			name, e.Why, processName(e.Detector, e.Replica, e.Replicas), e.Err, e.LastLine)
 	}
 	if e.LastLine != "" {
-		return fmt.Sprintf("stage %d failed (%v); its last output: %s", e.Stage, e.Err, e.LastLine)
+		return fmt.Sprintf("%s failed (%v); its last output: %s", name, e.Err, e.LastLine)
 	}
-	return fmt.Sprintf("stage %d failed: %v", e.Stage, e.Err)
+	return fmt.Sprintf("%s failed: %v", name, e.Err)
+}
+
+// processName names a stage process: "stage 2", or "stage 2 replica 1".
+func processName(stage, replica, replicas int) string {
+	if replicas > 1 {
+		return fmt.Sprintf("stage %d replica %d", stage, replica)
+	}
+	return fmt.Sprintf("stage %d", stage)
 }
 
 func (e *StageError) Unwrap() error { return e.Err }
 
 type child struct {
-	stage int
-	cmd   *exec.Cmd
-	done  chan struct{}
-	err   error
-	last  string // last output line, the usual place for the stage's error
+	stage    int
+	replica  int
+	replicas int
+	cmd      *exec.Cmd
+	done     chan struct{}
+	err      error
+	last     string // last output line, the usual place for the stage's error
 	// status is the stage's latest answer to a status query (or the one it
 	// printed on failing); fresh is set when it came after the latest query.
 	status    Status
@@ -104,12 +120,14 @@ func Run(ctx context.Context, o Options) error {
 	}
 	var outMu sync.Mutex
 	var children []*child
-	failed := make(chan *child, o.Stages)
-	for i := 0; i < o.Stages; i++ {
-		c, err := start(o, i, logDir, &outMu)
+	replicas := max(o.Replicas, 1)
+	failed := make(chan *child, o.Stages*replicas)
+	for rank := 0; rank < o.Stages*replicas; rank++ {
+		i, r := rank/replicas, rank%replicas
+		c, err := start(o, i, r, logDir, &outMu)
 		if err != nil {
 			stopAll(children, o.Grace)
-			return fmt.Errorf("starting stage %d: %w", i, err)
+			return fmt.Errorf("starting %s: %w", processName(i, r, replicas), err)
 		}
 		children = append(children, c)
 		go func() {
@@ -203,11 +221,24 @@ func (c *child) signaled() bool {
 func (c *child) stageError() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return &StageError{Stage: c.stage, Err: c.err, LastLine: c.last}
+	return &StageError{Stage: c.stage, Replica: c.replica, Replicas: c.replicas, Err: c.err, LastLine: c.last}
 }
 
-func start(o Options, i int, logDir string, outMu *sync.Mutex) (*child, error) {
-	args := append([]string{"stage", "--config", o.ConfigPath, "--stage", strconv.Itoa(i), "--run-dir", o.RunDir}, o.ExtraArgs...)
+// LogFile is the name of a stage process's log under RUN_DIR/logs.
+func LogFile(stage, replica, replicas int) string {
+	if replicas > 1 {
+		return fmt.Sprintf("stage-%d.replica-%d.log", stage, replica)
+	}
+	return fmt.Sprintf("stage-%d.log", stage)
+}
+
+func start(o Options, i, r int, logDir string, outMu *sync.Mutex) (*child, error) {
+	replicas := max(o.Replicas, 1)
+	args := []string{"stage", "--config", o.ConfigPath, "--stage", strconv.Itoa(i), "--run-dir", o.RunDir}
+	if replicas > 1 {
+		args = append(args, "--replica", strconv.Itoa(r))
+	}
+	args = append(args, o.ExtraArgs...)
 	if o.Resume {
 		args = append(args, "--resume")
 	}
@@ -226,7 +257,7 @@ func start(o Options, i int, logDir string, outMu *sync.Mutex) (*child, error) {
 	if o.Resume {
 		flags = os.O_WRONLY | os.O_CREATE | os.O_APPEND
 	}
-	logFile, err := os.OpenFile(filepath.Join(logDir, fmt.Sprintf("stage-%d.log", i)), flags, 0o644)
+	logFile, err := os.OpenFile(filepath.Join(logDir, LogFile(i, r, replicas)), flags, 0o644)
 	if err == nil && o.Attempt > 0 {
 		_, err = fmt.Fprintf(logFile, "--- restart %d, resuming from the newest complete checkpoint ---\n", o.Attempt)
 	}
@@ -242,14 +273,14 @@ func start(o Options, i int, logDir string, outMu *sync.Mutex) (*child, error) {
 		return nil, err
 	}
 	pw.Close()
-	c := &child{stage: i, cmd: cmd, done: make(chan struct{})}
+	c := &child{stage: i, replica: r, replicas: replicas, cmd: cmd, done: make(chan struct{})}
 	copied := make(chan struct{})
 	go func() {
 		defer close(copied)
 		defer logFile.Close()
 		s := bufio.NewScanner(pr)
 		s.Buffer(make([]byte, 64<<10), 1<<20)
-		prefix := fmt.Sprintf("[stage %d] ", i)
+		prefix := "[" + processName(i, r, replicas) + "] "
 		for s.Scan() {
 			line := s.Text()
 			fmt.Fprintln(logFile, line)

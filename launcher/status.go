@@ -86,21 +86,28 @@ func (s Status) String() string {
 func blame(failed *child, children []*child, ask time.Duration) error {
 	own := failed.stageError()
 	st, ok := failed.lastStatus()
-	if !ok || !st.Waiting() || st.Peer >= len(children) {
+	// The waits run along the failed process's own copy of the pipeline.
+	byStage := map[int]*child{}
+	for _, c := range children {
+		if c.replica == failed.replica {
+			byStage[c.stage] = c
+		}
+	}
+	if !ok || !st.Waiting() || byStage[st.Peer] == nil {
 		return own
 	}
 	query(children, ask)
 	chain := []string{st.String()}
 	seen := map[int]bool{failed.stage: true}
 	for cur := st.Peer; ; {
-		if seen[cur] || cur < 0 || cur >= len(children) {
+		c := byStage[cur]
+		if seen[cur] || c == nil {
 			return own // a cycle of waits: no stage stands out
 		}
 		seen[cur] = true
-		c := children[cur]
 		hung := func(why string) error {
 			e := own.(*StageError)
-			return &StageError{Stage: cur, Err: e.Err, LastLine: e.LastLine, Hung: true, Detector: failed.stage,
+			return &StageError{Stage: cur, Replica: failed.replica, Replicas: failed.replicas, Err: e.Err, LastLine: e.LastLine, Hung: true, Detector: failed.stage,
 				Why: why + " (" + strings.Join(chain, "; ") + ")"}
 		}
 		select {

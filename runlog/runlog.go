@@ -20,6 +20,10 @@ const (
 	Input     = "I"   // input gradient of a split backward (zero-bubble schedules)
 	Weight    = "W"   // weight gradient of a split backward
 	Optimizer = "OPT" // optimizer step after the pipeline flush
+	// AllReduce is a chunk's gradient all-reduce among the stage's
+	// replicas: from its schedule's reduction op until the sum is in.
+	// It runs beside the stage's other actions, so it may overlap them.
+	AllReduce = "AR"
 )
 
 // Event is one action executed by a stage.
@@ -29,8 +33,10 @@ type Event struct {
 	// checkpoints call it step Step+1 (StepNumber), and so does everything
 	// this package prints.
 	Step int    `json:"step"`
-	Kind string `json:"kind"` // Forward, Backward, Input, Weight or Optimizer
-	MB   int    `json:"mb"`   // micro-batch; meaningless for Optimizer
+	Kind string `json:"kind"` // Forward, Backward, Input, Weight, Optimizer or AllReduce
+	// Replica is the stage's replica (data_parallel > 1); 0 otherwise.
+	Replica int `json:"replica,omitempty"`
+	MB      int `json:"mb"` // micro-batch; meaningless for Optimizer
 	// Chunk is the virtual stage (interleaved schedules); 0 otherwise.
 	Chunk int `json:"chunk,omitempty"`
 	// StartNS and EndNS are wall-clock ns (time.Now().UnixNano()) of the
@@ -60,11 +66,16 @@ func (e *Event) StepNumber() int { return e.Step + 1 }
 
 // RunInfo is the run metadata written by the launcher.
 type RunInfo struct {
-	Schedule          string  `json:"schedule"`
-	Stages            int     `json:"stages"`
-	MicroBatches      int     `json:"micro_batches"`
-	Steps             int     `json:"steps"`
-	Chunks            int     `json:"chunks,omitempty"`   // virtual stages per stage; 0 or 1 without interleaving
+	Schedule     string `json:"schedule"`
+	Stages       int    `json:"stages"`
+	MicroBatches int    `json:"micro_batches"`
+	Steps        int    `json:"steps"`
+	Chunks       int    `json:"chunks,omitempty"` // virtual stages per stage; 0 or 1 without interleaving
+	// Replicas is the run's data_parallel: each stage ran this many
+	// processes, replica r's events in ReplicaEventsFile (0 or 1: none).
+	Replicas int `json:"replicas,omitempty"`
+	// BatchSize is the global batch (every replica's share), for rates.
+	BatchSize         int     `json:"batch_size,omitempty"`
 	TheoreticalBubble float64 `json:"theoretical_bubble"` // fraction, e.g. (p-1)/(m+p-1)
 	// ScheduleCSV is, for a user-written ("custom") schedule, the schedule in
 	// schedule.Load's "csv" format, so that the profiler can simulate it.
@@ -87,6 +98,23 @@ func RunFile(dir string) string { return filepath.Join(dir, "run.json") }
 // EventsFile is the path of stage's event log inside a run directory.
 func EventsFile(dir string, stage int) string {
 	return filepath.Join(dir, "events", fmt.Sprintf("stage-%d.jsonl", stage))
+}
+
+// ReplicaEventsFile is the event log of stage's replica: EventsFile for
+// replica 0, events/stage-<i>.replica-<r>.jsonl for the others.
+func ReplicaEventsFile(dir string, stage, replica int) string {
+	if replica == 0 {
+		return EventsFile(dir, stage)
+	}
+	return filepath.Join(dir, "events", fmt.Sprintf("stage-%d.replica-%d.jsonl", stage, replica))
+}
+
+// ReplicaClockFile is ClockFile for stage's replica, beside its event log.
+func ReplicaClockFile(dir string, stage, replica int) string {
+	if replica == 0 {
+		return ClockFile(dir, stage)
+	}
+	return filepath.Join(dir, "events", fmt.Sprintf("stage-%d.replica-%d.clock.json", stage, replica))
 }
 
 // Clock is the clock a stage's events are timed on, as the stage process

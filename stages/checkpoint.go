@@ -114,10 +114,10 @@ func (r *Runtime) restore() (int, error) {
 			root, skipped[0])
 	}
 	for _, s := range skipped {
-		fmt.Fprintf(r.log, "stage %d: skipping checkpoint: %v\n", r.stage, s)
+		fmt.Fprintf(r.log, "%s: skipping checkpoint: %v\n", r.name(), s)
 	}
 	if m == nil {
-		fmt.Fprintf(r.log, "stage %d: no complete checkpoint in %s; starting from step 0\n", r.stage, root)
+		fmt.Fprintf(r.log, "%s: no complete checkpoint in %s; starting from step 0\n", r.name(), root)
 		return 0, nil
 	}
 	if m.Stages != r.stages {
@@ -153,7 +153,8 @@ func (r *Runtime) restore() (int, error) {
 			}
 		}
 	}
-	fmt.Fprintf(r.log, "stage %d: resumed from the checkpoint of step %d (%s)\n", r.stage, m.Step, m.Dir)
+	// Replica 0 wrote the stage's part; every replica starts from it.
+	fmt.Fprintf(r.log, "%s: resumed from the checkpoint of step %d (%s)\n", r.name(), m.Step, m.Dir)
 	return m.Step, nil
 }
 
@@ -195,10 +196,10 @@ func truncateJSONL(path string, keep func(step int) bool) error {
 // rewindLogs drops what the failed attempt logged after the checkpoint it resumes
 // from: events of steps >= start (0-based) and metrics of steps > start (1-based).
 func (r *Runtime) rewindLogs(start int) error {
-	if err := truncateJSONL(runlog.EventsFile(r.runDir, r.stage), func(s int) bool { return s >= 0 && s < start }); err != nil {
+	if err := truncateJSONL(runlog.ReplicaEventsFile(r.runDir, r.stage, r.replica), func(s int) bool { return s >= 0 && s < start }); err != nil {
 		return err
 	}
-	if r.last().IsLast() {
+	if r.last().IsLast() && r.replica == 0 {
 		return truncateJSONL(filepath.Join(r.runDir, "metrics.jsonl"), func(s int) bool { return s <= start })
 	}
 	return nil

@@ -111,7 +111,7 @@ func TestEventLogClockWrite(t *testing.T) {
 			os.WriteFile(profile.ClockFile(dir, 0), b, 0o644)
 		}
 		os.WriteFile(profile.EventsFile(dir, 0), []byte(tc.log), 0o644)
-		if err := writeClock(dir, 0, tc.resume); err != nil {
+		if err := writeClock(dir, 0, 0, tc.resume); err != nil {
 			t.Fatal(err)
 		}
 		want := now

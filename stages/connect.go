@@ -14,13 +14,16 @@ import (
 // Links are a stage's connections to its neighbours; Prev or Next is nil at an end.
 type Links struct {
 	Prev, Next transport.Link
-	server     *transport.Server
+	// ReplicaPrev and ReplicaNext join the stage's replicas in a ring
+	// (data_parallel > 1): from replica r-1 and to replica r+1.
+	ReplicaPrev, ReplicaNext transport.Link
+	server                   *transport.Server
 }
 
-// Close closes both links (flushing queued sends) and releases the listening port.
+// Close closes every link (flushing queued sends) and releases the listening port.
 func (l *Links) Close() error {
 	var errs []error
-	for _, c := range []transport.Link{l.Next, l.Prev} {
+	for _, c := range []transport.Link{l.Next, l.Prev, l.ReplicaNext, l.ReplicaPrev} {
 		if c != nil {
 			errs = append(errs, c.Close())
 		}
@@ -37,18 +40,30 @@ func (l *Links) Close() error {
 // the config digest and the shapes and dtype of the tensors between them. With
 // virtual stages the last stage also feeds stage 0 (the ring), so every stage
 // listens and dials.
+//
+// With replicas, the stage also joins its replicas' ring: it dials replica
+// r+1 of the same stage and accepts replica r-1 on the same address.
 func Connect(ctx context.Context, l *Layout) (*Links, error) {
-	c, i, up, down := l.Config, l.Stage, l.Up, l.Down
+	c, i, r, up, down := l.Config, l.Stage, l.Replica, l.Up, l.Down
 	p, ring := len(c.Stages), up.Ring
+	name := c.ProcessName(i, r)
 	opts, err := linkOptions(c, i)
 	if err != nil {
 		return nil, err
 	}
 	links := &Links{}
-	listen, dial := i > 0 || ring, i+1 < p || ring
+	listen, dial := p > 1 && (i > 0 || ring), p > 1 && (i+1 < p || ring)
+	replicated := l.Replicas > 1
+	var roles []transport.Hello
 	if listen {
-		if links.server, err = transport.Listen(c.Stages[i].Address, up, opts); err != nil {
-			return nil, fmt.Errorf("stage %d: %w", i, err)
+		roles = append(roles, up)
+	}
+	if replicated {
+		roles = append(roles, l.Reduce)
+	}
+	if len(roles) > 0 {
+		if links.server, err = transport.Listen(c.Address(i, r), roles[0], opts, roles[1:]...); err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
 		}
 	}
 	// A refused handshake ends the other wait: the run cannot start, so the other
@@ -62,20 +77,38 @@ func Connect(ctx context.Context, l *Layout) (*Links, error) {
 		}
 	}
 	var wg sync.WaitGroup
-	var acceptErr, dialErr error
+	var acceptErr, dialErr, ringAcceptErr, ringDialErr error
 	if listen {
 		wg.Go(func() {
-			links.Prev, acceptErr = links.server.Accept(ctx)
+			links.Prev, acceptErr = links.server.AcceptGroup(ctx, transport.PipelineGroup)
 			cancelOnRefusal(acceptErr)
 		})
 	}
 	if dial {
 		wg.Go(func() {
-			links.Next, dialErr = transport.Dial(ctx, c.Stages[(i+1)%p].Address, down, opts)
+			links.Next, dialErr = transport.Dial(ctx, c.Address((i+1)%p, r), down, opts)
 			cancelOnRefusal(dialErr)
 		})
 	}
+	if replicated {
+		wg.Go(func() {
+			links.ReplicaPrev, ringAcceptErr = links.server.AcceptGroup(ctx, transport.ReplicaGroup)
+			cancelOnRefusal(ringAcceptErr)
+		})
+		wg.Go(func() {
+			links.ReplicaNext, ringDialErr = transport.Dial(ctx, c.Address(i, (r+1)%l.Replicas), l.Reduce, opts)
+			cancelOnRefusal(ringDialErr)
+		})
+	}
 	wg.Wait()
+	// The pipeline's errors come first; the ring's are reported when the
+	// pipeline connected.
+	if acceptErr == nil && dialErr == nil {
+		acceptErr, dialErr = ringAcceptErr, ringDialErr
+	} else if ringAcceptErr != nil || ringDialErr != nil {
+		links.Close()
+		return nil, firstCause(acceptErr, dialErr)
+	}
 	if acceptErr != nil || dialErr != nil {
 		links.Close()
 		// Report the cause, not the cancellation it caused on the other side.
@@ -88,6 +121,17 @@ func Connect(ctx context.Context, l *Layout) (*Links, error) {
 		return nil, errors.Join(acceptErr, dialErr)
 	}
 	return links, nil
+}
+
+// firstCause picks the error that caused the others among a's and b's.
+func firstCause(a, b error) error {
+	switch {
+	case a != nil && (b == nil || errors.Is(b, context.Canceled)):
+		return a
+	case b != nil && (a == nil || errors.Is(a, context.Canceled)):
+		return b
+	}
+	return errors.Join(a, b)
 }
 
 // linkOptions are stage i's transport settings from the config: timeouts,

@@ -31,6 +31,9 @@ func evalTag(done int) int { return -1 - done }
 // chunk by chunk, and on the last stage scores the predictions; other stages
 // return nil.
 func (r *Runtime) evaluate(ctx context.Context, tag int) (*EvalResult, error) {
+	if r.replica > 0 {
+		return nil, nil // the replicas hold replica 0's weights: it evaluates for all
+	}
 	var res EvalResult
 	var input, out *tensor.Dense
 	var msg *transport.Tensor

@@ -21,11 +21,11 @@ type eventLog struct {
 
 // openEventLog records the stage's clock (writeClock) and creates the stage's
 // event log in runDir, or appends to it when a resumed run continues it.
-func openEventLog(runDir string, stage int, resume bool) (*eventLog, error) {
-	if err := writeClock(runDir, stage, resume); err != nil {
+func openEventLog(runDir string, stage, replica int, resume bool) (*eventLog, error) {
+	if err := writeClock(runDir, stage, replica, resume); err != nil {
 		return nil, err
 	}
-	f, err := openLog(runlog.EventsFile(runDir, stage), resume)
+	f, err := openLog(runlog.ReplicaEventsFile(runDir, stage, replica), resume)
 	if err != nil {
 		return nil, err
 	}
@@ -65,12 +65,13 @@ func localClock() runlog.Clock {
 // share one. A resumed run keeps the events of the earlier processes of the
 // stage, and their clocks in Earlier; events logged before the stage recorded
 // its clock count as on an unknown one.
-func writeClock(runDir string, stage int, resume bool) error {
+func writeClock(runDir string, stage, replica int, resume bool) error {
 	c := localClock()
+	clockFile := runlog.ReplicaClockFile(runDir, stage, replica)
 	if resume {
-		if st, err := os.Stat(runlog.EventsFile(runDir, stage)); err == nil && st.Size() > 0 {
+		if st, err := os.Stat(runlog.ReplicaEventsFile(runDir, stage, replica)); err == nil && st.Size() > 0 {
 			var old runlog.Clock
-			if b, err := os.ReadFile(runlog.ClockFile(runDir, stage)); err != nil || json.Unmarshal(b, &old) != nil {
+			if b, err := os.ReadFile(clockFile); err != nil || json.Unmarshal(b, &old) != nil {
 				old = runlog.Clock{}
 			}
 			c.Earlier = append(old.Earlier, runlog.Clock{Host: old.Host, BootID: old.BootID})
@@ -80,7 +81,7 @@ func writeClock(runDir string, stage int, resume bool) error {
 	if err != nil {
 		return err
 	}
-	return checkpoint.WriteAtomic(runlog.ClockFile(runDir, stage), func(w io.Writer) error {
+	return checkpoint.WriteAtomic(clockFile, func(w io.Writer) error {
 		_, err := w.Write(append(b, '\n'))
 		return err
 	})

@@ -30,6 +30,8 @@ type Computer interface {
 	Compute(step int, a schedule.Action, in *tensor.Dense) (out *tensor.Dense, kind string, err error)
 	// SyncTied runs a SyncTied op.
 	SyncTied(ctx context.Context, step int, o schedule.Op) error
+	// ReduceGrad runs a ReduceGrad op: chunk's gradients are final for the step.
+	ReduceGrad(ctx context.Context, step, chunk int) error
 }
 
 // received is a tensor a receive op took for a later compute op.
@@ -126,7 +128,7 @@ func (x *executor) runOp(ctx context.Context, step int, o schedule.Op, i int) er
 	case schedule.SendGrad:
 		return x.send(ctx, x.prev, transport.Gradient, step, o)
 	case schedule.ReduceGrad:
-		return nil // data-parallel replicas reduce here; a lone pipeline has nothing to
+		return x.compute.ReduceGrad(ctx, step, a.Chunk)
 	case schedule.SyncTied:
 		return x.compute.SyncTied(ctx, step, o)
 	case schedule.Compute:
@@ -223,7 +225,7 @@ func (r *Runtime) forward(step int, a schedule.Action, input *tensor.Dense) (*te
 		if !e.IsFirst() {
 			x = nil
 		}
-		targets = r.feed.train(step, mb, x, e.IsLast())
+		targets = r.feed.train(step, r.mbBase+mb, x, e.IsLast())
 	}
 	out, err := e.Forward(mb, input, targets)
 	if err != nil {
@@ -241,7 +243,7 @@ func (r *Runtime) forward(step int, a schedule.Action, input *tensor.Dense) (*te
 // the input gradient to send (nil on the first model stage).
 func (r *Runtime) backward(a schedule.Action, in *tensor.Dense) (*tensor.Dense, error) {
 	e, mb := r.engines[a.Chunk], a.MicroBatch
-	var grad G.Value = e.LossScale(r.cfg.Data.MicroBatches)
+	var grad G.Value = e.LossScale(r.scaleMBs)
 	if !e.IsLast() {
 		grad = in
 	}
@@ -257,6 +259,9 @@ func (r *Runtime) backward(a schedule.Action, in *tensor.Dense) (*tensor.Dense, 
 	}
 	if a.Kind != schedule.Input {
 		r.finish(a.Chunk, mb)
+		if err := r.gradDone(a.Chunk); err != nil {
+			return nil, err
+		}
 	}
 	if e.IsFirst() {
 		return nil, nil
@@ -269,7 +274,7 @@ func (r *Runtime) weight(a schedule.Action) error {
 		return err
 	}
 	r.finish(a.Chunk, a.MicroBatch)
-	return nil
+	return r.gradDone(a.Chunk)
 }
 
 // record logs an action's event, ending now.

@@ -23,6 +23,9 @@ type fakeCompute struct {
 	p, v  int
 	ran   []schedule.Action
 	wrong []string // actions that got another tensor than their own
+	// reduced lists, per ReduceGrad op, the chunk and how many of its
+	// actions had run by then.
+	reduced [][2]int
 }
 
 func actValue(mb, ms int) float32  { return float32(100*mb + ms) }
@@ -61,6 +64,17 @@ func (f *fakeCompute) Compute(step int, a schedule.Action, in *tensor.Dense) (*t
 }
 
 func (f *fakeCompute) SyncTied(context.Context, int, schedule.Op) error { return nil }
+
+func (f *fakeCompute) ReduceGrad(_ context.Context, _, chunk int) error {
+	n := 0
+	for _, a := range f.ran {
+		if a.Chunk == chunk {
+			n++
+		}
+	}
+	f.reduced = append(f.reduced, [2]int{chunk, n})
+	return nil
+}
 
 // fakeHellos are the handshakes of stage s's links in a p-stage, v-chunk
 // pipeline whose tensors are all of shape [1].
@@ -165,6 +179,22 @@ func runFakePipeline(t *testing.T, s *schedule.Schedule, l *schedule.Lowered, st
 		}
 		if len(f.wrong) > 0 {
 			t.Errorf("stage %d: %v", i, f.wrong)
+		}
+		// Each chunk's gradients are reduced once a step, when every one of
+		// its actions of the step has run.
+		perStep := map[int]int{}
+		for _, a := range s.Actions[i] {
+			perStep[a.Chunk]++
+		}
+		if len(f.reduced) != steps*len(perStep) {
+			t.Errorf("stage %d reduced %v, want each of its %d chunks once a step", i, f.reduced, len(perStep))
+		}
+		seen := map[int]int{}
+		for _, r := range f.reduced {
+			seen[r[0]]++
+			if want := seen[r[0]] * perStep[r[0]]; r[1] != want {
+				t.Errorf("stage %d reduced chunk %d after %d of its actions, want %d", i, r[0], r[1], want)
+			}
 		}
 	}
 }

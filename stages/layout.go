@@ -1,7 +1,13 @@
 package stages
 
 import (
+	"crypto/sha256"
 	"fmt"
+
+	G "gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
+
+	"github.com/pipetrain/pipetrain/collective"
 
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/models"
@@ -15,21 +21,42 @@ import (
 // (the wire dtype and the shapes of every tensor that crosses them). Nothing
 // later derives these again.
 type Layout struct {
-	Config   *configs.Config
-	Stage    int
-	Stages   int // 1 for the reference
-	Model    *models.Model
-	Schedule *schedule.Lowered
-	Ranges   [][2]int // per chunk, the half-open range of layers
+	Config *configs.Config
+	Stage  int
+	Stages int // 1 for the reference
+	// Replica is this process's copy of the pipeline among Replicas
+	// (data_parallel); the reference is replica 0 of Replicas and holds
+	// every replica's share of the batch.
+	Replica, Replicas int
+	Reference         bool // the one-process reference
+	Model             *models.Model
+	Schedule          *schedule.Lowered
+	Ranges            [][2]int // per chunk, the half-open range of layers
 	// Up and Down are the handshakes of the links from the previous stage and
 	// to the next; their Shapes are the link's tensors by chunk tag.
 	Up, Down transport.Hello
+	// Reduce is the handshake of the links among the stage's replicas
+	// (Replicas > 1): its Shapes list each chunk's all-reduce tags (Plans,
+	// in chunk order) and then the control tags (controlTags).
+	Reduce transport.Hello
+	// Plans say, per chunk, how its gradients are all-reduced among the
+	// replicas; set when Replicas > 1 and in the reference of a config
+	// with replicas, which sums its shares as the replicas would.
+	Plans []collective.Plan
 }
 
 // NewLayout lays out stage i of a validated config.
 func NewLayout(c *configs.Config, i int) (*Layout, error) {
+	return NewReplicaLayout(c, i, 0)
+}
+
+// NewReplicaLayout lays out stage i of replica r.
+func NewReplicaLayout(c *configs.Config, i, r int) (*Layout, error) {
 	if i < 0 || i >= len(c.Stages) {
 		return nil, fmt.Errorf("stage %d: the config has stages 0-%d", i, len(c.Stages)-1)
+	}
+	if r < 0 || r >= c.Replicas() {
+		return nil, fmt.Errorf("replica %d: data_parallel is %d, so replicas are 0-%d", r, c.Replicas(), c.Replicas()-1)
 	}
 	model, err := models.Build(c.Model)
 	if err != nil {
@@ -40,7 +67,7 @@ func NewLayout(c *configs.Config, i int) (*Layout, error) {
 		return nil, fmt.Errorf("schedule %s: %w", c.Schedule, err)
 	}
 	schedule.AddTiedSync(len(model.Tied))(lowered)
-	l := &Layout{Config: c, Stage: i, Stages: len(c.Stages), Model: model, Schedule: lowered}
+	l := &Layout{Config: c, Stage: i, Stages: len(c.Stages), Replica: r, Replicas: c.Replicas(), Model: model, Schedule: lowered}
 	for chunk := 0; chunk < c.VirtualStages; chunk++ {
 		first, last := c.ChunkLayers(i, chunk)
 		l.Ranges = append(l.Ranges, [2]int{first, last})
@@ -51,22 +78,114 @@ func NewLayout(c *configs.Config, i int) (*Layout, error) {
 	}
 	p := len(c.Stages)
 	hello := func(from int) transport.Hello {
-		return transport.Hello{Stage: i, Stages: p, ConfigDigest: c.Digest(), Address: c.Stages[i].Address,
-			DType: dt, Shapes: LinkShapes(c, model, from), Ring: NeedsRing(c, model)}
+		return transport.Hello{Stage: i, Stages: p, ConfigDigest: c.Digest(), Address: c.Address(i, r),
+			DType: dt, Shapes: LinkShapes(c, model, from), Ring: NeedsRing(c, model), Replica: r, Replicas: l.Replicas}
 	}
 	l.Up, l.Down = hello((i+p-1)%p), hello(i)
+	if l.Replicas > 1 {
+		if err := l.planReduction(); err != nil {
+			return nil, err
+		}
+		l.Reduce = transport.Hello{Group: transport.ReplicaGroup, Stage: i, Stages: p, Replica: r, Replicas: l.Replicas,
+			ConfigDigest: c.Digest(), Address: c.Address(i, r), DType: dt, Shapes: l.reduceShapes()}
+	}
 	return l, nil
+}
+
+// planReduction plans each chunk's all-reduce over its gradients: all of
+// the chunk's parameters, flattened in order.
+func (l *Layout) planReduction() error {
+	bucket := max(1, l.Config.BucketBytes()/dtypeSize(l.Model))
+	l.Plans = nil
+	for _, lr := range l.Ranges {
+		n, err := gradientElems(l.Model, lr[0], lr[1])
+		if err != nil {
+			return err
+		}
+		p, err := collective.NewPlan(n, bucket, l.Replicas)
+		if err != nil {
+			return err
+		}
+		l.Plans = append(l.Plans, p)
+	}
+	return nil
+}
+
+// Control messages on the replica ring, tagged after every plan's chunks:
+// the last stage's micro-batch losses, and a digest of the weights.
+const (
+	lossTag = iota
+	digestTag
+	controlTags
+)
+
+// controlBase is the first control tag.
+func (l *Layout) controlBase() int {
+	n := 0
+	for _, p := range l.Plans {
+		n += p.Tags()
+	}
+	return n
+}
+
+// reduceShapes lists the replica ring's message shapes by tag.
+func (l *Layout) reduceShapes() [][]int {
+	var out [][]int
+	for _, p := range l.Plans {
+		out = append(out, p.Shapes()...)
+	}
+	dt := l.Reduce.DType
+	if dt == 0 {
+		dt = l.Up.DType
+	}
+	out = append(out, collective.BytesShape(dt, 8*l.Config.Data.MicroBatches), collective.BytesShape(dt, sha256.Size))
+	return out
+}
+
+func dtypeSize(m *models.Model) int {
+	if m.DType == tensor.Float64 {
+		return 8
+	}
+	return 4
+}
+
+// gradientElems counts the parameters of layers [first, last), building
+// them once in a scratch graph: the replicas' handshakes compare the
+// all-reduce plans before any engine exists.
+func gradientElems(m *models.Model, first, last int) (n int, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("counting the parameters of layers [%d, %d): %v", first, last, r)
+		}
+	}()
+	g := G.NewGraph()
+	in := m.ShapeAt(first, 1)
+	h := G.NewTensor(g, m.DType, len(in), G.WithShape(in...), G.WithName("input"))
+	for _, layer := range m.Layers[first:last] {
+		b, err := layer.Build(g, h, 0)
+		if err != nil {
+			return 0, err
+		}
+		for _, p := range b.Params {
+			n += p.Shape().TotalSize()
+		}
+		h = b.Out
+	}
+	return n, nil
 }
 
 // ReferenceLayout lays out the one-process reference: every layer in one
 // chunk of one stage, trained with 1F1B, which computes the same bits as any
-// schedule over any split.
+// schedule over any split. With replicas it runs every replica's
+// micro-batches in turn and sums their gradients as the all-reduce does
+// (see Runtime.reduceShares).
 func ReferenceLayout(c *configs.Config) (*Layout, error) {
 	model, err := models.Build(c.Model)
 	if err != nil {
 		return nil, err
 	}
-	sched, err := schedule.Build("1f1b", 1, c.Data.MicroBatches, 1)
+	// Every replica's micro-batches, in replica order: the global batch.
+	sched, err := schedule.Build("1f1b", 1, c.Replicas()*c.Data.MicroBatches, 1)
 	if err != nil {
 		return nil, err
 	}
@@ -74,7 +193,26 @@ func ReferenceLayout(c *configs.Config) (*Layout, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Layout{Config: c, Stages: 1, Model: model, Schedule: lowered, Ranges: [][2]int{{0, len(model.Layers)}}}, nil
+	l := &Layout{Config: c, Stages: 1, Replicas: c.Replicas(), Reference: true, Model: model, Schedule: lowered, Ranges: [][2]int{{0, len(model.Layers)}}}
+	if l.Replicas > 1 {
+		// One plan per model stage, in model order: the pieces the
+		// replicas' stages reduce, which follow one another in the
+		// reference's parameter list.
+		bucket := max(1, c.BucketBytes()/dtypeSize(model))
+		for k := range c.ModelStages() {
+			first, last := c.ChunkLayers(c.Place(k))
+			n, err := gradientElems(model, first, last)
+			if err != nil {
+				return nil, err
+			}
+			p, err := collective.NewPlan(n, bucket, l.Replicas)
+			if err != nil {
+				return nil, err
+			}
+			l.Plans = append(l.Plans, p)
+		}
+	}
+	return l, nil
 }
 
 // Hellos are stage i's handshakes on its link from the previous stage and on its

@@ -23,7 +23,11 @@ import (
 // writeRunInfo writes run.json (stage 0): what profile needs to know of the run.
 func (r *Runtime) writeRunInfo() error {
 	theory, _ := schedule.TheoreticalBubble(r.schedName, r.stages, r.cfg.Data.MicroBatches, len(r.engines))
-	info := runlog.RunInfo{Schedule: r.schedName, Stages: r.stages, MicroBatches: r.cfg.Data.MicroBatches, Steps: r.cfg.Train.Steps, Chunks: len(r.engines), TheoreticalBubble: theory}
+	info := runlog.RunInfo{Schedule: r.schedName, Stages: r.stages, MicroBatches: r.cfg.Data.MicroBatches, Steps: r.cfg.Train.Steps, Chunks: len(r.engines), TheoreticalBubble: theory,
+		BatchSize: r.cfg.Data.BatchSize}
+	if n := r.cfg.Replicas(); n > 1 {
+		info.Replicas = n
+	}
 	if r.schedName == "custom" {
 		// The schedule itself, so profile can simulate what ran.
 		sched, err := r.cfg.BuildSchedule()

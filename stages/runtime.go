@@ -14,6 +14,7 @@ import (
 	"gorgonia.org/tensor"
 
 	"github.com/pipetrain/pipetrain/checkpoint"
+	"github.com/pipetrain/pipetrain/collective"
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/data"
 	"github.com/pipetrain/pipetrain/engine"
@@ -44,6 +45,9 @@ type Options struct {
 	RunDir    string
 	// Prev and Next are the links to the neighbouring stages; nil at the ends.
 	Prev, Next transport.Link
+	// ReplicaPrev and ReplicaNext join the stage's replicas in a ring, from
+	// replica r-1 and to replica r+1 (data_parallel > 1; Connect makes them).
+	ReplicaPrev, ReplicaNext transport.Link
 	// Log receives human-readable progress lines.
 	Log io.Writer
 	// Train and Test are loaded from Config.Data when nil.
@@ -59,19 +63,31 @@ type Options struct {
 type Runtime struct {
 	cfg           *configs.Config
 	stage, stages int // position in the pipeline, and its length
-	engines       []*engine.Engine
-	optims        []*optim.Optimizer // one per engine: state and step counts are per parameter list
-	actions       []schedule.Action  // this stage's compute, in order
-	ops           []schedule.Op      // and with its communication: what Run executes
-	evalOps       []schedule.Op      // an evaluation pass, lowered
-	exec          *executor
-	schedName     string
-	prev, next    *peer
-	feed          feed
-	runDir        string
-	log           io.Writer
-	events        *eventLog
-	metrics       *os.File
+	replica       int // which copy of the pipeline (data_parallel)
+	// mbBase is the global index of this replica's first micro-batch, and
+	// scaleMBs the micro-batches of the whole batch, which the loss is
+	// averaged over.
+	mbBase, scaleMBs int
+	ring             *collective.Ring // among the stage's replicas; nil without
+	reducer          *reducer         // runs the ring's all-reduces; nil without replicas
+	// shares holds, in the reference of a config with replicas, each
+	// replica's share of the step's gradients; gradsDone counts the
+	// micro-batches whose gradients are in.
+	shares     []any
+	gradsDone  int
+	engines    []*engine.Engine
+	optims     []*optim.Optimizer // one per engine: state and step counts are per parameter list
+	actions    []schedule.Action  // this stage's compute, in order
+	ops        []schedule.Op      // and with its communication: what Run executes
+	evalOps    []schedule.Op      // an evaluation pass, lowered
+	exec       *executor
+	schedName  string
+	prev, next *peer
+	feed       feed
+	runDir     string
+	log        io.Writer
+	events     *eventLog
+	metrics    *os.File
 
 	losses []float64 // this step's micro-batch losses (last stage)
 	// held keeps each unfinished micro-batch's received tensors, by chunk and
@@ -94,7 +110,8 @@ func New(o Options) (*Runtime, error) {
 		return nil, err
 	}
 	c, model, lowered, ranges := l.Config, l.Model, l.Schedule, l.Ranges
-	r := &Runtime{cfg: c, stage: l.Stage, stages: l.Stages, runDir: o.RunDir, log: o.Log, live: newMetrics(l.Stage), resume: o.Resume}
+	r := &Runtime{cfg: c, stage: l.Stage, stages: l.Stages, replica: l.Replica, runDir: o.RunDir, log: o.Log, live: newMetrics(l.Stage), resume: o.Resume, layout: l}
+	r.mbBase, r.scaleMBs = l.Replica*c.Data.MicroBatches, l.Replicas*c.Data.MicroBatches
 	if r.log == nil {
 		r.log = io.Discard
 	}
@@ -117,6 +134,9 @@ func New(o Options) (*Runtime, error) {
 		return nil, err
 	}
 
+	if err := r.joinReplicas(o); err != nil {
+		return nil, err
+	}
 	if err := r.loadData(o, model); err != nil {
 		return nil, err
 	}
@@ -181,6 +201,28 @@ func (r *Runtime) attach(o Options, model *models.Model) error {
 		r.next.metrics, r.next.act, r.live.links["next"] = r.live, &r.act, o.Next
 		r.next.microBatches = r.cfg.Data.MicroBatches
 	}
+	return nil
+}
+
+// joinReplicas sets up the all-reduce among the stage's replicas, or the
+// reference's sum of their shares.
+func (r *Runtime) joinReplicas(o Options) error {
+	l := r.layout
+	if l.Replicas < 2 {
+		return nil
+	}
+	if l.Reference {
+		r.shares = make([]any, l.Replicas)
+		return nil
+	}
+	if o.ReplicaNext == nil || o.ReplicaPrev == nil {
+		return fmt.Errorf("%s: no links to the other replicas", r.cfg.ProcessName(r.stage, r.replica))
+	}
+	stage := r.stage
+	r.ring = &collective.Ring{Rank: l.Replica, Size: l.Replicas, Next: o.ReplicaNext, Prev: o.ReplicaPrev,
+		DType: l.Reduce.DType, Timeout: r.cfg.Transport.RecvTimeout,
+		Name: func(k int) string { return fmt.Sprintf("stage %d replica %d", stage, k) }}
+	r.reducer = newReducer(l, r.ring)
 	return nil
 }
 
@@ -253,7 +295,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 	// Stage 0 takes part in every step, so no stage can write a checkpoint after
 	// first before this runs. A fresh run clears them all: an older run's
 	// checkpoints in the same directory must never be resumed from.
-	if r.stage == 0 {
+	if r.stage == 0 && r.replica == 0 {
 		if err := checkpoint.RemoveAfter(CheckpointDir(r.runDir), first); err != nil {
 			return err
 		}
@@ -262,6 +304,19 @@ func (r *Runtime) Run(ctx context.Context) error {
 		return err
 	}
 	defer r.close()
+	if rd := r.reducer; rd != nil {
+		reduceCtx, stopReducing := context.WithCancel(ctx)
+		stopped := make(chan struct{})
+		go func() {
+			defer close(stopped)
+			rd.run(reduceCtx)
+		}()
+		defer func() {
+			stopReducing()
+			close(rd.jobs)
+			<-stopped
+		}()
+	}
 	// Commits still running when training stops are given up: a checkpoint whose
 	// manifest is not written is never resumed from.
 	commitCtx, stopCommits := context.WithCancel(ctx)
@@ -273,8 +328,8 @@ func (r *Runtime) Run(ctx context.Context) error {
 	for _, e := range r.engines {
 		layers = append(layers, fmt.Sprintf("%d-%d", e.First, e.Last-1))
 	}
-	fmt.Fprintf(r.log, "stage %d: layers %s, %s schedule, %d micro-batches of %d, %d steps\n",
-		r.stage, strings.Join(layers, " and "), r.cfg.Schedule, r.cfg.Data.MicroBatches, r.cfg.MicroBatchSize(), r.cfg.Train.Steps)
+	fmt.Fprintf(r.log, "%s: layers %s, %s schedule, %d micro-batches of %d, %d steps\n",
+		r.name(), strings.Join(layers, " and "), r.cfg.Schedule, r.cfg.Data.MicroBatches, r.cfg.MicroBatchSize(), r.cfg.Train.Steps)
 	start := time.Now()
 	lastLog := start
 	var err error
@@ -309,7 +364,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 			}
 			final, finalDone = val, true
 		}
-		if r.last().IsLast() {
+		if r.last().IsLast() && r.replica == 0 {
 			loss := r.stepLoss()
 			rate := float64(r.cfg.Data.BatchSize) / now.Sub(stepStart).Seconds()
 			if err := r.writeMetric(done, loss, rate, now.Sub(start), val); err != nil {
@@ -325,7 +380,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 				lastLog = now
 			}
 		}
-		if every := r.cfg.Checkpoint.Every; every > 0 && (done%every == 0 || done == r.cfg.Train.Steps) {
+		if every := r.cfg.Checkpoint.Every; every > 0 && r.replica == 0 && (done%every == 0 || done == r.cfg.Train.Steps) {
 			if err := r.saveCheckpoint(commitCtx, done); err != nil {
 				return err
 			}
@@ -335,6 +390,11 @@ func (r *Runtime) Run(ctx context.Context) error {
 		if final, err = r.evaluate(ctx, EvalStep); err != nil {
 			return fmt.Errorf("stage %d, evaluation: %w", r.stage, err)
 		}
+	}
+	if r.replica > 0 {
+		// Replica 0 evaluates, and writes what the replicas share.
+		fmt.Fprintf(r.log, "%s: done in %.1fs\n", r.name(), time.Since(start).Seconds())
+		return nil
 	}
 	if r.cfg.Train.Evaluate {
 		if err := r.writeEval(final); err != nil {
@@ -360,8 +420,11 @@ func (r *Runtime) open() error {
 		}
 	}
 	var err error
-	if r.events, err = openEventLog(r.runDir, r.stage, r.resume); err != nil {
+	if r.events, err = openEventLog(r.runDir, r.stage, r.replica, r.resume); err != nil {
 		return err
+	}
+	if r.replica > 0 {
+		return nil
 	}
 	if r.stage == 0 {
 		if err := r.writeRunInfo(); err != nil {
@@ -393,8 +456,14 @@ func (r *Runtime) evaluatesLast(done int) bool {
 
 // trainStep runs this stage's actions for one global batch, then the optimizer.
 func (r *Runtime) trainStep(ctx context.Context, step int) error {
-	r.losses = make([]float64, r.cfg.Data.MicroBatches)
+	r.losses = make([]float64, r.layout.Schedule.MicroBatches)
 	if err := r.exec.run(ctx, step); err != nil {
+		return err
+	}
+	if err := r.awaitReductions(ctx, step); err != nil {
+		return err
+	}
+	if err := r.gatherLosses(ctx, step); err != nil {
 		return err
 	}
 	t0 := time.Now()
@@ -404,7 +473,18 @@ func (r *Runtime) trainStep(ctx context.Context, step int) error {
 		}
 	}
 	r.live.action(runlog.Optimizer, time.Since(t0), 0, r.inFlight())
-	return r.events.add(runlog.Event{Stage: r.stage, Step: step, Kind: runlog.Optimizer, StartNS: t0.UnixNano(), EndNS: time.Now().UnixNano()})
+	if err := r.events.add(runlog.Event{Stage: r.stage, Replica: r.replica, Step: step, Kind: runlog.Optimizer, StartNS: t0.UnixNano(), EndNS: time.Now().UnixNano()}); err != nil {
+		return err
+	}
+	return r.checkReplicas(ctx, step)
+}
+
+// name is how the stage names itself in logs and errors.
+func (r *Runtime) name() string {
+	if r.layout.Stages == 1 && r.reducer == nil {
+		return fmt.Sprintf("stage %d", r.stage)
+	}
+	return r.cfg.ProcessName(r.stage, r.replica)
 }
 
 // hold keeps msg (nil: nothing to keep) until micro-batch mb of chunk is finished.

@@ -55,6 +55,10 @@ func (r *Runtime) SyncTied(ctx context.Context, step int, o schedule.Op) error {
 	if o.Index < 0 || o.Index >= len(r.tied) {
 		return fmt.Errorf("the model has %d tied weights", len(r.tied))
 	}
+	// The halves are summed once each is summed over the replicas.
+	if err := r.awaitReductions(ctx, step); err != nil {
+		return err
+	}
 	names := r.tied[o.Index]
 	a, err := r.gradOf(names[0])
 	if err != nil {

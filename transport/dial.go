@@ -39,10 +39,12 @@ func clientOptions(o Options) []grpc.DialOption {
 	}
 }
 
-// Dial connects to the downstream neighbour's address (stage self.Stage+1,
-// or stage 0 from the last stage when self.Ring), retrying until
-// ConnectTimeout, sends its hello, waits for the reply hello and checks it.
-// A refusal by either side is a *HandshakeError naming both stages; a
+// Dial connects to the downstream neighbour's address in self's group
+// (pipeline: stage self.Stage+1, or stage 0 from the last stage when
+// self.Ring; replica ring: replica (self.Replica+1) mod self.Replicas of the
+// same stage), retrying until ConnectTimeout, sends its hello, waits for the
+// reply hello and checks it.
+// A refusal by either side is a *HandshakeError naming both sides; a
 // listener that refuses the token or the TLS certificate makes Dial fail at
 // once, with an error wrapping ErrUnauthenticated for a refusal the listener
 // sent.
@@ -58,7 +60,7 @@ func Dial(ctx context.Context, addr string, self Hello, opts Options) (Link, err
 	security, refusal := clientTransport(opts)
 	conn, err := grpc.NewClient(dialTarget(addr), append(clientOptions(opts), security)...)
 	if err != nil {
-		return nil, fmt.Errorf("stage %d: downstream stage %d at %s: %w", self.Stage, self.downstream(), addr, err)
+		return nil, fmt.Errorf("%s: downstream %s at %s: %w", self.who(), self.neighbour(self.downstream()), addr, err)
 	}
 	l, err := dialLink(ctx, conn, addr, self, opts, refusal)
 	if err != nil {
@@ -72,7 +74,7 @@ func Dial(ctx context.Context, addr string, self Hello, opts Options) (Link, err
 // listener is unreachable. refusal, if not nil, records a TLS failure that no
 // retry can cure.
 func dialLink(ctx context.Context, conn *grpc.ClientConn, addr string, self Hello, opts Options, refusal *tlsRefusal) (*streamLink, error) {
-	who := fmt.Sprintf("stage %d: downstream stage %d at %s", self.Stage, self.downstream(), addr)
+	who := fmt.Sprintf("%s: downstream %s at %s", self.who(), self.neighbour(self.downstream()), addr)
 	dctx, cancelDial := context.WithTimeout(ctx, opts.ConnectTimeout)
 	defer cancelDial()
 	var lastErr error

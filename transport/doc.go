@@ -11,6 +11,19 @@
 // config digest, dtype, per-chunk shapes, non-adjacent stage) is refused on
 // both sides with an error naming both stages.
 //
+// With data parallelism the processes form a grid of stages × replicas, and
+// the replicas of one stage also form a ring for the gradient all-reduce
+// (Hello.Group ReplicaGroup): replica r dials replica (r+1) mod R of the
+// same stage and accepts replica (r-1) mod R, so with R = 2 the two replicas
+// hold two links, each dialed by one of them. Pipeline links then join the
+// stages of one replica only. A ring link has the kinds of a pipeline link:
+// the dialer sends Activation, so ring data flows dialer to listener as
+// Activation and the Gradient direction may stay unused. Each process
+// listens on one address for both kinds of link: Listen takes one Hello per
+// group it serves, the dialer's Hello.Group picks the role its stream is
+// for, and AcceptGroup takes each role's link in whatever order they
+// connect; a dialer of a group the listener does not serve is refused.
+//
 // Tensors travel in a small binary format (Tensor.MarshalBinary) through a
 // raw-bytes gRPC codec with large flow-control windows and socket buffers,
 // the fastest gRPC setup measured on this machine (docs/transport.md).

@@ -7,6 +7,24 @@ import (
 	"slices"
 )
 
+// Group says which axis of the process grid a link runs along.
+type Group uint8
+
+const (
+	PipelineGroup Group = iota // neighbouring stages of one replica (the zero value: today's links)
+	ReplicaGroup               // the same stage of neighbouring replicas: the data-parallel ring
+)
+
+func (g Group) String() string {
+	switch g {
+	case PipelineGroup:
+		return "pipeline"
+	case ReplicaGroup:
+		return "replica ring"
+	}
+	return fmt.Sprintf("group %d", uint8(g))
+}
+
 // Hello is exchanged once when a stream opens (the handshake), so that two
 // stages started from different configs fail at once with a clear message
 // instead of exchanging tensors they would misread.
@@ -15,6 +33,11 @@ import (
 // v virtual stages per process); one link then carries the tensors of every
 // chunk, told apart by Tensor.Chunk, and Shapes has one entry per chunk. A
 // plain pipeline has one chunk and one entry.
+//
+// With data parallelism the processes form a grid of stages × replicas.
+// Group says which of a process's links the hello is for: a pipeline link
+// joins neighbouring stages of one replica, a replica-ring link the same
+// stage of neighbouring replicas.
 type Hello struct {
 	Stage        int    // sender's stage index
 	Stages       int    // total stages in the run
@@ -29,14 +52,41 @@ type Hello struct {
 	// last stage (Stages-1) also dials stage 0, to send its chunk-c output to
 	// stage 0's chunk c+1. Both sides of every link must agree on it.
 	Ring bool
+	// Group is the axis the link runs along; both sides must agree on it.
+	Group Group
+	// Replica is the sender's data-parallel replica, 0 without data
+	// parallelism, and Replicas the number of replicas of the pipeline (0
+	// and 1 both mean none). Replica ring link r dials replica (r+1)%Replicas
+	// of the same stage.
+	Replica  int
+	Replicas int
 }
 
-// name is how errors refer to a stage: "stage 2 (127.0.0.1:7102)".
+// who is how messages refer to a process without its address: "stage 2",
+// or "stage 2 replica 1" with data parallelism.
+func (h Hello) who() string {
+	if h.replicas() > 1 {
+		return fmt.Sprintf("stage %d replica %d", h.Stage, h.Replica)
+	}
+	return fmt.Sprintf("stage %d", h.Stage)
+}
+
+// name is how errors refer to a stage: "stage 2 (127.0.0.1:7102)", or
+// "stage 2 replica 1 (127.0.0.1:7102)" with data parallelism.
 func (h Hello) name() string {
 	if h.Address == "" {
-		return fmt.Sprintf("stage %d", h.Stage)
+		return h.who()
 	}
-	return fmt.Sprintf("stage %d (%s)", h.Stage, h.Address)
+	return fmt.Sprintf("%s (%s)", h.who(), h.Address)
+}
+
+// replicas is Replicas with 0 (unset) read as 1, so that the two spellings
+// of "no data parallelism" compare equal.
+func (h Hello) replicas() int {
+	if h.Replicas == 0 {
+		return 1
+	}
+	return h.Replicas
 }
 
 // clone deep-copies h, so a link never shares Shapes with its caller.
@@ -50,9 +100,17 @@ func (h Hello) clone() Hello {
 	return h
 }
 
-// downstream is the stage h's stage dials (the one it sends activations to),
-// or -1 if it has none: stage+1, or 0 from the last stage with the ring link.
+// downstream is the neighbour h dials (the one it sends activations to), or
+// -1 if it has none. On a pipeline link it is a stage: stage+1, or 0 from the
+// last stage with the ring link. On the replica ring it is a replica of the
+// same stage: (replica+1) mod replicas.
 func (h Hello) downstream() int {
+	if h.Group == ReplicaGroup {
+		if r := h.replicas(); r >= 2 {
+			return ((h.Replica+1)%r + r) % r
+		}
+		return -1
+	}
 	switch {
 	case h.Stage < h.Stages-1:
 		return h.Stage + 1
@@ -62,9 +120,16 @@ func (h Hello) downstream() int {
 	return -1
 }
 
-// upstream is the stage that dials h's stage, or -1 if there is none:
-// stage-1, or the last stage for stage 0 with the ring link.
+// upstream is the neighbour that dials h, or -1 if there is none: on a
+// pipeline link stage-1, or the last stage for stage 0 with the ring link; on
+// the replica ring replica (replica-1) mod replicas of the same stage.
 func (h Hello) upstream() int {
+	if h.Group == ReplicaGroup {
+		if r := h.replicas(); r >= 2 {
+			return ((h.Replica-1)%r + r) % r
+		}
+		return -1
+	}
 	switch {
 	case h.Stage > 0:
 		return h.Stage - 1
@@ -74,18 +139,47 @@ func (h Hello) upstream() int {
 	return -1
 }
 
+// neighbour names the neighbour with index n along h's group, as returned
+// by upstream or downstream: "stage 2", "stage 2 replica 1" on a pipeline
+// link with data parallelism, "replica 1 of stage 2" on the replica ring.
+func (h Hello) neighbour(n int) string {
+	switch {
+	case h.Group == ReplicaGroup:
+		return fmt.Sprintf("replica %d of stage %d", n, h.Stage)
+	case h.replicas() > 1:
+		return fmt.Sprintf("stage %d replica %d", n, h.Replica)
+	}
+	return fmt.Sprintf("stage %d", n)
+}
+
 // validate checks a local hello before it is used for a link.
 func (h Hello) validate() error {
-	if h.Stages < 2 || h.Stages > math.MaxInt32 || h.Stage < 0 || h.Stage >= h.Stages {
-		return fmt.Errorf("stage %d of %d: a link needs 0 <= stage < stages and at least 2 stages", h.Stage, h.Stages)
+	switch h.Group {
+	case PipelineGroup:
+		if h.Stages < 2 || h.Stages > math.MaxInt32 || h.Stage < 0 || h.Stage >= h.Stages {
+			return fmt.Errorf("stage %d of %d: a link needs 0 <= stage < stages and at least 2 stages", h.Stage, h.Stages)
+		}
+		if h.Replicas < 0 || h.Replicas > math.MaxInt32 || h.Replica < 0 || h.Replica >= h.replicas() {
+			return fmt.Errorf("stage %d replica %d of %d: a link needs 0 <= replica < replicas", h.Stage, h.Replica, h.Replicas)
+		}
+	case ReplicaGroup:
+		// A one-stage pipeline has no pipeline links but may have replicas.
+		if h.Stages < 1 || h.Stages > math.MaxInt32 || h.Stage < 0 || h.Stage >= h.Stages {
+			return fmt.Errorf("stage %d of %d: a replica ring link needs 0 <= stage < stages", h.Stage, h.Stages)
+		}
+		if h.Replicas < 2 || h.Replicas > math.MaxInt32 || h.Replica < 0 || h.Replica >= h.Replicas {
+			return fmt.Errorf("stage %d replica %d of %d: a replica ring link needs 0 <= replica < replicas and at least 2 replicas", h.Stage, h.Replica, h.Replicas)
+		}
+	default:
+		return fmt.Errorf("%s: unknown link group %d", h.who(), uint8(h.Group))
 	}
 	if len(h.Shapes) == 0 {
-		return fmt.Errorf("stage %d: the link has no activation shapes (Hello.Shapes needs one per model chunk)", h.Stage)
+		return fmt.Errorf("%s: the link has no activation shapes (Hello.Shapes needs one per model chunk)", h.who())
 	}
 	for c, s := range h.Shapes {
 		t := Tensor{Kind: Activation, DType: h.DType, Shape: s}
 		if _, err := t.payloadSize(); err != nil {
-			return fmt.Errorf("stage %d: link dtype/shape of chunk %d: %w", h.Stage, c, err)
+			return fmt.Errorf("%s: link dtype/shape of chunk %d: %w", h.who(), c, err)
 		}
 	}
 	return nil
@@ -98,17 +192,29 @@ type HandshakeError struct{ Msg string }
 func (e *HandshakeError) Error() string { return e.Msg }
 
 // CheckPeer verifies a remote hello against the local one for the link.
-// dialer says whether the local side dialed (is the upstream stage). Rules:
-// the stage count and Ring are equal; the dialer is the listener's upstream
-// neighbour (dialer.Stage == listener.Stage-1, or with Ring the last stage
-// dialing stage 0); and the config digest, dtype and the per-chunk shape
-// list are equal. In messages the remote value comes first:
+// dialer says whether the local side dialed (is the upstream neighbour).
+// Both sides must be on the same Group. On a pipeline link the stage count,
+// Ring, the replica count and the replica are equal, and the dialer is the
+// listener's upstream neighbour (dialer.Stage == listener.Stage-1, or with
+// Ring the last stage dialing stage 0). On the replica ring the stage count,
+// Ring, the stage and the replica count are equal, and the dialer is the
+// listener's upstream replica (listener.Replica == (dialer.Replica+1) mod
+// Replicas). On both, the config digest, dtype and the per-chunk shape list
+// are equal. In messages the remote value comes first:
 //
 //	stage 2 (127.0.0.1:7102) refused stage 1 (127.0.0.1:7101): config digest 3fa2c1 differs from 9b01de
 //	stage 2 (127.0.0.1:7102) refused stage 1 (127.0.0.1:7101): chunk 1 activation shape [32 256] float32 differs from [32 128] float32
+//	stage 0 replica 2 (127.0.0.1:7202) refused stage 0 replica 0 (127.0.0.1:7200): only upstream neighbour replica 1 of stage 0 may connect
 func CheckPeer(local, remote Hello, dialer bool) error {
 	refuse := func(format string, args ...any) error {
 		return &HandshakeError{fmt.Sprintf("%s refused %s: ", local.name(), remote.name()) + fmt.Sprintf(format, args...)}
+	}
+	if remote.Group != local.Group {
+		d, l := remote.Group, local.Group
+		if dialer {
+			d, l = l, d
+		}
+		return refuse("link group %s differs from %s (a %s dialer reached a %s listener)", remote.Group, local.Group, d, l)
 	}
 	if remote.Stages != local.Stages {
 		return refuse("stage count %d differs from %d", remote.Stages, local.Stages)
@@ -116,19 +222,37 @@ func CheckPeer(local, remote Hello, dialer bool) error {
 	if remote.Ring != local.Ring {
 		return refuse("ring %t differs from %t (whether stage %d also dials stage 0 for an interleaved schedule)", remote.Ring, local.Ring, local.Stages-1)
 	}
+	if remote.replicas() != local.replicas() {
+		return refuse("replica count %d differs from %d", remote.replicas(), local.replicas())
+	}
+	if local.Group == ReplicaGroup {
+		if remote.Stage != local.Stage {
+			return refuse("stage %d differs from %d: the replica ring joins the replicas of one stage", remote.Stage, local.Stage)
+		}
+	} else if remote.Replica != local.Replica {
+		return refuse("replica %d differs from %d: stage %d of one replica links only to its neighbour of the same replica", remote.Replica, local.Replica, local.Stage)
+	}
+	peer := remote.Stage
+	if local.Group == ReplicaGroup {
+		peer = remote.Replica
+	}
 	if dialer {
 		switch want := local.downstream(); {
+		case want < 0 && local.Group == ReplicaGroup:
+			return refuse("%s has no replica ring with %d replica(s)", local.who(), local.replicas())
 		case want < 0:
 			return refuse("stage %d is the last stage and has no downstream neighbour without the ring link", local.Stage)
-		case remote.Stage != want:
-			return refuse("expected downstream neighbour stage %d", want)
+		case peer != want:
+			return refuse("expected downstream neighbour %s", local.neighbour(want))
 		}
 	} else {
 		switch want := local.upstream(); {
+		case want < 0 && local.Group == ReplicaGroup:
+			return refuse("%s has no replica ring with %d replica(s)", local.who(), local.replicas())
 		case want < 0:
 			return refuse("no upstream neighbour may connect to stage %d without the ring link", local.Stage)
-		case remote.Stage != want:
-			return refuse("only upstream neighbour stage %d may connect", want)
+		case peer != want:
+			return refuse("only upstream neighbour %s may connect", local.neighbour(want))
 		}
 	}
 	if remote.ConfigDigest != local.ConfigDigest {
@@ -155,11 +279,14 @@ type handshake struct {
 // Handshake wire format, all integers little-endian:
 //
 //	magic    [3]byte "PTH"
-//	version  uint8   (1)
+//	version  uint8   (2)
 //	flags    uint8   bit 0: Ring; the other bits are zero
 //	dtype    uint8
+//	group    uint8   0 pipeline, 1 replica ring
 //	stage    int32
 //	stages   int32
+//	replica  int32
+//	replicas int32   as given: 0 and 1 both mean no data parallelism
 //	digest   uint32 length, then the bytes of ConfigDigest
 //	address  uint32 length, then the bytes of Address
 //	refused  uint32 length, then the bytes of Refused
@@ -168,13 +295,15 @@ type handshake struct {
 //
 // and nothing after. Every field has one encoding, so a decoded handshake
 // re-encodes to exactly the same bytes. Version 0 was the JSON handshake of
-// builds before per-chunk shapes ("PTH\x00" then JSON): such a peer is
-// refused with an "unsupported handshake version" message on this side,
-// and it reports a non-handshake message on its side, never misreads one.
+// builds before per-chunk shapes ("PTH\x00" then JSON), version 1 this
+// format without group, replica and replicas (builds before data
+// parallelism): such a peer is refused with an "unsupported handshake
+// version" message on this side, and it reports an unsupported version or a
+// non-handshake message on its side, never misreads one.
 const (
 	handshakeMagic   = "PTH"
-	handshakeVersion = 1
-	handshakeFixed   = 3 + 1 + 1 + 1 + 4 + 4
+	handshakeVersion = 2
+	handshakeFixed   = 3 + 1 + 1 + 1 + 1 + 4*4
 
 	flagRing = 1 << 0
 )
@@ -201,9 +330,10 @@ func (h *handshake) marshal() []byte {
 	if x.Ring {
 		flags |= flagRing
 	}
-	b = append(b, handshakeVersion, flags, byte(x.DType))
-	b = binary.LittleEndian.AppendUint32(b, uint32(int32(x.Stage)))
-	b = binary.LittleEndian.AppendUint32(b, uint32(int32(x.Stages)))
+	b = append(b, handshakeVersion, flags, byte(x.DType), byte(x.Group))
+	for _, v := range [...]int{x.Stage, x.Stages, x.Replica, x.Replicas} {
+		b = binary.LittleEndian.AppendUint32(b, uint32(int32(v)))
+	}
 	b = appendString(b, x.ConfigDigest)
 	b = appendString(b, x.Address)
 	b = appendString(b, h.Refused)
@@ -243,11 +373,19 @@ func (h *handshake) unmarshal(b []byte) error {
 	if flags&^flagRing != 0 {
 		return bad("unknown flags %#x", flags)
 	}
+	group := Group(b[6])
+	if group != PipelineGroup && group != ReplicaGroup {
+		return bad("unknown link group %d", b[6])
+	}
+	i32 := func(off int) int { return int(int32(binary.LittleEndian.Uint32(b[off:]))) }
 	x := Hello{
-		Ring:   flags&flagRing != 0,
-		DType:  DType(b[5]),
-		Stage:  int(int32(binary.LittleEndian.Uint32(b[6:]))),
-		Stages: int(int32(binary.LittleEndian.Uint32(b[10:]))),
+		Ring:     flags&flagRing != 0,
+		DType:    DType(b[5]),
+		Group:    group,
+		Stage:    i32(7),
+		Stages:   i32(11),
+		Replica:  i32(15),
+		Replicas: i32(19),
 	}
 	rest := b[handshakeFixed:]
 	u32 := func(what string) (int, error) {

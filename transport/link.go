@@ -105,7 +105,7 @@ func checkOutgoing(self, peer Hello, out Kind, t *Tensor) error {
 		return fmt.Errorf("send to %s: %w", peer.name(), err)
 	}
 	if t.Kind != out {
-		return fmt.Errorf("send to %s: stage %d sends %s tensors on this link, not %s", peer.name(), self.Stage, out, t.Kind)
+		return fmt.Errorf("send to %s: %s sends %s tensors on this link, not %s", peer.name(), self.who(), out, t.Kind)
 	}
 	if t.Chunk < 0 || int64(t.Chunk) >= int64(len(self.Shapes)) {
 		return fmt.Errorf("send to %s: chunk %d is out of range: the link carries %d chunk(s), 0..%d", peer.name(), t.Chunk, len(self.Shapes), len(self.Shapes)-1)

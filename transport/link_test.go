@@ -857,22 +857,62 @@ func TestRingDisagreementOverGRPC(t *testing.T) {
 // JSON.
 const oldHandshake = "PTH\x00" + `{"hello":{"Stage":1,"Stages":4,"ConfigDigest":"3fa2c1","Address":"127.0.0.1:7101","DType":1,"Shape":[2]}}`
 
-// oldListener answers every stream as an old build's listener would.
-type oldListener struct{}
+// v1Handshake is what a build before data parallelism sent as stage 1's
+// hello: version 1, without group, replica and replicas.
+const v1Handshake = "PTH\x01\x00\x01\x01\x00\x00\x00\x04\x00\x00\x00\x06\x00\x00\x003fa2c1\x0e\x00\x00\x00127.0.0.1:7101" +
+	"\x00\x00\x00\x00\x01\x00\x00\x00\x01\x02\x00\x00\x00\x00\x00\x00\x00"
 
-func (oldListener) serveLink(stream grpc.ServerStream) error {
+// oldListener answers every stream as an old build's listener would, with
+// reply as its hello.
+type oldListener struct{ reply string }
+
+func (o oldListener) serveLink(stream grpc.ServerStream) error {
 	var b []byte
 	if err := stream.RecvMsg(&b); err != nil {
 		return err
 	}
-	return stream.SendMsg(frame{[]byte(strings.Replace(oldHandshake, `"Stage":1`, `"Stage":2`, 1))})
+	return stream.SendMsg(frame{[]byte(o.reply)})
 }
 
-// TestOldPeerRefused: a peer speaking the previous handshake version is
+// TestOldPeerRefused: a peer speaking a previous handshake version is
 // refused with a clear message, in both roles.
 func TestOldPeerRefused(t *testing.T) {
 	checkLeaks(t)
 	up, down := hellos(2)
+	t.Run("version 1 dialer", func(t *testing.T) {
+		srv, err := Listen("127.0.0.1:0", down, Options{ConnectTimeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer srv.Close()
+		cs := rawStream(t, srv)
+		if err := cs.SendMsg(frame{[]byte(v1Handshake)}); err != nil {
+			t.Fatal(err)
+		}
+		var reply []byte
+		const want = "protocol error: unsupported handshake version 1 (this build speaks version 2): the peer runs an incompatible pipetrain build"
+		if err := cs.RecvMsg(&reply); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("version 1 dialer got %v", err)
+		}
+		if _, err := srv.Accept(ctxT(t, 10*time.Second)); err == nil || err.Error() != "stage 2: from a dialer: "+want {
+			t.Errorf("Accept: %v", err)
+		}
+	})
+	t.Run("version 1 listener", func(t *testing.T) {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		gs := grpc.NewServer(serverOptions()...)
+		gs.RegisterService(&serviceDesc, oldListener{strings.Replace(v1Handshake, "\x01\x00\x00\x00\x04", "\x02\x00\x00\x00\x04", 1)})
+		go gs.Serve(lis)
+		defer gs.Stop()
+		_, err = Dial(ctxT(t, 10*time.Second), lis.Addr().String(), up, Options{ConnectTimeout: 5 * time.Second})
+		want := fmt.Sprintf("stage 1: downstream stage 2 at %s: protocol error: unsupported handshake version 1 (this build speaks version 2)", lis.Addr())
+		if err == nil || !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("got %v, want prefix %q", err, want)
+		}
+	})
 	t.Run("old dialer", func(t *testing.T) {
 		srv, err := Listen("127.0.0.1:0", down, Options{ConnectTimeout: 5 * time.Second})
 		if err != nil {
@@ -885,7 +925,7 @@ func TestOldPeerRefused(t *testing.T) {
 			t.Fatal(err)
 		}
 		var reply []byte
-		const want = "protocol error: unsupported handshake version 0 (this build speaks version 1): the peer runs an incompatible pipetrain build"
+		const want = "protocol error: unsupported handshake version 0 (this build speaks version 2): the peer runs an incompatible pipetrain build"
 		// What the old dialer prints: the listener's reason, in the status.
 		if err := cs.RecvMsg(&reply); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("old dialer got %v", err)
@@ -900,7 +940,7 @@ func TestOldPeerRefused(t *testing.T) {
 			t.Fatal(err)
 		}
 		gs := grpc.NewServer(serverOptions()...)
-		gs.RegisterService(&serviceDesc, oldListener{})
+		gs.RegisterService(&serviceDesc, oldListener{strings.Replace(oldHandshake, `"Stage":1`, `"Stage":2`, 1)})
 		go gs.Serve(lis)
 		defer gs.Stop()
 		_, err = Dial(ctxT(t, 10*time.Second), lis.Addr().String(), up, Options{ConnectTimeout: 5 * time.Second})

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -13,24 +14,30 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// Server listens for a stage's upstream neighbour. It serves one link: once
-// a dialer has passed the handshake, later dialers are refused.
+// Server listens for a process's upstream neighbours, one per Group it
+// serves (its roles): the previous stage on the pipeline link, the previous
+// replica on the replica ring. It serves one link per role: once a dialer of
+// a group has passed the handshake, later dialers of that group are refused.
 type Server struct {
-	self Hello
-	opts Options
-	lis  net.Listener
-	gs   *grpc.Server
-
-	// results holds at most one handshake outcome for Accept. A link
-	// replaces a stale error, so a good dialer is never lost behind a bad one.
-	results chan acceptResult
-	done    chan struct{} // closed by Close
+	roles []*role // one per group, in Listen's order
+	opts  Options
+	lis   net.Listener
+	gs    *grpc.Server
+	done  chan struct{} // closed by Close
 
 	mu        sync.Mutex
 	closed    bool
-	connected bool // a link was established; later dialers are refused
 	handlers  sync.WaitGroup
 	closeOnce sync.Once
+}
+
+// role is the part of a Server that serves one group's link.
+type role struct {
+	self Hello
+	// results holds at most one handshake outcome for Accept. A link
+	// replaces a stale error, so a good dialer is never lost behind a bad one.
+	results   chan acceptResult
+	connected bool // a link was established; later dialers are refused (guarded by Server.mu)
 }
 
 type acceptResult struct {
@@ -39,38 +46,57 @@ type acceptResult struct {
 }
 
 // Listen binds addr now, so a taken port fails at startup naming the
-// address, and serves the stage's upstream neighbour (stage self.Stage-1, or
-// the last stage for stage 0 when self.Ring). If self.Address is empty it is
-// set to the bound address. Without a token or TLS in opts it listens on
-// loopback addresses only.
-func Listen(addr string, self Hello, opts Options) (*Server, error) {
+// address, and serves the process's upstream neighbour in self's group: on a
+// pipeline link stage self.Stage-1 (or the last stage for stage 0 when
+// self.Ring), on the replica ring replica (self.Replica-1) mod self.Replicas
+// of the same stage. Each hello in more adds a role for another group on the
+// same address, so one listener serves both the pipeline link and the
+// replica ring; the roles describe one process (same stage, stage count,
+// replica and replica count), and no two share a group. Hellos with an
+// empty Address get the bound address. Without a token or TLS in opts it
+// listens on loopback addresses only.
+func Listen(addr string, self Hello, opts Options, more ...Hello) (*Server, error) {
 	opts = opts.withDefaults()
-	if err := self.validate(); err != nil {
-		return nil, err
+	roles := make([]*role, 0, 1+len(more))
+	for _, h := range append([]Hello{self}, more...) {
+		if err := h.validate(); err != nil {
+			return nil, err
+		}
+		if h.upstream() < 0 {
+			return nil, fmt.Errorf("stage %d has no upstream neighbour to listen for (Ring is false)", h.Stage)
+		}
+		for _, r := range roles {
+			if r.self.Group == h.Group {
+				return nil, fmt.Errorf("%s: two %s roles on one listener (a listener serves one link per group)", h.who(), h.Group)
+			}
+			if r.self.Stage != h.Stage || r.self.Stages != h.Stages || r.self.Replica != h.Replica || r.self.replicas() != h.replicas() {
+				return nil, fmt.Errorf("the roles of one listener differ: stage %d of %d replica %d of %d (%s) and stage %d of %d replica %d of %d (%s); a listener is one process, one stage of one replica",
+					r.self.Stage, r.self.Stages, r.self.Replica, r.self.replicas(), r.self.Group, h.Stage, h.Stages, h.Replica, h.replicas(), h.Group)
+			}
+		}
+		roles = append(roles, &role{self: h.clone(), results: make(chan acceptResult, 1)})
 	}
-	if self.upstream() < 0 {
-		return nil, errors.New("stage 0 has no upstream neighbour to listen for (Ring is false)")
-	}
+	who := roles[0].self.who()
 	if err := checkExposure(addr, opts); err != nil {
-		return nil, fmt.Errorf("stage %d: %w", self.Stage, err)
+		return nil, fmt.Errorf("%s: %w", who, err)
 	}
-	self = self.clone()
 	lis, err := listen(addr)
 	if err != nil {
 		var oe *net.OpError
 		if errors.As(err, &oe) {
 			err = oe.Err
 		}
-		return nil, fmt.Errorf("stage %d: cannot listen on %s: %w", self.Stage, addr, err)
+		return nil, fmt.Errorf("%s: cannot listen on %s: %w", who, addr, err)
 	}
-	if self.Address == "" {
-		self.Address = listenAddr(lis)
+	for _, r := range roles {
+		if r.self.Address == "" {
+			r.self.Address = listenAddr(lis)
+		}
 	}
 	s := &Server{
-		self: self, opts: opts, lis: lis,
-		gs:      grpc.NewServer(listenOptions(opts, self.name())...),
-		results: make(chan acceptResult, 1),
-		done:    make(chan struct{}),
+		roles: roles, opts: opts, lis: lis,
+		gs:   grpc.NewServer(listenOptions(opts, roles[0].self.name())...),
+		done: make(chan struct{}),
 	}
 	s.gs.RegisterService(&serviceDesc, s)
 	go s.gs.Serve(lis) // returns when Close stops the server
@@ -80,11 +106,49 @@ func Listen(addr string, self Hello, opts Options) (*Server, error) {
 // Addr is the bound address (useful after listening on 127.0.0.1:0).
 func (s *Server) Addr() string { return listenAddr(s.lis) }
 
-// Accept waits for the upstream neighbour to open its stream and pass the
-// handshake, for at most ConnectTimeout. A refused handshake is returned as
-// a *HandshakeError naming both stages.
+// role returns the role serving group g, or nil.
+func (s *Server) role(g Group) *role {
+	for _, r := range s.roles {
+		if r.self.Group == g {
+			return r
+		}
+	}
+	return nil
+}
+
+// serves lists the groups s serves, for messages: "pipeline and replica ring".
+func (s *Server) serves() string {
+	var b strings.Builder
+	for i, r := range s.roles {
+		if i > 0 {
+			b.WriteString(" and ")
+		}
+		b.WriteString(r.self.Group.String())
+	}
+	return b.String()
+}
+
+// Accept waits for the upstream neighbour of the first role (Listen's self)
+// to open its stream and pass the handshake, for at most ConnectTimeout. A
+// refused handshake is returned as a *HandshakeError naming both sides.
 func (s *Server) Accept(ctx context.Context) (Link, error) {
-	closed := fmt.Errorf("stage %d: server closed", s.self.Stage)
+	return s.accept(ctx, s.roles[0])
+}
+
+// AcceptGroup is Accept for the role of group g: the pipeline link's
+// upstream stage or the replica ring's upstream replica, whichever order
+// they connect in.
+func (s *Server) AcceptGroup(ctx context.Context, g Group) (Link, error) {
+	r := s.role(g)
+	if r == nil {
+		return nil, fmt.Errorf("%s: the listener on %s serves no %s link (it serves %s)", s.roles[0].self.who(), s.Addr(), g, s.serves())
+	}
+	return s.accept(ctx, r)
+}
+
+func (s *Server) accept(ctx context.Context, r *role) (Link, error) {
+	self := r.self
+	closed := fmt.Errorf("%s: server closed", self.who())
 	select {
 	case <-s.done:
 		return nil, closed
@@ -93,16 +157,16 @@ func (s *Server) Accept(ctx context.Context) (Link, error) {
 	timer := time.NewTimer(s.opts.ConnectTimeout)
 	defer timer.Stop()
 	select {
-	case r := <-s.results:
-		if r.err != nil {
-			return nil, r.err
+	case res := <-r.results:
+		if res.err != nil {
+			return nil, res.err
 		}
-		return r.link, nil
+		return res.link, nil
 	case <-ctx.Done():
-		return nil, fmt.Errorf("stage %d: waiting for upstream stage %d: %w", s.self.Stage, s.self.upstream(), ctx.Err())
+		return nil, fmt.Errorf("%s: waiting for upstream %s: %w", self.who(), self.neighbour(self.upstream()), ctx.Err())
 	case <-timer.C:
-		return nil, fmt.Errorf("stage %d: upstream stage %d did not connect to %s within %v",
-			s.self.Stage, s.self.upstream(), s.Addr(), s.opts.ConnectTimeout)
+		return nil, fmt.Errorf("%s: upstream %s did not connect to %s within %v",
+			self.who(), self.neighbour(self.upstream()), s.Addr(), s.opts.ConnectTimeout)
 	case <-s.done:
 		return nil, closed
 	}
@@ -117,12 +181,14 @@ func (s *Server) Close() error {
 		s.closed = true
 		close(s.done)
 		s.mu.Unlock()
-		select {
-		case r := <-s.results:
-			if r.link != nil {
-				r.link.Close()
+		for _, r := range s.roles {
+			select {
+			case res := <-r.results:
+				if res.link != nil {
+					res.link.Close()
+				}
+			default:
 			}
-		default:
 		}
 		// Graceful first, so replies already sent (a refusal) reach the peer;
 		// bounded, because an accepted link its owner never closed would hold it.
@@ -142,25 +208,36 @@ func (s *Server) Close() error {
 	return nil
 }
 
-// report hands a handshake outcome to Accept without blocking the handler.
-func (s *Server) report(r acceptResult) {
+// report hands a handshake outcome to r's Accept without blocking the
+// handler.
+func (s *Server) report(r *role, res acceptResult) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if r.link != nil {
+	if res.link != nil {
 		select {
-		case <-s.results: // drop a stale error; only one link is ever reported
+		case <-r.results: // drop a stale error; only one link is ever reported
 		default:
 		}
 	}
 	select {
-	case s.results <- r:
+	case r.results <- res:
 	default: // an earlier error is still pending; keep it
 	}
 }
 
+// reportAll hands an error that belongs to no role (a dialer whose group
+// this server does not serve, or whose hello could not be read) to every
+// role's Accept: whichever link the process waits for, the misconfigured
+// run stops with the reason.
+func (s *Server) reportAll(err error) {
+	for _, r := range s.roles {
+		s.report(r, acceptResult{err: err})
+	}
+}
+
 // serveLink is the stream handler. It checks the token, does the handshake,
-// hands the link to Accept and then stays until the link is done, because
-// returning ends the stream.
+// hands the link to the Accept of the dialer's group and then stays until
+// the link is done, because returning ends the stream.
 func (s *Server) serveLink(stream grpc.ServerStream) error {
 	if err := s.authenticate(stream); err != nil {
 		return err
@@ -180,37 +257,45 @@ func (s *Server) serveLink(stream grpc.ServerStream) error {
 	}
 	var hs handshake
 	if err := hs.unmarshal(b); err != nil {
-		s.report(acceptResult{err: fmt.Errorf("stage %d: from a dialer: %w", s.self.Stage, err)})
+		s.reportAll(fmt.Errorf("%s: from a dialer: %w", s.roles[0].self.who(), err))
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
-	err := CheckPeer(s.self, hs.Hello, false)
+	r := s.role(hs.Hello.Group)
+	if r == nil {
+		first := s.roles[0].self
+		err := &HandshakeError{fmt.Sprintf("%s refused %s: a %s dialer reached a listener that serves only %s links", first.name(), hs.Hello.name(), hs.Hello.Group, s.serves())}
+		stream.SendMsg(frame{(&handshake{Hello: first, Refused: err.Error()}).marshal()})
+		s.reportAll(err)
+		return status.Error(codes.FailedPrecondition, err.Error())
+	}
+	err := CheckPeer(r.self, hs.Hello, false)
 	mismatch := err != nil
 	if !mismatch {
 		s.mu.Lock()
-		if s.connected { // a duplicate dialer is not Accept's concern
-			err = &HandshakeError{fmt.Sprintf("%s refused %s: an upstream neighbour is already connected", s.self.name(), hs.Hello.name())}
+		if r.connected { // a duplicate dialer is not Accept's concern
+			err = &HandshakeError{fmt.Sprintf("%s refused %s: an upstream neighbour is already connected", r.self.name(), hs.Hello.name())}
 		}
-		s.connected = true
+		r.connected = true
 		s.mu.Unlock()
 	}
 	if err != nil {
 		// The dialer hears of the refusal before Accept does: a stage that fails
 		// at once on a refused handshake must not close the server before its
 		// neighbour has the reason.
-		stream.SendMsg(frame{(&handshake{Hello: s.self, Refused: err.Error()}).marshal()})
+		stream.SendMsg(frame{(&handshake{Hello: r.self, Refused: err.Error()}).marshal()})
 		if mismatch {
-			s.report(acceptResult{err: err})
+			s.report(r, acceptResult{err: err})
 		}
 		return status.Error(codes.FailedPrecondition, err.Error())
 	}
-	if err := stream.SendMsg(frame{(&handshake{Hello: s.self}).marshal()}); err != nil {
+	if err := stream.SendMsg(frame{(&handshake{Hello: r.self}).marshal()}); err != nil {
 		s.mu.Lock()
-		s.connected = false
+		r.connected = false
 		s.mu.Unlock()
 		return err
 	}
 
-	l := newStreamLink(stream, s.self, hs.Hello, Gradient, s.opts)
+	l := newStreamLink(stream, r.self, hs.Hello, Gradient, s.opts)
 	release, handlerDone := make(chan struct{}), make(chan struct{})
 	defer close(handlerDone)
 	l.shutdown = func(bool, time.Time) {
@@ -234,7 +319,7 @@ func (s *Server) serveLink(stream grpc.ServerStream) error {
 		return err
 	}
 	l.start()
-	s.report(acceptResult{link: l})
+	s.report(r, acceptResult{link: l})
 	select {
 	case <-l.writerDone: // flushed after Close, or the link failed
 	case <-release: // Close gave up waiting for the flush
@@ -250,6 +335,6 @@ func (s *Server) authenticate(stream grpc.ServerStream) error {
 	if s.opts.Token == "" || tokenMatches(stream.Context(), s.opts.Token) {
 		return nil
 	}
-	s.opts.Logf("%s: refused a connection from %s: %s", s.self.name(), remoteAddr(stream.Context()), badTokenMsg)
+	s.opts.Logf("%s: refused a connection from %s: %s", s.roles[0].self.name(), remoteAddr(stream.Context()), badTokenMsg)
 	return status.Error(codes.Unauthenticated, badTokenMsg)
 }

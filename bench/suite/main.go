@@ -10,7 +10,9 @@
 //   - pipeline: each schedule's simulated makespan, from the run's own action
 //     costs, over its measured step time (pipeline.go);
 //   - end to end: samples/s of `pipetrain launch` against `pipetrain reference`
-//     (endtoend.go).
+//     (endtoend.go);
+//   - all-reduce: the replicas' ring all-reduce bus bandwidth against raw TCP,
+//     and one model on four processes as stages × replicas (allreduce.go).
 //
 // Usage (make bench builds the binary first):
 //
@@ -74,12 +76,13 @@ var sections = []section{
 	{"pipeline", "Pipeline: schedule efficiency", runPipeline},
 	{"endtoend", "End to end", runEndToEnd},
 	{"compression", "Wire compression", runCompression},
+	{"allreduce", "Data-parallel replicas: all-reduce", runAllReduce},
 }
 
 func main() {
 	var o options
 	out := flag.String("out", "docs/benchmarks.md", "Markdown file to write")
-	only := flag.String("sections", "compute,transport,pipeline,endtoend,compression", "comma-separated sections to run")
+	only := flag.String("sections", "compute,transport,pipeline,endtoend,compression,allreduce", "comma-separated sections to run")
 	flag.StringVar(&o.bin, "bin", "bin/pipetrain", "pipetrain binary (pipeline and end-to-end sections)")
 	flag.IntVar(&o.reps, "reps", 7, "repetitions of each in-process measurement (compute, transport); medians are reported")
 	flag.IntVar(&o.runReps, "run-reps", 5, "repetitions of each pipetrain run (pipeline, end to end); medians are reported")
@@ -108,11 +111,11 @@ func main() {
 			continue
 		}
 		if !slices.ContainsFunc(sections, func(x section) bool { return x.name == s }) {
-			fatalf("unknown section %q (known: compute, transport, pipeline, endtoend, compression)", s)
+			fatalf("unknown section %q (known: compute, transport, pipeline, endtoend, compression, allreduce)", s)
 		}
 		o.sectionSet[s] = true
 	}
-	if o.sectionSet["pipeline"] || o.sectionSet["endtoend"] || o.sectionSet["compression"] {
+	if o.sectionSet["pipeline"] || o.sectionSet["endtoend"] || o.sectionSet["compression"] || o.sectionSet["allreduce"] {
 		if _, err := os.Stat(o.bin); err != nil {
 			fatalf("pipetrain binary: %v (run make build, or pass -bin)", err)
 		}

@@ -21,6 +21,7 @@ type runConfig struct {
 	env      []string // further PIPETRAIN_* settings
 	steps    int      // training steps
 	layers   []string // one layer range per stage; nil keeps the base's stages
+	replicas int      // data_parallel; 0 keeps the base's
 }
 
 // write writes the derived config into dir with a fresh free loopback port per
@@ -76,12 +77,30 @@ func (rc runConfig) write(dir string) (string, error) {
 			stageList = append(stageList, c)
 		}
 	}
+	if rc.replicas > 0 {
+		doc["data_parallel"] = rc.replicas
+	}
+	replicas := 1
+	if n, ok := doc["data_parallel"].(int); ok && n > 1 {
+		replicas = n
+	}
 	for _, s := range stageList {
-		port, err := freePort()
-		if err != nil {
-			return "", err
+		m := s.(map[string]any)
+		delete(m, "address")
+		delete(m, "addresses")
+		var addrs []any
+		for range replicas {
+			port, err := freePort()
+			if err != nil {
+				return "", err
+			}
+			addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(port))
 		}
-		s.(map[string]any)["address"] = "127.0.0.1:" + strconv.Itoa(port)
+		if replicas == 1 {
+			m["address"] = addrs[0]
+		} else {
+			m["addresses"] = addrs
+		}
 	}
 	doc["stages"] = stageList
 	out, err := yaml.Marshal(doc)

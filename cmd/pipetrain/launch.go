@@ -50,14 +50,18 @@ func launchCmd() *cobra.Command {
 			if f.steps > 0 {
 				extra = append(extra, "--steps", strconv.Itoa(f.steps))
 			}
-			fmt.Printf("pipetrain: %s of %s, run directory %s\n", words.Count(len(cfg.Stages), "stage"), cfg.Path, f.runDir)
+			grid := words.Count(len(cfg.Stages), "stage")
+			if r := cfg.Replicas(); r > 1 {
+				grid = fmt.Sprintf("%s × %d replicas (%d processes)", grid, r, cfg.Processes())
+			}
+			fmt.Printf("pipetrain: %s of %s, run directory %s\n", grid, cfg.Path, f.runDir)
 			live := launcher.NewLive(f.runDir, len(cfg.Stages), 10)
 			stopLive := make(chan struct{})
 			go live.Follow(500*time.Millisecond, stopLive)
 			defer close(stopLive)
 			last := len(cfg.Stages) - 1
 			opts := launcher.Options{
-				Binary: exe, ConfigPath: cfg.Path, Stages: len(cfg.Stages), RunDir: f.runDir,
+				Binary: exe, ConfigPath: cfg.Path, Stages: len(cfg.Stages), Replicas: cfg.Replicas(), RunDir: f.runDir,
 				ExtraArgs: extra, Out: os.Stdout, Resume: resumeDir != "",
 				Decorate: func(stage int, line string) string {
 					if stage != last || !strings.HasPrefix(line, "step ") {

@@ -15,10 +15,10 @@ import (
 
 func stageCmd() *cobra.Command {
 	var f runFlags
-	var index int
+	var index, replica int
 	var resume bool
 	c := &cobra.Command{
-		Use:   "stage --config FILE --stage N",
+		Use:   "stage --config FILE --stage N [--replica R]",
 		Short: "Run one pipeline stage (launch runs these for you; use it directly for one stage per host)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -34,13 +34,16 @@ func stageCmd() *cobra.Command {
 			if index < 0 || index >= len(cfg.Stages) {
 				return fmt.Errorf("--stage %d: %s has stages 0-%d", index, cfg.Path, len(cfg.Stages)-1)
 			}
+			if replica < 0 || replica >= cfg.Replicas() {
+				return fmt.Errorf("--replica %d: %s has data_parallel %d, so replicas 0-%d", replica, cfg.Path, cfg.Replicas(), cfg.Replicas()-1)
+			}
 			if list := cfg.Stages[index].CPUs; list != "" {
 				cpus, _ := affinity.Parse(list) // checked by Validate
 				if err := affinity.Pin(cpus); err != nil {
 					return fmt.Errorf("stages[%d].cpus: %w", index, err)
 				}
 			}
-			layout, err := stages.NewLayout(cfg, index)
+			layout, err := stages.NewReplicaLayout(cfg, index, replica)
 			if err != nil {
 				return err
 			}
@@ -49,7 +52,8 @@ func stageCmd() *cobra.Command {
 				return err
 			}
 			defer links.Close()
-			rt, err := stages.New(stages.Options{Layout: layout, Config: cfg, Stage: index, RunDir: f.runDir, Prev: links.Prev, Next: links.Next, Log: os.Stdout, Resume: resume})
+			rt, err := stages.New(stages.Options{Layout: layout, Config: cfg, Stage: index, RunDir: f.runDir, Prev: links.Prev, Next: links.Next,
+				ReplicaPrev: links.ReplicaPrev, ReplicaNext: links.ReplicaNext, Log: os.Stdout, Resume: resume})
 			if err != nil {
 				return err
 			}
@@ -81,6 +85,7 @@ func stageCmd() *cobra.Command {
 	f.register(c, "runs/latest")
 	c.Flags().IntVar(&index, "stage", -1, "index of the stage in the config's stages list")
 	c.MarkFlagRequired("stage")
+	c.Flags().IntVar(&replica, "replica", 0, "which replica of the stage (data_parallel > 1): 0 to data_parallel-1")
 	c.Flags().BoolVar(&resume, "resume", false, "continue from the newest complete checkpoint in --run-dir (every stage must be given it)")
 	return c
 }

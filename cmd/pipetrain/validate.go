@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -40,6 +41,9 @@ func validateCmd() *cobra.Command {
 					fmt.Fprintf(out, "  %-16s %-21s layers %-5s in %v -> out %v\n", name, s.Address, s.Layers[chunk], m.ShapeAt(first, cfg.MicroBatchSize()), m.ShapeAt(last, cfg.MicroBatchSize()))
 				}
 			}
+			if r := cfg.Replicas(); r > 1 {
+				printGrid(out, cfg)
+			}
 			if env := cfg.Overrides(); len(env) > 0 {
 				fmt.Fprintf(out, "  from the environment: %s\n", strings.Join(env, ", "))
 			}
@@ -55,6 +59,21 @@ func validateCmd() *cobra.Command {
 		},
 	}
 	c.Flags().StringVarP(&path, "config", "c", "", "config to check")
+	c.Example = "  pipetrain validate --config configs/fmnist-mlp-2x2.yaml"
+
 	c.MarkFlagRequired("config")
 	return c
+}
+
+// printGrid lists every process of a config with replicas: its rank, stage,
+// replica and address.
+func printGrid(out io.Writer, cfg *configs.Config) {
+	r := cfg.Replicas()
+	fmt.Fprintf(out, "  grid: %d stages × %d replicas = %d processes, rank = stage × %d + replica; each replica takes %d examples a step\n",
+		len(cfg.Stages), r, cfg.Processes(), r, cfg.Data.BatchSize/r)
+	fmt.Fprintf(out, "    %-5s %-6s %-8s %s\n", "rank", "stage", "replica", "address")
+	for rank := range cfg.Processes() {
+		s, rep := cfg.Position(rank)
+		fmt.Fprintf(out, "    %-5d %-6d %-8d %s\n", rank, s, rep, cfg.Address(s, rep))
+	}
 }

@@ -1,0 +1,108 @@
+// Package collective sums gradients across the data-parallel replicas of one
+// pipeline stage with a ring all-reduce (a reduce-scatter, then an
+// all-gather) over transport links, bucket by bucket.
+//
+// The sum is deterministic: every element is folded in an order fixed by the
+// Plan alone (Sum computes the same bits in one process), so a run with
+// replicas can be checked bit for bit against one process that holds every
+// replica's share of the batch. In a ring, chunk c of a bucket starts at rank
+// c and collects ranks c+1, c+2, ... in turn, so its fold is
+// ((g[c] + g[c+1]) + g[c+2]) + ... + g[c-1] (indices mod R), and rank c-1
+// ends up holding it. With two replicas the order cannot matter (IEEE
+// addition commutes); with more it is the plan's, not the rank order.
+//
+// A Ring is used by one goroutine at a time; it owns nothing but its
+// position and borrows the links, which belong to the caller.
+package collective
+
+import "fmt"
+
+// Plan fixes how a vector of N elements is all-reduced among Ranks ranks:
+// cut into buckets of at most BucketElems elements, in order, each bucket cut
+// into Ranks chunks as equal as can be (the first ones one longer). Every
+// rank must use the same plan; the ring links' handshake checks it (Shapes).
+type Plan struct {
+	N, Ranks, BucketElems int
+	Buckets               [][2]int // half-open element ranges
+}
+
+// NewPlan plans an all-reduce of n elements among ranks in buckets of at
+// most bucketElems (0: one bucket).
+func NewPlan(n, bucketElems, ranks int) (Plan, error) {
+	if ranks < 1 || n < 0 || bucketElems < 0 {
+		return Plan{}, fmt.Errorf("collective: plan of %d elements among %d ranks in buckets of %d", n, ranks, bucketElems)
+	}
+	if bucketElems == 0 || bucketElems > n {
+		bucketElems = max(n, 1)
+	}
+	p := Plan{N: n, Ranks: ranks, BucketElems: bucketElems}
+	for lo := 0; lo < n; lo += bucketElems {
+		p.Buckets = append(p.Buckets, [2]int{lo, min(n, lo+bucketElems)})
+	}
+	return p, nil
+}
+
+// Chunk is the element range of chunk c of bucket b.
+func (p Plan) Chunk(b, c int) (lo, hi int) {
+	start, end := p.Buckets[b][0], p.Buckets[b][1]
+	n, r := end-start, p.Ranks
+	size, extra := n/r, n%r
+	lo = start + c*size + min(c, extra)
+	hi = lo + size
+	if c < extra {
+		hi++
+	}
+	return lo, hi
+}
+
+// Tags is the number of message tags the plan uses: one per chunk of each bucket.
+func (p Plan) Tags() int { return len(p.Buckets) * p.Ranks }
+
+// Shapes lists, by tag, the shape of the message carrying that chunk: what
+// the ring links' handshakes compare, so replicas with different plans (a
+// different model split or bucket size) fail at connection, not mid-step.
+func (p Plan) Shapes() [][]int {
+	out := make([][]int, 0, p.Tags())
+	for b := range p.Buckets {
+		for c := range p.Ranks {
+			lo, hi := p.Chunk(b, c)
+			out = append(out, []int{hi - lo})
+		}
+	}
+	return out
+}
+
+// Sum writes into out the element-wise sum of parts (one per rank, each of
+// length N), folded in the order a ring all-reduce with this plan folds it.
+func Sum[T float32 | float64](p Plan, parts [][]T, out []T) error {
+	if len(parts) != p.Ranks {
+		return fmt.Errorf("collective: %d parts for a plan among %d ranks", len(parts), p.Ranks)
+	}
+	for r, part := range parts {
+		if len(part) != p.N {
+			return fmt.Errorf("collective: part %d has %d elements, the plan %d", r, len(part), p.N)
+		}
+	}
+	if len(out) != p.N {
+		return fmt.Errorf("collective: output of %d elements, the plan %d", len(out), p.N)
+	}
+	for b := range p.Buckets {
+		for c := range p.Ranks {
+			lo, hi := p.Chunk(b, c)
+			acc := out[lo:hi]
+			copy(acc, parts[c][lo:hi])
+			for k := 1; k < p.Ranks; k++ {
+				add(acc, parts[(c+k)%p.Ranks][lo:hi])
+			}
+		}
+	}
+	return nil
+}
+
+// add sets acc[i] = acc[i] + v[i]: the running sum first, as the ring adds.
+func add[T float32 | float64](acc, v []T) {
+	v = v[:len(acc)]
+	for i := range acc {
+		acc[i] += v[i]
+	}
+}

@@ -1,0 +1,209 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/pipetrain/pipetrain/transport"
+)
+
+// Ring is one rank's place in a ring of Size ranks: it sends to rank
+// Rank+1 over Next and hears rank Rank-1 over Prev (indices mod Size). Next
+// is the link this rank dialed, so its messages travel as
+// transport.Activation; Prev is the one it accepted. With Size 1 there are
+// no links and every operation is local.
+type Ring struct {
+	Rank, Size int
+	Next, Prev transport.Link
+	// DType is the links' wire dtype: Float64 for float64 vectors; Float32,
+	// or BFloat16 / Float16 under compression, for float32 vectors.
+	DType transport.DType
+	// Timeout bounds each wait for the previous rank (0: none but ctx).
+	Timeout time.Duration
+	// Name says who the ranks are in errors ("replica %d of stage 2").
+	Name func(rank int) string
+	// Sent counts the payload bytes this rank has sent.
+	Sent int64
+}
+
+func (r *Ring) name(rank int) string {
+	rank = (rank%r.Size + r.Size) % r.Size
+	if r.Name != nil {
+		return r.Name(rank)
+	}
+	return fmt.Sprintf("rank %d", rank)
+}
+
+// AllReduce replaces vals, this rank's part, with the sum of every rank's
+// part in the plan's fold order (see Sum), bucket after bucket. Messages are
+// tagged step and, as transport chunk, base plus the plan's tag, so one link
+// can carry several plans (a stage's model chunks) and control messages.
+func AllReduce[T float32 | float64](ctx context.Context, r *Ring, step int64, base int, p Plan, vals []T) error {
+	if len(vals) != p.N {
+		return fmt.Errorf("all-reduce of %d elements with a plan for %d", len(vals), p.N)
+	}
+	if p.Ranks != r.Size {
+		return fmt.Errorf("all-reduce among %d ranks with a plan for %d", r.Size, p.Ranks)
+	}
+	if r.Size == 1 {
+		return nil
+	}
+	for b := range p.Buckets {
+		if err := reduceBucket(ctx, r, step, base, p, b, vals); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// reduceBucket runs the two halves of the ring on bucket b. In the
+// reduce-scatter, at turn t rank i hands its running sum of chunk i-t to the
+// next rank, which adds its own part; after R-1 turns rank i holds the whole
+// sum of chunk i+1. The all-gather then passes the finished chunks round.
+func reduceBucket[T float32 | float64](ctx context.Context, r *Ring, step int64, base int, p Plan, b int, vals []T) error {
+	R, i := r.Size, r.Rank
+	mod := func(k int) int { return ((k % R) + R) % R }
+	chunk := func(c int) []T {
+		lo, hi := p.Chunk(b, mod(c))
+		return vals[lo:hi]
+	}
+	tag := func(c int) int { return base + b*R + mod(c) }
+	for t := 0; t < R-1; t++ {
+		if err := r.send(ctx, step, t, tag(i-t), chunk(i-t)); err != nil {
+			return err
+		}
+		if err := recvInto(ctx, r, step, t, tag(i-t-1), chunk(i-t-1), add[T]); err != nil {
+			return err
+		}
+	}
+	// The owner keeps what the others will receive: rounded to the wire's
+	// precision, or replicas would drift apart under compression.
+	roundToWire(r.DType, chunk(i+1))
+	for t := 0; t < R-1; t++ {
+		phase := R - 1 + t
+		if err := r.send(ctx, step, phase, tag(i+1-t), chunk(i+1-t)); err != nil {
+			return err
+		}
+		if err := recvInto(ctx, r, step, phase, tag(i-t), chunk(i-t), set[T]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func set[T float32 | float64](dst, v []T) { copy(dst, v) }
+
+// send encodes vals in the wire dtype and queues them for the next rank.
+func (r *Ring) send(ctx context.Context, step int64, phase, tag int, vals any) error {
+	var t *transport.Tensor
+	var err error
+	switch v := vals.(type) {
+	case []float32:
+		t, err = transport.FromFloat32sAs(r.DType, transport.Activation, step, int32(phase), []int{len(v)}, v)
+	case []float64:
+		t, err = transport.FromFloat64s(transport.Activation, step, int32(phase), []int{len(v)}, v)
+	}
+	if err != nil {
+		return err
+	}
+	t.Chunk = int32(tag)
+	if err := r.Next.Send(ctx, t); err != nil {
+		return fmt.Errorf("to %s: %w", r.name(r.Rank+1), err)
+	}
+	r.Sent += int64(len(t.Data))
+	return nil
+}
+
+// recvInto takes the previous rank's message for (step, phase, tag) and
+// combines it into dst.
+func recvInto[T float32 | float64](ctx context.Context, r *Ring, step int64, phase, tag int, dst []T, combine func(dst, v []T)) error {
+	m, err := r.recv(ctx, step, phase, tag)
+	if err != nil {
+		return err
+	}
+	defer m.Release()
+	var v []T
+	switch any(dst).(type) {
+	case []float32:
+		v = any(m.AsFloat32s()).([]T)
+	case []float64:
+		v = any(m.Float64s()).([]T)
+	}
+	if len(v) != len(dst) {
+		return fmt.Errorf("from %s: %d values for a chunk of %d", r.name(r.Rank-1), len(v), len(dst))
+	}
+	combine(dst, v)
+	return nil
+}
+
+// recv waits for the previous rank's next message and checks that it is the
+// one the ring expects now: both ranks run the same plan in the same order,
+// so anything else is a bug or a mismatched peer, never to be summed.
+func (r *Ring) recv(ctx context.Context, step int64, phase, tag int) (*transport.Tensor, error) {
+	if r.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, r.Timeout, fmt.Errorf("%s sent nothing for %v", r.name(r.Rank-1), r.Timeout))
+		defer cancel()
+	}
+	m, err := r.Prev.Recv(ctx)
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) && context.Cause(ctx) != nil {
+			err = context.Cause(ctx)
+		}
+		return nil, fmt.Errorf("from %s: %w", r.name(r.Rank-1), err)
+	}
+	if m.Step != step || int(m.MicroBatch) != phase || int(m.Chunk) != tag {
+		m.Release()
+		return nil, fmt.Errorf("from %s: got step %d phase %d tag %d, expected step %d phase %d tag %d",
+			r.name(r.Rank-1), m.Step, m.MicroBatch, m.Chunk, step, phase, tag)
+	}
+	return m, nil
+}
+
+// roundToWire rounds float32 values to a 16-bit wire dtype and back, so a
+// value kept locally equals the copies the other ranks receive.
+func roundToWire(dt transport.DType, vals any) {
+	v, ok := vals.([]float32)
+	if !ok || dt == transport.Float32 || len(v) == 0 {
+		return
+	}
+	t, err := transport.FromFloat32sAs(dt, transport.Activation, 0, 0, []int{len(v)}, v)
+	if err != nil {
+		return
+	}
+	copy(v, t.AsFloat32s())
+}
+
+// AllGather sends mine round the ring and returns every rank's block in rank
+// order. Blocks travel as raw bytes in a message of the link's dtype, tagged
+// tag; BytesShape gives the shape the handshake must list for it.
+func (r *Ring) AllGather(ctx context.Context, step int64, tag int, mine []byte) ([][]byte, error) {
+	out := make([][]byte, r.Size)
+	out[r.Rank] = mine
+	shape := BytesShape(r.DType, len(mine))
+	padded := make([]byte, shape[0]*r.DType.Size())
+	mod := func(k int) int { return ((k % r.Size) + r.Size) % r.Size }
+	for t := 0; t < r.Size-1; t++ {
+		copy(padded, out[mod(r.Rank-t)])
+		m := &transport.Tensor{Kind: transport.Activation, Step: step, MicroBatch: int32(t), Chunk: int32(tag), DType: r.DType, Shape: shape, Data: padded}
+		if err := r.Next.Send(ctx, m); err != nil {
+			return nil, fmt.Errorf("to %s: %w", r.name(r.Rank+1), err)
+		}
+		padded = make([]byte, len(padded)) // the link may still hold the last one
+		in, err := r.recv(ctx, step, t, tag)
+		if err != nil {
+			return nil, err
+		}
+		out[mod(r.Rank-t-1)] = append([]byte(nil), in.Data[:len(mine)]...)
+		in.Release()
+	}
+	return out, nil
+}
+
+// BytesShape is the shape of a message of dtype dt that holds n bytes.
+func BytesShape(dt transport.DType, n int) []int {
+	s := dt.Size()
+	return []int{max(1, (n+s-1)/s)}
+}

@@ -1,0 +1,142 @@
+package configs
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+)
+
+// The process grid. A run with p stages and R replicas (data_parallel) has
+// p × R processes; rank = stage × R + replica, so the replicas of one stage
+// are adjacent ranks, as in DeepSpeed's ['pipe', 'data'] topology: the
+// all-reduce moves a stage's whole gradient once a step and is the transfer
+// that most wants the fastest links (one host, one switch), while the
+// pipeline's activations are smaller and overlap compute. Placing ranks in
+// order on hosts thus keeps each stage's replicas together. Replica r of
+// every stage forms one copy of the pipeline; stage s of every replica forms
+// one all-reduce ring.
+
+// DefaultBucketBytes is all_reduce.bucket_bytes where it is 0.
+const DefaultBucketBytes = 1 << 20
+
+// BucketBytes is the all-reduce's bucket size in bytes.
+func (c *Config) BucketBytes() int {
+	if c.AllReduce.BucketBytes > 0 {
+		return c.AllReduce.BucketBytes
+	}
+	return DefaultBucketBytes
+}
+
+// Replicas is the number of pipeline replicas (data_parallel; 0 counts as 1).
+func (c *Config) Replicas() int { return max(1, c.DataParallel) }
+
+// Processes is the number of processes the run has.
+func (c *Config) Processes() int { return len(c.Stages) * c.Replicas() }
+
+// Rank is the grid rank of stage s, replica r.
+func (c *Config) Rank(s, r int) int { return s*c.Replicas() + r }
+
+// Position is the stage and replica of a grid rank.
+func (c *Config) Position(rank int) (stage, replica int) {
+	return rank / c.Replicas(), rank % c.Replicas()
+}
+
+// Address is the listen address of stage s, replica r.
+func (c *Config) Address(s, r int) string {
+	st := c.Stages[s]
+	if r < len(st.Addresses) {
+		return st.Addresses[r]
+	}
+	if r == 0 {
+		return st.Address
+	}
+	return ""
+}
+
+// addressField names the field an address comes from, for problems.
+func (c *Config) addressField(s, r int) string {
+	if len(c.Stages[s].Addresses) > 0 {
+		return fmt.Sprintf("stages[%d].addresses[%d]", s, r)
+	}
+	return fmt.Sprintf("stages[%d].address", s)
+}
+
+// stageReplicas is how many addresses stage s must have: the replicas, or
+// as many as it lists when they are too few (the count is reported apart).
+func (c *Config) stageReplicas(s int) int {
+	if n := len(c.Stages[s].Addresses); n > 0 && n < c.Replicas() {
+		return n
+	}
+	return c.Replicas()
+}
+
+// ProcessName is how logs and errors name a process: "stage 2", or with
+// replicas "stage 2 replica 1".
+func (c *Config) ProcessName(s, r int) string {
+	if c.Replicas() == 1 {
+		return fmt.Sprintf("stage %d", s)
+	}
+	return fmt.Sprintf("stage %d replica %d", s, r)
+}
+
+// normaliseAddresses makes Address replica 0's address when only
+// addresses is given, so code that knows no replicas keeps working.
+func (c *Config) normaliseAddresses() {
+	for i := range c.Stages {
+		if s := &c.Stages[i]; s.Address == "" && len(s.Addresses) > 0 {
+			s.Address = s.Addresses[0]
+		}
+	}
+}
+
+func (c *Config) validateReplicas(p *Problems) {
+	if c.DataParallel < 0 {
+		p.add("data_parallel", "must be at least 1 (one copy of the pipeline), got %d", c.DataParallel)
+		return
+	}
+	if c.AllReduce.BucketBytes < 0 {
+		p.add("all_reduce.bucket_bytes", "must be positive (0: the default, 1 MiB), got %d", c.AllReduce.BucketBytes)
+	}
+	if c.AllReduce.CheckEvery < 0 {
+		p.add("all_reduce.check_every", "must be 0 (never) or a number of steps, got %d", c.AllReduce.CheckEvery)
+	}
+	r := c.Replicas()
+	for i, s := range c.Stages {
+		field := fmt.Sprintf("stages[%d]", i)
+		switch n := len(s.Addresses); {
+		case n == 0 && r > 1:
+			p.add(field+".addresses", "missing: data_parallel is %d, so list %d addresses, one per replica (replica 0 first), e.g. addresses: [%s]", r, r, exampleAddresses(s.Address, r))
+		case n > 0 && n != r:
+			p.add(field+".addresses", "lists %d addresses; data_parallel is %d, so give one per replica", n, r)
+		case n > 0 && s.Address != s.Addresses[0]:
+			p.add(field+".address", "%s differs from addresses[0] %s; give addresses alone", s.Address, s.Addresses[0])
+		}
+		if r > 1 && s.CPUs != "" {
+			p.add(field+".cpus", "pinning is per process and cannot be shared by %d replicas; leave cpus out with data_parallel > 1", r)
+		}
+		if r > 1 && s.MetricsAddress != "" {
+			p.add(field+".metrics_address", "one address cannot serve %d replicas; leave metrics_address out with data_parallel > 1", r)
+		}
+	}
+}
+
+// exampleAddresses suggests r addresses from a stage's address: the same
+// host, ports counting up in hundreds.
+func exampleAddresses(addr string, r int) string {
+	host, port, err := net.SplitHostPort(addr)
+	n, perr := strconv.Atoi(port)
+	if err != nil || perr != nil {
+		host, n = "127.0.0.1", 7101
+	}
+	out := ""
+	for i := range min(r, 4) {
+		if i > 0 {
+			out += ", "
+		}
+		out += net.JoinHostPort(host, strconv.Itoa(n+100*i))
+	}
+	if r > 4 {
+		out += ", ..."
+	}
+	return out
+}

@@ -1,0 +1,177 @@
+package e2e
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// gridConfig writes a config of p stages × r replicas from its stage
+// layers and the rest of its YAML, every process on a free port.
+func gridConfig(t *testing.T, body string, layers []string, replicas int) string {
+	t.Helper()
+	ports := freePorts(t, len(layers)*replicas)
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s\ndata_parallel: %d\nstages:\n", body, replicas)
+	for s, l := range layers {
+		fmt.Fprintf(&b, "  - {layers: %s, addresses: [%s]}\n", l, strings.Join(ports[s*replicas:(s+1)*replicas], ", "))
+	}
+	path := filepath.Join(t.TempDir(), "grid.yaml")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+const gridMLP = `model: {name: mlp, dtype: float32, input: 784, hidden: [256, 128, 64], classes: 10}
+data: {batch_size: 128, micro_batches: 4}
+train: {steps: 30, evaluate: false, optimizer: {name: sgd, lr: 0.05, momentum: 0.9}}
+all_reduce: {bucket_bytes: 65536, check_every: 10}
+checkpoint: {every: 0}`
+
+const gridGPT = `model: {name: gpt, dtype: float32, layers: 2, width: 32, heads: 2, context: 32, vocab: 256, tie_embeddings: true}
+data: {dataset: text, corpus: "go:strings", glob: "*.go", tokenizer: byte, batch_size: 16, micro_batches: 2}
+train: {steps: 30, evaluate: false, optimizer: {name: adam, lr: 0.003}}
+all_reduce: {bucket_bytes: 20000, check_every: 5}
+checkpoint: {every: 0}`
+
+// TestReplicasEqualReference trains grids of stages × replicas for 30 steps
+// in separate processes (every process's gradients summed over its replicas'
+// ring) and requires every step's loss and the final weights to equal the
+// one-process reference's bit for bit: each schedule at 2 × 2, pure data
+// parallelism at 1 × 2 and 1 × 3, and the GPT with tied embeddings at 2 × 2.
+func TestReplicasEqualReference(t *testing.T) {
+	needData(t)
+	cases := []struct {
+		name     string
+		body     string
+		layers   []string
+		replicas int
+	}{
+		{"gpipe/2x2", gridMLP + "\nschedule: gpipe", []string{`"0-1"`, `"2-3"`}, 2},
+		{"1f1b/2x2", gridMLP + "\nschedule: 1f1b", []string{`"0-1"`, `"2-3"`}, 2},
+		{"zb-h1/2x2", gridMLP + "\nschedule: zb-h1", []string{`"0-1"`, `"2-3"`}, 2},
+		{"interleaved/2x2", gridMLP + "\nschedule: interleaved\nvirtual_stages: 2", []string{`["0", "2"]`, `["1", "3"]`}, 2},
+		{"1f1b/1x2", gridMLP + "\nschedule: 1f1b", []string{`"0-3"`}, 2},
+		{"adam/1x3", strings.Replace(gridMLP, "{name: sgd, lr: 0.05, momentum: 0.9}", "{name: adam, lr: 0.001}", 1) + "\nschedule: 1f1b\ndata:\n  batch_size: 192\n  micro_batches: 2",
+			[]string{`"0-3"`}, 3},
+		{"gpt-tied/2x2", gridGPT + "\nschedule: 1f1b", []string{`"0-1"`, `"2-3"`}, 2},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			body := c.body
+			if strings.Contains(body, "\ndata:\n") {
+				// A case's own data section replaces the shared one.
+				body = strings.Replace(body, "data: {batch_size: 128, micro_batches: 4}\n", "", 1)
+			}
+			cfg := gridConfig(t, body, c.layers, c.replicas)
+			refDir, gridDir := t.TempDir(), t.TempDir()
+			if r := run(t, 3*time.Minute, nil, "reference", "--config", cfg, "--run-dir", refDir); r.err != nil {
+				t.Fatalf("reference: %v\n%s", r.err, r.out)
+			}
+			res := run(t, 3*time.Minute, nil, "launch", "--config", cfg, "--run-dir", gridDir)
+			if res.err != nil {
+				t.Fatalf("launch: %v\n%s", res.err, res.out)
+			}
+			for s := range c.layers {
+				for r := range c.replicas {
+					if !strings.Contains(res.out, fmt.Sprintf("[stage %d replica %d] stage %d", s, r, s)) {
+						t.Errorf("stage %d replica %d did not run:\n%s", s, r, res.out)
+					}
+				}
+			}
+			got := sameRun(t, refDir, gridDir, 30)
+			if !(got[29].Loss < got[0].Loss) {
+				t.Errorf("loss did not fall: %v -> %v", got[0].Loss, got[29].Loss)
+			}
+			// Every replica logged its all-reduces.
+			for r := range c.replicas {
+				name := "stage-0.jsonl"
+				if r > 0 {
+					name = fmt.Sprintf("stage-0.replica-%d.jsonl", r)
+				}
+				if ev := readFile(filepath.Join(gridDir, "events", name)); !strings.Contains(ev, `"kind":"AR"`) {
+					t.Errorf("replica %d logged no all-reduce in %s", r, name)
+				}
+			}
+		})
+	}
+}
+
+// replicaPID finds the process of stage s, replica r of the launch in runDir.
+func replicaPID(t *testing.T, runDir string, s, r int) int {
+	t.Helper()
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		joined := "\x00" + strings.Join(args, "\x00") + "\x00"
+		if containsRun(args, []string{"stage", "--stage", fmt.Sprint(s), "--run-dir", runDir}) &&
+			strings.Contains(joined, fmt.Sprintf("\x00--replica\x00%d\x00", r)) {
+			var pid int
+			fmt.Sscan(e.Name(), &pid)
+			return pid
+		}
+	}
+	return 0
+}
+
+// TestKilledReplicaRecoversBitIdentical kill -9s one replica's process of a
+// 2 × 2 launch at a random step: launch must restart every process from the
+// last complete checkpoint (written by the replicas 0), and the run must
+// end with the uninterrupted run's losses and weights, bit for bit.
+func TestKilledReplicaRecoversBitIdentical(t *testing.T) {
+	needData(t)
+	const steps = 40
+	cfg := gridConfig(t, strings.Replace(gridMLP, "checkpoint: {every: 0}", "checkpoint: {every: 5}", 1)+"\nschedule: 1f1b", []string{`"0-1"`, `"2-3"`}, 2)
+	args := []string{"launch", "--config", cfg, "--steps", fmt.Sprint(steps)}
+	clean := t.TempDir()
+	if r := run(t, 3*time.Minute, nil, append(args, "--run-dir", clean)...); r.err != nil {
+		t.Fatalf("uninterrupted launch: %v\n%s", r.err, r.out)
+	}
+	seed := time.Now().UnixNano()
+	rng := rand.New(rand.NewPCG(uint64(seed), 2))
+	killAt, stage := 8+rng.IntN(20), rng.IntN(2)
+	t.Logf("seed %d: killing stage %d replica 1 at step %d", seed, stage, killAt)
+	dir := t.TempDir()
+	_, out, done := start(t, nil, append(args, "--run-dir", dir)...)
+	waitForStep(t, dir, killAt, 2*time.Minute, out)
+	pid := replicaPID(t, dir, stage, 1)
+	if pid == 0 {
+		t.Fatalf("stage %d replica 1's process not found:\n%s", stage, out.String())
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("launch did not recover: %v\n%s", err, out.String())
+		}
+	case <-time.After(3 * time.Minute):
+		t.Fatalf("launch did not finish:\n%s", out.String())
+	}
+	text := out.String()
+	for _, want := range []string{fmt.Sprintf("stage %d replica 1 failed", stage), "signal: killed", "restarting from the checkpoint of step",
+		fmt.Sprintf("stage %d replica 1: resumed from the checkpoint of step", stage)} {
+		if !strings.Contains(text, want) {
+			t.Errorf("launch output lacks %q:\n%s", want, text)
+		}
+	}
+	sameRun(t, clean, dir, steps)
+	for s := range 2 {
+		for r := range 2 {
+			if pid := replicaPID(t, dir, s, r); pid != 0 {
+				t.Errorf("stage %d replica %d (pid %d) still running after launch exited", s, r, pid)
+			}
+		}
+	}
+}
