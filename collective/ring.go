@@ -40,6 +40,15 @@ func (r *Ring) name(rank int) string {
 // part in the plan's fold order (see Sum), bucket after bucket. Messages are
 // tagged step and, as transport chunk, base plus the plan's tag, so one link
 // can carry several plans (a stage's model chunks) and control messages.
+//
+// Uncompressed, the messages are sent from vals' own memory, uncopied: a
+// link may still be sending the last of them when AllReduce returns, so
+// vals must not change until the next AllReduce on this ring has returned
+// (by then the next rank has taken every message of this one: it took part
+// in the next). Alternating two buffers is enough. Within one call no part
+// of vals changes after it was handed to the link: a chunk is sent once its
+// running sum is complete, and is overwritten by the all-gather only after
+// the rank it went to has used it, which the gathered sum depends on.
 func AllReduce[T float32 | float64](ctx context.Context, r *Ring, step int64, base int, p Plan, vals []T) error {
 	if len(vals) != p.N {
 		return fmt.Errorf("all-reduce of %d elements with a plan for %d", len(vals), p.N)
@@ -101,9 +110,13 @@ func (r *Ring) send(ctx context.Context, step int64, phase, tag int, vals any) e
 	var err error
 	switch v := vals.(type) {
 	case []float32:
-		t, err = transport.FromFloat32sAs(r.DType, transport.Activation, step, int32(phase), []int{len(v)}, v)
+		if r.DType == transport.Float32 {
+			t, err = transport.WrapFloat32s(transport.Activation, step, int32(phase), []int{len(v)}, v)
+		} else {
+			t, err = transport.FromFloat32sAs(r.DType, transport.Activation, step, int32(phase), []int{len(v)}, v)
+		}
 	case []float64:
-		t, err = transport.FromFloat64s(transport.Activation, step, int32(phase), []int{len(v)}, v)
+		t, err = transport.WrapFloat64s(transport.Activation, step, int32(phase), []int{len(v)}, v)
 	}
 	if err != nil {
 		return err

@@ -79,3 +79,37 @@ func TestDiffSettingsNamesEachChange(t *testing.T) {
 		t.Errorf("EnvName: %s, %s", EnvName("model.hidden[2]"), EnvName("train.optimizer.lr"))
 	}
 }
+
+// With replicas, their count and the all-reduce's buckets decide each
+// micro-batch and the order of the gradients' sums: both are covered. A run
+// without replicas keeps the digest it had before replicas existed.
+func TestTrainingDigestCoversReplicas(t *testing.T) {
+	base, err := Load("fmnist-mlp-2x2.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, change := range map[string]func(c *Config){
+		"data_parallel":           func(c *Config) { c.DataParallel = 4 },
+		"all_reduce.bucket_bytes": func(c *Config) { c.AllReduce.BucketBytes = 4096 },
+	} {
+		c := clone(base)
+		change(c)
+		if d := DiffSettings(base.TrainingSettings(), c.TrainingSettings()); len(d) != 1 || d[0].Key != key {
+			t.Errorf("changing %s: DiffSettings gave %v", key, d)
+		}
+	}
+	c := clone(base)
+	c.AllReduce.CheckEvery = 1
+	if c.TrainingDigest() != base.TrainingDigest() {
+		t.Error("all_reduce.check_every changed the training digest")
+	}
+	plain, err := Load("fmnist-mlp-4stage.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := range plain.TrainingSettings() {
+		if strings.HasPrefix(k, "data_parallel") || strings.HasPrefix(k, "all_reduce") {
+			t.Errorf("a run without replicas has %s in its training settings", k)
+		}
+	}
+}

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pipetrain/pipetrain/stages"
 )
 
 // gridConfig writes a config of p stages × r replicas from its stage
@@ -174,4 +176,42 @@ func TestKilledReplicaRecoversBitIdentical(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestCompressedAllReduceKeepsReplicasIdentical runs 1 × 2 with the
+// all-reduce's messages cast to 16 bits: the replicas' weights must stay
+// identical (compared every 5 steps; a divergence stops the run) and the
+// loss must stay close to the uncompressed reference's.
+func TestCompressedAllReduceKeepsReplicasIdentical(t *testing.T) {
+	needData(t)
+	cfg := gridConfig(t, strings.Replace(gridMLP, "check_every: 10", "check_every: 5", 1)+"\nschedule: 1f1b", []string{`"0-3"`}, 2)
+	refDir := t.TempDir()
+	if r := run(t, 3*time.Minute, nil, "reference", "--config", cfg, "--run-dir", refDir); r.err != nil {
+		t.Fatalf("reference: %v\n%s", r.err, r.out)
+	}
+	want := readMetrics(t, refDir)
+	for _, c := range []string{"bf16", "fp16"} {
+		dir := t.TempDir()
+		res := run(t, 3*time.Minute, []string{"PIPETRAIN_TRANSPORT_COMPRESSION=" + c}, "launch", "--config", cfg, "--run-dir", dir)
+		if res.err != nil {
+			t.Fatalf("%s: launch: %v\n%s", c, res.err, res.out)
+		}
+		got := readMetrics(t, dir)
+		last := len(got) - 1
+		if len(got) != len(want) || got[last].Loss == want[last].Loss {
+			t.Errorf("%s: %d steps, final loss %v: want %d steps and a loss changed by rounding (reference %v)", c, len(got), got[last].Loss, len(want), want[last].Loss)
+		}
+		if d := got[last].Loss - want[last].Loss; d > 0.05*want[last].Loss || d < -0.05*want[last].Loss {
+			t.Errorf("%s: final loss %v, reference %v: more than 5%% apart", c, got[last].Loss, want[last].Loss)
+		}
+	}
+}
+
+func readMetrics(t *testing.T, dir string) []stages.Metric {
+	t.Helper()
+	m, err := stages.ReadMetrics(filepath.Join(dir, "metrics.jsonl"))
+	if err != nil || len(m) == 0 {
+		t.Fatalf("%s: %d metrics (%v)", dir, len(m), err)
+	}
+	return m
 }

@@ -7,9 +7,9 @@
 // # Cost model
 //
 // Layer costs are measured for one micro-batch of Problem.MicroBatch samples.
-// With m micro-batches a step's micro-batch holds Batch/m samples, and every
-// size-dependent quantity (F, B, I, W, ActBytes, OutBytes) is scaled linearly
-// by (Batch/m)/MicroBatch. That is an approximation: kernels are not linear in
+// With m micro-batches a step's micro-batch holds Batch/m samples
+// (Batch/Replicas/m with replicas), and every size-dependent quantity (F, B,
+// I, W, ActBytes, OutBytes) is scaled linearly by that over MicroBatch. That is an approximation: kernels are not linear in
 // the batch size (small batches under-use the device), so the further the
 // micro-batch is from the measured one the rougher the estimate; measuring at
 // the size you expect to run keeps it honest. To stand for launch and
@@ -30,6 +30,20 @@
 // up to a byte), where PeakInFlight comes from the schedule: under 1f1b the
 // first stage stashes the most micro-batches, under gpipe every stage stashes
 // all m.
+//
+// # Data-parallel replicas
+//
+// With Problem.Replicas R > 1 the pipeline runs R times side by side, each
+// copy on Batch/R samples a step (so the micro-batch holds Batch/R/m), and
+// the R copies of each stage sum its gradients, its layers' GradBytes, with
+// a ring all-reduce (schedule.RingAllReduce: 2(R-1)/R of the bytes at
+// AllReduceBytesPerMS, plus AllReduceLatencyMS per message). It starts when
+// the stage's last backward is done and overlaps whatever the pipeline still
+// computes; the simulator charges what sticks out past the step's end. The
+// all-reduce flattens the gradients into a buffer of its own, so a stage with
+// replicas also holds its GradBytes once more. The step time is that of one
+// copy; samples per second count all R copies' samples.
+// SolveGrids chooses R for a given number of processes.
 //
 // # Search
 //
@@ -60,6 +74,7 @@ type Layer struct {
 	ActBytes   int64   // activations one in-flight micro-batch keeps for this layer
 	ParamBytes int64   // parameters plus optimizer state and gradients
 	OutBytes   int64   // the layer's output for one micro-batch (what crosses a stage boundary)
+	GradBytes  int64   // the layer's gradients: what replicas all-reduce (independent of the micro-batch)
 }
 
 // Problem is what Solve plans and Evaluate simulates.
@@ -68,9 +83,10 @@ type Problem struct {
 	Stages       int
 	MicroBatches int   // fixed, or 0 to let Solve choose among Candidates
 	Candidates   []int // micro-batch counts to try when MicroBatches == 0 (each must divide Batch)
-	// Batch is the global batch (samples per step). Costs scale linearly
-	// with the micro-batch size Batch/m relative to MicroBatch (see the
-	// package comment for this approximation).
+	// Batch is the global batch (samples per step), which replicas share.
+	// Costs scale linearly with the micro-batch size Batch/Replicas/m
+	// relative to MicroBatch (see the package comment for this
+	// approximation).
 	Batch      int
 	MicroBatch int      // micro-batch size the layer costs were measured at
 	OverheadMS float64  // fixed cost per action, not scaling with size (e.g. 0.05)
@@ -82,16 +98,38 @@ type Problem struct {
 	// (TransferBytesPerMS 0: latency only).
 	TransferBytesPerMS float64
 	LatencyMS          float64
+	// Replicas is the number of data-parallel copies of the pipeline (0
+	// counts as 1; it must divide Batch). Their all-reduce of a stage's
+	// gradients costs AllReduceLatencyMS per message and moves bytes at
+	// AllReduceBytesPerMS (0: latency only), in buckets of at most
+	// BucketBytes (0: one bucket); see schedule.RingAllReduce.
+	Replicas            int
+	AllReduceBytesPerMS float64
+	AllReduceLatencyMS  float64
+	BucketBytes         int64
+}
+
+// replicas is Replicas with 0 counted as 1.
+func (p Problem) replicas() int { return max(1, p.Replicas) }
+
+// ring is the all-reduce among the replicas of a stage.
+func (p Problem) ring() schedule.RingAllReduce {
+	return schedule.RingAllReduce{Replicas: p.replicas(), Bandwidth: p.AllReduceBytesPerMS, Latency: p.AllReduceLatencyMS, BucketBytes: p.BucketBytes}
 }
 
 // Plan is a split with its schedule and simulated numbers.
 type Plan struct {
 	Boundaries   []int // first layer of each stage, Boundaries[0] == 0, len == Stages
 	Schedule     string
-	MicroBatches int
-	StepMS       float64   // simulated makespan of one step
+	MicroBatches int       // per replica
+	StepMS       float64   // simulated makespan of one step, all-reduces included
 	Bubble       []float64 // per stage, from the simulator
-	MemoryBytes  []int64   // per stage
+	MemoryBytes  []int64   // per stage (each replica of it holds as much)
+
+	Replicas         int       // data-parallel copies of the pipeline, 1 without
+	AllReduceMS      []float64 // per stage, its all-reduce's time; nil with one replica
+	ExposedMS        []float64 // per stage, how much of it the step's compute does not hide; nil with one replica
+	SamplesPerSecond float64   // the whole batch, all replicas' samples, over StepMS
 }
 
 // Schedules lists the schedule names the planner accepts: the built-in
@@ -281,6 +319,9 @@ func checkSchedule(name string) error {
 }
 
 func checkMicroBatches(p Problem, m int) error {
+	if r := p.replicas(); r > 1 && (m < 1 || p.Batch%(r*m) != 0) {
+		return fmt.Errorf("plan: %d micro-batches: must be >= 1 and divide each of the %d replicas' batch of %d", m, r, p.Batch/r)
+	}
 	if m < 1 || p.Batch%m != 0 {
 		return fmt.Errorf("plan: %d micro-batches: must be >= 1 and divide the batch of %d", m, p.Batch)
 	}
@@ -293,7 +334,7 @@ type model struct {
 	p                Problem
 	n                int
 	f, b, i, w       []float64 // prefix sums of the measured costs, len n+1
-	act, param       []int64   // prefix sums of the bytes, len n+1
+	act, param, grad []int64   // prefix sums of the bytes, len n+1
 	out              []float64 // OutBytes per layer
 	fwdBack, fwdInpt []float64 // prefix sums of F+B and F+I
 }
@@ -312,6 +353,11 @@ func newModel(p Problem) (*model, error) {
 	case !finite(p.OverheadMS) || !finite(p.LatencyMS) || !finite(p.TransferBytesPerMS):
 		return nil, fmt.Errorf("plan: overhead, latency and link speed must be finite and >= 0, got %v, %v and %v",
 			p.OverheadMS, p.LatencyMS, p.TransferBytesPerMS)
+	case p.Replicas < 0 || p.Batch%p.replicas() != 0:
+		return nil, fmt.Errorf("plan: %d replicas: must be >= 1 and divide the batch of %d", p.Replicas, p.Batch)
+	case !finite(p.AllReduceLatencyMS) || !finite(p.AllReduceBytesPerMS) || p.BucketBytes < 0:
+		return nil, fmt.Errorf("plan: all-reduce latency, speed and bucket size must be finite and >= 0, got %v, %v and %d",
+			p.AllReduceLatencyMS, p.AllReduceBytesPerMS, p.BucketBytes)
 	case p.MemoryLimit < 0:
 		return nil, fmt.Errorf("plan: memory limit must be >= 0, got %d", p.MemoryLimit)
 	}
@@ -319,13 +365,13 @@ func newModel(p Problem) (*model, error) {
 	for _, s := range []*[]float64{&d.f, &d.b, &d.i, &d.w, &d.fwdBack, &d.fwdInpt} {
 		*s = make([]float64, n+1)
 	}
-	d.act, d.param = make([]int64, n+1), make([]int64, n+1)
+	d.act, d.param, d.grad = make([]int64, n+1), make([]int64, n+1), make([]int64, n+1)
 	const maxBytes = 1 << 53 // keeps every byte count exact in a float64
 	for k, l := range p.Layers {
 		if !finite(l.F) || !finite(l.B) || !finite(l.I) || !finite(l.W) {
 			return nil, fmt.Errorf("plan: layer %d (%s): costs must be finite and >= 0, got F=%v B=%v I=%v W=%v", k, l.Name, l.F, l.B, l.I, l.W)
 		}
-		if l.ActBytes < 0 || l.ParamBytes < 0 || l.OutBytes < 0 {
+		if l.ActBytes < 0 || l.ParamBytes < 0 || l.OutBytes < 0 || l.GradBytes < 0 {
 			return nil, fmt.Errorf("plan: layer %d (%s): byte counts must be >= 0", k, l.Name)
 		}
 		in, wt := l.I, l.W
@@ -345,7 +391,8 @@ func newModel(p Problem) (*model, error) {
 		d.fwdInpt[k+1] = d.fwdInpt[k] + l.F + in
 		d.act[k+1] = d.act[k] + l.ActBytes
 		d.param[k+1] = d.param[k] + l.ParamBytes
-		if d.act[k+1] > maxBytes || d.param[k+1] > maxBytes {
+		d.grad[k+1] = d.grad[k] + l.GradBytes
+		if d.act[k+1] > maxBytes || d.param[k+1] > maxBytes || d.grad[k+1] > maxBytes {
 			return nil, fmt.Errorf("plan: layer byte counts sum past %d", int64(maxBytes))
 		}
 		d.out[k] = float64(l.OutBytes)
@@ -384,7 +431,7 @@ func (d *model) candidate(name string, m int) (*candidate, error) {
 	if err != nil {
 		return nil, fmt.Errorf("plan: %w", err)
 	}
-	mbs := float64(d.p.Batch / m)
+	mbs := float64(d.p.Batch / d.p.replicas() / m)
 	c := &candidate{model: d, name: name, m: m, sched: s, peak: s.PeakInFlight(),
 		split: s.SplitsBackward(), scale: mbs / float64(d.p.MicroBatch), mbs: mbs}
 	for _, list := range s.Actions {
@@ -393,17 +440,19 @@ func (d *model) candidate(name string, m int) (*candidate, error) {
 	return c, nil
 }
 
-// cost is one stage's per-micro-batch action durations.
+// cost is one stage's per-micro-batch action durations, and its all-reduce.
 type cost struct {
 	F, B, I, W float64
 	work       float64 // all of one micro-batch's actions: F+B, or F+I+W when split
 	back       float64 // the pass the previous stage waits for: B, or I when split
+	AR         float64 // the step's all-reduce of the stage's gradients; 0 with one replica
 }
 
 // stage returns the costs of a stage holding layers [i, j).
 func (c *candidate) stage(i, j int) cost {
 	ov, k := c.p.OverheadMS, c.scale
-	x := cost{F: k*(c.f[j]-c.f[i]) + ov, B: k*(c.b[j]-c.b[i]) + ov, I: k*(c.i[j]-c.i[i]) + ov, W: k*(c.w[j]-c.w[i]) + ov}
+	x := cost{F: k*(c.f[j]-c.f[i]) + ov, B: k*(c.b[j]-c.b[i]) + ov, I: k*(c.i[j]-c.i[i]) + ov, W: k*(c.w[j]-c.w[i]) + ov,
+		AR: c.p.ring().Time(c.grad[j] - c.grad[i])}
 	x.work, x.back = x.F+x.B, x.B
 	if c.split {
 		x.work, x.back = x.F+x.I+x.W, x.I
@@ -415,7 +464,11 @@ func (c *candidate) stage(i, j int) cost {
 // (exact: byte sums are kept below 2^53).
 func (c *candidate) memory(s, i, j int) float64 {
 	act := math.Ceil(float64(c.act[j]-c.act[i]) * c.mbs / float64(c.p.MicroBatch))
-	return float64(c.param[j]-c.param[i]) + float64(c.peak[s])*act
+	mem := float64(c.param[j]-c.param[i]) + float64(c.peak[s])*act
+	if c.p.replicas() > 1 {
+		mem += float64(c.grad[j] - c.grad[i]) // the all-reduce's flat copy
+	}
+	return mem
 }
 
 func (c *candidate) fits(s, i, j int) bool {
@@ -436,6 +489,10 @@ func (c *candidate) transfer(j int) float64 {
 func (c *candidate) simulate(bounds []int) (*Plan, error) {
 	p := len(bounds)
 	costs := schedule.Costs{F: make([]float64, p), B: make([]float64, p), I: make([]float64, p), W: make([]float64, p)}
+	replicated := c.p.replicas() > 1
+	if replicated {
+		costs.AllReduce = make([][]float64, p)
+	}
 	mem := make([]int64, p)
 	for s := range p {
 		end := c.n
@@ -445,12 +502,25 @@ func (c *candidate) simulate(bounds []int) (*Plan, error) {
 		}
 		x := c.stage(bounds[s], end)
 		costs.F[s], costs.B[s], costs.I[s], costs.W[s] = x.F, x.B, x.I, x.W
+		if replicated {
+			costs.AllReduce[s] = []float64{x.AR}
+		}
 		mem[s] = int64(c.memory(s, bounds[s], end))
 	}
 	tl, err := schedule.Simulate(c.sched, costs)
 	if err != nil {
 		return nil, fmt.Errorf("plan: %w", err)
 	}
-	return &Plan{Boundaries: slices.Clone(bounds), Schedule: c.name, MicroBatches: c.m,
-		StepMS: tl.Makespan, Bubble: tl.Bubble, MemoryBytes: mem}, nil
+	pl := &Plan{Boundaries: slices.Clone(bounds), Schedule: c.name, MicroBatches: c.m,
+		StepMS: tl.Makespan, Bubble: tl.Bubble, MemoryBytes: mem, Replicas: c.p.replicas()}
+	if tl.Makespan > 0 {
+		pl.SamplesPerSecond = 1000 * float64(c.p.Batch) / tl.Makespan
+	}
+	if replicated {
+		pl.ExposedMS = tl.Exposed
+		for s := range p {
+			pl.AllReduceMS = append(pl.AllReduceMS, tl.AllReduce(s))
+		}
+	}
+	return pl, nil
 }

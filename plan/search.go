@@ -141,7 +141,18 @@ func (c *candidate) own(s int, x cost) float64 {
 func (c *candidate) alone(s, i, j int, T float64) float64 {
 	x, ov := c.stage(i, j), c.p.OverheadMS
 	ready, far, after, cycle := c.terms(s, j, x, c.scale*c.f[i]+float64(s)*ov, c.scale*c.back[i]+float64(s)*ov, T, x.F, 0)
-	return max(max(ready, far)+after, cycle)
+	return max(max(ready, far)+after, cycle, c.reduced(s, x, max(ready, far)))
+}
+
+// reduced bounds the step by stage s's all-reduce, given a time its first
+// backward cannot start before: from there the stage still runs its other
+// forwards and every backward, and only then hands its gradients over.
+func (c *candidate) reduced(s int, x cost, from float64) float64 {
+	if x.AR == 0 {
+		return math.Inf(-1)
+	}
+	m := float64(c.m)
+	return from + (m-c.shape[s].nf)*x.F + m*(x.work-x.F) + x.AR
 }
 
 // follow returns the split that minMax's next table chose.
@@ -191,6 +202,9 @@ func (c *candidate) newSearch(limit float64, left *int) *bnb {
 //     through the later stages, so 1F1B's late stages, which keep few
 //     micro-batches in flight, cannot go faster than their round trip allows
 //     (terms' cycle).
+//   - A stage hands its gradients to the all-reduce after its last pass, so
+//     the step lasts at least S_s plus the stage's remaining work plus its
+//     all-reduce (reduced).
 //   - For the stages not yet placed: one of them does at least the smallest
 //     possible bottleneck work rest[s][i], and cannot finish before the
 //     forwards reach it and it runs m of those; and adding up the first two
@@ -375,8 +389,8 @@ func (b *bnb) place(n node, s, j int, x cost, T float64) (next node, grow float6
 	next.own = max(n.own, c.own(s, x)+post)
 	ready, far, after, cycle := c.terms(s, j, x, n.headF, n.tail, T, next.maxF, post)
 	next.down = max(n.down+x.back+T, after)
-	next.lb = max(n.lb, max(ready, far)+next.down, cycle)
-	return next, max(ready+next.down, cycle)
+	next.lb = max(n.lb, max(ready, far)+next.down, cycle, c.reduced(s, x, max(ready, far)))
+	return next, max(ready+next.down, cycle, c.reduced(s, x, ready))
 }
 
 // unplaced raises n.lb by the bounds for the stages after s, which start at

@@ -84,7 +84,7 @@ func shownSteps(events [][]Event, clocks []Clock, firstStep, steps int, waits bo
 		for i := range stage {
 			if e := &stage[i]; in(e) {
 				t0 = min(t0, e.StartNS)
-				if waits {
+				if waits && e.Kind != AllReduce { // its wait comes at its end
 					t0 = min(t0, e.StartNS-e.WaitNS)
 				}
 			}
@@ -111,7 +111,8 @@ func chartKind(k string) timeline.Kind {
 
 // Chart draws steps firstStep to firstStep+steps-1 of a measured run, chosen
 // and numbered as ShownSteps says (as the training log numbers them): one row
-// per stage, one span per action, optimizer steps included, in ms from the
+// per stage, one span per action, optimizer steps included, and a stage's
+// all-reduces (runs with replicas) in a lane under its row, in ms from the
 // first shown action, with the clocks aligned (Align). Each row's note gives
 // the stage's busy time and bubble over the shown steps' pipeline windows,
 // measured as Analyse does. Arrows run from each send to its receive in the
@@ -140,7 +141,7 @@ func Chart(events [][]Event, firstStep, steps int, opts ...ChartOptions) (*timel
 	for _, stage := range aligned {
 		for i := range stage {
 			e := &stage[i]
-			if !in(e) || e.Kind == Optimizer {
+			if !in(e) || !compute(e.Kind) {
 				continue
 			}
 			w, ok := windows[e.Step]
@@ -163,13 +164,21 @@ func Chart(events [][]Event, firstStep, steps int, opts ...ChartOptions) (*timel
 			if !in(e) {
 				continue
 			}
+			if e.Kind == AllReduce {
+				// Its wait_ns is the stage blocked on it before the
+				// optimizer step, not a wait before it began.
+				row.Spans = append(row.Spans, timeline.Span{Start: ms(e.StartNS), End: ms(e.EndNS),
+					Kind: timeline.AllReduce, Chunk: e.Chunk, Step: e.StepNumber(),
+					Detail: fmt.Sprintf("exposed %.3f ms, %.2f MiB sent", float64(e.WaitNS)/1e6, float64(e.BytesSent)/(1<<20))})
+				continue
+			}
 			if opt.Waits && e.WaitNS > 0 {
 				row.Spans = append(row.Spans, timeline.Span{Start: ms(e.StartNS - e.WaitNS), End: ms(e.StartNS),
 					Kind: timeline.Wait, MicroBatch: e.MB, Chunk: e.Chunk, Step: e.StepNumber()})
 			}
 			row.Spans = append(row.Spans, timeline.Span{Start: ms(e.StartNS), End: ms(e.EndNS),
 				Kind: chartKind(e.Kind), MicroBatch: e.MB, Chunk: e.Chunk, Step: e.StepNumber()})
-			if e.Kind != Optimizer {
+			if compute(e.Kind) {
 				busy += e.EndNS - e.StartNS
 			}
 		}
@@ -209,10 +218,16 @@ type traceEvent struct {
 }
 
 // traceName names an action's slice: "F3", "B3", "I3", "W3", lower-case for a
-// chunk > 0 ("f3"), "OPT" for the optimizer.
+// chunk > 0 ("f3"), "OPT" for the optimizer, "AR" for an all-reduce ("ar"
+// for a chunk > 0).
 func traceName(e *Event) string {
-	if e.Kind == Optimizer {
+	switch {
+	case e.Kind == Optimizer:
 		return "OPT"
+	case e.Kind == AllReduce && e.Chunk > 0:
+		return "ar"
+	case e.Kind == AllReduce:
+		return "AR"
 	}
 	name := fmt.Sprintf("%s%d", e.Kind, e.MB)
 	if e.Chunk > 0 {
@@ -228,7 +243,11 @@ func traceName(e *Event) string {
 // ("ph":"X") per action with its step (numbered as the training log numbers
 // it), micro-batch, chunk, bytes sent, wait and blocked-send time as args, and
 // a flow ("ph":"s" at the sender's slice end, "ph":"f" with "bp":"e" at the
-// receiver's slice start) from each send to its receive. Times are
+// receiver's slice start) from each send to its receive. A run with
+// data-parallel replicas has its all-reduces on a thread of their own under
+// each stage's ("stage 0 all-reduce"), one slice ("AR") per chunk and step
+// with its bytes sent and exposed time as args, since they overlap the
+// stage's actions. Times are
 // microseconds from the first shown action, clocks aligned (Align, with the
 // stages' recorded clocks when opts give them; the rest of opts is Chart's). It
 // is an error for firstStep to lie outside the run; nothing is written then.
@@ -239,12 +258,31 @@ func WriteTrace(w io.Writer, events [][]Event, firstStep, steps int, opts ...Cha
 	}
 	us := func(ns int64) float64 { return float64(ns-t0) / 1e3 }
 
+	// All-reduces overlap their stage's actions, and a thread's slices must
+	// nest: they get a thread of their own per stage, "stage s all-reduce"
+	// (thread p+s), sorted under the stage's.
+	p := len(aligned)
+	reduces := false
+	for _, stage := range aligned {
+		for i := range stage {
+			reduces = reduces || stage[i].Kind == AllReduce
+		}
+	}
 	var out []traceEvent
 	out = append(out, traceEvent{Name: "process_name", Ph: "M", Args: map[string]any{"name": "pipetrain run"}})
 	for s := range aligned {
+		index := s
+		if reduces {
+			index = 2 * s
+		}
 		out = append(out,
 			traceEvent{Name: "thread_name", Ph: "M", Tid: s, Args: map[string]any{"name": fmt.Sprintf("stage %d", s)}},
-			traceEvent{Name: "thread_sort_index", Ph: "M", Tid: s, Args: map[string]any{"sort_index": s}})
+			traceEvent{Name: "thread_sort_index", Ph: "M", Tid: s, Args: map[string]any{"sort_index": index}})
+		if reduces {
+			out = append(out,
+				traceEvent{Name: "thread_name", Ph: "M", Tid: p + s, Args: map[string]any{"name": fmt.Sprintf("stage %d all-reduce", s)}},
+				traceEvent{Name: "thread_sort_index", Ph: "M", Tid: p + s, Args: map[string]any{"sort_index": 2*s + 1}})
+		}
 	}
 	for s, stage := range aligned {
 		for i := range stage {
@@ -254,11 +292,17 @@ func WriteTrace(w io.Writer, events [][]Event, firstStep, steps int, opts ...Cha
 			}
 			dur := us(e.EndNS) - us(e.StartNS)
 			args := map[string]any{"step": e.StepNumber()}
-			if e.Kind != Optimizer {
+			tid := s
+			switch e.Kind {
+			case Optimizer:
+			case AllReduce:
+				tid = p + s
+				args["chunk"], args["bytes_sent"], args["exposed_us"] = e.Chunk, e.BytesSent, float64(e.WaitNS)/1e3
+			default:
 				args["micro_batch"], args["chunk"], args["bytes_sent"] = e.MB, e.Chunk, e.BytesSent
 				args["wait_us"], args["send_wait_us"], args["stashed"] = float64(e.WaitNS)/1e3, float64(e.SendNS)/1e3, e.Stashed
 			}
-			out = append(out, traceEvent{Name: traceName(e), Cat: e.Kind, Ph: "X", Ts: us(e.StartNS), Dur: &dur, Tid: s, Args: args})
+			out = append(out, traceEvent{Name: traceName(e), Cat: e.Kind, Ph: "X", Ts: us(e.StartNS), Dur: &dur, Tid: tid, Args: args})
 		}
 	}
 	id := 0

@@ -23,10 +23,17 @@ func ClockFile(dir string, stage int) string { return runlog.ClockFile(dir, stag
 // result is nil when no stage has one. A record that cannot be read or parsed
 // is an error naming the file.
 func ReadClocks(dir string, stages int) ([]Clock, error) {
+	return ReadReplicaClocks(dir, stages, 0)
+}
+
+// ReadReplicaClocks is ReadClocks for the stages of one replica: each
+// process records its own clock beside its log (runlog.ReplicaClockFile), and
+// replica 0's are ReadClocks'.
+func ReadReplicaClocks(dir string, stages, replica int) ([]Clock, error) {
 	clocks := make([]Clock, stages)
 	found := false
 	for s := range clocks {
-		path := ClockFile(dir, s)
+		path := runlog.ReplicaClockFile(dir, s, replica)
 		b, err := os.ReadFile(path)
 		if errors.Is(err, os.ErrNotExist) {
 			continue

@@ -2,6 +2,7 @@ package profile
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -45,6 +46,24 @@ type StageReport struct {
 	// pipeline ran. The logs time blocked sends only, not whole transfers, so a
 	// rate per second of sending is not known.
 	Throughput float64
+
+	// With data-parallel replicas the stage's replicas sum each chunk's
+	// gradients with an all-reduce. AllReduce sums, over the analysed steps,
+	// the time during which one of the stage's all-reduces was in progress:
+	// from the schedule's reduction op handing the gradients over until the
+	// sum was in. It runs beside the stage's actions, so it is not part of
+	// Busy, Wait or Idle, nor its bytes of BytesSent. AllReduceExposed is the
+	// part the stage spent blocked on it before its optimizer step (the
+	// events' wait_ns), AllReduceBytes what the stage's process sent for it,
+	// AllReduceSteps the analysed steps that logged one.
+	AllReduce, AllReduceExposed time.Duration
+	AllReduceBytes              int64
+	AllReduceSteps              int
+	// BusBandwidth is the all-reduce's bus bandwidth in bytes per second, as
+	// nccl-tests define it: 2(R-1)/R · S / t for S bytes of gradients summed
+	// over R replicas in time t. A ring rank sends 2(R-1)/R · S, so it is
+	// AllReduceBytes / AllReduce. 0 without all-reduces.
+	BusBandwidth float64
 }
 
 // StepReport is one analysed step.
@@ -132,6 +151,15 @@ type Report struct {
 	TheorySimulated bool
 	TheoryErr       error
 	TheoryMean      float64 // mean of Theory
+
+	// Replica is the replica whose pipeline the report describes (0 unless
+	// the caller says otherwise; with data-parallel replicas the tables are
+	// one replica's). Replicas[r][s] is stage s of replica r over the same
+	// steps (AddReplicas); nil when not added. ReplicasErr, when set, says
+	// why the caller could not add them.
+	Replica     int
+	Replicas    [][]ReplicaStage
+	ReplicasErr error
 }
 
 // Stragglers returns the analysed steps marked Straggler, in step order.
@@ -151,7 +179,9 @@ func (r *Report) Stragglers() []StepReport {
 // and it is an error when it does not (or is negative).
 //
 // The stages' clocks are aligned first (Align, with info.Clocks), so the logs
-// of stages on different hosts can be analysed together.
+// of stages on different hosts can be analysed together. With data-parallel
+// replicas events are one replica's pipeline, whose all-reduces are measured
+// beside its actions (StageReport.AllReduce); AddReplicas adds the others.
 func Analyse(info RunInfo, events [][]Event, skip int) (*Report, error) {
 	if len(events) == 0 {
 		return nil, errors.New("profile: no stages")
@@ -172,7 +202,7 @@ func Analyse(info RunInfo, events [][]Event, skip int) (*Report, error) {
 				steps = append(steps, e.Step)
 				sp = span{math.MaxInt64, math.MinInt64}
 			}
-			if e.Kind != Optimizer {
+			if compute(e.Kind) {
 				sp.start, sp.end = min(sp.start, e.StartNS), max(sp.end, e.EndNS)
 			}
 			spans[e.Step] = sp
@@ -206,12 +236,19 @@ func Analyse(info RunInfo, events [][]Event, skip int) (*Report, error) {
 		sr := &r.Stages[i]
 		sr.Stage = i
 		stepsSeen := map[int]bool{}
+		reduced := map[int][][2]int64{} // step -> the stage's all-reduces
 		for _, e := range stage {
 			step, ok := analysed[e.Step]
 			if !ok {
 				continue
 			}
 			stepsSeen[e.Step] = true
+			if e.Kind == AllReduce {
+				reduced[e.Step] = append(reduced[e.Step], [2]int64{e.StartNS, e.EndNS})
+				sr.AllReduceExposed += time.Duration(e.WaitNS)
+				sr.AllReduceBytes += e.BytesSent
+				continue
+			}
 			d := time.Duration(e.EndNS - e.StartNS)
 			switch e.Kind {
 			case Forward:
@@ -223,7 +260,7 @@ func Analyse(info RunInfo, events [][]Event, skip int) (*Report, error) {
 			case Optimizer:
 				sr.Optimizer += d
 			}
-			if e.Kind != Optimizer {
+			if compute(e.Kind) {
 				busy[step][i] += d
 			}
 			sr.Wait += time.Duration(e.WaitNS)
@@ -232,6 +269,13 @@ func Analyse(info RunInfo, events [][]Event, skip int) (*Report, error) {
 			sr.BytesSent += e.BytesSent
 		}
 		sr.Steps = len(stepsSeen)
+		for _, spans := range reduced {
+			sr.AllReduce += covered(spans)
+		}
+		sr.AllReduceSteps = len(reduced)
+		if sr.AllReduce > 0 {
+			sr.BusBandwidth = float64(sr.AllReduceBytes) / sr.AllReduce.Seconds()
+		}
 		sr.Busy = sr.Forward + sr.Backward + sr.Weight
 		sr.Idle = r.Window - sr.Busy
 		if r.Window > 0 {
@@ -261,6 +305,24 @@ func Analyse(info RunInfo, events [][]Event, skip int) (*Report, error) {
 		}
 	}
 	return r, nil
+}
+
+// covered is how long at least one of spans ([start, end] ns) lasted: a
+// stage's all-reduces run one after another on one ring, and one handed
+// over while another is in progress waits for it, so their union is the
+// time the stage had an all-reduce in hand.
+func covered(spans [][2]int64) time.Duration {
+	slices.SortFunc(spans, func(a, b [2]int64) int { return cmp.Compare(a[0], b[0]) })
+	var total int64
+	end := int64(math.MinInt64)
+	for _, s := range spans {
+		start := max(s[0], end)
+		if s[1] > start {
+			total += s[1] - start
+		}
+		end = max(end, s[1])
+	}
+	return time.Duration(total)
 }
 
 // analyseSteps fills in each step's bubble and slowest stage from busy (per
@@ -469,8 +531,11 @@ func table(w io.Writer) (row func(cells ...string), flush func() error) {
 // Send included, as part of F and B), one of each stage's measured, simulated
 // and theoretical bubble, memory, traffic and clock offset, one of the links'
 // traffic; then the mean bubbles, the clock alignment, the step windows with
-// their stragglers, and the bottleneck stage. With Options.Steps it ends with
-// the per-step table (WriteSteps).
+// their stragglers, and the bottleneck stage. A run with data-parallel
+// replicas adds, after the second table, one of each stage's all-reduce
+// (writeAllReduce), and after the bottleneck every replica's stages with the
+// straggler replicas (AddReplicas). With Options.Steps it ends with the
+// per-step table (WriteSteps).
 func (r *Report) Write(w io.Writer, opts ...Options) error {
 	var opt Options
 	for _, o := range opts {
@@ -510,6 +575,11 @@ func (r *Report) Write(w io.Writer, opts ...Options) error {
 	}
 	if err := flush(); err != nil {
 		return err
+	}
+	if r.hasAllReduce() {
+		if err := r.writeAllReduce(w); err != nil {
+			return err
+		}
 	}
 
 	if len(r.Links) > 0 {
@@ -553,8 +623,12 @@ func (r *Report) Write(w io.Writer, opts ...Options) error {
 	case n > 1:
 		analysed += fmt.Sprintf(" (%d-%d)", r.Steps[0].Step, r.Steps[n-1].Step)
 	}
-	fmt.Fprintf(&b, "(schedule %s, %s, %s, %s, window %s %s)\n",
-		r.Info.Schedule, words.Count(len(r.Stages), "stage"), words.Count(r.Info.MicroBatches, "micro-batch"), analysed, tf(r.Window), unit)
+	replica := ""
+	if r.Info.Replicas > 1 {
+		replica = fmt.Sprintf(", replica %d of %d", r.Replica, r.Info.Replicas)
+	}
+	fmt.Fprintf(&b, "(schedule %s, %s, %s%s, %s, window %s %s)\n",
+		r.Info.Schedule, words.Count(len(r.Stages), "stage"), words.Count(r.Info.MicroBatches, "micro-batch"), replica, analysed, tf(r.Window), unit)
 	if r.PredictErr != nil {
 		fmt.Fprintf(&b, "simulation: %v\n", r.PredictErr)
 	}
@@ -571,6 +645,9 @@ func (r *Report) Write(w io.Writer, opts ...Options) error {
 	bn := r.Stages[r.Bottleneck]
 	fmt.Fprintf(&b, "bottleneck: stage %d (busy %s %s)\n", bn.Stage, tf(bn.Busy), unit)
 	if _, err := io.WriteString(w, b.String()); err != nil {
+		return err
+	}
+	if err := r.writeReplicas(w); err != nil {
 		return err
 	}
 	if opt.Steps {

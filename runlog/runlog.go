@@ -174,8 +174,8 @@ func (e *Event) Check(stage int) error {
 	switch {
 	case e.Stage != stage:
 		return fmt.Errorf("event of stage %d in stage %d's log", e.Stage, stage)
-	case e.Kind != Forward && e.Kind != Backward && e.Kind != Input && e.Kind != Weight && e.Kind != Optimizer:
-		return fmt.Errorf("unknown kind %q: want F, B, I, W or OPT", e.Kind)
+	case e.Kind != Forward && e.Kind != Backward && e.Kind != Input && e.Kind != Weight && e.Kind != Optimizer && e.Kind != AllReduce:
+		return fmt.Errorf("unknown kind %q: want F, B, I, W, OPT or AR", e.Kind)
 	case e.EndNS < e.StartNS:
 		return fmt.Errorf("end_ns %d before start_ns %d", e.EndNS, e.StartNS)
 	case e.Step < 0:

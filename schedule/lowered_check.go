@@ -186,10 +186,14 @@ func (l *Lowered) checkComm(ops []Op, j int) error {
 // Simulate plays a lowered schedule as Simulate plays a compute-only one: a
 // stage runs its ops in order; a compute op takes its cost, a receive waits
 // for its message (the send's time, plus Costs.Transfer between stages), a
-// send and a reduction take no time (sends never block: receivers read
-// ahead). On a schedule lowered from s it gives s's timeline exactly.
+// send takes no time (sends never block: receivers read ahead), and so does
+// a reduction for the stage: it hands the chunk's gradients to the stage's
+// all-reduce, which takes Costs.AllReduce in the background, one chunk after
+// another. A tied weight's exchange first waits for the stage's all-reduces,
+// as the runtime's does. On a schedule lowered from s it gives s's timeline
+// exactly.
 func (l *Lowered) Simulate(c Costs) (*Timeline, error) {
-	if err := c.check(l.Stages); err != nil {
+	if err := c.check(l.Stages, l.Chunks); err != nil {
 		return nil, err
 	}
 	return l.simulate(c)
@@ -221,6 +225,8 @@ func (l *Lowered) playDepth(c Costs, depth int) (*Timeline, error) {
 	taken := map[link]int{}       // of which a receive has taken (read past) this many
 	clock := make([]float64, p)   // each stage's time after its last op
 	next := make([]int, p)        // each stage's next op
+	rings := make([]ring, p)      // each stage's all-reduces
+	tied := false
 	tl := &Timeline{
 		Spans:        make([][]Span, p),
 		Busy:         make([]float64, p),
@@ -259,7 +265,16 @@ func (l *Lowered) playDepth(c Costs, depth int) (*Timeline, error) {
 						t += c.Transfer
 					}
 					clock[st] = max(clock[st], t)
-				case o.Kind == SyncTied && o.Peer >= 0:
+				case o.Kind == ReduceGrad && c.AllReduce != nil:
+					rings[st].reduce(o.Action.Chunk, clock[st], c.AllReduce[st][o.Action.Chunk])
+				case o.Kind == SyncTied:
+					if c.AllReduce != nil {
+						// The exchange sums reduced gradients.
+						clock[st], tied = max(clock[st], rings[st].free), true
+					}
+					if o.Peer < 0 {
+						break
+					}
 					// Each side sends its half, then waits for the other's.
 					mine := message{grad: true, microBatch: -1 - o.Index, from: -1 - st}
 					if _, ok := sent[mine]; !ok {
@@ -284,6 +299,21 @@ func (l *Lowered) playDepth(c Costs, depth int) (*Timeline, error) {
 	if len(waits) > 0 {
 		return nil, fmt.Errorf("deadlock: %s", strings.Join(waits, "; "))
 	}
-	tl.finish(clock)
+	if c.AllReduce == nil {
+		tl.finish(clock, nil)
+		return tl, nil
+	}
+	r := &reduced{rings: rings, bare: latest(clock)}
+	if tied {
+		// The waits moved the exchanges, and with them the stages' ends:
+		// the step without all-reduces needs a play of its own.
+		c.AllReduce = nil
+		bare, err := l.playDepth(c, depth)
+		if err != nil {
+			return nil, err
+		}
+		r.bare = bare.Makespan
+	}
+	tl.finish(clock, r)
 	return tl, nil
 }

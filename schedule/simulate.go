@@ -14,10 +14,18 @@ import (
 // meaning B/2. With v chunks per stage a chunk holds 1/v of the stage's
 // layers, so an action on one chunk costs a v-th of these. A transfer between
 // two chunks of the same stage is free.
+//
+// AllReduce[s][c], when given, is how long the all-reduce of chunk c's
+// gradients among stage s's data-parallel replicas takes (RingAllReduce.Time
+// gives it from the gradient's bytes). It runs in the background from the
+// moment the chunk's gradients are final for the step (its last B or W), so
+// it costs the step only what the stage's remaining work and the other
+// stages do not cover. nil means one replica: nothing to reduce.
 type Costs struct {
-	F, B     []float64 // len == Stages
-	I, W     []float64 // len == Stages, or nil for B/2
-	Transfer float64
+	F, B      []float64 // len == Stages
+	I, W      []float64 // len == Stages, or nil for B/2
+	Transfer  float64
+	AllReduce [][]float64 // len == Stages, each len == Chunks; or nil
 }
 
 // UniformCosts returns Costs with the same forward and full backward duration
@@ -58,13 +66,44 @@ type Span struct {
 	Start, End float64
 }
 
-// Timeline is the result of simulating one training step.
+// Reduction is one chunk's all-reduce in a Timeline.
+type Reduction struct {
+	Chunk      int
+	Start, End float64
+}
+
+// Timeline is the result of simulating one training step. The makespan is
+// the latest end of any stage's work: its last action, or the end of its
+// all-reduces when they finish later (the optimizer step waits for them).
 type Timeline struct {
 	Makespan     float64
 	Spans        [][]Span  // per stage, in execution order
 	Busy         []float64 // per stage, sum of span durations
 	Bubble       []float64 // per stage, 1 - Busy/Makespan (0 when Makespan is 0)
 	PeakInFlight []int     // per stage, as Schedule.PeakInFlight
+
+	// With Costs.AllReduce, and nil without: per stage, its chunks'
+	// all-reduces in the order they ran (one at a time, as one ring serves
+	// a stage), and Exposed, how far the last of them ends after the step
+	// would have ended with no all-reduce at all: the part of the stage's
+	// all-reduce that no computation hides. The step is longer than it
+	// would be without them by the largest Exposed (in a lowered schedule
+	// whose tied weights' exchange waits for the all-reduces, by up to a
+	// transfer more).
+	Reductions [][]Reduction
+	Exposed    []float64
+}
+
+// AllReduce returns stage st's total all-reduce time (0 without
+// Costs.AllReduce).
+func (tl *Timeline) AllReduce(st int) float64 {
+	var t float64
+	if tl.Reductions != nil {
+		for _, r := range tl.Reductions[st] {
+			t += r.End - r.Start
+		}
+	}
+	return t
 }
 
 // Simulate plays the schedule: each stage runs its list in order, and an
@@ -78,15 +117,16 @@ func Simulate(s *Schedule, c Costs) (*Timeline, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := c.check(s.Stages); err != nil {
+	if err := c.check(s.Stages, s.Chunks); err != nil {
 		return nil, err
 	}
 	return simulate(s, x, c)
 }
 
-// check verifies costs for p stages: one forward and backward (and, if
-// given, input-gradient and weight) entry per stage, all finite and >= 0.
-func (c Costs) check(p int) error {
+// check verifies costs for p stages of v chunks: one forward and backward
+// (and, if given, input-gradient and weight) entry per stage, and if given
+// one all-reduce entry per chunk of each stage, all finite and >= 0.
+func (c Costs) check(p, v int) error {
 	if len(c.F) != p || len(c.B) != p {
 		return fmt.Errorf("costs have %d forward and %d backward entries, want %d each", len(c.F), len(c.B), p)
 	}
@@ -115,6 +155,22 @@ func (c Costs) check(p int) error {
 	}
 	if !nonNegative(c.Transfer) {
 		return fmt.Errorf("transfer cost must be finite and >= 0, got %v", c.Transfer)
+	}
+	if c.AllReduce == nil {
+		return nil
+	}
+	if len(c.AllReduce) != p {
+		return fmt.Errorf("costs have %d all-reduce entries, want %d (one per stage, or none)", len(c.AllReduce), p)
+	}
+	for st, chunks := range c.AllReduce {
+		if len(chunks) != v {
+			return fmt.Errorf("stage %d: costs have %d all-reduce entries, want one per chunk, %d", st, len(chunks), v)
+		}
+		for ch, d := range chunks {
+			if !nonNegative(d) {
+				return fmt.Errorf("stage %d chunk %d: all-reduce cost must be finite and >= 0, got %v", st, ch, d)
+			}
+		}
 	}
 	return nil
 }
@@ -219,14 +275,65 @@ func simulate(s *Schedule, x *index, c Costs) (*Timeline, error) {
 		return nil, fmt.Errorf("deadlock: %s", strings.Join(waits, "; "))
 	}
 
-	tl.finish(free)
+	if c.AllReduce == nil {
+		tl.finish(free, nil)
+		return tl, nil
+	}
+	// A chunk's reduction starts where the lowering puts its ReduceGrad:
+	// right after its last B or W (the sends that follow take no time).
+	rings := make([]ring, p)
+	for st, spans := range tl.Spans {
+		last := make([]int, v)
+		for i := range last {
+			last[i] = -1
+		}
+		for i, sp := range spans {
+			if sp.Action.Kind == Backward || sp.Action.Kind == Weight {
+				last[sp.Action.Chunk] = i
+			}
+		}
+		for i, sp := range spans {
+			for ch, at := range last {
+				if at == i {
+					rings[st].reduce(ch, sp.End, c.AllReduce[st][ch])
+				}
+			}
+		}
+	}
+	// Nothing waits for a reduction before the step's end, so the step
+	// without them ends where the compute does.
+	tl.finish(free, &reduced{rings: rings, bare: latest(free)})
 	return tl, nil
 }
 
-// finish sets the makespan, the latest of the stages' end times, and each
-// stage's bubble from it.
-func (tl *Timeline) finish(ends []float64) {
-	for _, e := range ends {
+// ring is one stage's all-reduces: they run one after another, each from
+// the time its chunk is handed over or the previous one ends.
+type ring struct {
+	free float64 // when the last reduction handed over ends
+	done []Reduction
+}
+
+func (r *ring) reduce(chunk int, at, d float64) {
+	start := max(at, r.free)
+	r.free = start + d
+	r.done = append(r.done, Reduction{Chunk: chunk, Start: start, End: r.free})
+}
+
+// reduced is what finish needs of the all-reduces: each stage's ring, and
+// the makespan the step would have without any.
+type reduced struct {
+	rings []ring
+	bare  float64
+}
+
+// finish sets the makespan, the latest of the stages' end times (each the
+// later of the stage's ends and its reductions' end), each stage's bubble
+// from it and, with reductions, the timeline's Reductions and Exposed.
+func (tl *Timeline) finish(ends []float64, r *reduced) {
+	for st, e := range ends {
+		if r != nil {
+			e = max(e, r.rings[st].free)
+		}
 		tl.Makespan = max(tl.Makespan, e)
 	}
 	for st := range tl.Bubble {
@@ -234,4 +341,20 @@ func (tl *Timeline) finish(ends []float64) {
 			tl.Bubble[st] = 1 - tl.Busy[st]/tl.Makespan
 		}
 	}
+	if r == nil {
+		return
+	}
+	tl.Reductions, tl.Exposed = make([][]Reduction, len(ends)), make([]float64, len(ends))
+	for st, rg := range r.rings {
+		tl.Reductions[st] = rg.done
+		tl.Exposed[st] = max(0, rg.free-r.bare)
+	}
+}
+
+func latest(ts []float64) float64 {
+	var t float64
+	for _, x := range ts {
+		t = max(t, x)
+	}
+	return t
 }

@@ -280,6 +280,6 @@ func (r *Runtime) weight(a schedule.Action) error {
 // record logs an action's event, ending now.
 func (r *Runtime) record(ev runlog.Event, start time.Time) error {
 	r.live.action(ev.Kind, time.Since(start), ev.BytesSent, r.inFlight())
-	ev.EndNS, ev.Stashed = time.Now().UnixNano(), r.inFlight()
+	ev.EndNS, ev.Stashed, ev.Replica = time.Now().UnixNano(), r.inFlight(), r.replica
 	return r.events.add(ev)
 }

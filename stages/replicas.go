@@ -49,11 +49,14 @@ type reducer struct {
 	bases   []int // first tag of each chunk's plan
 	jobs    chan *reduction
 	pending []*reduction
-	buffers []any // per chunk, reused
+	// buffers are each chunk's two flat vectors, used on alternate steps:
+	// a ring may still be sending from one until its next all-reduce has
+	// returned (collective.AllReduce).
+	buffers [][2]any
 }
 
 func newReducer(l *Layout, ring *collective.Ring) *reducer {
-	rd := &reducer{ring: ring, plans: l.Plans, jobs: make(chan *reduction, len(l.Plans)), buffers: make([]any, len(l.Plans))}
+	rd := &reducer{ring: ring, plans: l.Plans, jobs: make(chan *reduction, len(l.Plans)), buffers: make([][2]any, len(l.Plans))}
 	base := 0
 	for _, p := range l.Plans {
 		rd.bases = append(rd.bases, base)
@@ -154,8 +157,9 @@ func (r *Runtime) ReduceGrad(ctx context.Context, step, chunk int) error {
 		return err
 	}
 	rd := r.reducer
-	rd.buffers[chunk] = flatten(grads, rd.buffers[chunk])
-	j := &reduction{step: int64(step), chunk: chunk, flat: rd.buffers[chunk], start: time.Now(), done: make(chan struct{})}
+	buf := &rd.buffers[chunk][step%2]
+	*buf = flatten(grads, *buf)
+	j := &reduction{step: int64(step), chunk: chunk, flat: *buf, start: time.Now(), done: make(chan struct{})}
 	rd.pending = append(rd.pending, j)
 	select {
 	case rd.jobs <- j:

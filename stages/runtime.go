@@ -409,7 +409,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 	for _, e := range r.engines {
 		peak += e.PeakInFlight()
 	}
-	fmt.Fprintf(r.log, "stage %d: done in %.1fs, peak %s stashed\n", r.stage, time.Since(start).Seconds(), words.Count(peak, "micro-batch"))
+	fmt.Fprintf(r.log, "%s: done in %.1fs, peak %s stashed\n", r.name(), time.Since(start).Seconds(), words.Count(peak, "micro-batch"))
 	return nil
 }
 
@@ -481,7 +481,7 @@ func (r *Runtime) trainStep(ctx context.Context, step int) error {
 
 // name is how the stage names itself in logs and errors.
 func (r *Runtime) name() string {
-	if r.layout.Stages == 1 && r.reducer == nil {
+	if r.layout.Reference {
 		return fmt.Sprintf("stage %d", r.stage)
 	}
 	return r.cfg.ProcessName(r.stage, r.replica)

@@ -22,6 +22,8 @@ const (
 	laneH        = 28   // row pitch
 	boxH         = 20   // box height inside a row
 	sendH        = 5    // height of a SEND bar (drawn at a box's bottom edge)
+	besideLaneH  = 12   // pitch of a lane under a row for spans beside its work (AllReduce)
+	besideH      = 8    // height of a bar in such a lane
 	charW        = 7.0  // rough width of a 12px character
 	boxCharW     = 6.6  // rough width of an 11px character
 	boxPx        = 30.0 // target width of a typical box
@@ -38,12 +40,41 @@ type svgLayout struct {
 	width        float64
 	tick         float64 // axis tick step, in time units
 	dec          int     // decimals for times in tooltips
+	// tops[i] is the top of row i's lane, tops[len(rows)] the end of the
+	// last row; subs[i] are the kinds drawn in lanes under row i.
+	tops []float64
+	subs [][]Kind
 }
 
 func (l *svgLayout) x(t float64) float64 { return l.plotX + (t-l.t0)*l.scale }
 
 func (l *svgLayout) boxTop(row int) float64 {
-	return l.lanesY + float64(row)*laneH + (laneH-boxH)/2
+	return l.tops[row] + (laneH-boxH)/2
+}
+
+// rows lays the rows out from lanesY down: each a lane of laneH, and under
+// it a lane of besideLaneH for each kind of its spans drawn beside its work.
+func (l *svgLayout) rows(rows []Row) {
+	l.tops, l.subs = make([]float64, len(rows)+1), make([][]Kind, len(rows))
+	y := l.lanesY
+	for i := range rows {
+		l.tops[i] = y
+		l.subs[i] = rows[i].besidePresent()
+		y += laneH + float64(len(l.subs[i]))*besideLaneH
+	}
+	l.tops[len(rows)] = y
+}
+
+// besideTop is the top of the lane under row for spans of kind k.
+func (l *svgLayout) besideTop(row int, k Kind) float64 {
+	y := l.tops[row] + laneH
+	for _, s := range l.subs[row] {
+		if s == k {
+			break
+		}
+		y += besideLaneH
+	}
+	return y
 }
 
 // SVG writes the chart as a self-contained SVG document (no scripts, no
@@ -55,7 +86,8 @@ func (l *svgLayout) boxTop(row int) float64 {
 // chunk > 0, with its label ("F3", "f3") or just the micro-batch number inside
 // when it fits, and a tooltip ("stage 1 F mb 3 chunk 0: 12.0-15.5 ms"). SEND
 // spans are thin bars along the bottom of the lane so that they can overlap
-// compute; WAIT spans are pale grey. Idle time is left blank, so bubbles show
+// compute; WAIT spans are pale grey. AR spans run beside the row's work:
+// they are bars in a thin lane of their own under the row ("all-reduce"). Idle time is left blank, so bubbles show
 // as gaps. A legend lists the kinds present, and Arrows are drawn on top.
 //
 // The width grows with the number of boxes to keep a typical box readable,
@@ -82,7 +114,8 @@ func (c *Chart) SVG(w io.Writer) error {
 	}
 	axisY := y + 12 // baseline of the tick labels
 	l.lanesY = y + 20
-	lanesEnd := l.lanesY + float64(len(c.Rows))*laneH
+	l.rows(c.Rows)
+	lanesEnd := l.tops[len(c.Rows)]
 	hatches := c.hatchesUsed(kindIdx)
 	legendItems := c.legendItems(kinds, hatches)
 	legendY, height := layoutLegend(legendItems, l, lanesEnd)
@@ -139,12 +172,17 @@ func (c *Chart) SVG(w io.Writer) error {
 	// Lanes, names and notes.
 	p(`<g class="lanes">` + "\n")
 	for i, r := range c.Rows {
-		top := l.lanesY + float64(i)*laneH
+		top := l.tops[i]
 		mid := num(top + laneH/2 + 4)
 		p(`<rect class="lane" x="%s" y="%s" width="%s" height="%d" fill="#f3f4f6" fill-opacity="0.8"/>`, num(l.plotX), num(top+1), num(l.plotW), laneH-2)
 		p(`<text x="%s" y="%s" text-anchor="end" font-weight="500">%s</text>`, num(l.plotX-10), mid, esc(cut(oneLine(r.Name))))
 		if r.Note != "" {
 			p(`<text x="%s" y="%s" fill="#4b5563">%s</text>`, num(l.plotX+l.plotW+10), mid, esc(cut(oneLine(r.Note))))
+		}
+		for _, k := range l.subs[i] {
+			sub := l.besideTop(i, k)
+			p(`<rect class="beside-lane" x="%s" y="%s" width="%s" height="%d" fill="#f9fafb"/>`, num(l.plotX), num(sub), num(l.plotW), besideLaneH-1)
+			p(`<text x="%s" y="%s" text-anchor="end" font-size="10" fill="#6b7280">%s</text>`, num(l.plotX-10), num(sub+besideLaneH-3), esc(besideName(k)))
 		}
 		p("\n")
 	}
@@ -206,7 +244,9 @@ func (c *Chart) layout(t0, t1 float64) *svgLayout {
 		nameChars = max(nameChars, min(utf8.RuneCountInString(r.Name), maxSideChars))
 		noteChars = max(noteChars, min(utf8.RuneCountInString(r.Note), maxSideChars))
 		for _, s := range r.Spans {
-			if s.End > s.Start {
+			// A collective beside the work may last far longer than a box:
+			// the boxes set the scale.
+			if s.End > s.Start && !beside(s.Kind) {
 				durs = append(durs, s.End-s.Start)
 			}
 		}
@@ -247,8 +287,11 @@ func (c *Chart) writeBox(bw *bufio.Writer, l *svgLayout, row int, s Span, ki int
 	x0, x1 := l.x(s.Start), l.x(s.End)
 	w := math.Max(x1-x0, 0.5)
 	y, h := l.boxTop(row), float64(boxH)
-	if s.Kind == Send {
+	switch {
+	case s.Kind == Send:
 		y, h = y+boxH-sendH, sendH
+	case beside(s.Kind):
+		y, h = l.besideTop(row, s.Kind)+(besideLaneH-1-besideH)/2, besideH
 	}
 	fill := st.fill
 	if s.Kind == Wait {
@@ -297,12 +340,19 @@ func (c *Chart) writeBox(bw *bufio.Writer, l *svgLayout, row int, s Span, ki int
 func (c *Chart) tooltip(l *svgLayout, row int, s Span) string {
 	var b strings.Builder
 	b.WriteString(oneLine(c.Rows[row].Name))
-	fmt.Fprintf(&b, " %s mb %d chunk %d", oneLine(string(s.Kind)), s.MicroBatch, s.Chunk)
+	if beside(s.Kind) { // no micro-batch: it runs for the whole step's
+		fmt.Fprintf(&b, " %s chunk %d", oneLine(string(s.Kind)), s.Chunk)
+	} else {
+		fmt.Fprintf(&b, " %s mb %d chunk %d", oneLine(string(s.Kind)), s.MicroBatch, s.Chunk)
+	}
 	if s.Step != 0 {
 		fmt.Fprintf(&b, " step %d", s.Step)
 	}
 	if s.Label != "" {
 		fmt.Fprintf(&b, " (%s)", oneLine(s.Label))
+	}
+	if s.Detail != "" {
+		fmt.Fprintf(&b, " (%s)", oneLine(s.Detail))
 	}
 	fmt.Fprintf(&b, ": %s-%s", formatNum(s.Start, l.dec), formatNum(s.End, l.dec))
 	if c.Unit != "" {

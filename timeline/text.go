@@ -26,7 +26,8 @@ const defaultTextWidth = 100
 // kind's letter ('F', 'B', 'I', 'W', 'O' for OPT, 'S' for SEND, '-' for WAIT,
 // the first letter, upper-cased, for other kinds), lowercase for chunk > 0,
 // and '.' for idle. Where spans overlap, compute wins over SEND and SEND over
-// WAIT. Above the rows is a ruler in Chart.Unit; each row ends with its Note;
+// WAIT. AR spans run beside the row's work: they get a line of their own
+// under the row ("  all-reduce", 'A', blank where none is in progress). Above the rows is a ruler in Chart.Unit; each row ends with its Note;
 // a key of the letters used closes the picture.
 func (c *Chart) Text(w io.Writer, slot float64, width int) error {
 	t0, t1, err := c.bounds()
@@ -58,15 +59,18 @@ func (c *Chart) Text(w io.Writer, slot float64, width int) error {
 		slot = niceStep(slot * 1.5) // aligning start cost a column: next nice step
 	}
 
-	// The grid: one rune per slot, with the layer that wrote it.
-	grid := make([][]rune, len(c.Rows))
-	for i, r := range c.Rows {
+	// The grid: one rune per slot, with the layer that wrote it; under a
+	// row, a line of its own for each kind drawn beside its work.
+	fill := func(spans []Span, idle rune, keep func(Kind) bool) []rune {
 		line := make([]rune, cols)
 		lay := make([]int8, cols)
 		for j := range line {
-			line[j] = '.'
+			line[j] = idle
 		}
-		for _, s := range r.Spans {
+		for _, s := range spans {
+			if !keep(s.Kind) {
+				continue
+			}
 			ch := styleOf(s.Kind).letter
 			if s.Chunk > 0 {
 				ch = unicode.ToLower(ch)
@@ -81,8 +85,20 @@ func (c *Chart) Text(w io.Writer, slot float64, width int) error {
 				}
 			}
 		}
-		grid[i] = line
+		return line
 	}
+	grid := make([][]rune, len(c.Rows))
+	subs := make([][]Kind, len(c.Rows))
+	subGrid := make([][][]rune, len(c.Rows))
+	for i, r := range c.Rows {
+		grid[i] = fill(r.Spans, '.', func(k Kind) bool { return !beside(k) })
+		subs[i] = r.besidePresent()
+		for _, k := range subs[i] {
+			// Blank, not '.': no collective in progress is not idle time.
+			subGrid[i] = append(subGrid[i], fill(r.Spans, ' ', func(s Kind) bool { return s == k }))
+		}
+	}
+	subName := func(k Kind) string { return "  " + besideName(k) }
 
 	// Ruler: a label every `every` columns, where every is the first of 10,
 	// 20, 50, ... columns wide enough for the longest label.
@@ -99,8 +115,11 @@ func (c *Chart) Text(w io.Writer, slot float64, width int) error {
 	d = decimals(float64(every) * slot)
 
 	nameW := utf8.RuneCountInString(c.Unit)
-	for _, r := range c.Rows {
+	for i, r := range c.Rows {
 		nameW = max(nameW, utf8.RuneCountInString(oneLine(r.Name)))
+		for _, k := range subs[i] {
+			nameW = max(nameW, utf8.RuneCountInString(subName(k)))
+		}
 	}
 	pad := func(s string) string {
 		return s + strings.Repeat(" ", nameW-utf8.RuneCountInString(s)) + "  "
@@ -134,6 +153,9 @@ func (c *Chart) Text(w io.Writer, slot float64, width int) error {
 			line += "  " + oneLine(r.Note)
 		}
 		fmt.Fprintln(bw, strings.TrimRight(line, " "))
+		for j, k := range subs[i] {
+			fmt.Fprintln(bw, strings.TrimRight(pad(subName(k))+string(subGrid[i][j]), " "))
+		}
 	}
 	fmt.Fprintln(bw, c.textKey(slot, decimals(slot)))
 	return bw.Flush()

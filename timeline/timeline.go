@@ -35,7 +35,25 @@ const (
 	Optimizer  Kind = "OPT"  // optimizer step
 	Wait       Kind = "WAIT" // explicit waiting (optional)
 	Send       Kind = "SEND" // sending activations or gradients (optional)
+	// AllReduce is a collective that runs beside the row's work (a stage's
+	// gradient all-reduce among data-parallel replicas): drawn in a thin lane
+	// of its own under the row, so it may overlap the row's boxes.
+	AllReduce Kind = "AR"
 )
+
+// beside reports whether spans of kind k run beside a row's other work and
+// are drawn in a lane of their own under it (besideKinds, in that order).
+func beside(k Kind) bool { return k == AllReduce }
+
+var besideKinds = []Kind{AllReduce}
+
+// besideName names the lane under a row for spans of kind k: "all-reduce".
+func besideName(k Kind) string {
+	if k == AllReduce {
+		return "all-reduce"
+	}
+	return string(k)
+}
 
 // Span is one box: a piece of work on one row between Start and End.
 type Span struct {
@@ -45,6 +63,7 @@ type Span struct {
 	Chunk      int    // virtual stage; chunk > 0 is drawn lighter and hatched so interleaving is visible
 	Step       int    // training step of a measured run, numbered from 1 as the training log does; 0 for simulations
 	Label      string // optional override of the box text (default "F3", "B3", "f3" for chunk > 0, ...)
+	Detail     string // optional text added to the tooltip, e.g. "exposed 4.1 ms"
 }
 
 // Row is one lane of the chart, usually one pipeline stage.
@@ -80,7 +99,7 @@ type kindStyle struct {
 }
 
 // known kinds in legend order.
-var knownKinds = []Kind{Forward, Backward, InputGrad, WeightGrad, Optimizer, Send, Wait}
+var knownKinds = []Kind{Forward, Backward, InputGrad, WeightGrad, Optimizer, AllReduce, Send, Wait}
 
 var styles = map[Kind]kindStyle{
 	Forward:    {"#3b78c2", 'F', "forward"},
@@ -88,6 +107,7 @@ var styles = map[Kind]kindStyle{
 	InputGrad:  {"#d9731f", 'I', "input-grad backward"},
 	WeightGrad: {"#8a63c0", 'W', "weight-grad backward"},
 	Optimizer:  {"#cf4b48", 'O', "optimizer"},
+	AllReduce:  {"#b8860b", 'A', "all-reduce (lane under its row)"},
 	Send:       {"#2aa6a6", 'S', "sending"},
 	Wait:       {"#b9bfc8", '-', "waiting"},
 }
@@ -126,6 +146,21 @@ func layer(k Kind) int {
 		return 2
 	}
 	return 3
+}
+
+// besidePresent lists the kinds of r's spans drawn in lanes of their own
+// under it, in besideKinds' order.
+func (r *Row) besidePresent() []Kind {
+	var out []Kind
+	for _, k := range besideKinds {
+		for _, s := range r.Spans {
+			if s.Kind == k {
+				out = append(out, k)
+				break
+			}
+		}
+	}
+	return out
 }
 
 // kindsPresent lists the kinds used in the chart, known ones first in a fixed
@@ -207,6 +242,8 @@ func defaultLabel(s Span) string {
 		return ""
 	case Optimizer:
 		l = "OPT"
+	case AllReduce:
+		l = "AR"
 	case Send:
 		l = "S" + strconv.Itoa(s.MicroBatch)
 	default:

@@ -460,3 +460,71 @@ func interleavedExample(t *testing.T) *Chart {
 	}
 	return c
 }
+
+// withAllReduce is small with an all-reduce under each row, one of them
+// overlapping the row's backward.
+func withAllReduce() *Chart {
+	c := small()
+	c.Rows[0].Spans = append(c.Rows[0].Spans, Span{Start: 11, End: 16, Kind: AllReduce, Step: 3, Detail: "exposed 2.0 ms"})
+	c.Rows[1].Spans = append(c.Rows[1].Spans, Span{Start: 13, End: 15, Kind: AllReduce, Chunk: 1})
+	return c
+}
+
+// TestTextAllReduce: all-reduces get a line of their own under their row,
+// so they may overlap its compute, which stays as it was.
+func TestTextAllReduce(t *testing.T) {
+	var b strings.Builder
+	if err := withAllReduce().Text(&b, 1, 0); err != nil {
+		t.Fatal(err)
+	}
+	want := `demo
+              0         10
+ms            +---------+------
+stage 0       FFFFff....BBBB..O  bubble 25.0%
+  all-reduce             AAAAA
+stage 1       ..FFFFbbbbIIWW..O  bubble 40.0%
+  all-reduce               aa
+key: F=forward, B=backward, I=input-grad backward, W=weight-grad backward, O=optimizer, A=all-reduce (lane under its row), lowercase=chunk>0, .=idle; 1 column = 1 ms
+`
+	if b.String() != want {
+		t.Errorf("got:\n%s\nwant:\n%s", b.String(), want)
+	}
+}
+
+// TestSVGAllReduce: an all-reduce is a thin bar in a lane under its row, in
+// the legend, with its details in its tooltip; the rows below move down to
+// make room.
+func TestSVGAllReduce(t *testing.T) {
+	c := withAllReduce()
+	out := string(renderSVG(t, c))
+	doc := parseSVG(t, []byte(out))
+	plain := string(renderSVG(t, small()))
+	if doc.spans != 13 || strings.Count(out, `class="beside-lane"`) != 2 || strings.Count(plain, `beside-lane`) != 0 {
+		t.Errorf("%d spans, %d all-reduce lanes", doc.spans, strings.Count(out, `class="beside-lane"`))
+	}
+	for _, want := range []string{
+		"AR all-reduce (lane under its row)",
+		"stage 0 AR chunk 0 step 3 (exposed 2.0 ms): 11.0-16.0 ms",
+		"stage 1 AR chunk 1: 13.0-15.0 ms",
+		">all-reduce</text>",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("SVG lacks %q", want)
+		}
+	}
+	// The bars sit in the lanes under the rows: below row 0's boxes and
+	// above row 1's, which moved down by a lane.
+	t0, t1, err := c.bounds()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := c.layout(t0, t1)
+	l.lanesY = 0
+	l.rows(c.Rows)
+	if l.tops[1] != laneH+besideLaneH || l.tops[2] != 2*(laneH+besideLaneH) {
+		t.Errorf("rows at %v", l.tops)
+	}
+	if y := l.besideTop(0, AllReduce); y < l.boxTop(0)+boxH || y+besideLaneH > l.boxTop(1) {
+		t.Errorf("row 0's all-reduce lane at %v, between %v and %v", y, l.boxTop(0)+boxH, l.boxTop(1))
+	}
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -17,111 +18,224 @@ import (
 	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/engine"
+	"github.com/pipetrain/pipetrain/internal/words"
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/plan"
 )
 
+// planOptions are plan's flags.
+type planOptions struct {
+	path, out, memory, schedules string
+	stages, processes, reps      int
+	micro                        int
+	force                        bool
+	stagesSet                    bool
+	arBandwidth                  string
+	arLatency                    time.Duration
+	arLatencySet                 bool
+}
+
+const planLong = `Measure each layer of the config's model here, then choose the stage
+boundaries, schedule and micro-batch count whose simulated step is shortest
+within --memory-limit, and write them into a copy of the config.
+
+With --processes N, plan also chooses the grid: every (stages, replicas) with
+stages x replicas = N, as many stages as layers at most and a batch each
+replica can cut into micro-batches. Each grid is planned on its replicas'
+share of the batch (batch_size / replicas), with the ring all-reduce of each
+stage's gradients charged as the simulator charges it (--allreduce-bandwidth
+and --allreduce-latency; left out, the figures of gRPC on loopback), and a
+table gives each grid's predicted samples per second; the fastest that fits
+the memory limit is written, with data_parallel and each stage's addresses.
+Without --processes the config's own replicas are kept.`
+
 func planCmd() *cobra.Command {
-	var path, out, memory, schedules string
-	var nStages, reps, micro int
-	var force bool
+	var o planOptions
 	c := &cobra.Command{
-		Use:   "plan --config FILE [--stages N] [--memory-limit BYTES]",
-		Short: "Measure each layer here and choose stage boundaries, schedule and micro-batches that minimise the simulated step time",
+		Use:   "plan --config FILE [--stages N | --processes N] [--memory-limit BYTES]",
+		Short: "Measure each layer here and choose stage boundaries, schedule and micro-batches (and with --processes the stages × replicas grid) that minimise the simulated step time",
+		Long:  planLong,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := configs.Load(path)
-			if err != nil {
-				return err
-			}
-			if cfg.VirtualStages > 1 {
-				return fmt.Errorf("%s: plan splits plain pipelines; this config uses virtual stages", cfg.Path)
-			}
-			limit, err := parseBytes(memory)
-			if err != nil {
-				return fmt.Errorf("--memory-limit: %w", err)
-			}
-			if nStages == 0 {
-				nStages = len(cfg.Stages)
-			}
-			if out == "" {
-				out = strings.TrimSuffix(cfg.Path, filepath.Ext(cfg.Path)) + "-planned.yaml"
-			}
-			// Checked before measuring: a config the user edited by hand
-			// since the last plan is not overwritten unless asked.
-			if _, err := os.Stat(out); err == nil && !force {
-				return fmt.Errorf("--out %s exists; --force replaces it", out)
-			}
-			fmt.Printf("pipetrain plan: measuring each layer of %s at micro-batch %d (median of %d)...\n", cfg.Path, cfg.MicroBatchSize(), reps)
-			layerCosts, err := engine.MeasureLayers(cfg.Model, cfg.MicroBatchSize(), cfg.Train.Seed, reps)
-			if err != nil {
-				return err
-			}
-			model, err := models.Build(cfg.Model)
-			if err != nil {
-				return err
-			}
-			names := strings.Split(schedules, ",")
-			if !splittable(model) {
-				// Zero-bubble schedules need layers that split their backward.
-				names = slices.DeleteFunc(names, func(n string) bool { return n == "zb-h1" })
-			}
-			prob := plan.Problem{
-				Stages: nStages, Batch: cfg.Data.BatchSize, MicroBatch: cfg.MicroBatchSize(), OverheadMS: 0.05,
-				Schedules: names, MemoryLimit: limit,
-				TransferBytesPerMS: 2e6, LatencyMS: 0.1,
-			}
-			if micro > 0 {
-				if cfg.Data.BatchSize%micro != 0 {
-					return fmt.Errorf("--micro-batches %d does not divide data.batch_size %d", micro, cfg.Data.BatchSize)
-				}
-				prob.MicroBatches = micro
-			}
-			for m := 1; micro == 0 && m <= cfg.Data.BatchSize && m <= 64; m *= 2 {
-				if cfg.Data.BatchSize%m == 0 {
-					prob.Candidates = append(prob.Candidates, m)
-				}
-			}
-			for i, lc := range layerCosts {
-				prob.Layers = append(prob.Layers, plan.Layer{Name: model.Layers[i].Name(), F: ms(lc.F), B: ms(lc.B), I: ms(lc.I), W: ms(lc.W),
-					ActBytes: lc.StashBytes, ParamBytes: lc.ParamBytes, OutBytes: lc.OutBytes})
-				fmt.Printf("  layer %d %-6s F %.3f ms  B %.3f ms  activations %s  parameters+state %s\n", i, model.Layers[i].Name(), ms(lc.F), ms(lc.B), human(lc.StashBytes), human(lc.ParamBytes))
-			}
-			best, err := plan.Solve(prob)
-			if err != nil {
-				return err
-			}
-			fmt.Printf("\nplan: %s\n", describe(best, len(prob.Layers)))
-			if len(cfg.Stages) == nStages {
-				var bounds []int
-				for i := range cfg.Stages {
-					first, _ := cfg.ChunkLayers(i, 0)
-					bounds = append(bounds, first)
-				}
-				cur, err := plan.Evaluate(prob, bounds, cfg.Schedule, cfg.Data.MicroBatches)
-				if err != nil {
-					return fmt.Errorf("evaluating the current split: %w", err)
-				}
-				fmt.Printf("now:  %s\n", describe(cur, len(prob.Layers)))
-				fmt.Printf("predicted speedup over the given config: %.2fx\n", cur.StepMS/best.StepMS)
-			}
-			if err := writePlannedConfig(cfg, best, len(prob.Layers), out); err != nil {
-				return err
-			}
-			fmt.Printf("wrote %s\n", out)
-			return nil
+			o.stagesSet = cmd.Flags().Changed("stages")
+			o.arLatencySet = cmd.Flags().Changed("allreduce-latency")
+			return runPlan(cmd.OutOrStdout(), o)
 		},
 	}
-	c.Flags().StringVarP(&path, "config", "c", "", "config to plan for (model, data and addresses come from it)")
-	c.Flags().IntVar(&nStages, "stages", 0, "number of stages (default: as many as the config has)")
-	c.Flags().StringVar(&memory, "memory-limit", "", "bytes per stage for parameters, optimizer state and stashed activations (e.g. 512MiB); default none")
-	c.Flags().StringVar(&schedules, "schedules", "1f1b,zb-h1,gpipe", "schedules to consider")
-	c.Flags().StringVar(&out, "out", "", "where to write the new config (default: CONFIG-planned.yaml)")
-	c.Flags().BoolVar(&force, "force", false, "replace the output file if it exists")
-	c.Flags().IntVar(&reps, "reps", 5, "measurements per layer (the median is used)")
-	c.Flags().IntVar(&micro, "micro-batches", 0, "keep this micro-batch count instead of choosing one (powers of two up to 64 that divide the batch)")
+	c.Flags().StringVarP(&o.path, "config", "c", "", "config to plan for (model, data and addresses come from it)")
+	c.Flags().IntVar(&o.stages, "stages", 0, "number of stages (default: as many as the config has)")
+	c.Flags().IntVar(&o.processes, "processes", 0, "choose the grid too: stages × data-parallel replicas = N processes (default: the config's stages and replicas)")
+	c.Flags().StringVar(&o.memory, "memory-limit", "", "bytes per stage for parameters, optimizer state and stashed activations (e.g. 512MiB); default none")
+	c.Flags().StringVar(&o.schedules, "schedules", "1f1b,zb-h1,gpipe", "schedules to consider")
+	c.Flags().StringVar(&o.out, "out", "", "where to write the new config (default: CONFIG-planned.yaml)")
+	c.Flags().BoolVar(&o.force, "force", false, "replace the output file if it exists")
+	c.Flags().IntVar(&o.reps, "reps", 5, "measurements per layer (the median is used)")
+	c.Flags().IntVar(&o.micro, "micro-batches", 0, "keep this micro-batch count (per replica) instead of choosing one (powers of two up to 64 that divide the batch)")
+	c.Flags().StringVar(&o.arBandwidth, "allreduce-bandwidth", "", "bytes per second one replica sends on the all-reduce ring, e.g. 1.2GB/s (default 2GB/s, gRPC on loopback)")
+	c.Flags().DurationVar(&o.arLatency, "allreduce-latency", defaultAllReduceLatency, "cost of each message of the all-reduce ring")
 	c.MarkFlagRequired("config")
 	return c
+}
+
+func runPlan(w io.Writer, o planOptions) error {
+	cfg, err := configs.Load(o.path)
+	if err != nil {
+		return err
+	}
+	if cfg.VirtualStages > 1 {
+		return fmt.Errorf("%s: plan splits plain pipelines; this config uses virtual stages", cfg.Path)
+	}
+	limit, err := parseBytes(o.memory)
+	if err != nil {
+		return fmt.Errorf("--memory-limit: %w", err)
+	}
+	switch {
+	case o.processes < 0:
+		return fmt.Errorf("--processes %d: need at least 1", o.processes)
+	case o.processes > 0 && o.stagesSet:
+		return errors.New("give --stages or --processes, not both: --processes tries every stages × replicas grid")
+	}
+	nStages := o.stages
+	if nStages == 0 {
+		nStages = len(cfg.Stages)
+	}
+	bw := defaultAllReduceBandwidth
+	if o.arBandwidth != "" {
+		if bw, err = parseBandwidth(o.arBandwidth); err != nil {
+			return fmt.Errorf("--allreduce-bandwidth: %w", err)
+		}
+	}
+	if o.arLatency < 0 {
+		return fmt.Errorf("--allreduce-latency %v: must be 0 or more", o.arLatency)
+	}
+	out := o.out
+	if out == "" {
+		out = strings.TrimSuffix(cfg.Path, filepath.Ext(cfg.Path)) + "-planned.yaml"
+	}
+	// Checked before measuring: a config the user edited by hand
+	// since the last plan is not overwritten unless asked.
+	if _, err := os.Stat(out); err == nil && !o.force {
+		return fmt.Errorf("--out %s exists; --force replaces it", out)
+	}
+	fmt.Fprintf(w, "pipetrain plan: measuring each layer of %s at micro-batch %d (median of %d)...\n", cfg.Path, cfg.MicroBatchSize(), o.reps)
+	layerCosts, err := engine.MeasureLayers(cfg.Model, cfg.MicroBatchSize(), cfg.Train.Seed, o.reps)
+	if err != nil {
+		return err
+	}
+	model, err := models.Build(cfg.Model)
+	if err != nil {
+		return err
+	}
+	names := strings.Split(o.schedules, ",")
+	if !splittable(model) {
+		// Zero-bubble schedules need layers that split their backward.
+		names = slices.DeleteFunc(names, func(n string) bool { return n == "zb-h1" })
+	}
+	size := int(model.DType.Size())
+	prob := plan.Problem{
+		Stages: nStages, Batch: cfg.Data.BatchSize, MicroBatch: cfg.MicroBatchSize(), OverheadMS: 0.05,
+		Schedules: names, MemoryLimit: limit,
+		TransferBytesPerMS: 2e6, LatencyMS: 0.1,
+		Replicas: cfg.Replicas(), AllReduceBytesPerMS: bw / 1000, AllReduceLatencyMS: ms(o.arLatency),
+		BucketBytes: int64(max(1, cfg.BucketBytes()/size) * size),
+	}
+	// The replicas' share of the batch, which the micro-batches divide;
+	// with --processes each grid narrows the candidates to its own.
+	share := cfg.Data.BatchSize
+	if o.processes == 0 {
+		share /= cfg.Replicas()
+	}
+	if o.micro > 0 {
+		if share%o.micro != 0 {
+			if share != cfg.Data.BatchSize {
+				return fmt.Errorf("--micro-batches %d does not divide each of the %d replicas' batch of %d", o.micro, cfg.Replicas(), share)
+			}
+			return fmt.Errorf("--micro-batches %d does not divide data.batch_size %d", o.micro, cfg.Data.BatchSize)
+		}
+		prob.MicroBatches = o.micro
+	}
+	for m := 1; o.micro == 0 && m <= share && m <= 64; m *= 2 {
+		if share%m == 0 {
+			prob.Candidates = append(prob.Candidates, m)
+		}
+	}
+	for i, lc := range layerCosts {
+		n, err := parameterCount(model, i, i+1)
+		if err != nil {
+			return err
+		}
+		prob.Layers = append(prob.Layers, plan.Layer{Name: model.Layers[i].Name(), F: ms(lc.F), B: ms(lc.B), I: ms(lc.I), W: ms(lc.W),
+			ActBytes: lc.StashBytes, ParamBytes: lc.ParamBytes, OutBytes: lc.OutBytes, GradBytes: int64(n * size)})
+		fmt.Fprintf(w, "  layer %d %-6s F %.3f ms  B %.3f ms  activations %s  parameters+state %s\n", i, model.Layers[i].Name(), ms(lc.F), ms(lc.B), human(lc.StashBytes), human(lc.ParamBytes))
+	}
+	if o.processes > 0 || cfg.Replicas() > 1 {
+		fmt.Fprintf(w, "  all-reduce: a ring at %s/s plus %.3f ms a message, buckets of %s", decimal(bw), ms(o.arLatency), human(prob.BucketBytes))
+		if why := ringAssumed(o.arBandwidth != "", o.arLatencySet); why != "" {
+			fmt.Fprintf(w, "; %s", why)
+		}
+		fmt.Fprintln(w)
+	}
+	var best *plan.Plan
+	if o.processes == 0 {
+		if best, err = plan.Solve(prob); err != nil {
+			return err
+		}
+	} else {
+		var grids []plan.Grid
+		best, grids, err = plan.SolveGrids(prob, o.processes)
+		printGrids(w, o.processes, grids, best)
+		if err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(w, "\nplan: %s\n", describe(best, len(prob.Layers)))
+	// The config's own grid, when it is one of those planned.
+	if len(cfg.Stages) == len(best.Boundaries) && o.processes == 0 || o.processes > 0 && len(cfg.Stages)*cfg.Replicas() == o.processes {
+		var bounds []int
+		for i := range cfg.Stages {
+			first, _ := cfg.ChunkLayers(i, 0)
+			bounds = append(bounds, first)
+		}
+		now := prob
+		now.Stages, now.Replicas = len(cfg.Stages), cfg.Replicas()
+		cur, err := plan.Evaluate(now, bounds, cfg.Schedule, cfg.Data.MicroBatches)
+		if err != nil {
+			return fmt.Errorf("evaluating the current split: %w", err)
+		}
+		fmt.Fprintf(w, "now:  %s\n", describe(cur, len(prob.Layers)))
+		fmt.Fprintf(w, "predicted speedup over the given config: %.2fx\n", cur.StepMS/best.StepMS)
+	}
+	dropped, err := writePlannedConfig(cfg, best, len(prob.Layers), out)
+	if err != nil {
+		return err
+	}
+	if len(dropped) > 0 {
+		fmt.Fprintf(w, "left out %s: each is one process's, and %d replicas cannot share it\n", strings.Join(dropped, " and "), best.Replicas)
+	}
+	fmt.Fprintf(w, "wrote %s\n", out)
+	return nil
+}
+
+// printGrids writes the table of the grids --processes considered.
+func printGrids(w io.Writer, processes int, grids []plan.Grid, best *plan.Plan) {
+	fmt.Fprintf(w, "\ngrids of %s (stages × replicas), each planned on its replicas' share of the batch:\n", words.Count(processes, "process"))
+	fmt.Fprintf(w, "  %6s  %8s  %-8s  %13s  %9s  %9s  %19s  %12s\n", "stages", "replicas", "schedule", "micro-batches", "step ms", "samples/s", "all-reduce exposed", "memory")
+	for _, g := range grids {
+		if g.Plan == nil {
+			fmt.Fprintf(w, "  %6d  %8d  none: %s\n", g.Stages, g.Replicas, strings.TrimPrefix(g.Err.Error(), "plan: "))
+			continue
+		}
+		p := g.Plan
+		exposed := "-"
+		if p.ExposedMS != nil {
+			exposed = fmt.Sprintf("%.2f ms", slices.Max(p.ExposedMS))
+		}
+		chosen := ""
+		if p == best {
+			chosen = "  <- chosen"
+		}
+		fmt.Fprintf(w, "  %6d  %8d  %-8s  %13d  %9.2f  %9.0f  %19s  %12s%s\n", g.Stages, g.Replicas, p.Schedule, p.MicroBatches, p.StepMS, p.SamplesPerSecond, exposed, human(slices.Max(p.MemoryBytes)), chosen)
+	}
 }
 
 func describe(p *plan.Plan, layers int) string {
@@ -137,7 +251,11 @@ func describe(p *plan.Plan, layers int) string {
 	for _, b := range p.Bubble {
 		mean += b / float64(len(p.Bubble))
 	}
-	return fmt.Sprintf("layers %s, %s, %d micro-batches: step %.2f ms, mean bubble %.1f%%", strings.Join(ranges, " | "), p.Schedule, p.MicroBatches, p.StepMS, 100*mean)
+	d := fmt.Sprintf("layers %s, %s, %d micro-batches: step %.2f ms, mean bubble %.1f%%", strings.Join(ranges, " | "), p.Schedule, p.MicroBatches, p.StepMS, 100*mean)
+	if p.Replicas > 1 {
+		d += fmt.Sprintf("; %d replicas: %.0f samples/s, all-reduce exposed %.2f ms", p.Replicas, p.SamplesPerSecond, slices.Max(p.ExposedMS))
+	}
+	return d
 }
 
 func layerRange(a, b int) string {
@@ -147,18 +265,22 @@ func layerRange(a, b int) string {
 	return fmt.Sprintf("%d-%d", a, b)
 }
 
-// writePlannedConfig rewrites the config's YAML with the plan's stages, schedule and
-// micro-batches, keeping everything else. Stages beyond the config's get the last
-// stage's host with the following ports.
-func writePlannedConfig(cfg *configs.Config, p *plan.Plan, layers int, out string) error {
+// writePlannedConfig rewrites the config's YAML with the plan's stages, schedule,
+// micro-batches and replicas, keeping everything else. Stages beyond the config's
+// get the last stage's host with the following ports; replicas beyond a stage's
+// addresses get its host with ports 100 apart (as validate suggests). It returns
+// the stage settings it left out because replicas cannot share them.
+func writePlannedConfig(cfg *configs.Config, p *plan.Plan, layers int, out string) (dropped []string, err error) {
 	raw, err := os.ReadFile(cfg.Path)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var doc map[string]any
 	if err := yaml.Unmarshal(raw, &doc); err != nil {
-		return fmt.Errorf("%s: %w", cfg.Path, err)
+		return nil, fmt.Errorf("%s: %w", cfg.Path, err)
 	}
+	r := max(1, p.Replicas)
+	addrs := plannedAddresses(cfg, len(p.Boundaries), r)
 	old, _ := doc["stages"].([]any)
 	var stagesOut []map[string]any
 	for i, b := range p.Boundaries {
@@ -174,14 +296,32 @@ func writePlannedConfig(cfg *configs.Config, p *plan.Plan, layers int, out strin
 					st[k] = v
 				}
 			}
+		}
+		if r == 1 {
+			delete(st, "addresses")
+			st["address"] = addrs[i][0]
 		} else {
-			st["address"] = nextAddress(cfg.Stages[len(cfg.Stages)-1].Address, i-len(cfg.Stages)+1)
+			delete(st, "address")
+			st["addresses"] = addrs[i]
+			for _, k := range []string{"cpus", "metrics_address"} {
+				if _, ok := st[k]; ok {
+					delete(st, k)
+					if !slices.Contains(dropped, k) {
+						dropped = append(dropped, k)
+					}
+				}
+			}
 		}
 		st["layers"] = layerRange(b, end-1)
 		stagesOut = append(stagesOut, st)
 	}
 	doc["stages"] = stagesOut
 	doc["schedule"] = p.Schedule
+	if r > 1 {
+		doc["data_parallel"] = r
+	} else {
+		delete(doc, "data_parallel")
+	}
 	data, _ := doc["data"].(map[string]any)
 	if data == nil {
 		data = map[string]any{}
@@ -196,15 +336,65 @@ func writePlannedConfig(cfg *configs.Config, p *plan.Plan, layers int, out strin
 	enc := yaml.NewEncoder(&buf)
 	enc.SetIndent(2)
 	if err := enc.Encode(doc); err != nil {
-		return err
+		return nil, err
 	}
 	if err := checkpoint.WriteAtomic(out, func(w io.Writer) error { _, err := w.Write(buf.Bytes()); return err }); err != nil {
-		return err
+		return nil, err
 	}
 	if _, err := configs.Load(out); err != nil {
-		return fmt.Errorf("the planned config does not validate: %w", err)
+		return nil, fmt.Errorf("the planned config does not validate: %w", err)
 	}
-	return nil
+	return dropped, nil
+}
+
+// plannedAddresses gives each of stages stages r addresses, replica 0
+// first: the config's where it has them, else, for a stage beyond the
+// config's, the port after the last stage's (one more per stage), and for a
+// replica beyond a stage's addresses, its replica 0's port plus 100 per
+// replica; a port some other process already has moves on to the next free one.
+func plannedAddresses(cfg *configs.Config, stages, r int) [][]string {
+	out := make([][]string, stages)
+	used := map[string]bool{}
+	known := func(s, k int) string {
+		if s >= len(cfg.Stages) {
+			return ""
+		}
+		if k == 0 {
+			return cfg.Address(s, 0)
+		}
+		if k < len(cfg.Stages[s].Addresses) {
+			return cfg.Stages[s].Addresses[k]
+		}
+		return ""
+	}
+	for s := range out {
+		out[s] = make([]string, r)
+		for k := range r {
+			if a := known(s, k); a != "" && !used[a] {
+				out[s][k], used[a] = a, true
+			}
+		}
+	}
+	last := cfg.Stages[len(cfg.Stages)-1].Address
+	for s := range out {
+		for k := range r {
+			if out[s][k] != "" {
+				continue
+			}
+			var a string
+			switch {
+			case k > 0:
+				a = nextAddress(out[s][0], 100*k)
+			default:
+				a = nextAddress(last, s-len(cfg.Stages)+1)
+			}
+			for used[a] {
+				a = nextAddress(a, 1)
+			}
+			out[s][k], used[a] = a, true
+		}
+	}
+	return out
 }
 
 func nextAddress(addr string, k int) string {

@@ -11,7 +11,7 @@ import (
 )
 
 func profileCmd() *cobra.Command {
-	var skip, first, shown int
+	var skip, first, shown, replica int
 	var steps bool
 	var trace, svg, html string
 	c := &cobra.Command{
@@ -20,12 +20,31 @@ func profileCmd() *cobra.Command {
 		Long: `Per-stage compute, waits, bubble against the simulator's prediction, links and
 straggler steps of a run; timelines as Chrome trace, SVG or HTML.
 
-Steps are numbered as the training log and metrics.jsonl number them: from 1.`,
+Steps are numbered as the training log and metrics.jsonl number them: from 1.
+
+With data-parallel replicas the tables and pictures are one replica's
+pipeline (--replica, default 0), with each stage's gradient all-reduce, and a
+summary of every replica's stages names the straggler replicas.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			info, events, err := profile.ReadRun(args[0])
 			if err != nil {
 				return err
+			}
+			if replica != 0 && (replica < 0 || replica >= max(info.Replicas, 1)) {
+				if info.Replicas < 2 {
+					return fmt.Errorf("--replica %d: the run has no replicas (data_parallel 1): use 0", replica)
+				}
+				return fmt.Errorf("--replica %d: the run has %d replicas, 0 to %d", replica, info.Replicas, info.Replicas-1)
+			}
+			// Replica 0's logs are ReadRun's; the others' are needed for the
+			// summary, and another replica's when asked for.
+			replicas, replicasErr := profile.ReadReplicas(args[0], info)
+			if replica > 0 {
+				if replicasErr != nil {
+					return replicasErr
+				}
+				events, info.Clocks = replicas[replica].Events, replicas[replica].Clocks
 			}
 			// The ranges asked for, checked before anything is printed or
 			// written.
@@ -53,6 +72,13 @@ Steps are numbered as the training log and metrics.jsonl number them: from 1.`,
 			r, err := profile.Analyse(info, events, skip)
 			if err != nil {
 				return err
+			}
+			r.Replica = replica
+			switch {
+			case replicasErr != nil:
+				r.ReplicasErr = replicasErr
+			case replicas != nil:
+				r.ReplicasErr = r.AddReplicas(replicas)
 			}
 			if !cmd.Flags().Changed("first-step") {
 				first = r.Steps[0].Step
@@ -108,5 +134,6 @@ Steps are numbered as the training log and metrics.jsonl number them: from 1.`,
 	c.Flags().StringVar(&html, "html", "", "write the timeline and the report as a self-contained HTML page")
 	c.Flags().IntVar(&first, "first-step", 0, "first step shown in the pictures, numbered from 1 as in the training log (default: the first step after --skip)")
 	c.Flags().IntVar(&shown, "chart-steps", profile.DefaultChartSteps, "steps shown in the pictures (fewer when the run ends first)")
+	c.Flags().IntVar(&replica, "replica", 0, "with data-parallel replicas, the replica whose pipeline the tables and pictures show")
 	return c
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/pipetrain/pipetrain/profile"
+	"github.com/pipetrain/pipetrain/runlog"
 )
 
 // writeProfileRun writes a run directory of gpipe on 2 stages with 2
@@ -217,4 +218,117 @@ func TestProfileSharedClockPictures(t *testing.T) {
 		os.WriteFile(profile.ClockFile(dir, s), []byte(`{"host":"`+host+`","boot_id":"1a2b3c4d-5e6f-4a8b-9c0d-1e2f3a4b5c6d"}`), 0o644)
 	}
 	check(false, "clocks: not shifted: stages 0-1 share one clock (boot id 1a2b3c4d…, hosts box-a, box-b)\n")
+}
+
+// writeReplicaProfileRun writes a run directory of gpipe on 2 stages with 2
+// micro-batches and 2 data-parallel replicas for 5 steps: each stage
+// all-reduces its gradients from its last backward's start until its
+// optimizer step, and replica 1 hands stage 0's over 1 ms late.
+func writeReplicaProfileRun(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	const steps = 5
+	info := profile.RunInfo{Schedule: "gpipe", Stages: 2, MicroBatches: 2, Steps: steps, Replicas: 2, BatchSize: 64,
+		TheoreticalBubble: 1.0 / 3}
+	b, _ := json.Marshal(info)
+	os.WriteFile(filepath.Join(dir, "run.json"), b, 0o644)
+	os.Mkdir(filepath.Join(dir, "events"), 0o755)
+	// Tenths of a millisecond from the step's start.
+	type action struct {
+		kind             string
+		mb               int
+		start, end, wait int64
+	}
+	plan := [][]action{
+		{{"F", 0, 0, 10, 0}, {"F", 1, 10, 20, 0}, {"B", 0, 50, 60, 30}, {"B", 1, 60, 70, 0}, {"AR", 0, 60, 75, 5}, {"OPT", 0, 75, 85, 0}},
+		{{"F", 0, 11, 21, 11}, {"F", 1, 22, 32, 1}, {"B", 0, 33, 43, 1}, {"B", 1, 44, 54, 1}, {"AR", 0, 44, 60, 6}, {"OPT", 0, 60, 70, 0}},
+	}
+	const wall0, tenth = int64(1_700_000_000_000_000_000), int64(100_000)
+	for r := range 2 {
+		for s, actions := range plan {
+			var lines []byte
+			for step := range steps {
+				base := wall0 + int64(step)*1000*tenth
+				for _, a := range actions {
+					e := profile.Event{Stage: s, Step: step, Kind: a.kind, MB: a.mb, StartNS: base + a.start*tenth, EndNS: base + a.end*tenth,
+						WaitNS: a.wait * tenth}
+					if a.kind == "AR" {
+						e.Replica, e.BytesSent = r, 1<<20
+						if r == 1 && s == 0 {
+							e.StartNS += 10 * tenth
+						}
+					}
+					l, _ := json.Marshal(e)
+					lines = append(append(lines, l...), '\n')
+				}
+			}
+			if err := os.WriteFile(runlog.ReplicaEventsFile(dir, s, r), lines, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return dir
+}
+
+// TestProfileReplicas: a run with replicas reports replica 0's pipeline with
+// each stage's all-reduce, then every replica's stages and the straggler;
+// --replica shows another replica's; the trace has the all-reduces on
+// threads of their own. A run without replicas reports none of it.
+func TestProfileReplicas(t *testing.T) {
+	run := writeReplicaProfileRun(t)
+	trace := filepath.Join(t.TempDir(), "run.json")
+	out, err := runCommand(t, profileCmd(), run, "--trace", trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"stage  AR ms/step  exposed ms/step  AR MiB sent/step  bus GB/s\n" +
+			"    0       1.500            0.500              1.00     0.699\n" +
+			"    1       1.600            0.600              1.00     0.655\n",
+		"(schedule gpipe, 2 stages, 2 micro-batches, replica 0 of 2, 4 steps analysed (2-5), window 28.0 ms)",
+		"replica  stage  step ms  busy ms  AR ms  exposed ms  late ms\n" +
+			"      0      0      8.5      4.0    1.5         0.5      0.0\n" +
+			"      0      1      7.0      4.0    1.6         0.6      0.0\n" +
+			"      1      0      8.5      4.0    0.5         0.5      1.0\n" +
+			"      1      1      7.0      4.0    1.6         0.6      0.0\n",
+		"straggler replicas (gradients handed over > 10% of a step after the earliest replica's): 1\n" +
+			"  replica 1: stage 0's gradients 1.0 ms per step after the earliest replica's (12% of its 8.5 ms step)",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks\n%s\nin\n%s", want, out)
+		}
+	}
+	tb, _ := os.ReadFile(trace)
+	if !strings.Contains(string(tb), `"name":"stage 1 all-reduce"`) || !strings.Contains(string(tb), `"name":"AR","cat":"AR"`) {
+		t.Errorf("trace lacks the all-reduce threads:\n%s", tb)
+	}
+
+	out, err = runCommand(t, profileCmd(), run, "--replica", "1")
+	if err != nil || !strings.Contains(out, "replica 1 of 2") || !strings.Contains(out, "    0       0.500            0.500") {
+		t.Errorf("--replica 1: %v\n%s", err, out)
+	}
+	if _, err := runCommand(t, profileCmd(), run, "--replica", "2"); err == nil || !strings.Contains(err.Error(), "--replica 2: the run has 2 replicas, 0 to 1") {
+		t.Errorf("--replica 2: %v", err)
+	}
+
+	// Without one replica's log the report is replica 0's, and says why it
+	// has no replica summary.
+	os.Remove(runlog.ReplicaEventsFile(run, 1, 1))
+	out, err = runCommand(t, profileCmd(), run)
+	if err != nil || !strings.Contains(out, "AR ms/step") || !strings.Contains(out, "replicas: profile: no events for stage 1 of replica 1") ||
+		strings.Contains(out, "late ms") {
+		t.Errorf("without replica 1's stage 1: %v\n%s", err, out)
+	}
+	if _, err := runCommand(t, profileCmd(), run, "--replica", "1"); err == nil || !strings.Contains(err.Error(), "stage-1.replica-1.jsonl") {
+		t.Errorf("--replica 1 without its log: %v", err)
+	}
+
+	plain := writeProfileRun(t, 5)
+	out, err = runCommand(t, profileCmd(), plain)
+	if err != nil || strings.Contains(out, "AR") || strings.Contains(out, "replica") {
+		t.Errorf("run without replicas: %v\n%s", err, out)
+	}
+	if _, err := runCommand(t, profileCmd(), plain, "--replica", "1"); err == nil || !strings.Contains(err.Error(), "the run has no replicas") {
+		t.Errorf("--replica 1 without replicas: %v", err)
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	G "gorgonia.org/gorgonia"
 
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/engine"
@@ -53,7 +54,20 @@ whether it helps.
 A schedule the config's model cannot run (zb-h1 needs every layer to split
 its backward) is refused, as pipetrain validate and launch refuse it: named
 with --schedule, it is an error; under --schedule all, it is listed as not
-applicable.`
+applicable.
+
+With data-parallel replicas (data_parallel in the config, or --replicas R to
+try another count on the same global batch: each replica then takes
+batch_size/R samples a step), the replicas of each stage sum its gradients
+with a ring all-reduce that starts when the stage's last backward of each
+chunk is done and runs while it computes on. It is charged
+2(R-1)/R x bytes / bandwidth plus a latency per message (2(R-1) per bucket of
+all_reduce.bucket_bytes): --allreduce-bandwidth and --allreduce-latency give
+the ring's figures; left out, they are those the transfer estimate takes for
+gRPC on loopback (2 GB/s, 100 us), marked *. The header then gives each
+stage's gradient bytes and all-reduce time, and each schedule the step time and
+samples per second of the stages x replicas grid, with each stage's all-reduce
+and how much of it the computation does not hide (exposed).`
 
 // simulateOptions are simulate's flags.
 type simulateOptions struct {
@@ -67,7 +81,19 @@ type simulateOptions struct {
 	transferSet  bool // --transfer was given
 	reps         int
 	lowered      bool
+
+	replicas     int // --replicas; 0 when not given
+	arBandwidth  string
+	arLatency    time.Duration
+	arLatencySet bool // --allreduce-latency was given
 }
+
+// The ring's figures when not given: those EstimateTransfer takes for a
+// message over gRPC on loopback, which the ring's links are too.
+const (
+	defaultAllReduceBandwidth = 2e9 // bytes per second
+	defaultAllReduceLatency   = 100 * time.Microsecond
+)
 
 func simulateCmd() *cobra.Command {
 	var o simulateOptions
@@ -79,6 +105,10 @@ func simulateCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.schedulesSet = cmd.Flags().Changed("schedule")
 			o.transferSet = cmd.Flags().Changed("transfer")
+			o.arLatencySet = cmd.Flags().Changed("allreduce-latency")
+			if cmd.Flags().Changed("replicas") && o.replicas < 1 {
+				return fmt.Errorf("--replicas %d: need at least 1", o.replicas)
+			}
 			return runSimulate(cmd.OutOrStdout(), o)
 		},
 	}
@@ -90,6 +120,9 @@ func simulateCmd() *cobra.Command {
 	c.Flags().BoolVar(&o.lowered, "lowered", false, "also print each schedule lowered: its actions with the sends, receives and gradient reductions the stages execute")
 	c.Flags().IntVar(&o.reps, "reps", 5, "measurements per action when --costs measure (the median is used)")
 	c.Flags().StringVar(&o.svg, "svg", "", "write each schedule's timeline as an SVG: FILE.svg gets the schedule name added before .svg")
+	c.Flags().IntVar(&o.replicas, "replicas", 0, "data-parallel replicas of the pipeline, on the same global batch (default: the config's data_parallel)")
+	c.Flags().StringVar(&o.arBandwidth, "allreduce-bandwidth", "", "bytes per second one replica sends on the all-reduce ring, e.g. 1.2GB/s (default 2GB/s, gRPC on loopback, marked *)")
+	c.Flags().DurationVar(&o.arLatency, "allreduce-latency", defaultAllReduceLatency, "cost of each message of the all-reduce ring (default as the transfer estimate takes it, marked *)")
 	c.MarkFlagRequired("config")
 	return c
 }
@@ -115,6 +148,14 @@ func runSimulate(w io.Writer, o simulateOptions) error {
 	if o.transferSet && o.transfer < 0 {
 		return fmt.Errorf("--transfer %v: must be 0 or more", o.transfer)
 	}
+	configured := cfg.Replicas()
+	if err := setReplicas(cfg, o); err != nil {
+		return err
+	}
+	repl, err := newReplication(cfg, model, o, configured)
+	if err != nil {
+		return err
+	}
 	plans, err := simulationPlan(cfg, model, o)
 	if err != nil {
 		return err
@@ -132,6 +173,7 @@ func runSimulate(w io.Writer, o simulateOptions) error {
 		costs.Transfer, costs.transferEstimated = ms(engine.EstimateTransfer(cfg, model)), true
 	}
 	costs.print(w, cfg, splittable(model))
+	repl.print(w)
 
 	stash := engine.StashBytes(cfg, model)
 	var zb, oneF *schedule.Timeline
@@ -140,7 +182,7 @@ func runSimulate(w io.Writer, o simulateOptions) error {
 			fmt.Fprintf(w, "\n%s: not applicable here: %s\n", p.name, p.skip)
 			continue
 		}
-		tl, err := simulateOne(w, p.sched, costs.Costs, stash, o.svg, o.lowered, len(model.Tied))
+		tl, err := simulateOne(w, p.sched, repl.costs(costs.Costs, p.sched.Chunks), stash, o.svg, o.lowered, len(model.Tied), repl)
 		if err != nil {
 			return err
 		}
@@ -159,7 +201,7 @@ func runSimulate(w io.Writer, o simulateOptions) error {
 		if err != nil {
 			return err
 		}
-		if oneF, err = schedule.Simulate(s, costs.Costs); err != nil {
+		if oneF, err = schedule.Simulate(s, repl.costs(costs.Costs, 1)); err != nil {
 			return err
 		}
 	}
@@ -468,7 +510,7 @@ func parseUniform(s string) (uniform, error) {
 // simulates the result and prints its summary, per-stage figures, text
 // timeline and its actions as a grid ParseGrid reads back; with lowered, also
 // the lowered ops; with svg, it also writes the timeline as an SVG.
-func simulateOne(w io.Writer, s *schedule.Schedule, costs schedule.Costs, stash []int64, svg string, lowered bool, tied int) (*schedule.Timeline, error) {
+func simulateOne(w io.Writer, s *schedule.Schedule, costs schedule.Costs, stash []int64, svg string, lowered bool, tied int, repl *replication) (*schedule.Timeline, error) {
 	l, err := schedule.Lower(s, schedule.AddSendRecv, schedule.AddReduceGrad, schedule.AddTiedSync(tied))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", s.Name, err)
@@ -493,13 +535,23 @@ func simulateOne(w io.Writer, s *schedule.Schedule, costs schedule.Costs, stash 
 		theory = fmt.Sprintf(", equal-stage theory %.1f%%", 100*t)
 	}
 	fmt.Fprintf(w, "\n%s: makespan %.2f ms, mean bubble %.1f%%%s\n", name, tl.Makespan, 100*mean, theory)
+	repl.printStep(w, tl)
 	chart := &timeline.Chart{Title: fmt.Sprintf("%s: simulated, makespan %.2f ms", name, tl.Makespan), Unit: "ms"}
 	for st := range tl.Spans {
-		fmt.Fprintf(w, "  stage %d  busy %8.2f ms  bubble %5.1f%%  peak stash %s (%.2f MiB)\n",
+		fmt.Fprintf(w, "  stage %d  busy %8.2f ms  bubble %5.1f%%  peak stash %s (%.2f MiB)",
 			st, tl.Busy[st], 100*tl.Bubble[st], words.Count(tl.PeakInFlight[st], "micro-batch"), float64(int64(tl.PeakInFlight[st])*stash[st])/(1<<20))
+		if tl.Exposed != nil {
+			fmt.Fprintf(w, "  all-reduce %.2f ms, %.2f exposed", tl.AllReduce(st), tl.Exposed[st])
+		}
+		fmt.Fprintln(w)
 		row := timeline.Row{Name: fmt.Sprintf("stage %d", st), Note: fmt.Sprintf("bubble %.1f%%", 100*tl.Bubble[st])}
 		for _, sp := range tl.Spans[st] {
 			row.Spans = append(row.Spans, timeline.Span{Start: sp.Start, End: sp.End, Kind: timeline.Kind(sp.Action.Kind.String()), MicroBatch: sp.Action.MicroBatch, Chunk: sp.Action.Chunk})
+		}
+		if tl.Reductions != nil {
+			for _, r := range tl.Reductions[st] {
+				row.Spans = append(row.Spans, timeline.Span{Start: r.Start, End: r.End, Kind: timeline.AllReduce, Chunk: r.Chunk})
+			}
 		}
 		chart.Rows = append(chart.Rows, row)
 	}
@@ -557,4 +609,218 @@ func printIndented(w io.Writer, text string) {
 			fmt.Fprint(w, "  "+line)
 		}
 	}
+}
+
+// setReplicas applies --replicas: the same global batch over R copies of
+// the pipeline, each taking batch_size/R samples a step.
+func setReplicas(cfg *configs.Config, o simulateOptions) error {
+	r, m := o.replicas, cfg.Data.MicroBatches
+	if r == 0 || r == cfg.Replicas() {
+		return nil
+	}
+	if cfg.Data.BatchSize%(r*m) != 0 {
+		return fmt.Errorf("--replicas %d: data.batch_size %d is not a multiple of %d replicas × %d micro-batches", r, cfg.Data.BatchSize, r, m)
+	}
+	if o.costs != "measure" && !strings.Contains(o.costs, "=") {
+		// A run's costs are for its own micro-batch size, which R changes.
+		return fmt.Errorf("--replicas %d: the run in %s timed micro-batches of %d samples, %d replicas run micro-batches of %d; give --costs measure or f=F,b=B",
+			r, o.costs, cfg.MicroBatchSize(), r, cfg.Data.BatchSize/r/m)
+	}
+	cfg.DataParallel = r
+	return nil
+}
+
+// replication is the data-parallel side of a simulation: the replicas, the
+// ring their all-reduces take, and each stage's gradient bytes.
+type replication struct {
+	replicas, configured int // the replicas simulated, and the config's
+	stages, batch        int
+	show                 bool                   // the config has replicas or --replicas was given
+	ring                 schedule.RingAllReduce // in ms
+	grads                [][]int64              // per stage, per chunk of the config; nil with one replica
+	bwGiven, latGiven    bool
+}
+
+// newReplication sets up the all-reduces of cfg (after --replicas; the
+// config itself has configured replicas).
+func newReplication(cfg *configs.Config, model *models.Model, o simulateOptions, configured int) (*replication, error) {
+	r := &replication{replicas: cfg.Replicas(), configured: configured, stages: len(cfg.Stages), batch: cfg.Data.BatchSize,
+		show: cfg.Replicas() > 1 || o.replicas > 0, latGiven: o.arLatencySet}
+	bw := defaultAllReduceBandwidth
+	if o.arBandwidth != "" {
+		v, err := parseBandwidth(o.arBandwidth)
+		if err != nil {
+			return nil, fmt.Errorf("--allreduce-bandwidth: %w", err)
+		}
+		bw, r.bwGiven = v, true
+	}
+	if o.arLatency < 0 {
+		return nil, fmt.Errorf("--allreduce-latency %v: must be 0 or more", o.arLatency)
+	}
+	size := int(model.DType.Size())
+	// Buckets hold whole elements, as the collective plan cuts them.
+	bucket := max(1, cfg.BucketBytes()/size) * size
+	r.ring = schedule.RingAllReduce{Replicas: r.replicas, Bandwidth: bw / 1000, Latency: ms(o.arLatency), BucketBytes: int64(bucket)}
+	if r.replicas == 1 {
+		return r, nil
+	}
+	for s := range cfg.Stages {
+		var chunks []int64
+		for chunk := 0; chunk < cfg.VirtualStages; chunk++ {
+			first, last := cfg.ChunkLayers(s, chunk)
+			n, err := parameterCount(model, first, last)
+			if err != nil {
+				return nil, err
+			}
+			chunks = append(chunks, int64(n*size))
+		}
+		r.grads = append(r.grads, chunks)
+	}
+	return r, nil
+}
+
+// parameterCount counts the parameters of layers [first, last), building
+// them once in a scratch graph.
+func parameterCount(m *models.Model, first, last int) (n int, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("counting the parameters of layers [%d, %d): %v", first, last, r)
+		}
+	}()
+	g := G.NewGraph()
+	in := m.ShapeAt(first, 1)
+	h := G.NewTensor(g, m.DType, len(in), G.WithShape(in...), G.WithName("input"))
+	for _, layer := range m.Layers[first:last] {
+		b, err := layer.Build(g, h, 0)
+		if err != nil {
+			return 0, err
+		}
+		for _, p := range b.Params {
+			n += p.Shape().TotalSize()
+		}
+		h = b.Out
+	}
+	return n, nil
+}
+
+// parseBandwidth reads bytes per second: "1.2GB/s", "500MiB/s", "2e9".
+func parseBandwidth(s string) (float64, error) {
+	b, err := parseBytes(strings.TrimSuffix(strings.TrimSpace(s), "/s"))
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a rate like 1.2GB/s or 500MiB/s", s)
+	}
+	return float64(b), nil
+}
+
+// costs returns c with the all-reduces of a schedule of the given chunks per
+// stage. A schedule with other chunks than the config's (interleaved as a
+// what-if) has the stage's gradients spread evenly over its chunks.
+func (r *replication) costs(c schedule.Costs, chunks int) schedule.Costs {
+	if r.replicas <= 1 {
+		return c
+	}
+	c.AllReduce = make([][]float64, len(r.grads))
+	for s, g := range r.grads {
+		bytes := g
+		if len(g) != chunks {
+			var total int64
+			for _, b := range g {
+				total += b
+			}
+			bytes = make([]int64, chunks)
+			for k := range bytes {
+				bytes[k] = total / int64(chunks)
+			}
+			bytes[0] += total % int64(chunks)
+		}
+		for _, b := range bytes {
+			c.AllReduce[s] = append(c.AllReduce[s], r.ring.Time(b))
+		}
+	}
+	return c
+}
+
+// print writes the replicas, the ring's figures and each stage's gradients
+// and all-reduce time under the costs, marking with * what was not given.
+func (r *replication) print(w io.Writer) {
+	if !r.show {
+		return
+	}
+	mark := func(given bool) string {
+		if given {
+			return ""
+		}
+		return "*"
+	}
+	from := fmt.Sprintf("data_parallel %d", r.replicas)
+	if r.replicas != r.configured {
+		from = fmt.Sprintf("--replicas %d; the config has %d", r.replicas, r.configured)
+	}
+	fmt.Fprintf(w, "  %s of each stage (%s): %s, %d samples per replica a step",
+		words.Count(r.replicas, "replica"), from, words.Count(r.stages*r.replicas, "process"), r.batch/r.replicas)
+	if r.replicas == 1 {
+		fmt.Fprintln(w, ", nothing to all-reduce")
+		return
+	}
+	fmt.Fprintf(w, "; ring all-reduce at %s/s%s plus %.3f ms%s a message, buckets of %s\n",
+		decimal(r.ring.Bandwidth*1000), mark(r.bwGiven), r.ring.Latency, mark(r.latGiven), human(r.ring.BucketBytes))
+	for s, g := range r.grads {
+		var bytes int64
+		var t float64
+		for _, b := range g {
+			bytes += b
+			t += r.ring.Time(b)
+		}
+		fmt.Fprintf(w, "  stage %d  gradients %s  all-reduce %.3f ms%s\n", s, human(bytes), t, mark(r.bwGiven && r.latGiven))
+	}
+	if why := ringAssumed(r.bwGiven, r.latGiven); why != "" {
+		fmt.Fprintf(w, "  * all-reduce: %s\n", why)
+	}
+}
+
+// ringAssumed says which of the ring's figures were left to their defaults
+// and which flags set them; "" when both were given.
+func ringAssumed(bwGiven, latGiven bool) string {
+	var assumed, flags []string
+	if !bwGiven {
+		assumed, flags = append(assumed, "2 GB/s"), append(flags, "--allreduce-bandwidth")
+	}
+	if !latGiven {
+		assumed, flags = append(assumed, "100 us a message"), append(flags, "--allreduce-latency")
+	}
+	if len(assumed) == 0 {
+		return ""
+	}
+	verb := "set them"
+	if len(flags) == 1 {
+		verb = "sets it"
+	}
+	return fmt.Sprintf("not measured, the ring taken at %s, as the transfer estimate takes gRPC on loopback (%s %s)",
+		strings.Join(assumed, " and "), strings.Join(flags, " and "), verb)
+}
+
+// printStep writes the grid's step time and throughput under a schedule's
+// summary.
+func (r *replication) printStep(w io.Writer, tl *schedule.Timeline) {
+	if !r.show {
+		return
+	}
+	fmt.Fprintf(w, "  %d stages × %s: step %.2f ms, %.0f samples/s (batch %d)", r.stages, words.Count(r.replicas, "replica"), tl.Makespan, 1000*float64(r.batch)/tl.Makespan, r.batch)
+	if tl.Exposed != nil {
+		fmt.Fprintf(w, ", all-reduce exposed %.2f ms", slices.Max(tl.Exposed))
+	}
+	fmt.Fprintln(w)
+}
+
+// decimal writes a byte count in decimal units: 2 GB, 1.2 GB, 500 MB.
+func decimal(b float64) string {
+	for _, u := range []struct {
+		unit string
+		size float64
+	}{{"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}} {
+		if b >= u.size {
+			return strconv.FormatFloat(b/u.size, 'g', 4, 64) + " " + u.unit
+		}
+	}
+	return strconv.FormatFloat(b, 'g', 4, 64) + " B"
 }

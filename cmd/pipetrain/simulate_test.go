@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -447,5 +448,144 @@ func TestSimulateLowered(t *testing.T) {
 	}
 	if found != len(schedule.Names()) {
 		t.Errorf("%d lowered grids printed, want one per schedule (%d):\n%s", found, len(schedule.Names()), out)
+	}
+}
+
+// mlp2x2 is the shipped two-stage config with two replicas per stage.
+const mlp2x2 = "../../configs/fmnist-mlp-2x2.yaml"
+
+// ringTime is the ring all-reduce's cost, restated: 2(R-1)/R of the bytes
+// at bw bytes per second, and 2(R-1) messages per bucket, in ms.
+func ringTime(bytes int64, r int, bw, latencyMS float64, bucket int64) float64 {
+	buckets := (bytes + bucket - 1) / bucket
+	return 2*float64(r-1)/float64(r)*float64(bytes)/bw*1000 + 2*float64(r-1)*float64(buckets)*latencyMS
+}
+
+// TestSimulateReplicas: on the 2×2 config with uniform costs (F = 1, B = 2,
+// no transfer) 1F1B's compute ends at (m+p-1)·3 = 15 ms on stage 0 and 13 ms
+// on stage 1. Stage 0 holds fc0 and fc1 (533,248 float32 parameters), stage
+// 1 fc2 and fc3 (34,186): stage 0's all-reduce starts at 15 and is exposed
+// whole, stage 1's hides in the 2 ms before the step ends.
+func TestSimulateReplicas(t *testing.T) {
+	g0, g1 := int64(533248*4), int64(34186*4)
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		bw    float64 // bytes per second
+		lat   float64 // ms
+		r     int
+		marks bool
+	}{
+		{"defaults, marked", nil, 2e9, 0.1, 2, true},
+		{"given", []string{"--allreduce-bandwidth", "1GB/s", "--allreduce-latency", "20us"}, 1e9, 0.02, 2, false},
+		{"four replicas", []string{"--replicas", "4", "--allreduce-bandwidth", "500MB/s", "--allreduce-latency", "0"}, 5e8, 0, 4, false},
+	} {
+		args := append([]string{"--config", mlp2x2, "--costs", "f=1,b=2", "--transfer", "0", "--schedule", "1f1b"}, tc.args...)
+		out, err := runCommand(t, simulateCmd(), args...)
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", tc.name, err, out)
+		}
+		ar0, ar1 := ringTime(g0, tc.r, tc.bw, tc.lat, 1<<20), ringTime(g1, tc.r, tc.bw, tc.lat, 1<<20)
+		mark := ""
+		if tc.marks {
+			mark = "*"
+		}
+		step := 15 + ar0
+		want := []string{
+			fmt.Sprintf("  stage 0  gradients 2.03 MiB  all-reduce %.3f ms%s\n", ar0, mark),
+			fmt.Sprintf("  stage 1  gradients 133.5 KiB  all-reduce %.3f ms%s\n", ar1, mark),
+			fmt.Sprintf("\n1f1b: makespan %.2f ms,", step),
+			fmt.Sprintf("\n  2 stages × %d replicas: step %.2f ms, %.0f samples/s (batch 256), all-reduce exposed %.2f ms\n", tc.r, step, 256000/step, ar0),
+			"\n  all-reduce    ",
+		}
+		if tc.r == 2 {
+			want = append(want, "  2 replicas of each stage (data_parallel 2): 4 processes, 128 samples per replica a step; ring all-reduce at ")
+		} else {
+			want = append(want, "  4 replicas of each stage (--replicas 4; the config has 2): 8 processes, 64 samples per replica a step; ring all-reduce at 500 MB/s plus 0.000 ms a message, buckets of 1.00 MiB\n")
+		}
+		if tc.marks {
+			want = append(want, "  * all-reduce: not measured, the ring taken at 2 GB/s and 100 us a message, as the transfer estimate takes gRPC on loopback (--allreduce-bandwidth and --allreduce-latency set them)\n")
+		}
+		for _, w := range want {
+			if !strings.Contains(out, w) {
+				t.Errorf("%s: missing %q in\n%s", tc.name, w, out)
+			}
+		}
+		for st, w := range []string{fmt.Sprintf(" MiB)  all-reduce %.2f ms, %.2f exposed", ar0, ar0), fmt.Sprintf(" MiB)  all-reduce %.2f ms, 0.00 exposed", ar1)} {
+			line := regexp.MustCompile(fmt.Sprintf(`(?m)^  stage %d  busy .*$`, st)).FindString(out)
+			if !strings.HasSuffix(line, w) {
+				t.Errorf("%s: stage %d line %q, want it to end %q", tc.name, st, line, w)
+			}
+		}
+		if !tc.marks && strings.Contains(out, "* all-reduce") {
+			t.Errorf("%s: all-reduce marked though given:\n%s", tc.name, out)
+		}
+	}
+}
+
+// TestSimulateOneReplica: --replicas 1 runs the whole batch through one
+// pipeline, charging no all-reduce; a config without replicas prints none
+// of it, as before.
+func TestSimulateOneReplica(t *testing.T) {
+	out, err := runCommand(t, simulateCmd(), "--config", mlp2x2, "--costs", "f=1,b=2", "--transfer", "0", "--schedule", "1f1b", "--replicas", "1")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, w := range []string{
+		"  1 replica of each stage (--replicas 1; the config has 2): 2 processes, 256 samples per replica a step, nothing to all-reduce\n",
+		"\n1f1b: makespan 15.00 ms,",
+		"\n  2 stages × 1 replica: step 15.00 ms, 17067 samples/s (batch 256)\n",
+	} {
+		if !strings.Contains(out, w) {
+			t.Errorf("missing %q in\n%s", w, out)
+		}
+	}
+	if strings.Contains(out, "all-reduce ") || strings.Contains(out, "exposed") {
+		t.Errorf("an all-reduce with one replica:\n%s", out)
+	}
+	out, err = runCommand(t, simulateCmd(), "--config", writeSimConfig(t, simMLP), "--costs", "f=1,b=2")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if strings.Contains(out, "replica") || strings.Contains(out, "all-reduce") || strings.Contains(out, "samples/s") {
+		t.Errorf("replicas mentioned for a config without any:\n%s", out)
+	}
+}
+
+// TestSimulateReplicasEverySchedule: every schedule is charged its
+// all-reduces, interleaved's what-if chunks included, and zb-h1's verdict
+// compares steps that both pay them.
+func TestSimulateReplicasEverySchedule(t *testing.T) {
+	out, err := runCommand(t, simulateCmd(), "--config", mlp2x2, "--costs", "f=1,b=2", "--lowered")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, name := range schedule.Names() {
+		if !regexp.MustCompile(`\n` + name + `( \(2 chunks per stage\))?: makespan [\d.]+ ms.*\n  2 stages × 2 replicas: step [\d.]+ ms, \d+ samples/s \(batch 256\), all-reduce exposed [\d.]+ ms\n`).MatchString(out) {
+			t.Errorf("%s: no step of the 2 × 2 grid in\n%s", name, out)
+		}
+	}
+	if !strings.Contains(out, "zb-h1 ") || !strings.Contains(out, " 0Rc1 ") {
+		t.Errorf("no verdict or interleaved reduction:\n%s", out)
+	}
+}
+
+func TestSimulateReplicasErrors(t *testing.T) {
+	run := writeRun(t, "1f1b", 2, 4)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--replicas", "3"}, "--replicas 3: data.batch_size 256 is not a multiple of 3 replicas × 4 micro-batches"},
+		{[]string{"--replicas", "0"}, "--replicas 0: need at least 1"},
+		{[]string{"--allreduce-bandwidth", "fast"}, `--allreduce-bandwidth: "fast" is not a rate like 1.2GB/s or 500MiB/s`},
+		{[]string{"--allreduce-latency", "-1ms"}, "--allreduce-latency -1ms: must be 0 or more"},
+		{[]string{"--replicas", "4", "--costs", run}, "--replicas 4: the run in " + run + " timed micro-batches of 32 samples, 4 replicas run micro-batches of 16"},
+	} {
+		args := append([]string{"--config", mlp2x2, "--costs", "f=1,b=2"}, tc.args...)
+		out, err := runCommand(t, simulateCmd(), args...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: got %v, want %q\n%s", tc.args, err, tc.want, out)
+		}
 	}
 }

@@ -1,0 +1,333 @@
+package plan
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/pipetrain/pipetrain/schedule"
+)
+
+// withReplicas makes p a problem with r replicas of a random all-reduce
+// cost, its micro-batch counts narrowed to those that divide the replicas'
+// batch.
+func withReplicas(r *rand.Rand, p Problem, replicas int) Problem {
+	p.Replicas = replicas
+	p.Layers = slices.Clone(p.Layers)
+	for k := range p.Layers {
+		p.Layers[k].GradBytes = int64(1000 + r.IntN(20000))
+	}
+	p.AllReduceBytesPerMS = float64(1+r.IntN(4)) * 1000
+	p.AllReduceLatencyMS = 0.05 * float64(r.IntN(3))
+	if r.IntN(2) == 0 {
+		p.BucketBytes = int64(2000 + r.IntN(8000))
+	}
+	per := p.Batch / replicas
+	if p.MicroBatches > 0 && per%p.MicroBatches != 0 {
+		p.MicroBatches = per
+	}
+	p.Candidates = slices.DeleteFunc(slices.Clone(p.Candidates), func(m int) bool { return per%m != 0 })
+	if p.MicroBatches == 0 && len(p.Candidates) == 0 {
+		p.Candidates = []int{1}
+	}
+	return p
+}
+
+// TestSolveWithReplicasMatchesBruteForce: with the all-reduce charged, the
+// search still finds the fastest split (its bounds stay below what the
+// simulator says), and Evaluate agrees with the plan.
+func TestSolveWithReplicasMatchesBruteForce(t *testing.T) {
+	r := rand.New(rand.NewPCG(11, 12))
+	for trial := range 300 {
+		p := withReplicas(r, randomProblem(r, r.IntN(10)-2), []int{2, 4}[r.IntN(2)])
+		if trial%3 == 1 {
+			_, need := brute(t, p)
+			p.MemoryLimit = need + r.Int64N(need/2+1)
+		}
+		want, _ := brute(t, p)
+		name := fmt.Sprintf("trial %d (%d layers, %d stages, %d replicas)", trial, len(p.Layers), p.Stages, p.Replicas)
+		got, err := Solve(p)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if math.Abs(got.StepMS-want) > 1e-9 {
+			t.Fatalf("%s: step %v with %v (%s, m=%d), brute force finds %v", name, got.StepMS, got.Boundaries, got.Schedule, got.MicroBatches, want)
+		}
+		again, err := Evaluate(p, got.Boundaries, got.Schedule, got.MicroBatches)
+		if err != nil || again.StepMS != got.StepMS || !slices.Equal(again.AllReduceMS, got.AllReduceMS) {
+			t.Fatalf("%s: Evaluate gives %+v (%v), Solve %+v", name, again, err, got)
+		}
+		if got.Replicas != p.Replicas || len(got.AllReduceMS) != p.Stages || len(got.ExposedMS) != p.Stages {
+			t.Fatalf("%s: plan %+v lacks the replicas' figures", name, got)
+		}
+	}
+}
+
+// TestBoundsWithAllReduce is TestBoundsNeverExceedTheSimulator with
+// replicas, whose all-reduces the bounds count.
+func TestBoundsWithAllReduce(t *testing.T) {
+	r := rand.New(rand.NewPCG(13, 14))
+	for trial := range 200 {
+		n, stages := 4+r.IntN(20), 2+r.IntN(5)
+		stages = min(stages, n)
+		p := randomProblem(r, r.IntN(n))
+		for len(p.Layers) < n {
+			p.Layers = append(p.Layers, randomProblem(r, -1).Layers...)
+		}
+		p.Layers, p.Stages, p.Batch = p.Layers[:n], stages, 64
+		p = withReplicas(r, p, []int{2, 4, 8}[r.IntN(3)])
+		if r.IntN(2) == 0 { // all-reduces that dwarf the compute
+			p.AllReduceBytesPerMS /= 100
+		}
+		m := []int{1, 2, 4, 8}[r.IntN(4)]
+		for _, name := range Schedules() {
+			d, err := newModel(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := d.candidate(name, m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.prepare(); err != nil {
+				t.Fatal(err)
+			}
+			b := &bnb{c: c}
+			for range 5 {
+				cuts := []int{0}
+				for s := 1; s < stages; s++ {
+					cuts = append(cuts, cuts[s-1]+1+r.IntN(n-cuts[s-1]-(stages-s)))
+				}
+				pl, err := c.simulate(cuts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if lb := b.bound(cuts); lb > above(pl.StepMS) {
+					t.Fatalf("trial %d, %s, m=%d, R=%d, split %v: bound %v above the simulated %v", trial, name, m, p.Replicas, cuts, lb, pl.StepMS)
+				}
+			}
+		}
+	}
+}
+
+// TestReplicasShareTheBatch: R replicas whose all-reduce costs nothing run
+// the step of one pipeline on Batch/R samples, and so R times the samples
+// per second.
+func TestReplicasShareTheBatch(t *testing.T) {
+	one := Problem{Layers: uniform(6, 2), Stages: 3, Batch: 8, MicroBatch: 1, Candidates: []int{1, 2, 4, 8}, Schedules: Schedules(), OverheadMS: 0.1, LatencyMS: 0.05}
+	two := one
+	two.Batch, two.Replicas = 16, 2
+	a, err := Solve(one)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Solve(two)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.StepMS != b.StepMS || !slices.Equal(a.Boundaries, b.Boundaries) || a.MicroBatches != b.MicroBatches {
+		t.Fatalf("one replica of 8: %+v; two of 16: %+v", a, b)
+	}
+	if math.Abs(b.SamplesPerSecond-2*a.SamplesPerSecond) > 1e-9 || a.SamplesPerSecond != 8000/a.StepMS {
+		t.Errorf("samples/s %v and %v, want %v and twice that", a.SamplesPerSecond, b.SamplesPerSecond, 8000/a.StepMS)
+	}
+	if !slices.Equal(b.AllReduceMS, []float64{0, 0, 0}) || a.AllReduceMS != nil {
+		t.Errorf("all-reduce times %v and %v", a.AllReduceMS, b.AllReduceMS)
+	}
+}
+
+// TestOneStageChargesTheWholeAllReduce: a single stage has nothing left to
+// compute when it hands its gradients over, so the step is its compute plus
+// the ring's time; and the all-reduce's flat copy counts in its memory.
+func TestOneStageChargesTheWholeAllReduce(t *testing.T) {
+	layers := uniform(2, -1)
+	layers[0].GradBytes, layers[1].GradBytes = 3000, 1000
+	p := Problem{Layers: layers, Stages: 1, MicroBatches: 2, Batch: 8, MicroBatch: 1, Replicas: 2,
+		AllReduceBytesPerMS: 100, AllReduceLatencyMS: 0.5, BucketBytes: 1500}
+	pl, err := Solve(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 4 samples of 2 layers at F = 1, B = 2; then 2·1/2·4000/100 = 40 ms
+	// and 3 buckets of 2 messages.
+	ar := 40 + 3*2*0.5
+	if pl.StepMS != 24+ar || !slices.Equal(pl.AllReduceMS, []float64{ar}) || !slices.Equal(pl.ExposedMS, []float64{ar}) {
+		t.Errorf("got step %v, all-reduce %v, exposed %v; want %v, [%v], [%v]", pl.StepMS, pl.AllReduceMS, pl.ExposedMS, 24+ar, ar, ar)
+	}
+	// 2000 bytes of parameters and state, one stashed micro-batch (1F1B on
+	// one stage) of 2 samples of 200 bytes, and the 4000 gradient bytes
+	// again.
+	if want := int64(2000 + 2*200 + 4000); pl.MemoryBytes[0] != want {
+		t.Errorf("memory %d, want %d", pl.MemoryBytes[0], want)
+	}
+	if want := (schedule.RingAllReduce{Replicas: 2, Bandwidth: 100, Latency: 0.5, BucketBytes: 1500}).Time(4000); want != ar {
+		t.Fatalf("the ring's time is %v, the test assumes %v", want, ar)
+	}
+}
+
+// TestAllReduceMovesTheSplit: layer 1 computes nothing but has gradients,
+// so either stage may hold it at the same compute; on the last stage its
+// all-reduce hides in the time stage 0 still spends on its last backward
+// (2 ms; the all-reduce takes 1.5), on stage 0 it would add to the step.
+func TestAllReduceMovesTheSplit(t *testing.T) {
+	layers := []Layer{{F: 1, B: 2}, {GradBytes: 1500}, {F: 1, B: 2}}
+	p := Problem{Layers: layers, Stages: 2, MicroBatches: 4, Batch: 8, MicroBatch: 1, Replicas: 2, AllReduceBytesPerMS: 1000}
+	pl, err := Solve(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(pl.Boundaries, []int{0, 1}) || !slices.Equal(pl.AllReduceMS, []float64{0, 1.5}) || !slices.Equal(pl.ExposedMS, []float64{0, 0}) {
+		t.Fatalf("got %v, all-reduce %v, exposed %v; want layer 1 on stage 1, hidden", pl.Boundaries, pl.AllReduceMS, pl.ExposedMS)
+	}
+	other, err := Evaluate(p, []int{0, 2}, "1f1b", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if other.StepMS != pl.StepMS+1.5 {
+		t.Errorf("layer 1 on stage 0: step %v, want %v + 1.5", other.StepMS, pl.StepMS)
+	}
+}
+
+// TestGridsCommunicationFreePrefersReplicas: with no transfers, overheads
+// or all-reduce costs, replicas have no bubble, so the grid with one stage
+// and all processes as replicas is fastest.
+func TestGridsCommunicationFreePrefersReplicas(t *testing.T) {
+	p := Problem{Layers: uniform(8, -1), Batch: 16, MicroBatch: 1, Candidates: []int{1, 2, 4, 8, 16}, Schedules: Schedules()}
+	best, grids, err := SolveGrids(p, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(grids) != 3 || grids[0].Stages != 4 || grids[1].Replicas != 2 || grids[2].Replicas != 4 {
+		t.Fatalf("grids %+v, want 4×1, 2×2, 1×4", grids)
+	}
+	if best != grids[2].Plan || best.Replicas != 4 || len(best.Boundaries) != 1 {
+		t.Fatalf("best %+v, want the 1×4 grid's", best)
+	}
+	// One stage of 8 layers on 4 samples: 4·8·(1+2).
+	if best.StepMS != 96 || best.SamplesPerSecond != 16000.0/96 {
+		t.Errorf("1×4: step %v, %v samples/s", best.StepMS, best.SamplesPerSecond)
+	}
+	checkGrids(t, p, best, grids)
+}
+
+// TestGridsHugeAllReducePrefersStages: when reducing gradients costs far
+// more than the pipeline's bubbles, the grid without replicas wins.
+func TestGridsHugeAllReducePrefersStages(t *testing.T) {
+	layers := uniform(8, -1)
+	for k := range layers {
+		layers[k].GradBytes = 1 << 20
+	}
+	p := Problem{Layers: layers, Batch: 16, MicroBatch: 1, Candidates: []int{1, 2, 4, 8, 16}, Schedules: Schedules(),
+		AllReduceBytesPerMS: 1000, AllReduceLatencyMS: 0.1}
+	best, grids, err := SolveGrids(p, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if best != grids[0].Plan || best.Replicas != 1 || len(best.Boundaries) != 4 {
+		t.Fatalf("best %+v, want the 4×1 grid's", best)
+	}
+	for _, g := range grids[1:] {
+		if slices.Max(g.Plan.ExposedMS) <= 0 {
+			t.Errorf("%d×%d: all-reduce hidden: %+v", g.Stages, g.Replicas, g.Plan)
+		}
+	}
+	checkGrids(t, p, best, grids)
+}
+
+// checkGrids holds each grid's plan to Solve's for that grid, and best to
+// the fastest.
+func checkGrids(t *testing.T, p Problem, best *Plan, grids []Grid) {
+	t.Helper()
+	for _, g := range grids {
+		if g.Plan == nil {
+			continue
+		}
+		q := p
+		q.Stages, q.Replicas = g.Stages, g.Replicas
+		q.Candidates = slices.DeleteFunc(slices.Clone(q.Candidates), func(m int) bool { return q.Batch%(g.Replicas*m) != 0 })
+		want, err := Solve(q)
+		if err != nil || want.StepMS != g.Plan.StepMS {
+			t.Errorf("%d×%d: plan %+v, Solve %+v (%v)", g.Stages, g.Replicas, g.Plan, want, err)
+		}
+		if g.Plan.SamplesPerSecond > best.SamplesPerSecond {
+			t.Errorf("%d×%d: %v samples/s beats the best's %v", g.Stages, g.Replicas, g.Plan.SamplesPerSecond, best.SamplesPerSecond)
+		}
+	}
+}
+
+// TestGridsMemoryLimit: one stage holding every layer does not fit, so the
+// communication-free model settles for two stages of two replicas.
+func TestGridsMemoryLimit(t *testing.T) {
+	p := Problem{Layers: uniform(8, -1), Batch: 16, MicroBatch: 1, Candidates: []int{1, 2, 4, 8, 16}, Schedules: Schedules(), MemoryLimit: 7000}
+	best, grids, err := SolveGrids(p, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if grids[2].Plan != nil || grids[2].Err == nil || !strings.Contains(grids[2].Err.Error(), "memory limit") {
+		t.Fatalf("1×4 under 7000 bytes: %+v", grids[2])
+	}
+	if best != grids[1].Plan || slices.Max(best.MemoryBytes) > p.MemoryLimit {
+		t.Fatalf("best %+v, want the 2×2 grid's", best)
+	}
+}
+
+func TestGridsWithoutPlans(t *testing.T) {
+	p := Problem{Layers: uniform(3, -1), Batch: 6, MicroBatch: 1, Candidates: []int{1, 2, 3, 6}}
+	best, grids, err := SolveGrids(p, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"4 stages for 3 layers", "", "4 replicas do not divide the batch of 6"}
+	for k, g := range grids {
+		got := ""
+		if g.Err != nil {
+			got = g.Err.Error()
+		}
+		if !strings.Contains(got, want[k]) || (want[k] == "") != (g.Plan != nil) {
+			t.Errorf("%d×%d: %v, want %q", g.Stages, g.Replicas, g.Err, want[k])
+		}
+	}
+	if best != grids[1].Plan {
+		t.Errorf("best %+v, want 2×2's", best)
+	}
+	p.MicroBatches = 2 // 2 does not divide 2×2's replicas' batch of 3
+	_, grids, err = SolveGrids(p, 4)
+	if err == nil || !strings.Contains(err.Error(), "2×2: 2 micro-batches do not divide the replicas' batch of 3") {
+		t.Fatalf("got %v", err)
+	}
+	if len(grids) != 3 {
+		t.Errorf("grids %+v", grids)
+	}
+	if _, _, err := SolveGrids(p, 0); err == nil {
+		t.Error("0 processes accepted")
+	}
+}
+
+func TestReplicaBadInputs(t *testing.T) {
+	ok := Problem{Layers: uniform(4, -1), Stages: 2, MicroBatches: 2, Batch: 8, MicroBatch: 1, Replicas: 2}
+	if _, err := Solve(ok); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(*Problem)
+		want string
+	}{
+		{"negative replicas", func(p *Problem) { p.Replicas = -1 }, "-1 replicas"},
+		{"replicas do not divide", func(p *Problem) { p.Replicas = 3 }, "3 replicas: must be >= 1 and divide the batch of 8"},
+		{"m does not divide the share", func(p *Problem) { p.MicroBatches = 8 }, "8 micro-batches: must be >= 1 and divide each of the 2 replicas' batch of 4"},
+		{"negative latency", func(p *Problem) { p.AllReduceLatencyMS = -1 }, "all-reduce latency"},
+		{"infinite speed", func(p *Problem) { p.AllReduceBytesPerMS = math.Inf(1) }, "all-reduce latency, speed"},
+		{"negative bucket", func(p *Problem) { p.BucketBytes = -1 }, "bucket size"},
+		{"negative gradient", func(p *Problem) { p.Layers = uniform(4, -1); p.Layers[3].GradBytes = -1 }, "layer 3"},
+	} {
+		p := ok
+		tc.edit(&p)
+		if _, err := Solve(p); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: got %v, want an error mentioning %q", tc.name, err, tc.want)
+		}
+	}
+}

@@ -1,0 +1,274 @@
+package schedule
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestRingAllReduceTime(t *testing.T) {
+	tests := []struct {
+		r     RingAllReduce
+		bytes int64
+		want  float64
+	}{
+		{RingAllReduce{Replicas: 1, Bandwidth: 100, Latency: 1}, 1000, 0},
+		{RingAllReduce{Replicas: 0, Bandwidth: 100, Latency: 1}, 1000, 0},
+		{RingAllReduce{Replicas: 2, Bandwidth: 100, Latency: 1}, 0, 0},
+		// 2·1/2·1000/100 + 2·1 messages.
+		{RingAllReduce{Replicas: 2, Bandwidth: 100, Latency: 1}, 1000, 12},
+		// 2·3/4·1000/100, and 4 buckets of 2·3 messages each.
+		{RingAllReduce{Replicas: 4, Bandwidth: 100, Latency: 1, BucketBytes: 300}, 1000, 15 + 24},
+		{RingAllReduce{Replicas: 4, Bandwidth: 100, Latency: 1, BucketBytes: 1000}, 1000, 15 + 6},
+		{RingAllReduce{Replicas: 3, Latency: 0.5}, 1 << 30, 2},
+	}
+	for _, tt := range tests {
+		if got := tt.r.Time(tt.bytes); math.Abs(got-tt.want) > 1e-12 {
+			t.Errorf("%+v.Time(%d) = %v, want %v", tt.r, tt.bytes, got, tt.want)
+		}
+	}
+}
+
+// allReduceCosts gives every chunk of every stage the same all-reduce time.
+func allReduceCosts(p, v int, d float64) [][]float64 {
+	out := make([][]float64, p)
+	for st := range out {
+		out[st] = make([]float64, v)
+		for c := range out[st] {
+			out[st][c] = d
+		}
+	}
+	return out
+}
+
+// TestSimulateAllReduceByHand: 1F1B on two stages, two micro-batches, F = 1,
+// B = 2, no transfer. Stage 1 runs 1F0 [1,2] 1B0 [2,4] 1F1 [4,5] 1B1 [5,7]
+// and stage 0 ends with 0B1 [7,9], so stage 1's all-reduce, from 7, has two
+// units of bubble to hide in, and stage 0's, from 9, none.
+func TestSimulateAllReduceByHand(t *testing.T) {
+	s := mustBuild(t, "1f1b", 2, 2, 1)
+	tests := []struct {
+		what     string
+		ar       [][]float64
+		makespan float64
+		exposed  []float64
+	}{
+		{"nothing to reduce (one replica)", [][]float64{{0}, {0}}, 9, []float64{0, 0}},
+		{"stage 1's fits in its bubble", [][]float64{{0}, {2}}, 9, []float64{0, 0}},
+		{"stage 1's one unit longer than its bubble", [][]float64{{0}, {3}}, 10, []float64{0, 1}},
+		{"stage 0's has nothing to hide behind", [][]float64{{1.5}, {0}}, 10.5, []float64{1.5, 0}},
+		{"both exposed, the larger counts", [][]float64{{0.5}, {4}}, 11, []float64{0.5, 2}},
+	}
+	for _, tt := range tests {
+		c := UniformCosts(2, 1, 2, 0)
+		c.AllReduce = tt.ar
+		tl, err := Simulate(s, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tl.Makespan != tt.makespan || !reflect.DeepEqual(tl.Exposed, tt.exposed) {
+			t.Errorf("%s: makespan %v, exposed %v; want %v, %v", tt.what, tl.Makespan, tl.Exposed, tt.makespan, tt.exposed)
+		}
+		want := [][]Reduction{{{Chunk: 0, Start: 9, End: 9 + tt.ar[0][0]}}, {{Chunk: 0, Start: 7, End: 7 + tt.ar[1][0]}}}
+		if !reflect.DeepEqual(tl.Reductions, want) {
+			t.Errorf("%s: reductions %v, want %v", tt.what, tl.Reductions, want)
+		}
+		for st := range 2 {
+			if tl.AllReduce(st) != tt.ar[st][0] {
+				t.Errorf("%s: stage %d all-reduce %v, want %v", tt.what, st, tl.AllReduce(st), tt.ar[st][0])
+			}
+			if want := 1 - 6/tt.makespan; math.Abs(tl.Bubble[st]-want) > 1e-12 {
+				t.Errorf("%s: stage %d bubble %v, want %v (idle while reducing)", tt.what, st, tl.Bubble[st], want)
+			}
+		}
+	}
+}
+
+// TestSimulateAllReduceNilIsZero: without all-reduce costs the timeline is
+// the one it always was, and zero costs change nothing in it but the
+// reductions it lists.
+func TestSimulateAllReduceNilIsZero(t *testing.T) {
+	s := mustBuild(t, "zb-h1", 4, 6, 1)
+	bare, err := Simulate(s, UniformCosts(4, 1, 2, 0.25))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bare.Reductions != nil || bare.Exposed != nil || bare.AllReduce(0) != 0 {
+		t.Fatalf("reductions without all-reduce costs: %v %v", bare.Reductions, bare.Exposed)
+	}
+	c := UniformCosts(4, 1, 2, 0.25)
+	c.AllReduce = allReduceCosts(4, 1, 0)
+	zero, err := Simulate(s, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(zero.Reductions) != 4 || !reflect.DeepEqual(zero.Exposed, []float64{0, 0, 0, 0}) {
+		t.Fatalf("zero all-reduces: %v %v", zero.Reductions, zero.Exposed)
+	}
+	zero.Reductions, zero.Exposed = nil, nil
+	if !reflect.DeepEqual(zero, bare) {
+		t.Errorf("zero all-reduces changed the timeline: makespan %v, want %v", zero.Makespan, bare.Makespan)
+	}
+}
+
+// TestSimulateAllReduceInterleaved: a stage's chunks are reduced one after
+// another on its one ring, in the order their gradients become final
+// (interleaved's backwards run the later chunk first), each starting when
+// its chunk is done or the previous reduction ends.
+func TestSimulateAllReduceInterleaved(t *testing.T) {
+	s := mustBuild(t, "interleaved", 2, 2, 2)
+	c := UniformCosts(2, 1, 2, 0)
+	bare, err := Simulate(s, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.AllReduce = [][]float64{{40, 1}, {40, 30}}
+	tl, err := Simulate(s, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for st, rs := range tl.Reductions {
+		if len(rs) != 2 || rs[0].Chunk != 1 || rs[1].Chunk != 0 {
+			t.Fatalf("stage %d reductions %v, want chunk 1's then chunk 0's", st, rs)
+		}
+		done := lastGradientEnds(bare.Spans[st], 2)
+		if rs[0].Start != done[1] || rs[1].Start != max(done[0], rs[0].End) {
+			t.Errorf("stage %d reductions %v; chunks done at %v", st, rs, done)
+		}
+	}
+	// Stage 1's chunk 1 is done first and its 30 units hold up chunk 0's 40.
+	if want := tl.Reductions[1][0].End + 40; tl.Makespan != want {
+		t.Errorf("makespan %v, want %v", tl.Makespan, want)
+	}
+}
+
+// lastGradientEnds returns, per chunk, when its last B or W ends.
+func lastGradientEnds(spans []Span, v int) []float64 {
+	out := make([]float64, v)
+	for _, sp := range spans {
+		if sp.Action.Kind == Backward || sp.Action.Kind == Weight {
+			out[sp.Action.Chunk] = sp.End
+		}
+	}
+	return out
+}
+
+// TestSimulateAllReduceInvariants: on every built-in schedule with random
+// costs, the all-reduces leave the spans alone; each stage's reductions run
+// one per chunk, one at a time, each from its chunk's last gradient; the
+// step ends at the later of the bare step and the last reduction, which is
+// the bare step plus the largest Exposed; and the lowered schedule gives the
+// same timeline.
+func TestSimulateAllReduceInvariants(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 5))
+	for _, name := range Names() {
+		for _, size := range [][3]int{{1, 3, 1}, {2, 4, 1}, {4, 8, 1}, {3, 3, 1}, {2, 4, 2}, {4, 8, 3}} {
+			p, m, v := size[0], size[1], size[2]
+			if !allowed(name, p, m, v) {
+				continue
+			}
+			s := mustBuild(t, name, p, m, v)
+			for k := range 20 {
+				what := fmt.Sprintf("%s p%d m%d v%d #%d", name, p, m, v, k)
+				c := randomCosts(rng, p, s.SplitsBackward())
+				bare, err := Simulate(s, c)
+				if err != nil {
+					t.Fatal(err)
+				}
+				c.AllReduce = allReduceCosts(p, v, 0)
+				for st := range p {
+					for ch := range v {
+						c.AllReduce[st][ch] = bare.Makespan * rng.Float64() * rng.Float64()
+					}
+				}
+				tl, err := Simulate(s, c)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !reflect.DeepEqual(tl.Spans, bare.Spans) {
+					t.Fatalf("%s: the all-reduces moved the compute", what)
+				}
+				end, exposed := bare.Makespan, 0.0
+				for st, rs := range tl.Reductions {
+					if len(rs) != v {
+						t.Fatalf("%s: stage %d has %d reductions for %d chunks", what, st, len(rs), v)
+					}
+					done, free := lastGradientEnds(tl.Spans[st], v), 0.0
+					for _, r := range rs {
+						if r.Start != max(done[r.Chunk], free) || r.End != r.Start+c.AllReduce[st][r.Chunk] {
+							t.Errorf("%s: stage %d reduction %+v; chunk done at %v, ring free at %v", what, st, r, done[r.Chunk], free)
+						}
+						free = r.End
+					}
+					if want := max(0, free-bare.Makespan); tl.Exposed[st] != want {
+						t.Errorf("%s: stage %d exposed %v, want %v", what, st, tl.Exposed[st], want)
+					}
+					end, exposed = max(end, free), max(exposed, tl.Exposed[st])
+				}
+				if tl.Makespan != end || math.Abs(tl.Makespan-(bare.Makespan+exposed)) > 1e-9 {
+					t.Errorf("%s: makespan %v, want %v = bare %v + exposed %v", what, tl.Makespan, end, bare.Makespan, exposed)
+				}
+				l, err := Lower(s)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got, err := l.Simulate(c); err != nil || !reflect.DeepEqual(got, tl) {
+					t.Fatalf("%s: the lowered schedule's timeline differs (%v)", what, err)
+				}
+			}
+		}
+	}
+}
+
+// TestSimulateAllReduceTied: a tied weight's exchange sums reduced
+// gradients, so it waits for its stage's all-reduces. 1F1B on two stages,
+// one micro-batch, F = 1, B = 2, transfer 0.5: 0B0 ends at 7 and 1B0 at
+// 4.5. Stage 0 reduces [7, 8] and stage 1 [4.5, 14.5]; stage 1 sends its
+// half at 14.5, which stage 0 has at 15. Without all-reduces the exchange
+// ends at 7.5 (stage 0's half, sent at 7, on stage 1).
+func TestSimulateAllReduceTied(t *testing.T) {
+	l, err := Lower(mustBuild(t, "1f1b", 2, 1, 1), AddSendRecv, AddReduceGrad, AddTiedSync(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := UniformCosts(2, 1, 2, 0.5)
+	c.AllReduce = [][]float64{{1}, {10}}
+	tl, err := l.Simulate(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := [][]Reduction{{{Start: 7, End: 8}}, {{Start: 4.5, End: 14.5}}}
+	if tl.Makespan != 15 || !reflect.DeepEqual(tl.Reductions, want) || !reflect.DeepEqual(tl.Exposed, []float64{0.5, 7}) {
+		t.Errorf("makespan %v, reductions %v, exposed %v; want 15, %v, [0.5 7]", tl.Makespan, tl.Reductions, tl.Exposed, want)
+	}
+}
+
+func TestSimulateAllReduceCostErrors(t *testing.T) {
+	s := mustBuild(t, "interleaved", 2, 2, 2)
+	tests := []struct {
+		ar   [][]float64
+		want string
+	}{
+		{[][]float64{{1, 1}}, "costs have 1 all-reduce entries, want 2 (one per stage, or none)"},
+		{[][]float64{{1, 1}, {1}}, "stage 1: costs have 1 all-reduce entries, want one per chunk, 2"},
+		{[][]float64{{1, -1}, {1, 1}}, "stage 0 chunk 1: all-reduce cost must be finite and >= 0, got -1"},
+		{[][]float64{{1, 1}, {math.NaN(), 1}}, "stage 1 chunk 0: all-reduce cost must be finite and >= 0, got NaN"},
+	}
+	l, err := Lower(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range tests {
+		c := UniformCosts(2, 1, 2, 0)
+		c.AllReduce = tt.ar
+		if _, err := Simulate(s, c); err == nil || err.Error() != tt.want {
+			t.Errorf("Simulate with %v = %v, want %q", tt.ar, err, tt.want)
+		}
+		if _, err := l.Simulate(c); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("Lowered.Simulate with %v = %v, want %q", tt.ar, err, tt.want)
+		}
+	}
+}
