@@ -234,3 +234,29 @@ func glorotUniform(dt tensor.Dtype, shape tensor.Shape, fanIn, fanOut int, r *ra
 		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(v))
 	}
 }
+
+// ParamCount counts the parameters of layers [first, last), building them
+// once in a scratch graph: what a stage's gradients hold, known before any
+// engine exists (the replicas' handshakes compare their all-reduce plans,
+// the simulator charges the all-reduce).
+func ParamCount(m *Model, first, last int) (n int, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("counting the parameters of layers [%d, %d): %v", first, last, r)
+		}
+	}()
+	g := G.NewGraph()
+	in := m.ShapeAt(first, 1)
+	h := G.NewTensor(g, m.DType, len(in), G.WithShape(in...), G.WithName("input"))
+	for _, layer := range m.Layers[first:last] {
+		b, err := layer.Build(g, h, 0)
+		if err != nil {
+			return 0, err
+		}
+		for _, p := range b.Params {
+			n += p.Shape().TotalSize()
+		}
+		h = b.Out
+	}
+	return n, nil
+}

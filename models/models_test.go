@@ -104,3 +104,22 @@ func TestInitIndependentOfSplit(t *testing.T) {
 		t.Error("weights not initialised")
 	}
 }
+
+func TestParamCountSumsLayers(t *testing.T) {
+	m, err := Build(Spec{Name: "mlp", DType: "float32", Input: 784, Hidden: []int{512, 256}, Classes: 10, Activation: "relu"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []int{784*512 + 512, 512*256 + 256, 256*10 + 10}
+	total := 0
+	for i, w := range want {
+		n, err := ParamCount(m, i, i+1)
+		if err != nil || n != w {
+			t.Errorf("layer %d: %d parameters (%v), want %d", i, n, err, w)
+		}
+		total += w
+	}
+	if n, err := ParamCount(m, 0, 3); err != nil || n != total {
+		t.Errorf("layers 0-2: %d (%v), want %d", n, err, total)
+	}
+}

@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"fmt"
 
-	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
 	"github.com/pipetrain/pipetrain/collective"
@@ -98,7 +97,7 @@ func (l *Layout) planReduction() error {
 	bucket := max(1, l.Config.BucketBytes()/dtypeSize(l.Model))
 	l.Plans = nil
 	for _, lr := range l.Ranges {
-		n, err := gradientElems(l.Model, lr[0], lr[1])
+		n, err := models.ParamCount(l.Model, lr[0], lr[1])
 		if err != nil {
 			return err
 		}
@@ -149,31 +148,6 @@ func dtypeSize(m *models.Model) int {
 	return 4
 }
 
-// gradientElems counts the parameters of layers [first, last), building
-// them once in a scratch graph: the replicas' handshakes compare the
-// all-reduce plans before any engine exists.
-func gradientElems(m *models.Model, first, last int) (n int, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("counting the parameters of layers [%d, %d): %v", first, last, r)
-		}
-	}()
-	g := G.NewGraph()
-	in := m.ShapeAt(first, 1)
-	h := G.NewTensor(g, m.DType, len(in), G.WithShape(in...), G.WithName("input"))
-	for _, layer := range m.Layers[first:last] {
-		b, err := layer.Build(g, h, 0)
-		if err != nil {
-			return 0, err
-		}
-		for _, p := range b.Params {
-			n += p.Shape().TotalSize()
-		}
-		h = b.Out
-	}
-	return n, nil
-}
-
 // ReferenceLayout lays out the one-process reference: every layer in one
 // chunk of one stage, trained with 1F1B, which computes the same bits as any
 // schedule over any split. With replicas it runs every replica's
@@ -201,7 +175,7 @@ func ReferenceLayout(c *configs.Config) (*Layout, error) {
 		bucket := max(1, c.BucketBytes()/dtypeSize(model))
 		for k := range c.ModelStages() {
 			first, last := c.ChunkLayers(c.Place(k))
-			n, err := gradientElems(model, first, last)
+			n, err := models.ParamCount(model, first, last)
 			if err != nil {
 				return nil, err
 			}

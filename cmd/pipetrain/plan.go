@@ -160,7 +160,7 @@ func runPlan(w io.Writer, o planOptions) error {
 		}
 	}
 	for i, lc := range layerCosts {
-		n, err := parameterCount(model, i, i+1)
+		n, err := models.ParamCount(model, i, i+1)
 		if err != nil {
 			return err
 		}

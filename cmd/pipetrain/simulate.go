@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	G "gorgonia.org/gorgonia"
 
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/engine"
@@ -668,7 +667,7 @@ func newReplication(cfg *configs.Config, model *models.Model, o simulateOptions,
 		var chunks []int64
 		for chunk := 0; chunk < cfg.VirtualStages; chunk++ {
 			first, last := cfg.ChunkLayers(s, chunk)
-			n, err := parameterCount(model, first, last)
+			n, err := models.ParamCount(model, first, last)
 			if err != nil {
 				return nil, err
 			}
@@ -677,30 +676,6 @@ func newReplication(cfg *configs.Config, model *models.Model, o simulateOptions,
 		r.grads = append(r.grads, chunks)
 	}
 	return r, nil
-}
-
-// parameterCount counts the parameters of layers [first, last), building
-// them once in a scratch graph.
-func parameterCount(m *models.Model, first, last int) (n int, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("counting the parameters of layers [%d, %d): %v", first, last, r)
-		}
-	}()
-	g := G.NewGraph()
-	in := m.ShapeAt(first, 1)
-	h := G.NewTensor(g, m.DType, len(in), G.WithShape(in...), G.WithName("input"))
-	for _, layer := range m.Layers[first:last] {
-		b, err := layer.Build(g, h, 0)
-		if err != nil {
-			return 0, err
-		}
-		for _, p := range b.Params {
-			n += p.Shape().TotalSize()
-		}
-		h = b.Out
-	}
-	return n, nil
 }
 
 // parseBandwidth reads bytes per second: "1.2GB/s", "500MiB/s", "2e9".
