@@ -215,3 +215,42 @@ func readMetrics(t *testing.T, dir string) []stages.Metric {
 	}
 	return m
 }
+
+// TestHungReplicaBlamed SIGSTOPs stage 1 of replica 1 in a 2 × 2 launch. Its
+// pipeline neighbour waits for it, and replica 0 waits on the all-reduce ring
+// for that neighbour; whichever gives up first, the launcher must follow the
+// waits across the ring and blame the stopped process, and leave none behind.
+func TestHungReplicaBlamed(t *testing.T) {
+	needData(t)
+	cfg := gridConfig(t, gridMLP+"\nschedule: 1f1b", []string{`"0-1"`, `"2-3"`}, 2)
+	env := []string{"PIPETRAIN_TRANSPORT_RECV_TIMEOUT=3s", "PIPETRAIN_RECOVERY_MAX_RESTARTS=0"}
+	dir := t.TempDir()
+	_, out, done := start(t, env, "launch", "--config", cfg, "--steps", "100000", "--run-dir", dir)
+	waitForStep(t, dir, 5, 2*time.Minute, out)
+	pid := replicaPID(t, dir, 1, 1)
+	if pid == 0 {
+		t.Fatalf("stage 1 replica 1's process not found:\n%s", out.String())
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatalf("launch succeeded with a stopped process:\n%s", out.String())
+		}
+	case <-time.After(time.Minute):
+		syscall.Kill(pid, syscall.SIGKILL)
+		t.Fatalf("launch did not end:\n%s", out.String())
+	}
+	if text := out.String(); !strings.Contains(text, "stage 1 replica 1 stopped making progress") {
+		t.Errorf("the stopped process was not blamed:\n%s", text)
+	}
+	for s := range 2 {
+		for r := range 2 {
+			if pid := replicaPID(t, dir, s, r); pid != 0 {
+				t.Errorf("stage %d replica %d (pid %d) still running after launch exited", s, r, pid)
+			}
+		}
+	}
+}

@@ -67,13 +67,15 @@ type StageError struct {
 	Hung     bool
 	Why      string
 	Detector int
+	// DetectorReplica is the failed process's replica.
+	DetectorReplica int
 }
 
 func (e *StageError) Error() string {
 	name := processName(e.Stage, e.Replica, e.Replicas)
 	if e.Hung {
 		return fmt.Sprintf("%s stopped making progress: %s; %s failed (%v); its last output: %s",
-			name, e.Why, processName(e.Detector, e.Replica, e.Replicas), e.Err, e.LastLine)
+			name, e.Why, processName(e.Detector, e.DetectorReplica, e.Replicas), e.Err, e.LastLine)
 	}
 	if e.LastLine != "" {
 		return fmt.Sprintf("%s failed (%v); its last output: %s", name, e.Err, e.LastLine)

@@ -15,12 +15,17 @@ import (
 // they let the launcher blame the stage that stopped making progress instead
 // of the first neighbour whose patience ran out.
 type Status struct {
-	Stage  int
-	Action string // "1B3", "" outside a step's actions
+	Stage   int
+	Replica int    // the stage's replica (0 without data parallelism)
+	Action  string // "1B3", "" outside a step's actions
 	// Peer is the stage this one waits for (receiving from it, or for room
 	// to send to it), -1 when it is not waiting on a neighbour.
 	Peer int
-	For  time.Duration // how long it has been in this state
+	// Ring says the wait is on the replicas' all-reduce ring, for replica
+	// PeerReplica of stage Peer; otherwise Peer is in the same replica.
+	Ring        bool
+	PeerReplica int
+	For         time.Duration // how long it has been in this state
 }
 
 // statusPrefix starts the one line a stage prints for a status query. The
@@ -33,7 +38,14 @@ func FormatStatus(s Status) string {
 	if action == "" {
 		action = "-"
 	}
-	return fmt.Sprintf("%s stage=%d action=%s peer=%d for=%s", statusPrefix, s.Stage, action, s.Peer, s.For)
+	line := fmt.Sprintf("%s stage=%d action=%s peer=%d for=%s", statusPrefix, s.Stage, action, s.Peer, s.For)
+	if s.Replica != 0 || s.Ring {
+		line += fmt.Sprintf(" replica=%d", s.Replica)
+	}
+	if s.Ring {
+		line += fmt.Sprintf(" ring_replica=%d", s.PeerReplica)
+	}
+	return line
 }
 
 // ParseStatus reads a line printed by FormatStatus; ok is false for any other line.
@@ -54,7 +66,15 @@ func ParseStatus(line string) (s Status, ok bool) {
 	if s.Action = fields["action"]; s.Action == "-" {
 		s.Action = ""
 	}
-	if err1 != nil || err2 != nil || err3 != nil {
+	var err4, err5 error
+	if v, ok := fields["replica"]; ok {
+		s.Replica, err4 = strconv.Atoi(v)
+	}
+	if v, ok := fields["ring_replica"]; ok {
+		s.Ring = true
+		s.PeerReplica, err5 = strconv.Atoi(v)
+	}
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || err5 != nil {
 		return Status{}, false
 	}
 	return s, true
@@ -68,13 +88,21 @@ func (s Status) String() string {
 	if s.Action != "" {
 		in = " in " + s.Action
 	}
+	who := fmt.Sprintf("stage %d", s.Stage)
+	if s.Replica != 0 || s.Ring {
+		who += fmt.Sprintf(" replica %d", s.Replica)
+	}
 	if s.Waiting() {
-		return fmt.Sprintf("stage %d has waited %v%s for stage %d", s.Stage, s.For.Round(time.Millisecond), in, s.Peer)
+		peer := fmt.Sprintf("stage %d", s.Peer)
+		if s.Ring {
+			peer = fmt.Sprintf("stage %d replica %d (the all-reduce ring)", s.Peer, s.PeerReplica)
+		}
+		return fmt.Sprintf("%s has waited %v%s for %s", who, s.For.Round(time.Millisecond), in, peer)
 	}
 	if s.Action != "" {
-		return fmt.Sprintf("stage %d has been computing %s for %v", s.Stage, s.Action, s.For.Round(time.Millisecond))
+		return fmt.Sprintf("%s has been computing %s for %v", who, s.Action, s.For.Round(time.Millisecond))
 	}
-	return fmt.Sprintf("stage %d is between actions (for %v)", s.Stage, s.For.Round(time.Millisecond))
+	return fmt.Sprintf("%s is between actions (for %v)", who, s.For.Round(time.Millisecond))
 }
 
 // blame returns the error of a launch in which stage failed first. A stage
@@ -86,28 +114,33 @@ func (s Status) String() string {
 func blame(failed *child, children []*child, ask time.Duration) error {
 	own := failed.stageError()
 	st, ok := failed.lastStatus()
-	// The waits run along the failed process's own copy of the pipeline.
-	byStage := map[int]*child{}
+	// Waits run along a replica's pipeline, or round a stage's replicas.
+	type pos struct{ stage, replica int }
+	byPos := map[pos]*child{}
 	for _, c := range children {
-		if c.replica == failed.replica {
-			byStage[c.stage] = c
-		}
+		byPos[pos{c.stage, c.replica}] = c
 	}
-	if !ok || !st.Waiting() || byStage[st.Peer] == nil {
+	next := func(from int, s Status) pos {
+		if s.Ring {
+			return pos{s.Peer, s.PeerReplica}
+		}
+		return pos{s.Peer, from}
+	}
+	if !ok || !st.Waiting() || byPos[next(failed.replica, st)] == nil {
 		return own
 	}
 	query(children, ask)
 	chain := []string{st.String()}
-	seen := map[int]bool{failed.stage: true}
-	for cur := st.Peer; ; {
-		c := byStage[cur]
+	seen := map[pos]bool{{failed.stage, failed.replica}: true}
+	for cur := next(failed.replica, st); ; {
+		c := byPos[cur]
 		if seen[cur] || c == nil {
 			return own // a cycle of waits: no stage stands out
 		}
 		seen[cur] = true
 		hung := func(why string) error {
 			e := own.(*StageError)
-			return &StageError{Stage: cur, Replica: failed.replica, Replicas: failed.replicas, Err: e.Err, LastLine: e.LastLine, Hung: true, Detector: failed.stage,
+			return &StageError{Stage: cur.stage, Replica: cur.replica, Replicas: failed.replicas, Err: e.Err, LastLine: e.LastLine, Hung: true, Detector: failed.stage, DetectorReplica: failed.replica,
 				Why: why + " (" + strings.Join(chain, "; ") + ")"}
 		}
 		select {
@@ -123,7 +156,7 @@ func blame(failed *child, children []*child, ask time.Duration) error {
 			return hung(s.String())
 		}
 		chain = append(chain, s.String())
-		cur = s.Peer
+		cur = next(cur.replica, s)
 	}
 }
 

@@ -112,3 +112,23 @@ sleep 0.4; echo "stage $stage: lost stage 1: connection reset"; exit 1
 		t.Errorf("a neighbour was stopped before it could name the stage it lost:\n%s", text)
 	}
 }
+
+func TestStatusNamesRingWaits(t *testing.T) {
+	s := Status{Stage: 0, Replica: 1, Action: "", Peer: 0, Ring: true, PeerReplica: 0, For: 3 * time.Second}
+	line := FormatStatus(s)
+	got, ok := ParseStatus(line)
+	if !ok || got != s {
+		t.Fatalf("ParseStatus(%q) = %+v, %v; want %+v", line, got, ok, s)
+	}
+	if want := "stage 0 replica 1 has waited 3s for stage 0 replica 0 (the all-reduce ring)"; got.String() != want {
+		t.Errorf("String() = %q, want %q", got.String(), want)
+	}
+	// A process without replicas prints what it always printed.
+	plain := FormatStatus(Status{Stage: 2, Action: "2B1", Peer: 3, For: time.Second})
+	if strings.Contains(plain, "replica") {
+		t.Errorf("plain status %q names replicas", plain)
+	}
+	if got, ok := ParseStatus(plain); !ok || got.Ring || got.Replica != 0 {
+		t.Errorf("ParseStatus(%q) = %+v, %v", plain, got, ok)
+	}
+}

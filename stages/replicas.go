@@ -179,6 +179,7 @@ func (r *Runtime) awaitReductions(ctx context.Context, step int) error {
 	for len(rd.pending) > 0 {
 		j := rd.pending[0]
 		t0 := time.Now()
+		r.waitOnRing()
 		select {
 		case <-j.done:
 		case <-ctx.Done():
@@ -186,8 +187,10 @@ func (r *Runtime) awaitReductions(ctx context.Context, step int) error {
 		}
 		rd.pending = rd.pending[1:]
 		if j.err != nil {
+			// The wait stays marked: the failure's status names the replica.
 			return fmt.Errorf("all-reduce of chunk %d's gradients: %w", j.chunk, j.err)
 		}
+		r.act.resumed()
 		grads, err := denseGrads(r.engines[j.chunk])
 		if err != nil {
 			return err
@@ -201,6 +204,12 @@ func (r *Runtime) awaitReductions(ctx context.Context, step int) error {
 		}
 	}
 	return nil
+}
+
+// waitOnRing marks a wait on the replicas' ring, which hears the previous
+// replica of the stage: a status query then points the launcher at it.
+func (r *Runtime) waitOnRing() {
+	r.act.waitOnReplica(r.stage, (r.replica-1+r.ring.Size)%r.ring.Size)
 }
 
 // gradDone notes that one micro-batch's gradients are complete. The
@@ -272,10 +281,12 @@ func (r *Runtime) gatherLosses(ctx context.Context, step int) error {
 	for i, l := range r.losses {
 		binary.LittleEndian.PutUint64(mine[8*i:], math.Float64bits(l))
 	}
+	r.waitOnRing()
 	all, err := r.ring.AllGather(ctx, int64(step), r.layout.controlBase()+lossTag, mine)
 	if err != nil {
 		return fmt.Errorf("gathering the replicas' losses: %w", err)
 	}
+	r.act.resumed()
 	r.losses = r.losses[:0]
 	for _, b := range all {
 		for i := 0; i+8 <= len(b); i += 8 {
@@ -293,10 +304,12 @@ func (r *Runtime) checkReplicas(ctx context.Context, step int) error {
 		return nil
 	}
 	mine := r.weightDigest()
+	r.waitOnRing()
 	all, err := r.ring.AllGather(ctx, int64(step), r.layout.controlBase()+digestTag, mine)
 	if err != nil {
 		return fmt.Errorf("comparing the replicas' weights: %w", err)
 	}
+	r.act.resumed()
 	for i := 1; i < len(all); i++ {
 		if !bytes.Equal(all[i], all[0]) {
 			return fmt.Errorf("replicas 0 and %d of stage %d hold different weights after step %d (digests %s and %s): the replicas have diverged",

@@ -100,5 +100,5 @@ func answerStatusQueries(queries <-chan os.Signal, rt *stages.Runtime) {
 
 func statusLine(rt *stages.Runtime) string {
 	a := rt.Activity()
-	return launcher.FormatStatus(launcher.Status{Stage: a.Stage, Action: a.Action, Peer: a.Peer, For: a.For})
+	return launcher.FormatStatus(launcher.Status{Stage: a.Stage, Replica: a.Replica, Action: a.Action, Peer: a.Peer, Ring: a.PeerReplica >= 0, PeerReplica: a.PeerReplica, For: a.For})
 }
