@@ -59,9 +59,10 @@ func grpcRing(tb testing.TB, ranks int, p Plan) []*Ring {
 // the ring over real gRPC links on loopback.
 func BenchmarkRingAllReduce(b *testing.B) {
 	for _, ranks := range []int{2, 4} {
-		for _, size := range []int{1 << 20, 16 << 20} {
-			b.Run(fmt.Sprintf("R=%d/%dMiB", ranks, size>>20), func(b *testing.B) {
-				p, _ := NewPlan(size/4, 0, ranks)
+		for _, c := range []struct{ size, bucket int }{{1 << 20, 0}, {16 << 20, 0}, {16 << 20, 1 << 20}, {16 << 20, 256 << 10}, {4 << 20, 256 << 10}} {
+			size := c.size
+			b.Run(fmt.Sprintf("R=%d/%dMiB/bucket=%dKiB", ranks, size>>20, c.bucket>>10), func(b *testing.B) {
+				p, _ := NewPlan(size/4, c.bucket/4, ranks)
 				rings := grpcRing(b, ranks, p)
 				bufs := make([][2][]float32, ranks)
 				for r := range bufs {

@@ -59,47 +59,72 @@ func AllReduce[T float32 | float64](ctx context.Context, r *Ring, step int64, ba
 	if r.Size == 1 {
 		return nil
 	}
-	for b := range p.Buckets {
-		if err := reduceBucket(ctx, r, step, base, p, b, vals); err != nil {
-			return err
+	// Two buckets are in flight at once, the second a half-turn behind the
+	// first, so one bucket's messages cross the link while the other's are
+	// summed. Every rank runs the same order, so messages arrive in the
+	// order they are awaited; two in flight never fill a link's queue.
+	P := 2 * (r.Size - 1) // phases per bucket
+	lag := (P + 1) / 2    // steps between the starts of successive buckets
+	B := len(p.Buckets)
+	last := (B-1)*lag + P
+	for k := 0; k < last; k++ {
+		lo, hi := max(0, (k-P+lag)/lag), min(B-1, k/lag)
+		for b := lo; b <= hi; b++ {
+			if t := k - b*lag; t >= 0 && t < P {
+				if err := sendPhase(ctx, r, step, base, p, b, t, vals); err != nil {
+					return err
+				}
+			}
+		}
+		for b := lo; b <= hi; b++ {
+			if t := k - b*lag; t >= 0 && t < P {
+				if err := recvPhase(ctx, r, step, base, p, b, t, vals); err != nil {
+					return err
+				}
+			}
 		}
 	}
 	return nil
 }
 
-// reduceBucket runs the two halves of the ring on bucket b. In the
-// reduce-scatter, at turn t rank i hands its running sum of chunk i-t to the
-// next rank, which adds its own part; after R-1 turns rank i holds the whole
-// sum of chunk i+1. The all-gather then passes the finished chunks round.
-func reduceBucket[T float32 | float64](ctx context.Context, r *Ring, step int64, base int, p Plan, b int, vals []T) error {
+// The two halves of the ring, phase by phase on bucket b. In the
+// reduce-scatter (phases t < R-1) rank i hands its running sum of chunk i-t
+// to the next rank, which adds its own part; after R-1 phases rank i holds
+// the whole sum of chunk i+1. The all-gather (phases R-1+t) then passes the
+// finished chunks round.
+
+// bucketChunk is chunk c (mod R) of bucket b, and its message tag.
+func bucketChunk[T float32 | float64](r *Ring, base int, p Plan, b, c int, vals []T) ([]T, int) {
+	R := r.Size
+	c = ((c % R) + R) % R
+	lo, hi := p.Chunk(b, c)
+	return vals[lo:hi], base + b*R + c
+}
+
+func sendPhase[T float32 | float64](ctx context.Context, r *Ring, step int64, base int, p Plan, b, t int, vals []T) error {
 	R, i := r.Size, r.Rank
-	mod := func(k int) int { return ((k % R) + R) % R }
-	chunk := func(c int) []T {
-		lo, hi := p.Chunk(b, mod(c))
-		return vals[lo:hi]
-	}
-	tag := func(c int) int { return base + b*R + mod(c) }
-	for t := 0; t < R-1; t++ {
-		if err := r.send(ctx, step, t, tag(i-t), chunk(i-t)); err != nil {
-			return err
-		}
-		if err := recvInto(ctx, r, step, t, tag(i-t-1), chunk(i-t-1), add[T]); err != nil {
-			return err
+	c := i - t
+	if t >= R-1 {
+		c = i + 1 - (t - R + 1)
+		if t == R-1 {
+			// The owner keeps what the others will receive: rounded to the
+			// wire's precision, or replicas would drift apart under compression.
+			own, _ := bucketChunk(r, base, p, b, i+1, vals)
+			roundToWire(r.DType, own)
 		}
 	}
-	// The owner keeps what the others will receive: rounded to the wire's
-	// precision, or replicas would drift apart under compression.
-	roundToWire(r.DType, chunk(i+1))
-	for t := 0; t < R-1; t++ {
-		phase := R - 1 + t
-		if err := r.send(ctx, step, phase, tag(i+1-t), chunk(i+1-t)); err != nil {
-			return err
-		}
-		if err := recvInto(ctx, r, step, phase, tag(i-t), chunk(i-t), set[T]); err != nil {
-			return err
-		}
+	v, tag := bucketChunk(r, base, p, b, c, vals)
+	return r.send(ctx, step, t, tag, v)
+}
+
+func recvPhase[T float32 | float64](ctx context.Context, r *Ring, step int64, base int, p Plan, b, t int, vals []T) error {
+	R, i := r.Size, r.Rank
+	if t < R-1 {
+		v, tag := bucketChunk(r, base, p, b, i-t-1, vals)
+		return recvInto(ctx, r, step, t, tag, v, add[T])
 	}
-	return nil
+	v, tag := bucketChunk(r, base, p, b, i-(t-R+1), vals)
+	return recvInto(ctx, r, step, t, tag, v, set[T])
 }
 
 func set[T float32 | float64](dst, v []T) { copy(dst, v) }

@@ -133,7 +133,7 @@ func runAllReduce(o *options, b *bytes.Buffer) error {
 		perRep = 64 << 20
 	}
 	fmt.Fprintf(b, "The ring all-reduce the replicas of a stage sum their gradients with (package collective), over pipetrain's gRPC replica-ring links on loopback, ")
-	fmt.Fprintf(b, "all ranks in this process, one bucket per all-reduce (all_reduce.bucket_bytes at least the size). ")
+	fmt.Fprintf(b, "all ranks in this process, S bytes of float32 gradients cut into buckets of the default all_reduce.bucket_bytes (1 MiB), as a stage reduces them. ")
 	fmt.Fprintf(b, "Bus bandwidth is nccl-tests' figure, 2(R−1)/R · S / t: what each rank's link carried per second. ")
 	fmt.Fprintf(b, "Two baselines, measured in the same run: raw TCP loopback throughput of one stream of messages of size S (as in Transport), ")
 	fmt.Fprintf(b, "and raw TCP moving the ring's own traffic: R connections in a ring, every rank writing S/R bytes to the next while reading as much from the previous, 2(R−1) times, ")
@@ -166,7 +166,7 @@ func runAllReduce(o *options, b *bytes.Buffer) error {
 		tp.close()
 		tcpMed := stats.Median(tcp)
 		for _, R := range []int{2, 4} {
-			p, err := collective.NewPlan(size/4, 0, R)
+			p, err := collective.NewPlan(size/4, configs.DefaultBucketBytes/4, R)
 			if err != nil {
 				return err
 			}
