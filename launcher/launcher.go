@@ -93,6 +93,20 @@ func processName(stage, replica, replicas int) string {
 
 func (e *StageError) Unwrap() error { return e.Err }
 
+// ExitRepeats is the exit status of a stage process that failed in a way a
+// restart from a checkpoint would only repeat (its replicas diverged).
+const ExitRepeats = 3
+
+// Repeats reports whether the failed process said a restart would repeat
+// its failure (it exited with ExitRepeats).
+func (e *StageError) Repeats() bool {
+	var ee *exec.ExitError
+	return errors.As(e.Err, &ee) && ee.ExitCode() == ExitRepeats
+}
+
+// Process names the blamed process: "stage 2", or "stage 2 replica 1".
+func (e *StageError) Process() string { return processName(e.Stage, e.Replica, e.Replicas) }
+
 type child struct {
 	stage    int
 	replica  int

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -111,5 +112,35 @@ func TestCancelStopsEveryStage(t *testing.T) {
 	}
 	if took := time.Since(start); took > 5*time.Second {
 		t.Errorf("took %v to stop", took)
+	}
+}
+
+// With replicas every (stage, replica) runs as its own process, named so in
+// the output and in the error; a process exiting with ExitRepeats says a
+// restart would repeat its failure.
+func TestReplicaProcessesAndRepeatedFailure(t *testing.T) {
+	var out syncBuffer
+	bin := fakeStage(t, `replica=$9
+trap 'exit 1' TERM
+echo "up: stage $stage replica $replica"
+if [ "$stage" = 1 ] && [ "$replica" = 1 ]; then sleep 0.3; echo "replicas diverged"; exit 3; fi
+sleep 30 & wait
+`)
+	err := Run(context.Background(), Options{Binary: bin, ConfigPath: "c.yaml", Stages: 2, Replicas: 2, RunDir: t.TempDir(), Out: &out, Grace: 5 * time.Second})
+	var se *StageError
+	if !errors.As(err, &se) || se.Stage != 1 || se.Replica != 1 || !se.Repeats() || se.Process() != "stage 1 replica 1" {
+		t.Fatalf("error %v (%+v), want stage 1 replica 1's failure, one a restart repeats", err, se)
+	}
+	for s := range 2 {
+		for r := range 2 {
+			if want := fmt.Sprintf("[stage %d replica %d] up: stage %d replica %d", s, r, s, r); !strings.Contains(out.String(), want) {
+				t.Errorf("output lacks %q:\n%s", want, out.String())
+			}
+		}
+	}
+	var plain *StageError
+	err = Run(context.Background(), Options{Binary: fakeStage(t, "exit 1\n"), ConfigPath: "c.yaml", Stages: 1, RunDir: t.TempDir(), Out: &syncBuffer{}})
+	if !errors.As(err, &plain) || plain.Repeats() {
+		t.Errorf("exit 1: %v, Repeats %v; want a failure a restart may cure", err, plain != nil && plain.Repeats())
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -27,6 +28,10 @@ import (
 // sum follows the collective plan's fold order, which the reference
 // reproduces in one process (reduceShares), so a run with replicas equals
 // it bit for bit.
+
+// ErrDiverged is the cause of a run stopped because a stage's replicas hold
+// different weights: a deterministic fault that restarting would repeat.
+var ErrDiverged = errors.New("the replicas have diverged")
 
 // reduction is one chunk's all-reduce in progress.
 type reduction struct {
@@ -312,8 +317,8 @@ func (r *Runtime) checkReplicas(ctx context.Context, step int) error {
 	r.act.resumed()
 	for i := 1; i < len(all); i++ {
 		if !bytes.Equal(all[i], all[0]) {
-			return fmt.Errorf("replicas 0 and %d of stage %d hold different weights after step %d (digests %s and %s): the replicas have diverged",
-				i, r.stage, step+1, hex.EncodeToString(all[0][:6]), hex.EncodeToString(all[i][:6]))
+			return fmt.Errorf("replicas 0 and %d of stage %d hold different weights after step %d (digests %s and %s): %w",
+				i, r.stage, step+1, hex.EncodeToString(all[0][:6]), hex.EncodeToString(all[i][:6]), ErrDiverged)
 		}
 	}
 	return nil

@@ -142,6 +142,9 @@ func superviseRun(ctx context.Context, cfg *configs.Config, opts launcher.Option
 		}
 		reached := lastLoggedStep(opts.RunDir)
 		from := resumePoint(root, cfg)
+		if failed.Repeats() {
+			return fmt.Errorf("%w\npipetrain: not restarting: %s failed in a way a restart from a checkpoint would repeat", err, failed.Process())
+		}
 		if restarts >= cfg.Recovery.MaxRestarts {
 			return fmt.Errorf("%w\npipetrain: not restarting: recovery.max_restarts is %d; resume by hand with: pipetrain launch --resume %s", err, cfg.Recovery.MaxRestarts, opts.RunDir)
 		}
@@ -149,8 +152,8 @@ func superviseRun(ctx context.Context, cfg *configs.Config, opts launcher.Option
 			return fmt.Errorf("%w\npipetrain: not restarting: the run failed again before completing a step past %d", err, startedAt)
 		}
 		fmt.Printf("pipetrain: %v\n", err)
-		fmt.Printf("pipetrain: stage %d failed after step %d; restarting from the checkpoint of step %d (%d steps lost), restart %d of %d\n",
-			failed.Stage, reached, from, reached-from, restarts+1, cfg.Recovery.MaxRestarts)
+		fmt.Printf("pipetrain: %s failed after step %d; restarting from the checkpoint of step %d (%d steps lost), restart %d of %d\n",
+			failed.Process(), reached, from, reached-from, restarts+1, cfg.Recovery.MaxRestarts)
 		opts.Resume, startedAt = true, from
 	}
 }

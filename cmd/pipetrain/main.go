@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pipetrain/pipetrain/launcher"
+	"github.com/pipetrain/pipetrain/stages"
 )
 
 func main() {
@@ -20,8 +21,11 @@ func main() {
 	defer stop()
 	if err := newRoot().ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "pipetrain:", err)
-		if errors.Is(err, launcher.ErrInterrupted) {
+		switch {
+		case errors.Is(err, launcher.ErrInterrupted):
 			os.Exit(130)
+		case errors.Is(err, stages.ErrDiverged):
+			os.Exit(launcher.ExitRepeats)
 		}
 		os.Exit(1)
 	}
