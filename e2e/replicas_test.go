@@ -254,3 +254,47 @@ func TestHungReplicaBlamed(t *testing.T) {
 		}
 	}
 }
+
+// TestRanksFromEnvironment starts the four processes of a 2 × 2 grid by hand,
+// as a cluster engine would, with no --stage: each finds its place from the
+// rank its environment gives (torchrun's, Slurm's or a Kubernetes Indexed
+// Job's variables), and the run equals the reference.
+func TestRanksFromEnvironment(t *testing.T) {
+	needData(t)
+	cfg := gridConfig(t, gridMLP+"\nschedule: 1f1b", []string{`"0-1"`, `"2-3"`}, 2)
+	refDir, dir := t.TempDir(), t.TempDir()
+	if r := run(t, 3*time.Minute, nil, "reference", "--config", cfg, "--run-dir", refDir); r.err != nil {
+		t.Fatalf("reference: %v\n%s", r.err, r.out)
+	}
+	envs := [][]string{
+		{"RANK=0", "WORLD_SIZE=4"},
+		{"RANK=1", "WORLD_SIZE=4"},
+		{"SLURM_PROCID=2", "SLURM_NTASKS=4"},
+		{"JOB_COMPLETION_INDEX=3"},
+	}
+	type proc struct {
+		out  *syncBuffer
+		done chan error
+	}
+	var procs []proc
+	for _, e := range envs {
+		_, out, done := start(t, e, "stage", "--config", cfg, "--run-dir", dir)
+		procs = append(procs, proc{out, done})
+	}
+	for rank, p := range procs {
+		select {
+		case err := <-p.done:
+			if err != nil {
+				t.Fatalf("rank %d: %v\n%s", rank, err, p.out.String())
+			}
+		case <-time.After(3 * time.Minute):
+			t.Fatalf("rank %d did not finish:\n%s", rank, p.out.String())
+		}
+		s, r := rank/2, rank%2
+		if want := fmt.Sprintf("pipetrain: rank %d of 4 from ", rank); !strings.Contains(p.out.String(), want) ||
+			!strings.Contains(p.out.String(), fmt.Sprintf("stage %d replica %d: done", s, r)) {
+			t.Errorf("rank %d did not run as stage %d replica %d:\n%s", rank, s, r, p.out.String())
+		}
+	}
+	sameRun(t, refDir, dir, 30)
+}

@@ -4,10 +4,13 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
 
+	"github.com/pipetrain/pipetrain/cluster"
+	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/internal/affinity"
 	"github.com/pipetrain/pipetrain/launcher"
 	"github.com/pipetrain/pipetrain/stages"
@@ -18,7 +21,7 @@ func stageCmd() *cobra.Command {
 	var index, replica int
 	var resume bool
 	c := &cobra.Command{
-		Use:   "stage --config FILE --stage N [--replica R]",
+		Use:   "stage --config FILE [--stage N [--replica R]]",
 		Short: "Run one pipeline stage (launch runs these for you; use it directly for one stage per host)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -30,6 +33,11 @@ func stageCmd() *cobra.Command {
 			cfg, err := f.load()
 			if err != nil {
 				return err
+			}
+			if !cmd.Flags().Changed("stage") {
+				if index, replica, err = rankFromEnv(cfg, cmd.Flags().Changed("replica")); err != nil {
+					return err
+				}
 			}
 			if index < 0 || index >= len(cfg.Stages) {
 				return fmt.Errorf("--stage %d: %s has stages 0-%d", index, cfg.Path, len(cfg.Stages)-1)
@@ -83,11 +91,27 @@ func stageCmd() *cobra.Command {
 		},
 	}
 	f.register(c, "runs/latest")
-	c.Flags().IntVar(&index, "stage", -1, "index of the stage in the config's stages list")
-	c.MarkFlagRequired("stage")
+	c.Flags().IntVar(&index, "stage", -1, "index of the stage in the config's stages list (default: from the rank the environment gives: "+strings.Join(cluster.Variables(), ", ")+")")
 	c.Flags().IntVar(&replica, "replica", 0, "which replica of the stage (data_parallel > 1): 0 to data_parallel-1")
 	c.Flags().BoolVar(&resume, "resume", false, "continue from the newest complete checkpoint in --run-dir (every stage must be given it)")
 	return c
+}
+
+// rankFromEnv places a stage started without --stage by the rank a cluster
+// engine gave it (RANK, SLURM_PROCID, ...) on the config's grid.
+func rankFromEnv(cfg *configs.Config, replicaGiven bool) (stage, replica int, err error) {
+	r, ok, err := cluster.FromEnv(os.Getenv, cfg.Processes())
+	switch {
+	case err != nil:
+		return 0, 0, fmt.Errorf("%s: %w", cfg.Path, err)
+	case !ok:
+		return 0, 0, fmt.Errorf("no --stage given and no rank in the environment (%s): give --stage, or start the stage under a launcher that sets one", strings.Join(cluster.Variables(), ", "))
+	case replicaGiven:
+		return 0, 0, fmt.Errorf("--replica needs --stage; with a rank from %s the grid places the process", r.Source)
+	}
+	stage, replica = cfg.Position(r.Rank)
+	fmt.Printf("pipetrain: rank %d of %d from %s: %s\n", r.Rank, r.World, r.Source, cfg.ProcessName(stage, replica))
+	return stage, replica, nil
 }
 
 // answerStatusQueries prints the stage's status line for each SIGUSR1 (see
