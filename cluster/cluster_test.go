@@ -79,3 +79,34 @@ func TestExpandHostlist(t *testing.T) {
 		}
 	}
 }
+
+func TestResolveRendezvous(t *testing.T) {
+	cases := []struct {
+		configured string
+		env        func(string) string
+		want       string
+	}{
+		{"10.0.0.1:5000", env("MASTER_ADDR", "x", "MASTER_PORT", "1"), "10.0.0.1:5000"},
+		{"", env("MASTER_ADDR", "10.0.0.2", "MASTER_PORT", "29500"), "10.0.0.2:29500"},
+		{"", env("MASTER_ADDR", "head"), "head:29400"},
+		{"", env("SLURM_JOB_NODELIST", "node[07-09]"), "node07:29400"},
+	}
+	for _, c := range cases {
+		got, _, err := ResolveRendezvous(c.configured, c.env)
+		if err != nil || got != c.want {
+			t.Errorf("ResolveRendezvous(%q) = %q, %v; want %q", c.configured, got, err, c.want)
+		}
+	}
+	if _, _, err := ResolveRendezvous("", env()); err == nil || !strings.Contains(err.Error(), "MASTER_ADDR") {
+		t.Errorf("nothing known: %v", err)
+	}
+	if _, _, err := ResolveRendezvous("nohost", env()); err == nil {
+		t.Error("a rendezvous without a port was taken")
+	}
+}
+
+func TestLocalAddressForLoopback(t *testing.T) {
+	if a, err := LocalAddressFor("127.0.0.1"); err != nil || a != "127.0.0.1" {
+		t.Errorf("LocalAddressFor(127.0.0.1) = %q, %v", a, err)
+	}
+}

@@ -53,6 +53,9 @@ func (c *Config) validateAuth(p *Problems) {
 // from other machines; socket files and malformed addresses (which
 // validateStages reports) are not.
 func beyondLoopback(addr string) bool {
+	if _, auto := AutoPort(addr); auto {
+		return false // bound where the rendezvous is reached; Listen checks it then
+	}
 	if _, unix := transport.UnixPath(addr); unix {
 		return false // a socket file is reachable from this host only
 	}

@@ -43,8 +43,12 @@ type Config struct {
 	// DataParallel is the number of replicas of the pipeline: the run has
 	// stages × replicas processes, laid out as Grid says, and each replica
 	// trains on its own share of every batch.
-	DataParallel int       `mapstructure:"data_parallel" json:"data_parallel"`
-	AllReduce    AllReduce `mapstructure:"all_reduce" json:"all_reduce"`
+	DataParallel int `mapstructure:"data_parallel" json:"data_parallel"`
+	// Rendezvous is where rank 0 serves the table of addresses when stages
+	// have address auto (see cluster.ResolveRendezvous for the defaults).
+	// Where, not what: it is left out of the digest.
+	Rendezvous string    `mapstructure:"rendezvous" json:"-"`
+	AllReduce  AllReduce `mapstructure:"all_reduce" json:"all_reduce"`
 	// Checkpoint and Recovery change how a run survives faults, never what it
 	// computes, so they are left out of the digest: a run may be resumed with
 	// other settings.
@@ -189,6 +193,7 @@ type Stage struct {
 // may also be set by its PIPETRAIN_* variable (see LoadUnchecked).
 var defaults = map[string]any{
 	"name":                      "",
+	"rendezvous":                "",
 	"model.name":                "mlp",
 	"model.dtype":               "float32",
 	"model.input":               784,
@@ -536,6 +541,8 @@ func (c *Config) validateStages(p *Problems, model *models.Model) {
 			a, field := c.Address(i, r), c.addressField(i, r)
 			if err := checkAddress(a); err != nil {
 				p.add(field, "%v", err)
+			} else if _, auto := AutoPort(a); auto {
+				continue // the rendezvous gives it: hosts tell ranks apart
 			} else if o, dup := addrs[a]; dup {
 				p.add(field, "%s is also used by %s", a, o)
 			} else {
@@ -676,6 +683,12 @@ func ParseLayers(s string) (first, last int, err error) {
 }
 
 func checkAddress(a string) error {
+	if port, ok := AutoPort(a); ok {
+		if port < 0 {
+			return fmt.Errorf("%q: write auto, or auto:PORT with a port in 1-65535", a)
+		}
+		return nil
+	}
 	if a == "" {
 		return errors.New("missing; write host:port such as 127.0.0.1:7101, or unix:PATH for a socket file")
 	}

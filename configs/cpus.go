@@ -70,6 +70,9 @@ func usableCPUs() (unix.CPUSet, error) {
 // or its host name. Other host names are not looked up: validation must not
 // wait on DNS, and the stage's host checks them when it loads the config.
 func runsHere(addr string) bool {
+	if _, auto := AutoPort(addr); auto {
+		return false // wherever the engine starts it; it checks its CPUs then
+	}
 	if _, unixSocket := transport.UnixPath(addr); unixSocket {
 		return true
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 )
 
 // The process grid. A run with p stages and R replicas (data_parallel) has
@@ -139,4 +140,49 @@ func exampleAddresses(addr string, r int) string {
 		out += ", ..."
 	}
 	return out
+}
+
+// AutoPort reports whether a is an address the rendezvous assigns: "auto"
+// (any free port) or "auto:PORT"; port is 0 for any, -1 when PORT is bad.
+func AutoPort(a string) (port int, ok bool) {
+	if a == "auto" {
+		return 0, true
+	}
+	rest, ok := strings.CutPrefix(a, "auto:")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.Atoi(rest)
+	if err != nil || n < 1 || n > 65535 {
+		return -1, true
+	}
+	return n, true
+}
+
+// UsesRendezvous reports whether any process's address is auto: the ranks
+// then learn each other's addresses from the rendezvous.
+func (c *Config) UsesRendezvous() bool {
+	for s := range c.Stages {
+		for r := range c.Replicas() {
+			if _, ok := AutoPort(c.Address(s, r)); ok {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// SetAddress replaces the address of stage s, replica r (with one the
+// rendezvous gave), keeping Address replica 0's.
+func (c *Config) SetAddress(s, r int, addr string) {
+	st := &c.Stages[s]
+	if c.Replicas() > 1 || len(st.Addresses) > 0 {
+		for len(st.Addresses) < c.Replicas() {
+			st.Addresses = append(st.Addresses, "")
+		}
+		st.Addresses[r] = addr
+	}
+	if r == 0 {
+		st.Address = addr
+	}
 }

@@ -298,3 +298,51 @@ func TestRanksFromEnvironment(t *testing.T) {
 	}
 	sameRun(t, refDir, dir, 30)
 }
+
+// TestRendezvousGivesAddresses starts a 2 × 2 grid whose addresses are all
+// auto, each process with only its rank and the rendezvous (MASTER_ADDR,
+// MASTER_PORT) in its environment: rank 0 serves the table, every process
+// binds a free port and learns the others', and the run equals the reference.
+// A launch of the same config finds its own rendezvous.
+func TestRendezvousGivesAddresses(t *testing.T) {
+	needData(t)
+	path := filepath.Join(t.TempDir(), "auto.yaml")
+	body := gridMLP + "\nschedule: 1f1b\ndata_parallel: 2\nstages:\n  - {layers: \"0-1\", addresses: [auto, auto]}\n  - {layers: \"2-3\", addresses: [auto, auto]}\n"
+	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	refDir, dir := t.TempDir(), t.TempDir()
+	if r := run(t, 3*time.Minute, nil, "reference", "--config", path, "--run-dir", refDir); r.err != nil {
+		t.Fatalf("reference: %v\n%s", r.err, r.out)
+	}
+	port := strings.TrimPrefix(freePorts(t, 1)[0], "127.0.0.1:")
+	type proc struct {
+		out  *syncBuffer
+		done chan error
+	}
+	var procs []proc
+	for rank := 3; rank >= 0; rank-- { // rank 0, which serves the table, last
+		env := []string{fmt.Sprintf("RANK=%d", rank), "WORLD_SIZE=4", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port}
+		_, out, done := start(t, env, "stage", "--config", path, "--run-dir", dir)
+		procs = append(procs, proc{out, done})
+	}
+	for i, p := range procs {
+		select {
+		case err := <-p.done:
+			if err != nil {
+				t.Fatalf("rank %d: %v\n%s", 3-i, err, p.out.String())
+			}
+		case <-time.After(3 * time.Minute):
+			t.Fatalf("rank %d did not finish:\n%s", 3-i, p.out.String())
+		}
+		if !strings.Contains(p.out.String(), "the rendezvous at 127.0.0.1:"+port+" gave every process's address") {
+			t.Errorf("rank %d did not use the rendezvous:\n%s", 3-i, p.out.String())
+		}
+	}
+	sameRun(t, refDir, dir, 30)
+	launched := t.TempDir()
+	if r := run(t, 3*time.Minute, nil, "launch", "--config", path, "--run-dir", launched); r.err != nil {
+		t.Fatalf("launch: %v\n%s", r.err, r.out)
+	}
+	sameRun(t, refDir, launched, 30)
+}

@@ -29,6 +29,8 @@ type Options struct {
 	RunDir   string
 	// ExtraArgs are passed to every stage (e.g. --steps), so all agree.
 	ExtraArgs []string
+	// Env is added to every stage's environment (NAME=value).
+	Env []string
 	// Out receives every stage's output, each line prefixed with "[stage i] ".
 	Out io.Writer
 	// Grace is how long stages get to exit after SIGTERM before SIGKILL.
@@ -259,7 +261,7 @@ func start(o Options, i, r int, logDir string, outMu *sync.Mutex) (*child, error
 		args = append(args, "--resume")
 	}
 	cmd := exec.Command(o.Binary, args...)
-	cmd.Env = os.Environ()
+	cmd.Env = append(os.Environ(), o.Env...)
 	// Own process group: a terminal's Ctrl-C reaches only the launcher, which then
 	// stops the stages itself. Pdeathsig: stages die with the launcher even if it
 	// is killed with SIGKILL.

@@ -47,10 +47,11 @@ func Connect(ctx context.Context, l *Layout) (*Links, error) {
 	c, i, r, up, down := l.Config, l.Stage, l.Replica, l.Up, l.Down
 	p, ring := len(c.Stages), up.Ring
 	name := c.ProcessName(i, r)
-	opts, err := linkOptions(c, i)
+	opts, err := LinkOptions(c, i)
 	if err != nil {
 		return nil, err
 	}
+	opts.Listener = l.Listener
 	links := &Links{}
 	listen, dial := p > 1 && (i > 0 || ring), p > 1 && (i+1 < p || ring)
 	replicated := l.Replicas > 1
@@ -65,6 +66,8 @@ func Connect(ctx context.Context, l *Layout) (*Links, error) {
 		if links.server, err = transport.Listen(c.Address(i, r), roles[0], opts, roles[1:]...); err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
 		}
+	} else if l.Listener != nil {
+		l.Listener.Close() // bound for the rendezvous, but nobody dials this stage
 	}
 	// A refused handshake ends the other wait: the run cannot start, so the other
 	// side need not sit out its timeout. Timeouts do not: both are reported.
@@ -136,7 +139,7 @@ func firstCause(a, b error) error {
 
 // linkOptions are stage i's transport settings from the config: timeouts,
 // keep-alives, and the token and TLS identity that authenticate its links.
-func linkOptions(c *configs.Config, i int) (transport.Options, error) {
+func LinkOptions(c *configs.Config, i int) (transport.Options, error) {
 	token, err := c.AuthToken()
 	if err != nil {
 		return transport.Options{}, fmt.Errorf("stage %d: %w", i, err)

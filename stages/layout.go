@@ -3,6 +3,7 @@ package stages
 import (
 	"crypto/sha256"
 	"fmt"
+	"net"
 
 	"gorgonia.org/tensor"
 
@@ -42,6 +43,9 @@ type Layout struct {
 	// replicas; set when Replicas > 1 and in the reference of a config
 	// with replicas, which sums its shares as the replicas would.
 	Plans []collective.Plan
+	// Listener, if set, is the stage's socket, bound before the rendezvous
+	// published its address; Connect serves it instead of binding.
+	Listener net.Listener
 }
 
 // NewLayout lays out stage i of a validated config.

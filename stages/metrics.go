@@ -120,7 +120,7 @@ type MetricsAuth struct {
 // MetricsAuthFor is stage i's MetricsAuth: the token and the TLS identity of
 // its links (transport.token or token_file, transport.tls).
 func MetricsAuthFor(c *configs.Config, i int) (MetricsAuth, error) {
-	opts, err := linkOptions(c, i)
+	opts, err := LinkOptions(c, i)
 	if err != nil {
 		return MetricsAuth{}, err
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"net"
 	"runtime"
 	"slices"
 	"sync"
@@ -63,6 +64,11 @@ type Options struct {
 	// signed by TLS.CA. Both ends of a link need it. Token and TLS may be
 	// combined.
 	TLS *TLS
+	// Listener, if set, is a socket already bound to Listen's address, which
+	// Listen serves instead of binding: a process that must publish its
+	// address before it knows its links (a rendezvous) binds first, then
+	// listens. Listen's exposure rules still apply to the address.
+	Listener net.Listener
 	// Logf receives the listener's refusals of unauthenticated connections
 	// (which Accept does not report: it keeps waiting for the real
 	// neighbour); default log.Printf.

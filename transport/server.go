@@ -80,7 +80,10 @@ func Listen(addr string, self Hello, opts Options, more ...Hello) (*Server, erro
 	if err := checkExposure(addr, opts); err != nil {
 		return nil, fmt.Errorf("%s: %w", who, err)
 	}
-	lis, err := listen(addr)
+	lis, err := opts.Listener, error(nil)
+	if lis == nil {
+		lis, err = listen(addr)
+	}
 	if err != nil {
 		var oe *net.OpError
 		if errors.As(err, &oe) {

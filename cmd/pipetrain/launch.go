@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -74,6 +75,9 @@ func launchCmd() *cobra.Command {
 					return line
 				},
 			}
+			if opts.Env, err = localRendezvous(cfg); err != nil {
+				return err
+			}
 			if err := superviseRun(cmd.Context(), cfg, opts); err != nil {
 				return err
 			}
@@ -84,6 +88,22 @@ func launchCmd() *cobra.Command {
 	c.Flags().Lookup("config").Annotations = nil // not required with --resume
 	c.Flags().StringVar(&resumeDir, "resume", "", "continue the run in RUN_DIR from its newest complete checkpoint (its config is found in RUN_DIR/launch.json)")
 	return c
+}
+
+// localRendezvous gives a launch on this machine a rendezvous when the
+// config's addresses are auto and nothing names one: stage 0 serves it on a
+// free loopback port, which every stage learns from MASTER_ADDR/MASTER_PORT.
+func localRendezvous(cfg *configs.Config) ([]string, error) {
+	if !cfg.UsesRendezvous() || cfg.Rendezvous != "" || os.Getenv("MASTER_ADDR") != "" {
+		return nil, nil
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("choosing a rendezvous port: %w", err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	return []string{"MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + strconv.Itoa(port)}, nil
 }
 
 // loadLaunch loads the config of a new run, or of the run in resumeDir with

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
 	"strings"
@@ -51,10 +52,23 @@ func stageCmd() *cobra.Command {
 					return fmt.Errorf("stages[%d].cpus: %w", index, err)
 				}
 			}
+			var bound net.Listener
+			if cfg.UsesRendezvous() {
+				lis, stop, err := rendezvous(cmd.Context(), cfg, index, replica)
+				if err != nil {
+					return err
+				}
+				defer stop()
+				bound = lis
+			}
 			layout, err := stages.NewReplicaLayout(cfg, index, replica)
 			if err != nil {
+				if bound != nil {
+					bound.Close()
+				}
 				return err
 			}
+			layout.Listener = bound
 			links, err := stages.Connect(cmd.Context(), layout)
 			if err != nil {
 				return err

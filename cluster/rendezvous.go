@@ -1,0 +1,529 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pipetrain/pipetrain/transport"
+)
+
+// The rendezvous lets ranks find each other when their addresses are not
+// known in advance (ports picked at start, hosts assigned by the cluster):
+// rank 0 serves a registry, every rank (rank 0 too) registers its stage's
+// address, and all of them receive the whole table once the last rank is
+// in. It also stops a job whose ranks disagree on the config or the binary
+// before any link is dialed, naming the rank at fault.
+//
+// It travels as a transport.Service, so it is exactly as well guarded as
+// the links: the same token, the same mutual TLS, loopback only without
+// either. A joiner that is refused (wrong config, wrong build, a rank out of
+// range or already taken) hears why; the registry logs it and keeps waiting
+// for the right rank, so a stranger or a stray process cannot stop the job
+// by knocking. If the ranks are not all in within the timeout, the registry
+// and every waiting joiner fail naming the ranks that are missing.
+//
+// Wire format: one bidirectional stream per joiner carries JSON messages,
+// each an object whose "rendezvous" field is the format's version
+// (rendezvousVersion). The joiner sends one
+//
+//	{"rendezvous":1,"join":{"rank":2,"address":"10.0.0.3:7102","config_digest":"…","build":"…"}}
+//
+// and the registry answers with progress as ranks come and go, then one
+// final message that ends the stream:
+//
+//	{"rendezvous":1,"world":4,"registered":[0,2]}        progress
+//	{"rendezvous":1,"world":4,"table":[{"rank":0,…},…]}   final: every rank's entry, in rank order
+//	{"rendezvous":1,"refused":"…"}                        final: this joiner is refused, and why
+//	{"rendezvous":1,"failed":"…"}                         final: the rendezvous failed (timeout, closed)
+//
+// A message of another version, or with fields this version does not know,
+// is refused with the versions named, never guessed at.
+
+// Entry is one rank's registration.
+type Entry struct {
+	Rank         int    `json:"rank"`
+	Address      string `json:"address"`       // where the rank's stage listens (host:port)
+	ConfigDigest string `json:"config_digest"` // configs.Config.Digest() of the rank's config
+	Build        string `json:"build"`         // the binary's version, as Build gives it
+}
+
+func (e Entry) String() string { return fmt.Sprintf("rank %d (%s)", e.Rank, e.Address) }
+
+// RendezvousOptions tune ServeRendezvous and JoinRendezvous. Zero values
+// take the defaults.
+type RendezvousOptions struct {
+	// Token and TLS are the links' (transport.Options.Token, TLS): the
+	// registry refuses a joiner without them as a listener refuses a dialer.
+	Token string
+	TLS   *transport.TLS
+	// Timeout is how long the registry waits for all ranks, from
+	// ServeRendezvous, and how long a joiner waits for the table, from
+	// JoinRendezvous, its retries to reach the registry included; default
+	// 5m.
+	Timeout time.Duration
+	// Logf receives the registry's refusals, which only the refused joiner
+	// hears of otherwise; default log.Printf.
+	Logf func(format string, args ...any)
+}
+
+const defaultRendezvousTimeout = 5 * time.Minute
+
+func (o RendezvousOptions) withDefaults() RendezvousOptions {
+	if o.Timeout <= 0 {
+		o.Timeout = defaultRendezvousTimeout
+	}
+	if o.Logf == nil {
+		o.Logf = log.Printf
+	}
+	return o
+}
+
+func (o RendezvousOptions) transport() transport.Options {
+	return transport.Options{Token: o.Token, TLS: o.TLS, Logf: o.Logf}
+}
+
+var rendezvousService = transport.Service{Name: "pipetrain.cluster.Rendezvous", Noun: "rendezvous"}
+
+const rendezvousVersion = 1
+
+// Registry is rank 0's side of the rendezvous.
+type Registry struct {
+	svc           *transport.ServiceServer
+	addr          string
+	world         int
+	digest, build string
+	timeout       time.Duration
+	logf          func(format string, args ...any)
+	timer         *time.Timer
+	ready         chan struct{} // closed once the fields above are set
+
+	mu       sync.Mutex
+	ranks    []*registration // by rank; nil until the rank registers
+	refusals []string        // distinct, in order, for the timeout's message
+	changed  chan struct{}   // closed and replaced whenever ranks change
+	done     chan struct{}   // closed once table or err is set
+	table    []Entry
+	err      error
+}
+
+// registration is a registered rank and the number of its calls still
+// waiting for the table: a rank that retried after a dropped connection
+// may briefly have two, and a rank with none has left.
+type registration struct {
+	entry   Entry
+	waiting int
+}
+
+// ServeRendezvous binds addr and serves the registry for world ranks, all
+// of which must register with digest and build equal to the server's (a
+// joiner that differs is refused, naming both values). Without o.Token or
+// o.TLS it binds loopback addresses only, as links do. The registry waits
+// o.Timeout for all ranks; Wait reports the outcome.
+func ServeRendezvous(addr string, world int, digest, build string, o RendezvousOptions) (*Registry, error) {
+	if world < 1 {
+		return nil, fmt.Errorf("rendezvous at %s: a job of %d ranks (at least 1)", addr, world)
+	}
+	o = o.withDefaults()
+	r := &Registry{
+		world: world, digest: digest, build: build, timeout: o.Timeout, logf: o.Logf,
+		ranks:   make([]*registration, world),
+		changed: make(chan struct{}),
+		done:    make(chan struct{}),
+		ready:   make(chan struct{}),
+	}
+	svc, err := rendezvousService.Serve(addr, o.transport(), r.serve)
+	if err != nil {
+		return nil, err
+	}
+	r.svc, r.addr = svc, svc.Addr()
+	r.timer = time.AfterFunc(o.Timeout, r.expire)
+	close(r.ready)
+	return r, nil
+}
+
+// Addr is the bound address (useful after listening on 127.0.0.1:0).
+func (r *Registry) Addr() string { return r.addr }
+
+// Wait returns every rank's entry, indexed by rank, once all have
+// registered, or why they did not: the timeout, naming the missing ranks
+// (and any refusal meanwhile), or Close.
+func (r *Registry) Wait() ([]Entry, error) {
+	<-r.done
+	if r.err != nil {
+		return nil, r.err
+	}
+	return slices.Clone(r.table), nil
+}
+
+// Close stops serving. Joiners that already have the table keep it, and
+// replies on their way still reach them; joiners still waiting fail.
+func (r *Registry) Close() error {
+	r.timer.Stop()
+	r.finish(nil, fmt.Errorf("rendezvous at %s: closed before all %d ranks registered", r.addr, r.world))
+	return r.svc.Close()
+}
+
+func (r *Registry) who() string { return "rendezvous at " + r.addr }
+
+// finish sets the outcome once; later outcomes are dropped.
+func (r *Registry) finish(table []Entry, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.finishLocked(table, err)
+}
+
+func (r *Registry) finishLocked(table []Entry, err error) {
+	select {
+	case <-r.done:
+		return
+	default:
+	}
+	r.table, r.err = table, err
+	close(r.done)
+}
+
+func (r *Registry) expire() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var missing []int
+	for rank, g := range r.ranks {
+		if g == nil {
+			missing = append(missing, rank)
+		}
+	}
+	msg := notRegistered(r.who(), missing, r.world, r.timeout)
+	if len(r.refusals) > 0 {
+		const shown = 4
+		msg += "; refused meanwhile: " + strings.Join(r.refusals[:min(len(r.refusals), shown)], "; ")
+		if n := len(r.refusals) - shown; n > 0 {
+			msg += fmt.Sprintf("; and %d more", n)
+		}
+	}
+	r.finishLocked(nil, errors.New(msg))
+}
+
+// notRegistered is the timeout's message, the same at the registry and at
+// a joiner whose own deadline passed first.
+func notRegistered(who string, missing []int, world int, timeout time.Duration) string {
+	noun := "ranks"
+	if len(missing) == 1 {
+		noun = "rank"
+	}
+	list := make([]string, len(missing))
+	for i, m := range missing {
+		list[i] = strconv.Itoa(m)
+	}
+	return fmt.Sprintf("%s: %s %s of %d did not register within %v", who, noun, strings.Join(list, ", "), world, timeout)
+}
+
+// registeredLocked lists the registered ranks, for progress messages.
+func (r *Registry) registeredLocked() []int {
+	var in []int
+	for rank, g := range r.ranks {
+		if g != nil {
+			in = append(in, rank)
+		}
+	}
+	return in
+}
+
+// broadcastLocked wakes every waiting call to report progress.
+func (r *Registry) broadcastLocked() {
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+// register checks e and adds it, or returns the refusal. waiting reports
+// whether the call should now wait for the outcome (and withdraw if it
+// ends first).
+func (r *Registry) register(e Entry) (refusal string, waiting bool) {
+	refuse := func(format string, args ...any) string {
+		return fmt.Sprintf("%s refused %s: ", r.who(), e) + fmt.Sprintf(format, args...)
+	}
+	switch {
+	case e.Rank < 0 || e.Rank >= r.world:
+		return refuse("rank %d is beyond the job's %d ranks (0-%d)", e.Rank, r.world, r.world-1), false
+	case e.ConfigDigest != r.digest:
+		return refuse("its config digest %s differs from the rendezvous's %s (started from different configs or overrides)", short(e.ConfigDigest), short(r.digest)), false
+	case e.Build != r.build:
+		return refuse("its build %q differs from the rendezvous's %q (every rank must run the same binary)", e.Build, r.build), false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	select {
+	case <-r.done:
+		// A rank whose connection dropped as the table went out may ask
+		// again and get it; anyone else only hears the outcome.
+		if r.err == nil && r.table[e.Rank] != e {
+			return refuse("rank %d registered twice: from %s and %s", e.Rank, r.table[e.Rank].Address, e.Address), false
+		}
+		return "", false
+	default:
+	}
+	if g := r.ranks[e.Rank]; g != nil {
+		if g.entry != e {
+			return refuse("rank %d registered twice: from %s and %s", e.Rank, g.entry.Address, e.Address), false
+		}
+		g.waiting++
+		return "", true
+	}
+	r.ranks[e.Rank] = &registration{entry: e, waiting: 1}
+	r.broadcastLocked()
+	if slices.Contains(r.ranks, nil) {
+		return "", true
+	}
+	table := make([]Entry, r.world)
+	for i, g := range r.ranks {
+		table[i] = g.entry
+	}
+	r.timer.Stop()
+	r.finishLocked(table, nil)
+	return "", true
+}
+
+// withdraw ends one waiting call of rank; a rank with none left is no
+// longer registered, so it may come back from another address (restarted
+// on another port) rather than be refused as a duplicate.
+func (r *Registry) withdraw(e Entry) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	select {
+	case <-r.done:
+		return
+	default:
+	}
+	g := r.ranks[e.Rank]
+	if g == nil || g.entry != e {
+		return
+	}
+	if g.waiting--; g.waiting == 0 {
+		r.ranks[e.Rank] = nil
+		r.broadcastLocked()
+		r.logf("%s: %s left before all ranks registered", r.who(), e)
+	}
+}
+
+// refused logs a refusal and keeps it for the timeout's message.
+func (r *Registry) refused(msg string) {
+	r.logf("%s", msg)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !slices.Contains(r.refusals, msg) && len(r.refusals) < 64 {
+		r.refusals = append(r.refusals, msg)
+	}
+}
+
+// serve is one joiner's call.
+func (r *Registry) serve(c *transport.ServiceStream) error {
+	<-r.ready // a joiner may call before ServeRendezvous has returned
+	b, err := c.Recv()
+	if err != nil {
+		return err // gone before it said anything
+	}
+	var m message
+	err = m.unmarshal(b)
+	if err == nil && m.Join == nil {
+		err = errors.New("protocol error: the first message is not a join")
+	}
+	if err != nil {
+		msg := fmt.Sprintf("%s refused a joiner from %s: %v", r.who(), c.Peer(), err)
+		r.refused(msg)
+		return c.Send(message{Refused: msg}.marshal())
+	}
+	e := *m.Join
+	refusal, waiting := r.register(e)
+	if refusal != "" {
+		r.refused(fmt.Sprintf("%s (joiner from %s)", refusal, c.Peer()))
+		return c.Send(message{Refused: refusal}.marshal())
+	}
+	if waiting {
+		defer r.withdraw(e) // a no-op once the outcome is out
+	}
+	var sent []int
+	for {
+		r.mu.Lock()
+		changed, registered := r.changed, r.registeredLocked()
+		r.mu.Unlock()
+		select {
+		case <-r.done:
+			if r.err != nil {
+				return c.Send(message{Failed: r.err.Error()}.marshal())
+			}
+			return c.Send(message{World: r.world, Table: r.table}.marshal())
+		default:
+		}
+		if !slices.Equal(registered, sent) {
+			if err := c.Send(message{World: r.world, Registered: registered}.marshal()); err != nil {
+				return err
+			}
+			sent = registered
+		}
+		select {
+		case <-r.done:
+		case <-changed:
+		case <-c.Context().Done():
+			return c.Context().Err()
+		}
+	}
+}
+
+// JoinRendezvous registers e with the registry at addr and returns every
+// rank's entry, indexed by rank, once all have registered. Rank 0 may
+// start later than the others, so an unreachable registry is retried, for
+// at most o.Timeout in all. A refusal (another config or build, a rank out
+// of range or taken by another address, a bad token or certificate) is
+// returned as soon as the registry sends it. If the table does not come
+// within o.Timeout, the error names the ranks still missing.
+func JoinRendezvous(ctx context.Context, addr string, e Entry, o RendezvousOptions) ([]Entry, error) {
+	o = o.withDefaults()
+	who := "rendezvous at " + addr
+	if e.Rank < 0 {
+		return nil, fmt.Errorf("%s: cannot join as rank %d", who, e.Rank)
+	}
+	if e.Address == "" {
+		return nil, fmt.Errorf("%s: rank %d has no address to register", who, e.Rank)
+	}
+	jctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	join := message{Join: &e}.marshal()
+	var table []Entry
+	var progress *message // the last one heard, for a timeout's message
+	err := rendezvousService.Call(jctx, addr, o.transport(), func(c *transport.ServiceStream) error {
+		if err := c.Send(join); err != nil {
+			return err
+		}
+		for {
+			b, err := c.Recv()
+			if errors.Is(err, io.EOF) {
+				return fmt.Errorf("%s ended the call without a reply", who)
+			}
+			if err != nil {
+				return err
+			}
+			var m message
+			if err := m.unmarshal(b); err != nil {
+				return fmt.Errorf("%s: %w", who, err)
+			}
+			switch {
+			case m.Refused != "":
+				return errors.New(m.Refused)
+			case m.Failed != "":
+				return errors.New(m.Failed)
+			case m.Table != nil:
+				if err := checkTable(m.Table, m.World, e); err != nil {
+					return fmt.Errorf("%s: %w", who, err)
+				}
+				table = m.Table
+				return nil
+			case m.Registered != nil:
+				progress = &m
+			default:
+				return fmt.Errorf("%s: protocol error: a reply that is neither progress, table, refusal nor failure", who)
+			}
+		}
+	})
+	if err == nil {
+		return table, nil
+	}
+	if ctx.Err() == nil && jctx.Err() != nil {
+		if progress == nil {
+			return nil, fmt.Errorf("%s: no table within %v: %w", who, o.Timeout, err)
+		}
+		var missing []int
+		for rank := range progress.World {
+			if !slices.Contains(progress.Registered, rank) {
+				missing = append(missing, rank)
+			}
+		}
+		return nil, errors.New(notRegistered(who, missing, progress.World, o.Timeout))
+	}
+	return nil, err
+}
+
+// checkTable makes sure a table is whole and holds e as this rank sent it,
+// before any address in it is dialed.
+func checkTable(table []Entry, world int, e Entry) error {
+	if len(table) != world || e.Rank >= world {
+		return fmt.Errorf("protocol error: a table of %d entries for %d ranks, joined as rank %d", len(table), world, e.Rank)
+	}
+	for i, t := range table {
+		if t.Rank != i {
+			return fmt.Errorf("protocol error: entry %d of the table is rank %d", i, t.Rank)
+		}
+	}
+	if table[e.Rank] != e {
+		return fmt.Errorf("the table holds %s, not this rank's %s", table[e.Rank], e)
+	}
+	return nil
+}
+
+// message is every message of the wire format; exactly one of Join,
+// Registered, Table, Refused and Failed is set.
+type message struct {
+	Version    int     `json:"rendezvous"`
+	Join       *Entry  `json:"join,omitempty"`
+	World      int     `json:"world,omitempty"`
+	Registered []int   `json:"registered,omitempty"`
+	Table      []Entry `json:"table,omitempty"`
+	Refused    string  `json:"refused,omitempty"`
+	Failed     string  `json:"failed,omitempty"`
+}
+
+func (m message) marshal() []byte {
+	m.Version = rendezvousVersion
+	b, err := json.Marshal(m)
+	if err != nil {
+		panic(fmt.Sprintf("cluster: rendezvous message: %v", err)) // only ints and strings
+	}
+	return b
+}
+
+// unmarshal reads the version before anything else, so that a message of
+// another version is refused as such rather than misread, then the rest
+// strictly. The first pass also rejects anything after the message.
+func (m *message) unmarshal(b []byte) error {
+	var v struct {
+		Version *int `json:"rendezvous"`
+	}
+	if json.Unmarshal(b, &v) != nil || v.Version == nil {
+		return fmt.Errorf("protocol error: expected a rendezvous message, got %d bytes starting %q", len(b), b[:min(len(b), 16)])
+	}
+	if *v.Version != rendezvousVersion {
+		return fmt.Errorf("protocol error: unsupported rendezvous version %d (this build speaks version %d): the ranks run different pipetrain builds", *v.Version, rendezvousVersion)
+	}
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.DisallowUnknownFields()
+	var out message
+	if err := d.Decode(&out); err != nil {
+		return fmt.Errorf("protocol error: bad rendezvous message: %v", err)
+	}
+	kinds := 0
+	for _, set := range []bool{out.Join != nil, out.Registered != nil, out.Table != nil, out.Refused != "", out.Failed != ""} {
+		if set {
+			kinds++
+		}
+	}
+	if kinds != 1 {
+		return fmt.Errorf("protocol error: bad rendezvous message: %d kinds of content, want 1", kinds)
+	}
+	*m = out
+	return nil
+}
+
+// short abbreviates a digest for messages, as transport does.
+func short(digest string) string {
+	if len(digest) > 12 {
+		return digest[:12]
+	}
+	return digest
+}
