@@ -131,7 +131,7 @@ type registration struct {
 // o.Timeout for all ranks; Wait reports the outcome.
 func ServeRendezvous(addr string, world int, digest, build string, o RendezvousOptions) (*Registry, error) {
 	if world < 1 {
-		return nil, fmt.Errorf("rendezvous at %s: a job of %d ranks (at least 1)", addr, world)
+		return nil, fmt.Errorf("rendezvous at %s: a job needs at least 1 rank, not %d", addr, world)
 	}
 	o = o.withDefaults()
 	r := &Registry{
@@ -243,12 +243,12 @@ func (r *Registry) broadcastLocked() {
 	r.changed = make(chan struct{})
 }
 
-// register checks e and adds it, or returns the refusal. waiting reports
-// whether the call should now wait for the outcome (and withdraw if it
-// ends first).
+// register checks e and adds it, or says why not ("rank 5 (ADDR): ...").
+// waiting reports whether the call should now wait for the outcome (and
+// withdraw if it ends first).
 func (r *Registry) register(e Entry) (refusal string, waiting bool) {
 	refuse := func(format string, args ...any) string {
-		return fmt.Sprintf("%s refused %s: ", r.who(), e) + fmt.Sprintf(format, args...)
+		return e.String() + ": " + fmt.Sprintf(format, args...)
 	}
 	switch {
 	case e.Rank < 0 || e.Rank >= r.world:
@@ -315,7 +315,7 @@ func (r *Registry) withdraw(e Entry) {
 
 // refused logs a refusal and keeps it for the timeout's message.
 func (r *Registry) refused(msg string) {
-	r.logf("%s", msg)
+	r.logf("%s refused %s", r.who(), msg)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if !slices.Contains(r.refusals, msg) && len(r.refusals) < 64 {
@@ -336,15 +336,14 @@ func (r *Registry) serve(c *transport.ServiceStream) error {
 		err = errors.New("protocol error: the first message is not a join")
 	}
 	if err != nil {
-		msg := fmt.Sprintf("%s refused a joiner from %s: %v", r.who(), c.Peer(), err)
-		r.refused(msg)
-		return c.Send(message{Refused: msg}.marshal())
+		r.refused(fmt.Sprintf("a joiner from %s: %v", c.Peer(), err))
+		return c.Send(message{Refused: fmt.Sprintf("%s refused a joiner from %s: %v", r.who(), c.Peer(), err)}.marshal())
 	}
 	e := *m.Join
 	refusal, waiting := r.register(e)
 	if refusal != "" {
 		r.refused(fmt.Sprintf("%s (joiner from %s)", refusal, c.Peer()))
-		return c.Send(message{Refused: refusal}.marshal())
+		return c.Send(message{Refused: r.who() + " refused " + refusal}.marshal())
 	}
 	if waiting {
 		defer r.withdraw(e) // a no-op once the outcome is out
@@ -437,7 +436,7 @@ func JoinRendezvous(ctx context.Context, addr string, e Entry, o RendezvousOptio
 	}
 	if ctx.Err() == nil && jctx.Err() != nil {
 		if progress == nil {
-			return nil, fmt.Errorf("%s: no table within %v: %w", who, o.Timeout, err)
+			return nil, fmt.Errorf("%w (gave up after %v)", err, o.Timeout)
 		}
 		var missing []int
 		for rank := range progress.World {

@@ -39,5 +39,10 @@
 // addresses only. Keep-alive pings (Options.Heartbeat, PeerTimeout) notice a
 // neighbour that hangs without closing its connection.
 //
+// Other packages' small gRPC services (the cluster's rendezvous) use
+// Service, which serves and calls one raw-bytes stream method with exactly
+// the links' security: the same token check before anything is read, the
+// same mutual TLS, the same loopback-only rule without either.
+//
 // Pipe gives two connected in-memory Links for tests of other packages.
 package transport

@@ -255,7 +255,7 @@ func (sv Service) Call(ctx context.Context, addr string, o Options, call func(*S
 			unreachable := !heard && lastErr != nil
 			mu.Unlock()
 			if unreachable {
-				return fmt.Errorf("%s not reachable: %v: %w", who, lastErr, ctx.Err())
+				return fmt.Errorf("%s not reachable: %s: %w", who, status.Convert(lastErr).Message(), ctx.Err())
 			}
 			return fmt.Errorf("%s: %w", who, ctx.Err())
 		}
