@@ -193,19 +193,7 @@ func (s *Server) Close() error {
 			default:
 			}
 		}
-		// Graceful first, so replies already sent (a refusal) reach the peer;
-		// bounded, because an accepted link its owner never closed would hold it.
-		stopped := make(chan struct{})
-		go func() {
-			s.gs.GracefulStop()
-			close(stopped)
-		}()
-		select {
-		case <-stopped:
-		case <-time.After(time.Second):
-			s.gs.Stop()
-			<-stopped
-		}
+		stopGracefully(s.gs)
 		s.handlers.Wait()
 	})
 	return nil
@@ -335,9 +323,32 @@ func (s *Server) serveLink(stream grpc.ServerStream) error {
 // logged rather than reported to Accept, which keeps waiting for the real
 // neighbour: a stranger must not be able to stop a run by knocking.
 func (s *Server) authenticate(stream grpc.ServerStream) error {
-	if s.opts.Token == "" || tokenMatches(stream.Context(), s.opts.Token) {
+	return authenticate(stream.Context(), s.opts, s.roles[0].self.name())
+}
+
+// authenticate refuses, and logs as who's refusal, a stream without the
+// token opts require; it reads nothing from the stream.
+func authenticate(ctx context.Context, opts Options, who string) error {
+	if opts.Token == "" || tokenMatches(ctx, opts.Token) {
 		return nil
 	}
-	s.opts.Logf("%s: refused a connection from %s: %s", s.roles[0].self.name(), remoteAddr(stream.Context()), badTokenMsg)
+	opts.Logf("%s: refused a connection from %s: %s", who, remoteAddr(ctx), badTokenMsg)
 	return status.Error(codes.Unauthenticated, badTokenMsg)
+}
+
+// stopGracefully stops gs gracefully first, so replies already sent (a
+// refusal) reach the peer; bounded, because a stream its owner never closed
+// would hold it.
+func stopGracefully(gs *grpc.Server) {
+	stopped := make(chan struct{})
+	go func() {
+		gs.GracefulStop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(time.Second):
+		gs.Stop()
+		<-stopped
+	}
 }

@@ -165,9 +165,8 @@ func (s *ServiceServer) Addr() string { return listenAddr(s.lis) }
 
 func (s *ServiceServer) serveStream(stream grpc.ServerStream) error {
 	ctx := stream.Context()
-	if s.opts.Token != "" && !tokenMatches(ctx, s.opts.Token) {
-		s.opts.Logf("%s: refused a connection from %s: %s", s.who, remoteAddr(ctx), badTokenMsg)
-		return status.Error(codes.Unauthenticated, badTokenMsg)
+	if err := authenticate(ctx, s.opts, s.who); err != nil {
+		return err
 	}
 	s.mu.Lock()
 	if s.closed {
@@ -188,17 +187,7 @@ func (s *ServiceServer) Close() error {
 		s.mu.Lock()
 		s.closed = true
 		s.mu.Unlock()
-		stopped := make(chan struct{})
-		go func() {
-			s.gs.GracefulStop()
-			close(stopped)
-		}()
-		select {
-		case <-stopped:
-		case <-time.After(time.Second):
-			s.gs.Stop()
-			<-stopped
-		}
+		stopGracefully(s.gs)
 		s.handlers.Wait()
 	})
 	return nil
