@@ -22,7 +22,13 @@ import (
 // stagePID finds the process running stage i of the run in runDir.
 func stagePID(t *testing.T, runDir string, i int) int {
 	t.Helper()
-	want := []string{"stage", "--stage", fmt.Sprint(i), "--run-dir", runDir}
+	return processPID(runDir, "--stage", fmt.Sprint(i))
+}
+
+// processPID finds the stage process of the run in runDir whose command
+// line also has each flag of flags next to its value.
+func processPID(runDir string, flags ...string) int {
+	want := append([]string{"--run-dir", runDir}, flags...)
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		var pid int
@@ -41,12 +47,41 @@ func stagePID(t *testing.T, runDir string, i int) int {
 	return 0
 }
 
-// containsRun reports whether args holds want's words, each flag next to its value.
+// containsRun reports whether args is a stage command holding want's
+// flags, each next to its value.
 func containsRun(args, want []string) bool {
 	joined := "\x00" + strings.Join(args, "\x00") + "\x00"
-	return strings.Contains(joined, "\x00"+want[0]+"\x00") &&
-		strings.Contains(joined, "\x00"+want[1]+"\x00"+want[2]+"\x00") &&
-		strings.Contains(joined, "\x00"+want[3]+"\x00"+want[4]+"\x00")
+	if !strings.Contains(joined, "\x00stage\x00") {
+		return false
+	}
+	for i := 0; i+1 < len(want); i += 2 {
+		if !strings.Contains(joined, "\x00"+want[i]+"\x00"+want[i+1]+"\x00") {
+			return false
+		}
+	}
+	return true
+}
+
+// killAndAwaitRecovery kills pid (what names it) with SIGKILL and waits for
+// the launch to finish on its own, failing the test if it does not; it
+// returns the launch's output.
+func killAndAwaitRecovery(t *testing.T, pid int, what string, out *syncBuffer, done chan error) string {
+	t.Helper()
+	if pid == 0 {
+		t.Fatalf("%s's process not found:\n%s", what, out.String())
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("launch did not recover: %v\n%s", err, out.String())
+		}
+	case <-time.After(3 * time.Minute):
+		t.Fatalf("launch did not finish:\n%s", out.String())
+	}
+	return out.String()
 }
 
 // waitForStep polls the run's metrics until a step at least step is logged.
@@ -122,22 +157,7 @@ func TestKilledStageRecoversBitIdentical(t *testing.T) {
 	dir := t.TempDir()
 	_, out, done := start(t, env, "launch", "--config", cfg, "--steps", fmt.Sprint(steps), "--run-dir", dir)
 	waitForStep(t, dir, killAt, 2*time.Minute, out)
-	pid := stagePID(t, dir, victim)
-	if pid == 0 {
-		t.Fatalf("stage %d's process not found:\n%s", victim, out.String())
-	}
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("launch did not recover: %v\n%s", err, out.String())
-		}
-	case <-time.After(3 * time.Minute):
-		t.Fatalf("launch did not finish:\n%s", out.String())
-	}
-	text := out.String()
+	text := killAndAwaitRecovery(t, stagePID(t, dir, victim), fmt.Sprintf("stage %d", victim), out, done)
 	for _, want := range []string{fmt.Sprintf("stage %d failed", victim), "signal: killed", "restarting from the checkpoint of step", "steps lost", "resumed from the checkpoint of step"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("launch output lacks %q:\n%s", want, text)

@@ -108,22 +108,7 @@ func TestReplicasEqualReference(t *testing.T) {
 // replicaPID finds the process of stage s, replica r of the launch in runDir.
 func replicaPID(t *testing.T, runDir string, s, r int) int {
 	t.Helper()
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-		joined := "\x00" + strings.Join(args, "\x00") + "\x00"
-		if containsRun(args, []string{"stage", "--stage", fmt.Sprint(s), "--run-dir", runDir}) &&
-			strings.Contains(joined, fmt.Sprintf("\x00--replica\x00%d\x00", r)) {
-			var pid int
-			fmt.Sscan(e.Name(), &pid)
-			return pid
-		}
-	}
-	return 0
+	return processPID(runDir, "--stage", fmt.Sprint(s), "--replica", fmt.Sprint(r))
 }
 
 // TestKilledReplicaRecoversBitIdentical kill -9s one replica's process of a
@@ -146,22 +131,7 @@ func TestKilledReplicaRecoversBitIdentical(t *testing.T) {
 	dir := t.TempDir()
 	_, out, done := start(t, nil, append(args, "--run-dir", dir)...)
 	waitForStep(t, dir, killAt, 2*time.Minute, out)
-	pid := replicaPID(t, dir, stage, 1)
-	if pid == 0 {
-		t.Fatalf("stage %d replica 1's process not found:\n%s", stage, out.String())
-	}
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("launch did not recover: %v\n%s", err, out.String())
-		}
-	case <-time.After(3 * time.Minute):
-		t.Fatalf("launch did not finish:\n%s", out.String())
-	}
-	text := out.String()
+	text := killAndAwaitRecovery(t, replicaPID(t, dir, stage, 1), fmt.Sprintf("stage %d replica 1", stage), out, done)
 	for _, want := range []string{fmt.Sprintf("stage %d replica 1 failed", stage), "signal: killed", "restarting from the checkpoint of step",
 		fmt.Sprintf("stage %d replica 1: resumed from the checkpoint of step", stage)} {
 		if !strings.Contains(text, want) {

@@ -90,7 +90,7 @@ func NewReplicaLayout(c *configs.Config, i, r int) (*Layout, error) {
 			return nil, err
 		}
 		l.Reduce = transport.Hello{Group: transport.ReplicaGroup, Stage: i, Stages: p, Replica: r, Replicas: l.Replicas,
-			ConfigDigest: c.Digest(), Address: c.Address(i, r), DType: dt, Shapes: l.reduceShapes()}
+			ConfigDigest: c.Digest(), Address: c.Address(i, r), DType: dt, Shapes: l.reduceShapes(dt)}
 	}
 	return l, nil
 }
@@ -131,15 +131,12 @@ func (l *Layout) controlBase() int {
 	return n
 }
 
-// reduceShapes lists the replica ring's message shapes by tag.
-func (l *Layout) reduceShapes() [][]int {
+// reduceShapes lists the replica ring's message shapes by tag, for a
+// ring of wire dtype dt.
+func (l *Layout) reduceShapes(dt transport.DType) [][]int {
 	var out [][]int
 	for _, p := range l.Plans {
 		out = append(out, p.Shapes()...)
-	}
-	dt := l.Reduce.DType
-	if dt == 0 {
-		dt = l.Up.DType
 	}
 	out = append(out, collective.BytesShape(dt, 8*l.Config.Data.MicroBatches), collective.BytesShape(dt, sha256.Size))
 	return out
