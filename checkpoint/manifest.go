@@ -22,10 +22,16 @@ import (
 //	ROOT/step-00000150/stage-0.sha256        its checksum, written after it
 //	ROOT/step-00000150/manifest.json         written last, once every part is in
 //
-// Each stage writes its own part; one process (stage 0) commits the checkpoint by
-// writing the manifest once every part is present and matches its checksum. A
-// folder without a manifest is a checkpoint still being written, or one a crash
-// interrupted: it is never resumed from.
+// Each stage writes its own part. On a run directory every process shares, one
+// process (stage 0) commits the checkpoint by writing the manifest once every
+// part is present and matches its checksum (Commit). Where each process has a
+// folder of its own, the parts' checksums travel instead: a Ledger decides the
+// commit from what every rank reports, and each rank writes the same manifest
+// into its own folder (WriteManifest), naming parts it does not hold. A folder
+// without a manifest is a checkpoint still being written, or one a crash
+// interrupted: it is never resumed from on a shared directory; on private ones
+// the ranks agree on the newest step that every one of them holds (Held,
+// Ledger.Hold).
 
 // ManifestName is the file whose presence commits a checkpoint.
 const ManifestName = "manifest.json"
@@ -62,24 +68,26 @@ func sumFile(stage int) string { return fmt.Sprintf("stage-%d.sha256", stage) }
 
 // WritePart writes stage's part of step's checkpoint, then its checksum file,
 // both atomically: a checksum file on disk always describes a complete part.
-func WritePart(root string, step, stage int, tensors []Tensor, meta map[string]string) error {
+// It returns the part as a manifest lists it.
+func WritePart(root string, step, stage int, tensors []Tensor, meta map[string]string) (Part, error) {
 	dir := StepDir(root, step)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
+		return Part{}, err
 	}
 	path := filepath.Join(dir, PartFile(stage))
 	sum, err := WriteSum(path, tensors, meta)
 	if err != nil {
-		return err
+		return Part{}, err
 	}
 	st, err := os.Stat(path)
 	if err != nil {
-		return err
+		return Part{}, err
 	}
-	return WriteAtomic(filepath.Join(dir, sumFile(stage)), func(w io.Writer) error {
+	err = WriteAtomic(filepath.Join(dir, sumFile(stage)), func(w io.Writer) error {
 		_, err := fmt.Fprintf(w, "%s %d\n", sum, st.Size())
 		return err
 	})
+	return Part{Stage: stage, File: PartFile(stage), SHA256: sum, Bytes: st.Size()}, err
 }
 
 // readSum reads a part's checksum file: "HEX BYTES".
@@ -134,14 +142,61 @@ func Commit(ctx context.Context, root string, step, stages int, digest string, k
 		}
 	}
 	m.Committed = time.Now().UTC()
-	b, _ := json.MarshalIndent(m, "", "  ")
-	if err := WriteAtomic(filepath.Join(dir, ManifestName), func(w io.Writer) error {
-		_, err := w.Write(append(b, '\n'))
-		return err
-	}); err != nil {
+	if err := WriteManifest(root, m); err != nil {
 		return nil, err
 	}
 	return m, Prune(root, keep)
+}
+
+// WriteManifest commits m's checkpoint under root by writing its manifest
+// atomically. Ranks that share root may all write the same manifest: the
+// bytes are the same, and each rename replaces a whole file.
+func WriteManifest(root string, m *Manifest) error {
+	dir := StepDir(root, m.Step)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	b, _ := json.MarshalIndent(m, "", "  ")
+	return WriteAtomic(filepath.Join(dir, ManifestName), func(w io.Writer) error {
+		_, err := w.Write(append(b, '\n'))
+		return err
+	})
+}
+
+// Held is a part a rank holds on its own disk, complete and matching its
+// checksum file, for the ranks to agree on where to resume.
+type Held struct {
+	Step int  `json:"step"`
+	Part Part `json:"part"`
+}
+
+// HeldParts lists stage's parts under root that are complete and match
+// their checksum files and whose training digest (the part's metadata) is
+// digest, newest first. A part being written, torn by a crash or left by
+// another config is left out: no rank resumes from it.
+func HeldParts(root string, stage int, digest string) ([]Held, error) {
+	all, err := steps(root)
+	if err != nil {
+		return nil, err
+	}
+	var out []Held
+	for _, s := range all {
+		dir := StepDir(root, s)
+		sum, size, err := readSum(dir, stage)
+		if err != nil {
+			continue
+		}
+		path := filepath.Join(dir, PartFile(stage))
+		got, n, err := fileSum(path)
+		if err != nil || got != sum || n != size {
+			continue
+		}
+		if meta, err := ReadMeta(path); err != nil || meta["training_digest"] != digest {
+			continue
+		}
+		out = append(out, Held{Step: s, Part: Part{Stage: stage, File: PartFile(stage), SHA256: sum, Bytes: size}})
+	}
+	return out, nil
 }
 
 // collectParts verifies the parts of a checkpoint folder not verified yet
@@ -185,16 +240,34 @@ func (m *Manifest) Verify() error {
 		return fmt.Errorf("%s: manifest lists %d parts for %d stages", m.Dir, len(m.Parts), m.Stages)
 	}
 	for _, p := range m.Parts {
-		path := filepath.Join(m.Dir, p.File)
-		sum, n, err := fileSum(path)
-		if err != nil {
+		if err := m.verify(p); err != nil {
 			return err
-		}
-		if sum != p.SHA256 || n != p.Bytes {
-			return fmt.Errorf("%s: checksum mismatch (%d bytes, sha256 %.12s; manifest says %d bytes, %.12s): the file is corrupt", path, n, sum, p.Bytes, p.SHA256)
 		}
 	}
 	return nil
+}
+
+func (m *Manifest) verify(p Part) error {
+	path := filepath.Join(m.Dir, p.File)
+	sum, n, err := fileSum(path)
+	if err != nil {
+		return err
+	}
+	if sum != p.SHA256 || n != p.Bytes {
+		return fmt.Errorf("%s: checksum mismatch (%d bytes, sha256 %.12s; manifest says %d bytes, %.12s): the file is corrupt", path, n, sum, p.Bytes, p.SHA256)
+	}
+	return nil
+}
+
+// VerifyPart checks the one part of a committed checkpoint that a rank
+// holds on its own disk against the manifest's checksum.
+func (m *Manifest) VerifyPart(stage int) error {
+	for _, p := range m.Parts {
+		if p.Stage == stage {
+			return m.verify(p)
+		}
+	}
+	return fmt.Errorf("%s: the manifest lists no part of stage %d", m.Dir, stage)
 }
 
 // PartPath is stage's file in the checkpoint.

@@ -13,7 +13,7 @@ func writeParts(t *testing.T, root string, step, stages int) {
 	t.Helper()
 	for s := 0; s < stages; s++ {
 		ts := []Tensor{{Name: "w", Shape: []int{2}, F32: []float32{float32(step), float32(s)}}}
-		if err := WritePart(root, step, s, ts, map[string]string{"step": "x"}); err != nil {
+		if _, err := WritePart(root, step, s, ts, map[string]string{"step": "x"}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -36,7 +36,7 @@ func TestCommitWaitsForEveryPart(t *testing.T) {
 		done <- err
 	}()
 	time.Sleep(20 * time.Millisecond)
-	if err := WritePart(root, 10, 2, []Tensor{{Name: "w", Shape: []int{1}, F32: []float32{1}}}, nil); err != nil {
+	if _, err := WritePart(root, 10, 2, []Tensor{{Name: "w", Shape: []int{1}, F32: []float32{1}}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-done; err != nil {

@@ -167,6 +167,34 @@ func WriteAtomic(path string, fill func(io.Writer) error) (err error) {
 	return nil
 }
 
+// ReadMeta reads only the metadata of a safetensors file: its header, not
+// its tensors.
+func ReadMeta(path string) (map[string]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var n uint64
+	if err := binary.Read(f, binary.LittleEndian, &n); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: header length: %w", path, err)
+	}
+	if n > maxHeader {
+		return nil, fmt.Errorf("checkpoint %s: header length %d is beyond %d bytes", path, n, maxHeader)
+	}
+	hdr := make([]byte, n)
+	if _, err := io.ReadFull(f, hdr); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: header: %w", path, err)
+	}
+	var h struct {
+		Meta map[string]string `json:"__metadata__"`
+	}
+	if err := json.Unmarshal(hdr, &h); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: header: %w", path, err)
+	}
+	return h.Meta, nil
+}
+
 // Read loads every tensor and the metadata from a safetensors file written by
 // Write (F32 and F64 tensors).
 func Read(path string) ([]Tensor, map[string]string, error) {

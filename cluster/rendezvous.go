@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/transport"
 )
 
@@ -36,18 +37,23 @@ import (
 // each an object whose "rendezvous" field is the format's version
 // (rendezvousVersion). The joiner sends one
 //
-//	{"rendezvous":1,"join":{"rank":2,"address":"10.0.0.3:7102","config_digest":"…","build":"…"}}
+//	{"rendezvous":2,"join":{"rank":2,"address":"10.0.0.3:7102","config_digest":"…","build":"…"}}
 //
 // and the registry answers with progress as ranks come and go, then one
 // final message that ends the stream:
 //
-//	{"rendezvous":1,"world":4,"registered":[0,2]}        progress
-//	{"rendezvous":1,"world":4,"table":[{"rank":0,…},…]}   final: every rank's entry, in rank order
-//	{"rendezvous":1,"refused":"…"}                        final: this joiner is refused, and why
-//	{"rendezvous":1,"failed":"…"}                         final: the rendezvous failed (timeout, closed)
+//	{"rendezvous":2,"world":4,"registered":[0,2]}        progress
+//	{"rendezvous":2,"world":4,"table":[{"rank":0,…},…]}   final: every rank's entry, in rank order
+//	{"rendezvous":2,"refused":"…"}                        final: this joiner is refused, and why
+//	{"rendezvous":2,"failed":"…"}                         final: the rendezvous failed (timeout, closed)
 //
 // A message of another version, or with fields this version does not know,
 // is refused with the versions named, never guessed at.
+//
+// Once every rank is in, the registry goes on serving the job for as long as
+// rank 0 runs: checkpoint commits and the resume agreement (a
+// checkpoint.Ledger) and the gathering of the ranks' logs into rank 0's run
+// directory (coordinate.go has those messages).
 
 // Entry is one rank's registration.
 type Entry struct {
@@ -74,6 +80,12 @@ type RendezvousOptions struct {
 	// Logf receives the registry's refusals, which only the refused joiner
 	// hears of otherwise; default log.Printf.
 	Logf func(format string, args ...any)
+	// Replicas is the registry's data_parallel, for its checkpoint ledger:
+	// rank r runs stage r / Replicas. Default 1.
+	Replicas int
+	// GatherDir is rank 0's run directory, where the registry writes the
+	// logs other ranks send (Coordinator.Gather); none are taken without.
+	GatherDir string
 }
 
 const defaultRendezvousTimeout = 5 * time.Minute
@@ -85,6 +97,9 @@ func (o RendezvousOptions) withDefaults() RendezvousOptions {
 	if o.Logf == nil {
 		o.Logf = log.Printf
 	}
+	if o.Replicas < 1 {
+		o.Replicas = 1
+	}
 	return o
 }
 
@@ -94,7 +109,8 @@ func (o RendezvousOptions) transport() transport.Options {
 
 var rendezvousService = transport.Service{Name: "pipetrain.cluster.Rendezvous", Noun: "rendezvous"}
 
-const rendezvousVersion = 1
+// rendezvousVersion 2 added the coordination after the table.
+const rendezvousVersion = 2
 
 // Registry is rank 0's side of the rendezvous.
 type Registry struct {
@@ -107,8 +123,13 @@ type Registry struct {
 	timer         *time.Timer
 	ready         chan struct{} // closed once the fields above are set
 
+	gatherDir string
+	gatherID  string // the token in gatherDir that tells a rank it shares the directory
+
 	mu       sync.Mutex
-	ranks    []*registration // by rank; nil until the rank registers
+	ledger   *checkpoint.Ledger // commits and the resume agreement, after the table
+	gathered []bool             // ranks whose logs are in
+	ranks    []*registration    // by rank; nil until the rank registers
 	refusals []string        // distinct, in order, for the timeout's message
 	changed  chan struct{}   // closed and replaced whenever ranks change
 	done     chan struct{}   // closed once table or err is set
@@ -134,12 +155,26 @@ func ServeRendezvous(addr string, world int, digest, build string, o RendezvousO
 		return nil, fmt.Errorf("rendezvous at %s: a job needs at least 1 rank, not %d", addr, world)
 	}
 	o = o.withDefaults()
+	stageOf := make([]int, world)
+	for rank := range stageOf {
+		stageOf[rank] = rank / o.Replicas
+	}
 	r := &Registry{
 		world: world, digest: digest, build: build, timeout: o.Timeout, logf: o.Logf,
-		ranks:   make([]*registration, world),
+		gatherDir: o.GatherDir,
+		ledger:    checkpoint.NewLedger(stageOf),
+		gathered:  make([]bool, world),
+		ranks:     make([]*registration, world),
 		changed: make(chan struct{}),
 		done:    make(chan struct{}),
 		ready:   make(chan struct{}),
+	}
+	if r.gatherDir != "" {
+		id, err := writeGatherID(r.gatherDir)
+		if err != nil {
+			return nil, fmt.Errorf("rendezvous at %s: %w", addr, err)
+		}
+		r.gatherID = id
 	}
 	svc, err := rendezvousService.Serve(addr, o.transport(), r.serve)
 	if err != nil {
@@ -333,7 +368,10 @@ func (r *Registry) serve(c *transport.ServiceStream) error {
 	var m message
 	err = m.unmarshal(b)
 	if err == nil && m.Join == nil {
-		err = errors.New("protocol error: the first message is not a join")
+		err = r.coordinates(m)
+		if err == nil {
+			return r.coordinate(c, m)
+		}
 	}
 	if err != nil {
 		r.refused(fmt.Sprintf("a joiner from %s: %v", c.Peer(), err))
@@ -467,7 +505,7 @@ func checkTable(table []Entry, world int, e Entry) error {
 }
 
 // message is every message of the wire format; exactly one of Join,
-// Registered, Table, Refused and Failed is set.
+// Registered, Table, Refused, Failed and the coordination's kinds is set.
 type message struct {
 	Version    int     `json:"rendezvous"`
 	Join       *Entry  `json:"join,omitempty"`
@@ -476,13 +514,21 @@ type message struct {
 	Table      []Entry `json:"table,omitempty"`
 	Refused    string  `json:"refused,omitempty"`
 	Failed     string  `json:"failed,omitempty"`
+
+	Part      *partReport          `json:"part,omitempty"`
+	Committed *checkpoint.Manifest `json:"committed,omitempty"`
+	Held      *heldReport          `json:"held,omitempty"`
+	Resume    *int                 `json:"resume,omitempty"`
+	Gather    *gatherStart         `json:"gather,omitempty"`
+	File      *fileChunk           `json:"file,omitempty"`
+	Gathered  *gatherEnd           `json:"gathered,omitempty"`
 }
 
 func (m message) marshal() []byte {
 	m.Version = rendezvousVersion
 	b, err := json.Marshal(m)
 	if err != nil {
-		panic(fmt.Sprintf("cluster: rendezvous message: %v", err)) // only ints and strings
+		panic(fmt.Sprintf("cluster: rendezvous message: %v", err)) // plain data, nothing JSON cannot encode
 	}
 	return b
 }
@@ -507,7 +553,8 @@ func (m *message) unmarshal(b []byte) error {
 		return fmt.Errorf("protocol error: bad rendezvous message: %v", err)
 	}
 	kinds := 0
-	for _, set := range []bool{out.Join != nil, out.Registered != nil, out.Table != nil, out.Refused != "", out.Failed != ""} {
+	for _, set := range []bool{out.Join != nil, out.Registered != nil, out.Table != nil, out.Refused != "", out.Failed != "",
+		out.Part != nil, out.Committed != nil, out.Held != nil, out.Resume != nil, out.Gather != nil, out.File != nil, out.Gathered != nil} {
 		if set {
 			kinds++
 		}

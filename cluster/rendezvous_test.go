@@ -496,7 +496,7 @@ func TestRendezvousOtherVersion(t *testing.T) {
 	reg := rvServe(t, 1, RendezvousOptions{Timeout: 20 * time.Second, Logf: log.logf})
 	var reply message
 	err := rendezvousService.Call(context.Background(), reg.Addr(), transport.Options{}, func(c *transport.ServiceStream) error {
-		if err := c.Send([]byte(`{"rendezvous":2,"join":{"rank":0,"address":"127.0.0.1:7100","replica":0}}`)); err != nil {
+		if err := c.Send([]byte(`{"rendezvous":3,"join":{"rank":0,"address":"127.0.0.1:7100","replica":0}}`)); err != nil {
 			return err
 		}
 		b, err := c.Recv()
@@ -508,15 +508,15 @@ func TestRendezvousOtherVersion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rvWantErr(t, "version 2", errors.New(reply.Refused), "refused a joiner from 127.0.0.1:", "unsupported rendezvous version 2 (this build speaks version 1)")
-	log.waitFor(t, "unsupported rendezvous version 2")
+	rvWantErr(t, "version 3", errors.New(reply.Refused), "refused a joiner from 127.0.0.1:", "unsupported rendezvous version 3 (this build speaks version 2)")
+	log.waitFor(t, "unsupported rendezvous version 3")
 	table, err := JoinRendezvous(context.Background(), reg.Addr(), rvEntry(0), RendezvousOptions{})
 	rvWantTable(t, "rank 0", rvResult{table, err}, 1)
 }
 
 func TestRendezvousMessages(t *testing.T) {
 	good := message{World: 2, Registered: []int{0}}.marshal()
-	if string(good) != `{"rendezvous":1,"world":2,"registered":[0]}` {
+	if string(good) != `{"rendezvous":2,"world":2,"registered":[0]}` {
 		t.Errorf("progress encodes as %s", good)
 	}
 	var m message
@@ -524,13 +524,13 @@ func TestRendezvousMessages(t *testing.T) {
 		t.Errorf("progress decodes as %+v, %v", m, err)
 	}
 	for _, c := range []struct{ msg, want string }{
-		{`{"rendezvous":3,"table":"whatever the future holds"}`, "unsupported rendezvous version 3 (this build speaks version 1)"},
+		{`{"rendezvous":3,"table":"whatever the future holds"}`, "unsupported rendezvous version 3 (this build speaks version 2)"},
 		{`PTH` + "\x02", "expected a rendezvous message"},
 		{`{"world":2}`, "expected a rendezvous message"},
-		{`{"rendezvous":1,"registered":[0]} {}`, "expected a rendezvous message"},
-		{`{"rendezvous":1,"registered":[0],"colour":"red"}`, `unknown field "colour"`},
-		{`{"rendezvous":1,"refused":"x","failed":"y"}`, "2 kinds of content"},
-		{`{"rendezvous":1,"world":2}`, "0 kinds of content"},
+		{`{"rendezvous":2,"registered":[0]} {}`, "expected a rendezvous message"},
+		{`{"rendezvous":2,"registered":[0],"colour":"red"}`, `unknown field "colour"`},
+		{`{"rendezvous":2,"refused":"x","failed":"y"}`, "2 kinds of content"},
+		{`{"rendezvous":2,"world":2}`, "0 kinds of content"},
 	} {
 		err := m.unmarshal([]byte(c.msg))
 		rvWantErr(t, c.msg, err, "protocol error", c.want)

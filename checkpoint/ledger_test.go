@@ -1,0 +1,144 @@
+package checkpoint
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A 2-stage, 2-replica grid: ranks 0, 1 run stage 0, ranks 2, 3 stage 1.
+var grid2x2 = []int{0, 0, 1, 1}
+
+func part(stage int, sum string) Part {
+	return Part{Stage: stage, File: PartFile(stage), SHA256: sum, Bytes: int64(len(sum))}
+}
+
+func TestLedgerCommitsOnceEveryRankReported(t *testing.T) {
+	l := NewLedger(grid2x2)
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	for rank, sum := range []string{"aa", "aa", "bb"} {
+		if err := l.Report(rank, 10, "d", part(grid2x2[rank], sum), now); err != nil {
+			t.Fatal(err)
+		}
+		if m, err := l.Outcome(10); m != nil || err != nil {
+			t.Fatalf("after rank %d: committed early: %v %v", rank, m, err)
+		}
+	}
+	// A retried report changes nothing.
+	if err := l.Report(2, 10, "d", part(1, "bb"), now); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.Missing(10); len(got) != 1 || got[0] != 3 {
+		t.Fatalf("missing = %v, want [3]", got)
+	}
+	if err := l.Report(3, 10, "d", part(1, "bb"), now); err != nil {
+		t.Fatal(err)
+	}
+	m, err := l.Outcome(10)
+	if err != nil || m == nil {
+		t.Fatalf("not committed: %v", err)
+	}
+	if m.Step != 10 || m.Stages != 2 || m.ConfigDigest != "d" || len(m.Parts) != 2 || m.Parts[0].SHA256 != "aa" || m.Parts[1].SHA256 != "bb" || !m.Committed.Equal(now) {
+		t.Fatalf("manifest = %+v", m)
+	}
+	if m, err := l.Outcome(20); m != nil || err != nil {
+		t.Fatal("a step nobody reported has an outcome")
+	}
+}
+
+func TestLedgerRefusesWhatCannotBeCommitted(t *testing.T) {
+	l := NewLedger(grid2x2)
+	now := time.Now()
+	if err := l.Report(4, 10, "d", part(1, "x"), now); err == nil || !strings.Contains(err.Error(), "rank 4 is beyond") {
+		t.Fatalf("rank out of range: %v", err)
+	}
+	if err := l.Report(0, 10, "d", part(1, "x"), now); err == nil || !strings.Contains(err.Error(), "runs stage 0") {
+		t.Fatalf("wrong stage: %v", err)
+	}
+	l.Report(0, 10, "d", part(0, "aa"), now)
+	if err := l.Report(0, 10, "d", part(0, "ab"), now); err == nil || !strings.Contains(err.Error(), "two different parts") {
+		t.Fatalf("changed report: %v", err)
+	}
+	// Replicas whose parts differ fail the step for everyone.
+	l.Report(1, 10, "d", part(0, "zz"), now)
+	if _, err := l.Outcome(10); err == nil || !strings.Contains(err.Error(), "ranks 0 and 1, replicas of stage 0") {
+		t.Fatalf("diverged replicas: %v", err)
+	}
+	// A part of another config fails its step.
+	l.Report(0, 20, "d", part(0, "aa"), now)
+	l.Report(2, 20, "other", part(1, "bb"), now)
+	if _, err := l.Outcome(20); err == nil || !strings.Contains(err.Error(), "rank 2 wrote its part for a run of another config") {
+		t.Fatalf("other config: %v", err)
+	}
+}
+
+func held(stage int, steps ...int) []Held {
+	var out []Held
+	for _, s := range steps {
+		out = append(out, Held{Step: s, Part: part(stage, string(rune('a'+s/10)))})
+	}
+	return out
+}
+
+func TestLedgerResumesFromNewestStepEveryRankHolds(t *testing.T) {
+	l := NewLedger(grid2x2)
+	l.Hold(0, held(0, 30, 20, 10))
+	l.Hold(1, held(0, 20, 10))
+	l.Hold(2, held(1, 30, 20))
+	if _, decided := l.Resume(); decided {
+		t.Fatal("decided before rank 3 reported")
+	}
+	if got := l.Unheld(); len(got) != 1 || got[0] != 3 {
+		t.Fatalf("unheld = %v", got)
+	}
+	l.Hold(3, held(1, 40, 30, 20))
+	if step, decided := l.Resume(); !decided || step != 20 {
+		t.Fatalf("resume = %d, %v; want step 20", step, decided)
+	}
+
+	// Nothing in common: start over.
+	l = NewLedger([]int{0, 1})
+	l.Hold(0, held(0, 10))
+	l.Hold(1, nil)
+	if step, decided := l.Resume(); !decided || step != 0 {
+		t.Fatalf("resume = %d, %v; want step 0", step, decided)
+	}
+
+	// A step whose replicas hold different bytes is passed over.
+	l = NewLedger([]int{0, 0})
+	l.Hold(0, []Held{{Step: 20, Part: part(0, "x")}, {Step: 10, Part: part(0, "a")}})
+	l.Hold(1, []Held{{Step: 20, Part: part(0, "y")}, {Step: 10, Part: part(0, "a")}})
+	if step, _ := l.Resume(); step != 10 {
+		t.Fatalf("resume = %d, want 10 (step 20's replicas differ)", step)
+	}
+	if err := l.Hold(0, held(1, 10)); err == nil {
+		t.Fatal("a part of another stage was accepted")
+	}
+}
+
+func TestHeldPartsListsCompleteMatchingParts(t *testing.T) {
+	root := t.TempDir()
+	meta := map[string]string{"training_digest": "d"}
+	ts := []Tensor{{Name: "w", Shape: []int{1}, F32: []float32{1}}}
+	for _, step := range []int{10, 20, 30} {
+		if _, err := WritePart(root, step, 1, ts, meta); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Step 30's part torn after its checksum was written; step 40's of another run.
+	if err := os.Truncate(filepath.Join(StepDir(root, 30), PartFile(1)), 9); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := WritePart(root, 40, 1, ts, map[string]string{"training_digest": "other"}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := HeldParts(root, 1, "d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].Step != 20 || got[1].Step != 10 || got[0].Part.Stage != 1 {
+		t.Fatalf("held = %+v, want steps 20 and 10", got)
+	}
+}

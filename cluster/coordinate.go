@@ -1,0 +1,469 @@
+package cluster
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/pipetrain/pipetrain/checkpoint"
+	"github.com/pipetrain/pipetrain/transport"
+)
+
+// After the table, the registry coordinates the job's ranks, each of which
+// may keep its run directory on its own disk. Each is one call of the
+// rendezvous service, opened by a rank with its first message:
+//
+//	{"part":{"rank":2,"step":20,"digest":"…","part":{…}}}     a checkpoint part is written;
+//	    the reply, once every rank's part of step 20 is in:  {"committed":{manifest}} or {"failed":"…"}
+//	{"held":{"rank":2,"parts":[{"step":20,"part":{…}},…]}}    a restarted rank's parts;
+//	    the reply, once every rank's are in:                 {"resume":20}
+//	{"gather":{"rank":2,"id":"…"}}                             a rank's logs, for rank 0's run directory;
+//	    the reply: {"gathered":{"rank":2,"shared":true}} when the rank's run directory is rank 0's,
+//	    else {"gather":{"rank":2}}, after which the rank sends {"file":{…}}… and {"gathered":{"files":5}},
+//	    and the final reply is                               {"gathered":{"rank":2,"files":5}}
+//
+// All of them need the rendezvous to have completed: a rank that is not in
+// the table has nothing to coordinate.
+
+// partReport is a rank's checkpoint part, written to its disk.
+type partReport struct {
+	Rank   int             `json:"rank"`
+	Step   int             `json:"step"`
+	Digest string          `json:"digest"` // the run's training digest
+	Part   checkpoint.Part `json:"part"`
+}
+
+// heldReport is what a restarted rank holds on its disk.
+type heldReport struct {
+	Rank  int               `json:"rank"`
+	Parts []checkpoint.Held `json:"parts"`
+}
+
+// gatherStart opens a rank's gathering; ID is the gather token the rank
+// found in its own run directory ("" for none): the registry's own means the
+// directory is shared, and nothing need travel.
+type gatherStart struct {
+	Rank int    `json:"rank"`
+	ID   string `json:"id"`
+}
+
+// fileChunk is a piece of one file; the last piece of a file carries the
+// whole file's SHA-256.
+type fileChunk struct {
+	Path   string `json:"path"` // relative to the run directory, with slashes
+	Data   []byte `json:"data"`
+	Last   bool   `json:"last,omitempty"`
+	SHA256 string `json:"sha256,omitempty"`
+}
+
+// gatherEnd closes a rank's gathering, and is the registry's answer.
+type gatherEnd struct {
+	Rank  int  `json:"rank"`
+	Files int  `json:"files"`
+	Share bool `json:"shared,omitempty"` // nothing travelled: the directory is rank 0's
+}
+
+// gatherIDFile holds the registry's gather token in rank 0's run directory.
+const gatherIDFile = ".pipetrain-gather-id"
+
+// gatherChunk bounds a file piece: JSON carries bytes as base64, and a
+// service message is at most 16 MiB.
+const gatherChunk = 4 << 20
+
+func writeGatherID(dir string) (string, error) {
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	id := hex.EncodeToString(b)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	return id, checkpoint.WriteAtomic(filepath.Join(dir, gatherIDFile), func(w io.Writer) error {
+		_, err := io.WriteString(w, id)
+		return err
+	})
+}
+
+// coordinates says whether m may open a coordination call now.
+func (r *Registry) coordinates(m message) error {
+	if m.Part == nil && m.Held == nil && m.Gather == nil {
+		return errors.New("protocol error: the first message is not a join, a part, a held list or a gather")
+	}
+	select {
+	case <-r.done:
+		if r.err != nil {
+			return fmt.Errorf("the rendezvous failed: %v", r.err)
+		}
+		return nil
+	default:
+		return errors.New("coordination before every rank registered")
+	}
+}
+
+// coordinate serves one coordination call, opened by m.
+func (r *Registry) coordinate(c *transport.ServiceStream, m message) error {
+	var reply message
+	var err error
+	switch {
+	case m.Part != nil:
+		reply, err = r.awaitCommit(c.Context(), *m.Part)
+	case m.Held != nil:
+		reply, err = r.awaitResume(c.Context(), *m.Held)
+	default:
+		reply, err = r.receiveGather(c, *m.Gather)
+	}
+	if err != nil {
+		return err
+	}
+	return c.Send(reply.marshal())
+}
+
+// awaitCommit records a part and answers once its step is decided.
+func (r *Registry) awaitCommit(ctx context.Context, p partReport) (message, error) {
+	r.mu.Lock()
+	err := r.ledger.Report(p.Rank, p.Step, p.Digest, p.Part, time.Now())
+	r.broadcastLocked()
+	r.mu.Unlock()
+	if err != nil {
+		r.refused(err.Error())
+		return message{Refused: r.who() + " refused " + err.Error()}, nil
+	}
+	for {
+		r.mu.Lock()
+		m, err := r.ledger.Outcome(p.Step)
+		changed := r.changed
+		r.mu.Unlock()
+		switch {
+		case err != nil:
+			return message{Failed: fmt.Sprintf("%s: checkpoint of step %d not committed: %v", r.who(), p.Step, err)}, nil
+		case m != nil:
+			return message{Committed: m}, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return message{}, ctx.Err()
+		}
+	}
+}
+
+// awaitResume records what a rank holds and answers once every rank has.
+func (r *Registry) awaitResume(ctx context.Context, h heldReport) (message, error) {
+	r.mu.Lock()
+	err := r.ledger.Hold(h.Rank, h.Parts)
+	r.broadcastLocked()
+	r.mu.Unlock()
+	if err != nil {
+		r.refused(err.Error())
+		return message{Refused: r.who() + " refused " + err.Error()}, nil
+	}
+	for {
+		r.mu.Lock()
+		step, decided := r.ledger.Resume()
+		changed := r.changed
+		r.mu.Unlock()
+		if decided {
+			return message{Resume: &step}, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return message{}, ctx.Err()
+		}
+	}
+}
+
+// receiveGather writes the files a rank sends into rank 0's run directory,
+// each atomically and only when it differs from what is there.
+func (r *Registry) receiveGather(c *transport.ServiceStream, g gatherStart) (message, error) {
+	if g.Rank <= 0 || g.Rank >= r.world {
+		return message{Refused: fmt.Sprintf("%s refused to gather rank %d: ranks 1-%d send their logs to rank 0", r.who(), g.Rank, r.world-1)}, nil
+	}
+	if r.gatherDir == "" {
+		return message{Refused: r.who() + " takes no logs: rank 0 has no run directory to gather into"}, nil
+	}
+	end := gatherEnd{Rank: g.Rank, Share: g.ID == r.gatherID}
+	if !end.Share {
+		if err := c.Send(message{Gather: &gatherStart{Rank: g.Rank}}.marshal()); err != nil {
+			return message{}, err
+		}
+		for {
+			b, err := c.Recv()
+			if err != nil {
+				return message{}, err
+			}
+			var m message
+			if err := m.unmarshal(b); err != nil {
+				return message{}, err
+			}
+			if m.Gathered != nil {
+				if m.Gathered.Files != end.Files {
+					return message{Failed: fmt.Sprintf("%s: rank %d sent %d files and announced %d", r.who(), g.Rank, end.Files, m.Gathered.Files)}, nil
+				}
+				break
+			}
+			if m.File == nil {
+				return message{}, fmt.Errorf("protocol error: rank %d sent neither a file nor the end of its gathering", g.Rank)
+			}
+			if err := r.receiveFile(c, *m.File); err != nil {
+				return message{Failed: fmt.Sprintf("%s: rank %d's %s: %v", r.who(), g.Rank, m.File.Path, err)}, nil
+			}
+			end.Files++
+		}
+	}
+	r.mu.Lock()
+	r.gathered[g.Rank] = true
+	r.broadcastLocked()
+	r.mu.Unlock()
+	return message{Gathered: &end}, nil
+}
+
+// receiveFile receives one file, starting with first, its pieces following
+// on c.
+func (r *Registry) receiveFile(c *transport.ServiceStream, first fileChunk) error {
+	rel := filepath.FromSlash(first.Path)
+	if !filepath.IsLocal(rel) || strings.HasPrefix(rel, "checkpoints") || filepath.Base(rel) == gatherIDFile {
+		return fmt.Errorf("not a log of the run directory")
+	}
+	dst := filepath.Join(r.gatherDir, rel)
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	h := sha256.New()
+	var sum string
+	tmp := dst + ".gathering"
+	err := checkpoint.WriteAtomic(tmp, func(w io.Writer) error {
+		chunk := first
+		for {
+			if chunk.Path != first.Path {
+				return fmt.Errorf("protocol error: a piece of %s inside %s", chunk.Path, first.Path)
+			}
+			w.Write(chunk.Data)
+			h.Write(chunk.Data)
+			if chunk.Last {
+				sum = chunk.SHA256
+				return nil
+			}
+			b, err := c.Recv()
+			if err != nil {
+				return err
+			}
+			var m message
+			if err := m.unmarshal(b); err != nil {
+				return err
+			}
+			if m.File == nil {
+				return fmt.Errorf("protocol error: %s ended without its last piece", first.Path)
+			}
+			chunk = *m.File
+		}
+	})
+	if err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != sum {
+		os.Remove(tmp)
+		return fmt.Errorf("arrived with sha256 %.12s, sent with %.12s", got, sum)
+	}
+	if old, err := fileSHA256(dst); err == nil && old == sum {
+		return os.Remove(tmp)
+	}
+	return os.Rename(tmp, dst)
+}
+
+func fileSHA256(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// WaitGathered returns once every rank but rank 0 has sent its logs, or
+// when ctx ends, naming the ranks whose logs are missing.
+func (r *Registry) WaitGathered(ctx context.Context) error {
+	for {
+		r.mu.Lock()
+		var missing []string
+		for rank := 1; rank < r.world; rank++ {
+			if !r.gathered[rank] {
+				missing = append(missing, fmt.Sprint(rank))
+			}
+		}
+		changed := r.changed
+		r.mu.Unlock()
+		if len(missing) == 0 {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return fmt.Errorf("%s: the logs of rank %s did not arrive: %w", r.who(), strings.Join(missing, ", "), context.Cause(ctx))
+		}
+	}
+}
+
+// Coordinator is a rank's side of the coordination: it reaches rank 0's
+// registry at Addr with Options' security. Each method is one call, safe to
+// make from several goroutines at once.
+type Coordinator struct {
+	Addr    string
+	Rank    int
+	Options RendezvousOptions
+}
+
+func (co Coordinator) who() string { return "rendezvous at " + co.Addr }
+
+// exchange sends first and returns the registry's final reply: an error
+// for a refusal or a failure. A reply that is more's business (a go-ahead)
+// goes to more, whose answer is sent before the next reply is read.
+func (co Coordinator) exchange(ctx context.Context, first message, more func(*transport.ServiceStream, message) (bool, error)) (message, error) {
+	o := co.Options.withDefaults()
+	b := first.marshal()
+	var reply message
+	err := rendezvousService.Call(ctx, co.Addr, o.transport(), func(c *transport.ServiceStream) error {
+		if err := c.Send(b); err != nil {
+			return err
+		}
+		for {
+			reply = message{}
+			in, err := c.Recv()
+			if errors.Is(err, io.EOF) {
+				return fmt.Errorf("%s ended the call without a reply", co.who())
+			}
+			if err != nil {
+				return err
+			}
+			if err := reply.unmarshal(in); err != nil {
+				return fmt.Errorf("%s: %w", co.who(), err)
+			}
+			if more == nil || reply.Refused != "" || reply.Failed != "" {
+				return nil
+			}
+			if handled, err := more(c, reply); err != nil || !handled {
+				return err
+			}
+		}
+	})
+	switch {
+	case err != nil:
+		return message{}, err
+	case reply.Refused != "":
+		return message{}, errors.New(reply.Refused)
+	case reply.Failed != "":
+		return message{}, errors.New(reply.Failed)
+	}
+	return reply, nil
+}
+
+// Commit reports p, this rank's part of step's checkpoint, and returns the
+// step's manifest once every rank has reported its own.
+func (co Coordinator) Commit(ctx context.Context, step int, digest string, p checkpoint.Part) (*checkpoint.Manifest, error) {
+	reply, err := co.exchange(ctx, message{Part: &partReport{Rank: co.Rank, Step: step, Digest: digest, Part: p}}, nil)
+	if err != nil {
+		return nil, err
+	}
+	if reply.Committed == nil || reply.Committed.Step != step {
+		return nil, fmt.Errorf("%s: protocol error: the reply to a part of step %d is not its commit", co.who(), step)
+	}
+	return reply.Committed, nil
+}
+
+// Resume reports the parts this rank holds and returns the step every rank
+// resumes from (0: from the start), once every rank has reported.
+func (co Coordinator) Resume(ctx context.Context, held []checkpoint.Held) (int, error) {
+	reply, err := co.exchange(ctx, message{Held: &heldReport{Rank: co.Rank, Parts: held}}, nil)
+	if err != nil {
+		return 0, err
+	}
+	if reply.Resume == nil {
+		return 0, fmt.Errorf("%s: protocol error: the reply to a held list is not a step", co.who())
+	}
+	return *reply.Resume, nil
+}
+
+// Gather sends every file of runDir but its checkpoints to rank 0's run
+// directory, unless runDir is that directory, and returns how many files
+// travelled. Only a rank's own files are in a run directory of its own;
+// in a shared one nothing travels.
+func (co Coordinator) Gather(ctx context.Context, runDir string) (int, error) {
+	id, _ := os.ReadFile(filepath.Join(runDir, gatherIDFile))
+	var files []string
+	if err := filepath.WalkDir(runDir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(runDir, path)
+		switch {
+		case d.IsDir() && rel == "checkpoints":
+			return filepath.SkipDir
+		case d.Type().IsRegular() && !strings.HasPrefix(d.Name(), "."):
+			files = append(files, rel)
+		}
+		return nil
+	}); err != nil {
+		return 0, err
+	}
+	slices.Sort(files)
+	reply, err := co.exchange(ctx, message{Gather: &gatherStart{Rank: co.Rank, ID: string(id)}}, func(c *transport.ServiceStream, m message) (bool, error) {
+		if m.Gather == nil {
+			return false, nil // the final reply
+		}
+		return true, sendFiles(c, runDir, files)
+	})
+	if err != nil {
+		return 0, err
+	}
+	if reply.Gathered == nil {
+		return 0, fmt.Errorf("%s: protocol error: the reply to a gathering is not its end", co.who())
+	}
+	return reply.Gathered.Files, nil
+}
+
+// sendFiles streams files (relative to dir), then the end of the gathering.
+func sendFiles(c *transport.ServiceStream, dir string, files []string) error {
+	for _, rel := range files {
+		if err := sendFile(c, dir, rel); err != nil {
+			return err
+		}
+	}
+	return c.Send(message{Gathered: &gatherEnd{Files: len(files)}}.marshal())
+}
+
+func sendFile(c *transport.ServiceStream, dir, rel string) error {
+	b, err := os.ReadFile(filepath.Join(dir, rel))
+	if err != nil {
+		return err
+	}
+	sum := sha256.Sum256(b)
+	for off := 0; ; off += gatherChunk {
+		end := min(off+gatherChunk, len(b))
+		chunk := fileChunk{Path: filepath.ToSlash(rel), Data: b[off:end]}
+		if end == len(b) {
+			chunk.Last, chunk.SHA256 = true, hex.EncodeToString(sum[:])
+		}
+		if err := c.Send(message{File: &chunk}.marshal()); err != nil {
+			return err
+		}
+		if chunk.Last {
+			return nil
+		}
+	}
+}
