@@ -130,9 +130,9 @@ type Registry struct {
 	ledger   *checkpoint.Ledger // commits and the resume agreement, after the table
 	gathered []bool             // ranks whose logs are in
 	ranks    []*registration    // by rank; nil until the rank registers
-	refusals []string        // distinct, in order, for the timeout's message
-	changed  chan struct{}   // closed and replaced whenever ranks change
-	done     chan struct{}   // closed once table or err is set
+	refusals []string           // distinct, in order, for the timeout's message
+	changed  chan struct{}      // closed and replaced whenever ranks change
+	done     chan struct{}      // closed once table or err is set
 	table    []Entry
 	err      error
 }
@@ -165,9 +165,9 @@ func ServeRendezvous(addr string, world int, digest, build string, o RendezvousO
 		ledger:    checkpoint.NewLedger(stageOf),
 		gathered:  make([]bool, world),
 		ranks:     make([]*registration, world),
-		changed: make(chan struct{}),
-		done:    make(chan struct{}),
-		ready:   make(chan struct{}),
+		changed:   make(chan struct{}),
+		done:      make(chan struct{}),
+		ready:     make(chan struct{}),
 	}
 	if r.gatherDir != "" {
 		id, err := writeGatherID(r.gatherDir)

@@ -159,9 +159,14 @@ func AutoPort(a string) (port int, ok bool) {
 	return n, true
 }
 
-// UsesRendezvous reports whether any process's address is auto: the ranks
-// then learn each other's addresses from the rendezvous.
+// UsesRendezvous reports whether the ranks meet at a rendezvous: when any
+// process's address is auto (they learn each other's addresses there), or
+// when the config names one (rank 0 then also coordinates checkpoints and
+// logs, so the run directory need not be shared).
 func (c *Config) UsesRendezvous() bool {
+	if c.Rendezvous != "" {
+		return true
+	}
 	for s := range c.Stages {
 		for r := range c.Replicas() {
 			if _, ok := AutoPort(c.Address(s, r)); ok {

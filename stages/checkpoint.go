@@ -59,8 +59,25 @@ func denseTensor(name string, d *tensor.Dense) checkpoint.Tensor {
 	return t
 }
 
-// saveCheckpoint writes the stage's part of the checkpoint after step done; stage 0
-// then commits it in the background once every stage's part is in.
+// Coordinator commits checkpoints, and agrees where a restarted run resumes,
+// for processes whose run directories are their own (cluster.Coordinator,
+// through rank 0). Its calls block until every rank has made the same one.
+type Coordinator interface {
+	// Commit reports this process's part of step's checkpoint and returns
+	// the step's manifest once every process has reported its part.
+	Commit(ctx context.Context, step int, digest string, p checkpoint.Part) (*checkpoint.Manifest, error)
+	// Resume reports the parts this process holds and returns the step
+	// every process resumes from (0: the start).
+	Resume(ctx context.Context, held []checkpoint.Held) (int, error)
+}
+
+// writesCheckpoints says whether this process writes checkpoint parts: one
+// replica per stage on a shared run directory, every process on its own.
+func (r *Runtime) writesCheckpoints() bool { return r.replica == 0 || r.coord != nil }
+
+// saveCheckpoint writes the stage's part of the checkpoint after step done,
+// then commits it in the background: through the coordinator, or on a
+// shared run directory by stage 0 once every stage's part is in.
 func (r *Runtime) saveCheckpoint(ctx context.Context, done int) error {
 	ts, meta, err := r.partTensors()
 	if err != nil {
@@ -68,14 +85,34 @@ func (r *Runtime) saveCheckpoint(ctx context.Context, done int) error {
 	}
 	meta["step"] = fmt.Sprint(done)
 	root := CheckpointDir(r.runDir)
-	if err := checkpoint.WritePart(root, done, r.stage, ts, meta); err != nil {
+	part, err := checkpoint.WritePart(root, done, r.stage, ts, meta)
+	if err != nil {
 		return fmt.Errorf("stage %d: checkpoint of step %d: %w", r.stage, done, err)
+	}
+	if r.coord != nil {
+		r.inOrder(func() { r.commitOverWire(ctx, root, done, part) })
+		return nil
 	}
 	if r.stage != 0 {
 		return nil
 	}
-	// Commits run in step order: committing a later step first would prune the
-	// earlier one's folder as a crash's leftover while its parts arrive.
+	r.inOrder(func() {
+		// A stage that dies before writing its part leaves this commit waiting;
+		// the run then fails and stopping it cancels ctx.
+		m, err := checkpoint.Commit(ctx, root, done, r.stages, r.cfg.TrainingDigest(), r.cfg.Checkpoint.Keep, 20*time.Millisecond)
+		if err != nil {
+			fmt.Fprintf(r.log, "stage 0: %v\n", err)
+			return
+		}
+		fmt.Fprintf(r.log, "checkpoint of step %d committed (%s)\n", m.Step, words.Count(len(m.Parts), "part"))
+	})
+	return nil
+}
+
+// inOrder runs commit in the background after the commits before it: a
+// later step committed first would prune the earlier one's folder as a
+// crash's leftover while its parts arrive.
+func (r *Runtime) inOrder(commit func()) {
 	prev, ended := r.lastCommit, make(chan struct{})
 	r.lastCommit = ended
 	r.commits.Add(1)
@@ -85,24 +122,46 @@ func (r *Runtime) saveCheckpoint(ctx context.Context, done int) error {
 		if prev != nil {
 			<-prev
 		}
-		// A stage that dies before writing its part leaves this commit waiting;
-		// the run then fails and stopping it cancels ctx.
-		m, err := checkpoint.Commit(ctx, root, done, r.stages, r.cfg.TrainingDigest(), r.cfg.Checkpoint.Keep, 20*time.Millisecond)
-		if err != nil {
-			fmt.Fprintf(r.log, "stage 0: %v\n", err)
-			return
-		}
-		fmt.Fprintf(r.log, "checkpoint of step %d committed (%s)\n", m.Step, words.Count(len(m.Parts), "part"))
+		commit()
 	}()
-	return nil
+}
+
+// commitOverWire reports this process's part and, once the coordinator
+// says every part is in, writes the step's manifest into this process's
+// own checkpoint folder. The manifest names every stage's part, though
+// this folder holds one; resuming needs only this process's.
+func (r *Runtime) commitOverWire(ctx context.Context, root string, done int, part checkpoint.Part) {
+	m, err := r.coord.Commit(ctx, done, r.cfg.TrainingDigest(), part)
+	if err != nil {
+		if ctx.Err() == nil {
+			fmt.Fprintf(r.log, "%s: %v\n", r.name(), err)
+		}
+		return
+	}
+	if err := checkpoint.WriteManifest(root, m); err != nil {
+		fmt.Fprintf(r.log, "%s: checkpoint of step %d: %v\n", r.name(), done, err)
+		return
+	}
+	if err := checkpoint.Prune(root, r.cfg.Checkpoint.Keep); err != nil {
+		// Another process pruning the same shared folder; the next commit
+		// prunes again.
+		fmt.Fprintf(r.log, "%s: pruning checkpoints: %v\n", r.name(), err)
+	}
+	if r.stage == 0 && r.replica == 0 {
+		fmt.Fprintf(r.log, "checkpoint of step %d committed (%s, reported over the wire)\n", m.Step, words.Count(len(m.Parts), "part"))
+	}
 }
 
 // restore loads the newest complete checkpoint under the run directory into the
 // stage and returns its step (0 if there is none). Checkpoints that are corrupt or
 // from another config are passed over, saying why, as long as an older one can
-// be used; when none can, resuming is an error.
-func (r *Runtime) restore() (int, error) {
+// be used; when none can, resuming is an error. With a coordinator, the
+// processes agree on the newest step every one of them holds.
+func (r *Runtime) restore(ctx context.Context) (int, error) {
 	root := CheckpointDir(r.runDir)
+	if r.coord != nil {
+		return r.restoreAgreed(ctx, root)
+	}
 	m, skipped, err := checkpoint.Latest(root, r.cfg.TrainingDigest())
 	if err != nil {
 		return 0, err
@@ -123,9 +182,42 @@ func (r *Runtime) restore() (int, error) {
 	if m.Stages != r.stages {
 		return 0, fmt.Errorf("%s: checkpoint has %d stages, the config %d", m.Dir, m.Stages, r.stages)
 	}
-	tensors, meta, err := checkpoint.Read(m.PartPath(r.stage))
+	if err := r.load(m.PartPath(r.stage)); err != nil {
+		return 0, err
+	}
+	// Replica 0 wrote the stage's part; every replica starts from it.
+	fmt.Fprintf(r.log, "%s: resumed from the checkpoint of step %d (%s)\n", r.name(), m.Step, m.Dir)
+	return m.Step, nil
+}
+
+// restoreAgreed resumes from the step the coordinator says every process
+// holds, from this process's own part of it.
+func (r *Runtime) restoreAgreed(ctx context.Context, root string) (int, error) {
+	held, err := checkpoint.HeldParts(root, r.stage, r.cfg.TrainingDigest())
 	if err != nil {
 		return 0, err
+	}
+	step, err := r.coord.Resume(ctx, held)
+	if err != nil {
+		return 0, err
+	}
+	if step == 0 {
+		fmt.Fprintf(r.log, "%s: no checkpoint that every process holds; starting from step 0\n", r.name())
+		return 0, nil
+	}
+	dir := checkpoint.StepDir(root, step)
+	if err := r.load(filepath.Join(dir, checkpoint.PartFile(r.stage))); err != nil {
+		return 0, err
+	}
+	fmt.Fprintf(r.log, "%s: resumed from the checkpoint of step %d, which every process holds (%s)\n", r.name(), step, dir)
+	return step, nil
+}
+
+// load fills the stage's parameters and optimizer state from its part.
+func (r *Runtime) load(path string) error {
+	tensors, meta, err := checkpoint.Read(path)
+	if err != nil {
+		return err
 	}
 	byName := map[string]checkpoint.Tensor{}
 	for _, t := range tensors {
@@ -135,27 +227,25 @@ func (r *Runtime) restore() (int, error) {
 		o := r.optims[c]
 		n, err := strconv.ParseInt(meta[optimStepsKey(c)], 10, 64)
 		if err != nil {
-			return 0, fmt.Errorf("%s: optimizer step count of chunk %d: %w", m.PartPath(r.stage), c, err)
+			return fmt.Errorf("%s: optimizer step count of chunk %d: %w", path, c, err)
 		}
 		o.SetSteps(n)
 		for i, p := range e.Params() {
 			if err := fill(byName, p.Name(), p.Value().(*tensor.Dense)); err != nil {
-				return 0, fmt.Errorf("%s: %w", m.PartPath(r.stage), err)
+				return fmt.Errorf("%s: %w", path, err)
 			}
 			for _, slot := range o.SlotNames() {
 				v, err := o.Slot(slot, i)
 				if err != nil {
-					return 0, err
+					return err
 				}
 				if err := fill(byName, optimName(slot, p.Name()), v); err != nil {
-					return 0, fmt.Errorf("%s: %w", m.PartPath(r.stage), err)
+					return fmt.Errorf("%s: %w", path, err)
 				}
 			}
 		}
 	}
-	// Replica 0 wrote the stage's part; every replica starts from it.
-	fmt.Fprintf(r.log, "%s: resumed from the checkpoint of step %d (%s)\n", r.name(), m.Step, m.Dir)
-	return m.Step, nil
+	return nil
 }
 
 // fill copies a checkpoint tensor into a live one of the same name, shape and dtype.
@@ -205,8 +295,8 @@ func (r *Runtime) rewindLogs(start int) error {
 	return nil
 }
 
-// awaitCommits lets stage 0 finish committing the last checkpoint before the
-// process exits, for at most the receive timeout: every other stage has written
+// awaitCommits lets the process finish committing the last checkpoint before
+// it exits, for at most the receive timeout: every other stage has written
 // its part by the time it finishes the last step.
 func (r *Runtime) awaitCommits(ctx context.Context) {
 	done := make(chan struct{})

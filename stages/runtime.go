@@ -56,6 +56,9 @@ type Options struct {
 	Text *data.Text
 	// Resume continues from the newest complete checkpoint in RunDir, if any.
 	Resume bool
+	// Coordinator commits checkpoints for processes that do not share
+	// RunDir; nil: RunDir is shared, and stage 0 commits by looking at it.
+	Coordinator Coordinator
 }
 
 // Runtime executes one stage's actions, step after step. A stage holds one engine
@@ -99,7 +102,8 @@ type Runtime struct {
 	resume     bool
 	act        activity // what the stage is doing, for status queries
 	layout     *Layout
-	commits    sync.WaitGroup // stage 0's checkpoint commits in progress
+	coord      Coordinator
+	commits    sync.WaitGroup // checkpoint commits in progress
 	lastCommit chan struct{}  // closed when the newest commit has ended
 }
 
@@ -110,7 +114,7 @@ func New(o Options) (*Runtime, error) {
 		return nil, err
 	}
 	c, model, lowered, ranges := l.Config, l.Model, l.Schedule, l.Ranges
-	r := &Runtime{cfg: c, stage: l.Stage, stages: l.Stages, replica: l.Replica, runDir: o.RunDir, log: o.Log, live: newMetrics(l.Stage), resume: o.Resume, layout: l}
+	r := &Runtime{cfg: c, stage: l.Stage, stages: l.Stages, replica: l.Replica, runDir: o.RunDir, log: o.Log, live: newMetrics(l.Stage), resume: o.Resume, layout: l, coord: o.Coordinator}
 	r.mbBase, r.scaleMBs = l.Replica*c.Data.MicroBatches, l.Replicas*c.Data.MicroBatches
 	if r.log == nil {
 		r.log = io.Discard
@@ -285,7 +289,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 	first := 0
 	if r.resume {
 		var err error
-		if first, err = r.restore(); err != nil {
+		if first, err = r.restore(ctx); err != nil {
 			return fmt.Errorf("stage %d: resuming: %w", r.stage, err)
 		}
 		if err := r.rewindLogs(first); err != nil {
@@ -294,8 +298,9 @@ func (r *Runtime) Run(ctx context.Context) error {
 	}
 	// Stage 0 takes part in every step, so no stage can write a checkpoint after
 	// first before this runs. A fresh run clears them all: an older run's
-	// checkpoints in the same directory must never be resumed from.
-	if r.stage == 0 && r.replica == 0 {
+	// checkpoints in the same directory must never be resumed from. Processes
+	// with run directories of their own clear their own.
+	if (r.stage == 0 && r.replica == 0) || r.coord != nil {
 		if err := checkpoint.RemoveAfter(CheckpointDir(r.runDir), first); err != nil {
 			return err
 		}
@@ -380,7 +385,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 				lastLog = now
 			}
 		}
-		if every := r.cfg.Checkpoint.Every; every > 0 && r.replica == 0 && (done%every == 0 || done == r.cfg.Train.Steps) {
+		if every := r.cfg.Checkpoint.Every; every > 0 && r.writesCheckpoints() && (done%every == 0 || done == r.cfg.Train.Steps) {
 			if err := r.saveCheckpoint(commitCtx, done); err != nil {
 				return err
 			}
@@ -393,6 +398,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 	}
 	if r.replica > 0 {
 		// Replica 0 evaluates, and writes what the replicas share.
+		r.awaitCommits(ctx)
 		fmt.Fprintf(r.log, "%s: done in %.1fs\n", r.name(), time.Since(start).Seconds())
 		return nil
 	}

@@ -6,60 +6,116 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"time"
 
 	"github.com/pipetrain/pipetrain/cluster"
 	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/internal/words"
 	"github.com/pipetrain/pipetrain/stages"
 )
+
+// joined is what the rendezvous gives a process.
+type joined struct {
+	lis   net.Listener        // bound, for Connect to serve; nil for a process that serves no links
+	reg   *cluster.Registry   // rank 0's registry; nil at other ranks
+	coord cluster.Coordinator // commits checkpoints and gathers logs through rank 0
+	wait  time.Duration       // how long a coordination may take
+}
+
+// stop ends rank 0's registry, once the job needs it no more.
+func (j *joined) stop() {
+	if j.reg != nil {
+		j.reg.Close()
+	}
+}
 
 // rendezvous publishes where this process listens and learns where every
 // other process does, for a config whose addresses are auto: it binds its
 // socket first (on the interface that reaches the rendezvous host, at the
 // configured port or any free one), rank 0 serves the table, every rank
-// registers, and the config's addresses are replaced by the table's. It
-// returns the bound socket, for Connect to serve, and a stop for rank 0's
-// registry.
-func rendezvous(ctx context.Context, cfg *configs.Config, stage, replica int) (net.Listener, func(), error) {
+// registers, and the config's addresses are replaced by the table's.
+// Rank 0's registry then coordinates the job's checkpoints and logs, so
+// that no process needs another's disk. runDir is where rank 0 gathers
+// the others' logs.
+func rendezvous(ctx context.Context, cfg *configs.Config, stage, replica int, runDir string) (*joined, error) {
 	name := cfg.ProcessName(stage, replica)
 	addr, from, err := cluster.ResolveRendezvous(cfg.Rendezvous, os.Getenv)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", cfg.Path, err)
+		return nil, fmt.Errorf("%s: %w", cfg.Path, err)
 	}
 	rdvHost, _, _ := net.SplitHostPort(addr)
 	lis, err := bindOwn(cfg, stage, replica, rdvHost)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", name, err)
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	link, err := stages.LinkOptions(cfg, stage)
+	j, err := join(ctx, cfg, cfg.Rank(stage, replica), lis.Addr().String(), runDir, addr, from)
 	if err != nil {
 		lis.Close()
-		return nil, nil, err
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	o := cluster.RendezvousOptions{Token: link.Token, TLS: link.TLS, Timeout: cfg.Transport.ConnectTimeout}
-	rank, digest, build := cfg.Rank(stage, replica), cfg.Digest(), cluster.Build()
-	stop := func() {}
-	if rank == 0 {
-		reg, err := cluster.ServeRendezvous(addr, cfg.Processes(), digest, build, o)
-		if err != nil {
-			lis.Close()
-			return nil, nil, fmt.Errorf("%s: serving the rendezvous (%s): %w", name, from, err)
-		}
-		stop = func() { reg.Close() }
-		fmt.Printf("pipetrain: serving the rendezvous for %d processes at %s (%s)\n", cfg.Processes(), reg.Addr(), from)
-	}
-	me := cluster.Entry{Rank: rank, Address: lis.Addr().String(), ConfigDigest: digest, Build: build}
-	table, err := cluster.JoinRendezvous(ctx, addr, me, o)
-	if err != nil {
-		stop()
-		lis.Close()
-		return nil, nil, fmt.Errorf("%s: %w", name, err)
-	}
-	for _, e := range table {
+	j.lis = lis
+	for _, e := range j.table {
 		s, r := cfg.Position(e.Rank)
 		cfg.SetAddress(s, r, e.Address)
 	}
-	fmt.Printf("pipetrain: %s listens on %s; the rendezvous at %s gave every process's address\n", name, me.Address, addr)
-	return lis, stop, nil
+	fmt.Printf("pipetrain: %s listens on %s; the rendezvous at %s gave every process's address\n", name, lis.Addr(), addr)
+	return &j.joined, nil
+}
+
+// tabled is a joined process and the rendezvous's table.
+type tabled struct {
+	joined
+	table []cluster.Entry
+}
+
+// join serves the registry at rank 0 and registers rank at addr with
+// address (where it listens, or a name for a process that does not).
+func join(ctx context.Context, cfg *configs.Config, rank int, address, runDir, addr, from string) (*tabled, error) {
+	stage, _ := cfg.Position(rank)
+	link, err := stages.LinkOptions(cfg, stage)
+	if err != nil {
+		return nil, err
+	}
+	o := cluster.RendezvousOptions{Token: link.Token, TLS: link.TLS, Timeout: cfg.Transport.ConnectTimeout, Replicas: cfg.Replicas()}
+	digest, build := cfg.Digest(), cluster.Build()
+	j := &tabled{joined: joined{coord: cluster.Coordinator{Addr: addr, Rank: rank, Options: o}, wait: o.Timeout}}
+	if rank == 0 {
+		o.GatherDir = runDir
+		reg, err := cluster.ServeRendezvous(addr, cfg.Processes(), digest, build, o)
+		if err != nil {
+			return nil, fmt.Errorf("serving the rendezvous (%s): %w", from, err)
+		}
+		j.reg = reg
+		fmt.Printf("pipetrain: serving the rendezvous for %d processes at %s (%s)\n", cfg.Processes(), reg.Addr(), from)
+	}
+	me := cluster.Entry{Rank: rank, Address: address, ConfigDigest: digest, Build: build}
+	if j.table, err = cluster.JoinRendezvous(ctx, addr, me, o); err != nil {
+		j.stop()
+		return nil, err
+	}
+	return j, nil
+}
+
+// gather brings the run's logs into rank 0's run directory: every other
+// rank sends its own, and rank 0 waits for them all.
+func (j *joined) gather(ctx context.Context, runDir string) error {
+	ctx, cancel := context.WithTimeout(ctx, j.wait)
+	defer cancel()
+	if j.reg != nil {
+		if err := j.reg.WaitGathered(ctx); err != nil {
+			return err
+		}
+		fmt.Printf("pipetrain: the run's logs are in %s\n", runDir)
+		return nil
+	}
+	n, err := j.coord.Gather(ctx, runDir)
+	if err != nil {
+		return fmt.Errorf("rank %d: sending its logs to rank 0: %w", j.coord.Rank, err)
+	}
+	if n > 0 {
+		fmt.Printf("pipetrain: rank %d sent %s to rank 0\n", j.coord.Rank, words.Count(n, "file"))
+	}
+	return nil
 }
 
 // bindOwn binds this process's socket: its configured address, or for

@@ -53,13 +53,13 @@ func stageCmd() *cobra.Command {
 				}
 			}
 			var bound net.Listener
+			var job *joined
 			if cfg.UsesRendezvous() {
-				lis, stop, err := rendezvous(cmd.Context(), cfg, index, replica)
-				if err != nil {
+				if job, err = rendezvous(cmd.Context(), cfg, index, replica, f.runDir); err != nil {
 					return err
 				}
-				defer stop()
-				bound = lis
+				defer job.stop()
+				bound = job.lis
 			}
 			layout, err := stages.NewReplicaLayout(cfg, index, replica)
 			if err != nil {
@@ -74,8 +74,12 @@ func stageCmd() *cobra.Command {
 				return err
 			}
 			defer links.Close()
-			rt, err := stages.New(stages.Options{Layout: layout, Config: cfg, Stage: index, RunDir: f.runDir, Prev: links.Prev, Next: links.Next,
-				ReplicaPrev: links.ReplicaPrev, ReplicaNext: links.ReplicaNext, Log: os.Stdout, Resume: resume})
+			o := stages.Options{Layout: layout, Config: cfg, Stage: index, RunDir: f.runDir, Prev: links.Prev, Next: links.Next,
+				ReplicaPrev: links.ReplicaPrev, ReplicaNext: links.ReplicaNext, Log: os.Stdout, Resume: resume}
+			if job != nil {
+				o.Coordinator = job.coord
+			}
+			rt, err := stages.New(o)
 			if err != nil {
 				return err
 			}
@@ -100,6 +104,9 @@ func stageCmd() *cobra.Command {
 					fmt.Println(statusLine(rt))
 				}
 				return err
+			}
+			if job != nil {
+				return job.gather(cmd.Context(), f.runDir)
 			}
 			return nil
 		},

@@ -1,0 +1,166 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pipetrain/pipetrain/checkpoint"
+	"github.com/pipetrain/pipetrain/stages"
+)
+
+// privateMLP is a 4-stage run long enough to be killed between checkpoints.
+const privateMLP = `model: {name: mlp, dtype: float32, input: 784, hidden: [256, 128, 64], classes: 10}
+data: {batch_size: 64, micro_batches: 4}
+train: {steps: 240, evaluate: true, optimizer: {name: sgd, lr: 0.05, momentum: 0.9}}
+checkpoint: {every: 20, keep: 2}
+schedule: 1f1b
+stages:
+  - {layers: "0", address: auto}
+  - {layers: "1", address: auto}
+  - {layers: "2", address: auto}
+  - {layers: "3", address: auto}
+`
+
+// rankProc is one rank's process, started by hand as an engine would.
+type rankProc struct {
+	rank int
+	pid  int
+	out  *syncBuffer
+	done chan error
+}
+
+// startRanks starts world ranks of cfg, rank r with run directory dirs[r],
+// each with only its rank and the rendezvous in its environment, rank 0
+// last (it serves the rendezvous, and the others wait for it).
+func startRanks(t *testing.T, cfg string, dirs []string, port string, extra ...string) []rankProc {
+	t.Helper()
+	procs := make([]rankProc, len(dirs))
+	for rank := len(dirs) - 1; rank >= 0; rank-- {
+		env := []string{fmt.Sprintf("RANK=%d", rank), fmt.Sprintf("WORLD_SIZE=%d", len(dirs)), "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port}
+		cmd, out, done := start(t, env, append([]string{"stage", "--config", cfg, "--run-dir", dirs[rank]}, extra...)...)
+		procs[rank] = rankProc{rank: rank, pid: cmd.Process.Pid, out: out, done: done}
+	}
+	return procs
+}
+
+// awaitRanks waits for every rank to end, and returns their errors.
+func awaitRanks(t *testing.T, procs []rankProc, timeout time.Duration) []error {
+	t.Helper()
+	errs := make([]error, len(procs))
+	deadline := time.After(timeout)
+	for i, p := range procs {
+		select {
+		case errs[i] = <-p.done:
+		case <-deadline:
+			t.Fatalf("rank %d did not end within %v:\n%s", p.rank, timeout, p.out.String())
+		}
+	}
+	return errs
+}
+
+// awaitCommitted waits until the checkpoint folder root holds the manifest of
+// a step at least step, and returns that step.
+func awaitCommitted(t *testing.T, root string, step int, timeout time.Duration, procs []rankProc) int {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		entries, _ := os.ReadDir(root)
+		for _, e := range entries {
+			n, err := strconv.Atoi(strings.TrimPrefix(e.Name(), "step-"))
+			if err != nil || n < step {
+				continue
+			}
+			if _, err := os.Stat(filepath.Join(root, e.Name(), checkpoint.ManifestName)); err == nil {
+				return n
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+	var outs []string
+	for _, p := range procs {
+		outs = append(outs, p.out.String())
+	}
+	t.Fatalf("no checkpoint of step %d or later committed in %s within %v:\n%s", step, root, timeout, strings.Join(outs, "\n"))
+	return 0
+}
+
+// TestPrivateRunDirectories runs four ranks, each with a run directory of its
+// own, as on hosts that share no disk: checkpoints commit through rank 0's
+// rendezvous with every folder holding only its own part, a rank killed
+// mid-run brings the job down, the restarted ranks agree on the newest
+// checkpoint they all hold and finish bit-identical to the reference, and
+// rank 0's folder ends up with every rank's logs and weights.
+func TestPrivateRunDirectories(t *testing.T) {
+	needData(t)
+	cfg := filepath.Join(t.TempDir(), "private.yaml")
+	if err := os.WriteFile(cfg, []byte(privateMLP), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	refDir := t.TempDir()
+	if r := run(t, 3*time.Minute, nil, "reference", "--config", cfg, "--run-dir", refDir); r.err != nil {
+		t.Fatalf("reference: %v\n%s", r.err, r.out)
+	}
+	dirs := make([]string, 4)
+	for i := range dirs {
+		dirs[i] = t.TempDir()
+	}
+	port := strings.TrimPrefix(freePorts(t, 1)[0], "127.0.0.1:")
+	procs := startRanks(t, cfg, dirs, port, "--resume")
+	committed := awaitCommitted(t, stages.CheckpointDir(dirs[2]), 60, 3*time.Minute, procs)
+	if err := syscall.Kill(procs[2].pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for i, err := range awaitRanks(t, procs, 2*time.Minute) {
+		if err == nil {
+			t.Fatalf("rank %d finished although rank 2 was killed:\n%s", i, procs[i].out.String())
+		}
+	}
+	// Each folder holds its own part and no other.
+	for rank, dir := range dirs {
+		step := checkpoint.StepDir(stages.CheckpointDir(dir), committed)
+		for s := range 4 {
+			_, err := os.Stat(filepath.Join(step, checkpoint.PartFile(s)))
+			if (s == rank) != (err == nil) {
+				t.Errorf("rank %d's folder, step %d: stage %d's part present = %v", rank, committed, s, err == nil)
+			}
+		}
+	}
+
+	port = strings.TrimPrefix(freePorts(t, 1)[0], "127.0.0.1:")
+	procs = startRanks(t, cfg, dirs, port, "--resume")
+	resumed := regexp.MustCompile(`resumed from the checkpoint of step (\d+), which every process holds`)
+	for i, err := range awaitRanks(t, procs, 3*time.Minute) {
+		if err != nil {
+			t.Fatalf("rank %d after the restart: %v\n%s", i, err, procs[i].out.String())
+		}
+		m := resumed.FindStringSubmatch(procs[i].out.String())
+		if m == nil {
+			t.Fatalf("rank %d did not resume from a checkpoint:\n%s", i, procs[i].out.String())
+		}
+		if i == 0 {
+			t.Logf("killed rank 2 once step %d was committed; resumed from step %s", committed, m[1])
+		}
+		if step, _ := strconv.Atoi(m[1]); step < committed {
+			t.Errorf("rank %d resumed from step %d; step %d was committed before the kill", i, step, committed)
+		}
+	}
+	if out := procs[3].out.String(); !strings.Contains(out, "sent") || !strings.Contains(out, "to rank 0") {
+		t.Errorf("rank 3 sent no logs to rank 0:\n%s", out)
+	}
+	sameRun(t, refDir, dirs[0], 240)
+	for s := range 4 {
+		if _, err := os.Stat(filepath.Join(dirs[0], "events", fmt.Sprintf("stage-%d.jsonl", s))); err != nil {
+			t.Errorf("rank 0's folder lacks stage %d's events: %v", s, err)
+		}
+	}
+	if r := run(t, time.Minute, nil, "profile", dirs[0]); r.err != nil || !strings.Contains(r.out, "bubble") {
+		t.Errorf("profile of the gathered folder: %v\n%s", r.err, r.out)
+	}
+}
