@@ -163,4 +163,24 @@ func TestPrivateRunDirectories(t *testing.T) {
 	if r := run(t, time.Minute, nil, "profile", dirs[0]); r.err != nil || !strings.Contains(r.out, "bubble") {
 		t.Errorf("profile of the gathered folder: %v\n%s", r.err, r.out)
 	}
+
+	// gather on demand brings back what rank 0's folder lost.
+	lost := filepath.Join(dirs[0], "events", "stage-3.jsonl")
+	want, _ := os.ReadFile(lost)
+	os.Remove(lost)
+	port = strings.TrimPrefix(freePorts(t, 1)[0], "127.0.0.1:")
+	procs = nil
+	for rank := 3; rank >= 0; rank-- {
+		env := []string{fmt.Sprintf("RANK=%d", rank), "WORLD_SIZE=4", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port}
+		_, out, done := start(t, env, "gather", "--config", cfg, "--run-dir", dirs[rank])
+		procs = append(procs, rankProc{rank: rank, out: out, done: done})
+	}
+	for i, err := range awaitRanks(t, procs, time.Minute) {
+		if err != nil {
+			t.Fatalf("gather, rank %d: %v\n%s", procs[i].rank, err, procs[i].out.String())
+		}
+	}
+	if got, err := os.ReadFile(lost); err != nil || string(got) != string(want) {
+		t.Errorf("gather did not bring back %s intact (%d of %d bytes, %v)", lost, len(got), len(want), err)
+	}
 }

@@ -52,6 +52,6 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(launchCmd(), sampleCmd(), plotCmd(), stageCmd(), referenceCmd(), profileCmd(), simulateCmd(), planCmd(), validateCmd(), certsCmd())
+	root.AddCommand(launchCmd(), sampleCmd(), plotCmd(), stageCmd(), gatherCmd(), referenceCmd(), profileCmd(), simulateCmd(), planCmd(), validateCmd(), certsCmd())
 	return root
 }
