@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pipetrain/pipetrain/checkpoint"
+	"github.com/pipetrain/pipetrain/internal/netns"
 	"github.com/pipetrain/pipetrain/stages"
 )
 
@@ -231,4 +232,119 @@ func TestPrivateRunDirectoriesWithReplicas(t *testing.T) {
 	if sums[0] == sums[2] || fmt.Sprint(sums[:2]) != fmt.Sprint([]string{sums[0], sums[0]}) {
 		t.Errorf("manifests' parts: %v", sums)
 	}
+}
+
+// TestHostsAsNetworkNamespaces runs the four ranks of a job on four hosts
+// (network namespaces on one switch, internal/netns), each started with
+// only its rank and the rendezvous in its environment (and a PATH), the
+// token on, and a run directory that is private to its host: the same path
+// on every host, a different folder behind it, so nothing can lean on a
+// shared disk. The run equals the reference. A second run has host 2's
+// cable pulled after a checkpoint: every rank stops, naming the host that
+// went silent; the restarted ranks resume from the last checkpoint they all
+// committed and end bit-identical to the uninterrupted run.
+func TestHostsAsNetworkNamespaces(t *testing.T) {
+	needData(t)
+	if why := netns.Available(); why != "" {
+		t.Skip(why)
+	}
+	nw, err := netns.New(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nw.Close() })
+	hosts := nw.Hosts()
+
+	tmp := t.TempDir()
+	token := filepath.Join(tmp, "token")
+	if err := os.WriteFile(token, []byte("multi-host-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// One BLAS thread everywhere: a rank alone on its host would otherwise
+	// take every core, and sums over another thread count differ in the
+	// last bits from the reference's.
+	body := strings.Replace(privateMLP, "schedule: 1f1b\n",
+		"schedule: 1f1b\ncompute: {blas_threads: 1}\ntransport: {token_file: "+token+", heartbeat: 500ms, peer_timeout: 2s, recv_timeout: 20s}\n", 1)
+	cfg := filepath.Join(tmp, "hosts.yaml")
+	if err := os.WriteFile(cfg, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	refDir := t.TempDir()
+	if r := run(t, 3*time.Minute, nil, "reference", "--config", cfg, "--run-dir", refDir); r.err != nil {
+		t.Fatalf("reference: %v\n%s", r.err, r.out)
+	}
+	runDir := filepath.Join(tmp, "run") // every host's, each with its own folder behind it
+	startOnHosts := func(dirs []string) []rankProc {
+		procs := make([]rankProc, len(hosts))
+		for rank := len(hosts) - 1; rank >= 0; rank-- {
+			h := hosts[rank]
+			cmd := h.Command([]netns.Mount{{Source: dirs[rank], Target: runDir}}, binary,
+				"stage", "--config", cfg, "--run-dir", runDir, "--resume")
+			cmd.Env = []string{"PATH=/usr/bin:/bin", fmt.Sprintf("RANK=%d", rank), "WORLD_SIZE=4", "MASTER_ADDR=" + hosts[0].Addr, "MASTER_PORT=29400"}
+			out := &syncBuffer{}
+			cmd.Stdout, cmd.Stderr = out, out
+			if err := cmd.Start(); err != nil {
+				t.Fatalf("rank %d on %s: %v", rank, h.Name, err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			t.Cleanup(func() { cmd.Process.Kill() })
+			procs[rank] = rankProc{rank: rank, pid: cmd.Process.Pid, out: out, done: done}
+		}
+		return procs
+	}
+	folders := func() []string {
+		dirs := make([]string, len(hosts))
+		for i := range dirs {
+			dirs[i] = t.TempDir()
+		}
+		return dirs
+	}
+
+	whole := folders()
+	for i, err := range awaitRanks(t, startOnHosts(whole), 3*time.Minute) {
+		if err != nil {
+			t.Fatalf("rank %d: %v", i, err)
+		}
+	}
+	sameRun(t, refDir, whole[0], 240)
+	for rank, dir := range whole[1:] {
+		if _, err := os.Stat(filepath.Join(dir, "metrics.jsonl")); (rank+1 == 3) != (err == nil) {
+			t.Errorf("host %d's folder: metrics.jsonl present = %v; only the last stage's host writes it", rank+1, err == nil)
+		}
+	}
+
+	cut := folders()
+	procs := startOnHosts(cut)
+	committed := awaitCommitted(t, stages.CheckpointDir(cut[2]), 60, 3*time.Minute, procs)
+	if err := hosts[2].Cut(); err != nil {
+		t.Fatal(err)
+	}
+	pulled := time.Now()
+	errs := awaitRanks(t, procs, 2*time.Minute)
+	t.Logf("host 2's cable pulled after step %d was committed; every rank stopped within %v", committed, time.Since(pulled).Round(100*time.Millisecond))
+	named := false
+	for i, err := range errs {
+		if err == nil {
+			t.Fatalf("rank %d finished although host 2 was cut off:\n%s", i, procs[i].out.String())
+		}
+		// "waiting for gradient ... from stage 2 (10.231.X.3:PORT): ...".
+		named = named || strings.Contains(procs[i].out.String(), "from stage 2 ("+hosts[2].Addr+":")
+	}
+	if !named {
+		t.Errorf("no rank named host 2 (%s):\n%s\n%s", hosts[2].Addr, procs[1].out.String(), procs[3].out.String())
+	}
+	if err := hosts[2].Restore(); err != nil {
+		t.Fatal(err)
+	}
+	procs = startOnHosts(cut)
+	for i, err := range awaitRanks(t, procs, 3*time.Minute) {
+		if err != nil {
+			t.Fatalf("rank %d after the restart: %v\n%s", i, err, procs[i].out.String())
+		}
+		if !strings.Contains(procs[i].out.String(), "which every process holds") {
+			t.Fatalf("rank %d did not resume from a checkpoint:\n%s", i, procs[i].out.String())
+		}
+	}
+	sameRun(t, whole[0], cut[0], 240)
 }

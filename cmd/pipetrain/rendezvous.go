@@ -124,7 +124,7 @@ func (j *joined) gather(ctx context.Context, runDir string) error {
 func bindOwn(cfg *configs.Config, stage, replica int, rdvHost string) (net.Listener, error) {
 	a := cfg.Address(stage, replica)
 	if port, auto := configs.AutoPort(a); auto {
-		host, err := cluster.LocalAddressFor(rdvHost)
+		host, err := localAddressFor(rdvHost, cfg.Transport.ConnectTimeout, cluster.LocalAddressFor)
 		if err != nil {
 			return nil, err
 		}
@@ -135,4 +135,25 @@ func bindOwn(cfg *configs.Config, stage, replica int, rdvHost string) (net.Liste
 		return nil, fmt.Errorf("cannot listen on %s: %w", a, err)
 	}
 	return lis, nil
+}
+
+// localAddressFor is route (cluster.LocalAddressFor), retried for up to
+// wait: a cluster's DNS may publish rank 0's name a moment after this rank
+// starts (a Kubernetes pod's record appears once the pod is ready).
+func localAddressFor(host string, wait time.Duration, route func(string) (string, error)) (string, error) {
+	deadline := time.Now().Add(wait)
+	pause := 100 * time.Millisecond
+	said := false
+	for {
+		addr, err := route(host)
+		if err == nil || time.Now().Add(pause).After(deadline) {
+			return addr, err
+		}
+		if !said {
+			fmt.Printf("pipetrain: waiting for the rendezvous host %s: %v\n", host, err)
+			said = true
+		}
+		time.Sleep(pause)
+		pause = min(2*pause, 2*time.Second)
+	}
 }
