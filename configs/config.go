@@ -57,6 +57,8 @@ type Config struct {
 
 	// Path is the file the config was read from; it is not part of the digest.
 	Path string `mapstructure:"-" json:"-"`
+	// addressesGiven records that the rendezvous replaced auto addresses.
+	addressesGiven bool
 
 	// env maps each key a PIPETRAIN_* variable set to that variable, so that
 	// problems with the key name it; keyProblems are the unknown keys and

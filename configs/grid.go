@@ -164,7 +164,13 @@ func AutoPort(a string) (port int, ok bool) {
 // when the config names one (rank 0 then also coordinates checkpoints and
 // logs, so the run directory need not be shared).
 func (c *Config) UsesRendezvous() bool {
-	if c.Rendezvous != "" {
+	return c.Rendezvous != "" || c.AutoAddresses()
+}
+
+// AutoAddresses reports whether any process's address is auto, known only
+// at run time, or was before the rendezvous gave it (SetAddress).
+func (c *Config) AutoAddresses() bool {
+	if c.addressesGiven {
 		return true
 	}
 	for s := range c.Stages {
@@ -180,6 +186,9 @@ func (c *Config) UsesRendezvous() bool {
 // SetAddress replaces the address of stage s, replica r (with one the
 // rendezvous gave), keeping Address replica 0's.
 func (c *Config) SetAddress(s, r int, addr string) {
+	if _, auto := AutoPort(c.Address(s, r)); auto {
+		c.addressesGiven = true
+	}
 	st := &c.Stages[s]
 	if c.Replicas() > 1 || len(st.Addresses) > 0 {
 		for len(st.Addresses) < c.Replicas() {

@@ -242,7 +242,8 @@ func TestPrivateRunDirectoriesWithReplicas(t *testing.T) {
 // shared disk. The run equals the reference. A second run has host 2's
 // cable pulled after a checkpoint: every rank stops, naming the host that
 // went silent; the restarted ranks resume from the last checkpoint they all
-// committed and end bit-identical to the uninterrupted run.
+// committed and end bit-identical to the uninterrupted run. A third run
+// guards the links with mutual TLS instead of the token.
 func TestHostsAsNetworkNamespaces(t *testing.T) {
 	needData(t)
 	if why := netns.Available(); why != "" {
@@ -347,4 +348,23 @@ func TestHostsAsNetworkNamespaces(t *testing.T) {
 		}
 	}
 	sameRun(t, whole[0], cut[0], 240)
+
+	// Mutual TLS instead of the token: certificates made before the job
+	// cannot name hosts it gets at run time, so they name the job, and
+	// every dial (the rendezvous's too) checks that name.
+	pki := filepath.Join(tmp, "pki")
+	tlsBody := strings.Replace(body, "transport: {token_file: "+token+",",
+		"transport: {tls: {ca: '"+pki+"/ca.pem', cert: '"+pki+"/stage-{stage}.pem', key: '"+pki+"/stage-{stage}-key.pem'},", 1)
+	if err := os.WriteFile(cfg, []byte(tlsBody), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r := run(t, time.Minute, nil, "certs", "--config", cfg, "--out", pki); r.err != nil {
+		t.Fatalf("certs: %v\n%s", r.err, r.out)
+	}
+	procs = startOnHosts(folders())
+	for i, err := range awaitRanks(t, procs, 3*time.Minute) {
+		if err != nil {
+			t.Fatalf("rank %d with mutual TLS: %v\n%s", i, err, procs[i].out.String())
+		}
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/internal/certs"
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/transport"
 )
@@ -154,6 +155,9 @@ func LinkOptions(c *configs.Config, i int) (transport.Options, error) {
 	if c.Transport.TLS.Enabled() {
 		if opts.TLS, err = transport.LoadTLS(c.TLSFiles(i)); err != nil {
 			return transport.Options{}, fmt.Errorf("stage %d: transport.tls: %w", i, err)
+		}
+		if c.AutoAddresses() {
+			opts.TLS.ServerName = certs.JobName
 		}
 	}
 	return opts, nil

@@ -40,6 +40,11 @@ const badTokenMsg = "bad or missing token (transport.token or transport.token_fi
 type TLS struct {
 	Cert tls.Certificate
 	CA   *x509.CertPool
+	// ServerName, when set, is the name a dialer requires in the
+	// listener's certificate instead of the dialed host: for a job whose
+	// addresses are given at run time, which certificates made beforehand
+	// cannot name.
+	ServerName string
 }
 
 // LoadTLS reads PEM files: the CA's certificate and this stage's certificate
@@ -95,6 +100,7 @@ func (t *TLS) clientConfig() *tls.Config {
 	return &tls.Config{
 		Certificates: []tls.Certificate{t.Cert},
 		RootCAs:      t.CA,
+		ServerName:   t.ServerName,
 		MinVersion:   tls.VersionTLS13,
 	}
 }

@@ -304,6 +304,29 @@ func TestMutualTLS(t *testing.T) {
 		}
 		t.Log(err)
 	})
+	t.Run("listener named by the job, not its host", func(t *testing.T) {
+		// A job whose addresses are given at run time: the certificate
+		// names the job, and the dialer checks that name.
+		p, err := ca.Issue("stage 2", []string{certs.JobName}, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		caPEM, _ := ca.PEM()
+		id, err := NewTLS(caPEM.Cert, p.Cert, p.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv, _ := tlsServer(t, down, id)
+		_, err = Dial(ctxT(t, 10*time.Second), srv.Addr(), up, Options{TLS: issue(t, ca, ca, "stage 1"), ConnectTimeout: 10 * time.Second})
+		if err == nil || !strings.Contains(err.Error(), "its TLS certificate is not trusted") {
+			t.Fatalf("checking the dialed host: %v", err)
+		}
+		byName := issue(t, ca, ca, "stage 1")
+		byName.ServerName = certs.JobName
+		accepted := acceptAsync(t, srv, 10*time.Second)
+		ul, dl := join(t, accepted, srv.Addr(), up, Options{TLS: byName})
+		exchange(t, ul, dl, 3, []int{8})
+	})
 	t.Run("TLS dialer, plain-text listener", func(t *testing.T) {
 		srv, err := Listen("127.0.0.1:0", down, Options{})
 		if err != nil {

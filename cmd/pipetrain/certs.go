@@ -25,8 +25,10 @@ func certsCmd() *cobra.Command {
 		Long: `Make a test CA and one TLS certificate per stage, for transport.tls.
 
 Writes DIR/ca.pem, DIR/ca-key.pem and DIR/stage-N.pem, DIR/stage-N-key.pem for
-every stage in the config. Each certificate names its stage's host and the
-loopback names, and serves to both listen and dial. Prints the transport.tls
+every stage in the config. Each certificate names its stage's hosts (every
+replica's), the job's name "pipetrain-job" and the loopback names, and serves
+to both listen and dial. A job whose addresses are auto, known only at run
+time, checks that name instead of the host dialed. Prints the transport.tls
 settings to add to the config. See docs/security.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -63,18 +65,22 @@ settings to add to the config. See docs/security.md.`,
 	return c
 }
 
-// stageAddresses lists the stages' addresses, checked as far as a
-// certificate needs them, since the config was not validated.
-func stageAddresses(cfg *configs.Config) ([]string, error) {
+// stageAddresses lists each stage's addresses (one per replica), checked as
+// far as a certificate needs them, since the config was not validated.
+func stageAddresses(cfg *configs.Config) ([][]string, error) {
 	if len(cfg.Stages) == 0 {
 		return nil, fmt.Errorf("%s: stages: no stages to make certificates for", cfg.Path)
 	}
-	var addresses []string
+	var addresses [][]string
 	for i, s := range cfg.Stages {
-		if _, err := certs.StageHosts(s.Address); err != nil {
-			return nil, fmt.Errorf("%s: stages[%d].address: %v", cfg.Path, i, err)
+		field, list := "address", []string{s.Address}
+		if len(s.Addresses) > 0 {
+			field, list = "addresses", s.Addresses
 		}
-		addresses = append(addresses, s.Address)
+		if _, err := certs.StageHosts(list...); err != nil {
+			return nil, fmt.Errorf("%s: stages[%d].%s: %v", cfg.Path, i, field, err)
+		}
+		addresses = append(addresses, list)
 	}
 	return addresses, nil
 }

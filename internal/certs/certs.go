@@ -18,6 +18,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -126,21 +127,39 @@ func encode(der []byte, key *ecdsa.PrivateKey) (Pair, error) {
 // each other by any of them.
 var loopback = []string{"127.0.0.1", "::1", "localhost"}
 
-// StageHosts lists the names a stage's certificate must carry: the host of
-// its host:port address, then the loopback names, without repeats.
-func StageHosts(address string) ([]string, error) {
-	host, _, err := net.SplitHostPort(address)
-	if err != nil {
-		return nil, fmt.Errorf("%q is not host:port: %w", address, err)
-	}
-	if host == "" {
-		return nil, fmt.Errorf("%q has no host to name in a certificate", address)
-	}
-	hosts := []string{host}
-	for _, h := range loopback {
-		if !sameHost(h, host) {
+// JobName is in every stage certificate too. A job whose addresses are
+// given at run time (address: auto) cannot name its hosts in a certificate
+// made beforehand, so its dialers check the listener's certificate for
+// this name instead of the dialed host (transport.TLS.ServerName): any
+// certificate the job's CA signed then passes, as any stage's would.
+const JobName = "pipetrain-job"
+
+// StageHosts lists the names a stage's certificate must carry: the hosts of
+// its host:port addresses (one per replica), then JobName and the loopback
+// names, without repeats. An auto address names no host.
+func StageHosts(addresses ...string) ([]string, error) {
+	var hosts []string
+	add := func(h string) {
+		if !slices.ContainsFunc(hosts, func(o string) bool { return sameHost(o, h) }) {
 			hosts = append(hosts, h)
 		}
+	}
+	for _, address := range addresses {
+		if address == "auto" || strings.HasPrefix(address, "auto:") {
+			continue
+		}
+		host, _, err := net.SplitHostPort(address)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not host:port: %w", address, err)
+		}
+		if host == "" {
+			return nil, fmt.Errorf("%q has no host to name in a certificate", address)
+		}
+		add(host)
+	}
+	add(JobName)
+	for _, h := range loopback {
+		add(h)
 	}
 	return hosts, nil
 }
@@ -173,11 +192,12 @@ func FileNames(dir string, stages int) Files {
 	return f
 }
 
-// Write makes a new CA and one certificate per stage address in dir (see
-// FileNames). Keys are written readable by their owner only. Existing files
-// are kept, and Write fails, unless overwrite is set: a new CA would make
-// every certificate it did not sign useless.
-func Write(dir string, addresses []string, validFor time.Duration, overwrite bool) (Files, error) {
+// Write makes a new CA and one certificate per stage in dir (see
+// FileNames), for the stage's addresses (one per replica). Keys are written
+// readable by their owner only. Existing files are kept, and Write fails,
+// unless overwrite is set: a new CA would make every certificate it did not
+// sign useless.
+func Write(dir string, addresses [][]string, validFor time.Duration, overwrite bool) (Files, error) {
 	files := FileNames(dir, len(addresses))
 	if !overwrite {
 		if err := checkAbsent(files); err != nil {
@@ -186,7 +206,7 @@ func Write(dir string, addresses []string, validFor time.Duration, overwrite boo
 	}
 	hosts := make([][]string, len(addresses))
 	for i, a := range addresses {
-		h, err := StageHosts(a)
+		h, err := StageHosts(a...)
 		if err != nil {
 			return files, fmt.Errorf("stage %d: %w", i, err)
 		}

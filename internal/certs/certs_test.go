@@ -39,7 +39,7 @@ func TestStageCertificate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"10.1.2.3", "127.0.0.1", "::1", "localhost"}; !slices.Equal(hosts, want) {
+	if want := []string{"10.1.2.3", JobName, "127.0.0.1", "::1", "localhost"}; !slices.Equal(hosts, want) {
 		t.Errorf("hosts %v, want %v", hosts, want)
 	}
 	p, err := ca.Issue("pipetrain stage 2", hosts, time.Hour)
@@ -82,11 +82,19 @@ func TestStageHostsByName(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"gpu-node-3", "127.0.0.1", "::1", "localhost"}; !slices.Equal(hosts, want) {
+	if want := []string{"gpu-node-3", JobName, "127.0.0.1", "::1", "localhost"}; !slices.Equal(hosts, want) {
 		t.Errorf("hosts %v, want %v", hosts, want)
 	}
-	if hosts, _ := StageHosts("[::1]:7102"); !slices.Equal(hosts, []string{"::1", "127.0.0.1", "localhost"}) {
+	if hosts, _ := StageHosts("[::1]:7102"); !slices.Equal(hosts, []string{"::1", JobName, "127.0.0.1", "localhost"}) {
 		t.Errorf("loopback host repeated: %v", hosts)
+	}
+	// Every replica's host, once; an auto address names none.
+	hosts, err = StageHosts("node-1:7102", "node-2:7102", "node-1:7112", "auto", "auto:7100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"node-1", "node-2", JobName, "127.0.0.1", "::1", "localhost"}; !slices.Equal(hosts, want) {
+		t.Errorf("replicas' hosts %v, want %v", hosts, want)
 	}
 	for _, bad := range []string{"7102", ":7102"} {
 		if _, err := StageHosts(bad); err == nil {
@@ -97,7 +105,7 @@ func TestStageHostsByName(t *testing.T) {
 
 func TestWrite(t *testing.T) {
 	dir := t.TempDir() + "/certs"
-	files, err := Write(dir, []string{"127.0.0.1:7101", "127.0.0.1:7102"}, time.Hour, false)
+	files, err := Write(dir, [][]string{{"127.0.0.1:7101"}, {"127.0.0.1:7102"}}, time.Hour, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,12 +127,12 @@ func TestWrite(t *testing.T) {
 		}
 	}
 
-	_, err = Write(dir, []string{"127.0.0.1:7101"}, time.Hour, false)
+	_, err = Write(dir, [][]string{{"127.0.0.1:7101"}}, time.Hour, false)
 	if !errors.Is(err, ErrExists) || !strings.HasPrefix(err.Error(), dir+"/ca.pem: exists") {
 		t.Errorf("second Write without overwrite: %v", err)
 	}
 	os.Chmod(files.StageKey[0], 0o644)
-	if _, err := Write(dir, []string{"127.0.0.1:7101"}, time.Hour, true); err != nil {
+	if _, err := Write(dir, [][]string{{"127.0.0.1:7101"}}, time.Hour, true); err != nil {
 		t.Fatal(err)
 	}
 	if st, _ := os.Stat(files.StageKey[0]); st.Mode().Perm() != 0o600 {
