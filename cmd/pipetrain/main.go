@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -46,12 +47,44 @@ func signalContext() (context.Context, func()) {
 
 // newRoot is the pipetrain command with every subcommand.
 func newRoot() *cobra.Command {
+	var cpuProfile string
+	var stopProfile func()
 	root := &cobra.Command{
 		Use:           "pipetrain",
 		Short:         "Pipeline-parallel training: one process per stage, gRPC between them",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		PersistentPreRunE: func(*cobra.Command, []string) error {
+			if cpuProfile == "" {
+				return nil
+			}
+			var err error
+			stopProfile, err = startCPUProfile(cpuProfile)
+			return err
+		},
+		PersistentPostRun: func(*cobra.Command, []string) {
+			if stopProfile != nil {
+				stopProfile()
+			}
+		},
 	}
+	root.PersistentFlags().StringVar(&cpuProfile, "cpuprofile", "", "write a Go CPU profile of this process to `FILE` (go tool pprof FILE)")
 	root.AddCommand(launchCmd(), sampleCmd(), plotCmd(), stageCmd(), gatherCmd(), referenceCmd(), profileCmd(), simulateCmd(), planCmd(), validateCmd(), certsCmd())
 	return root
+}
+
+// startCPUProfile profiles this process into path until the returned stop.
+func startCPUProfile(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }
