@@ -8,10 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
@@ -242,8 +240,15 @@ func (r *Registry) receiveFile(c *transport.ServiceStream, first fileChunk) erro
 	}
 	h := sha256.New()
 	var sum string
-	tmp := dst + ".gathering"
-	err := checkpoint.WriteAtomic(tmp, func(w io.Writer) error {
+	// A temporary name of this call's own: two ranks may send the same
+	// file (the same bytes) at once.
+	f, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".gathering-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	f.Close()
+	err = checkpoint.WriteAtomic(tmp, func(w io.Writer) error {
 		chunk := first
 		for {
 			if chunk.Path != first.Path {
@@ -399,34 +404,23 @@ func (co Coordinator) Resume(ctx context.Context, held []checkpoint.Held) (int, 
 	return *reply.Resume, nil
 }
 
-// Gather sends every file of runDir but its checkpoints to rank 0's run
-// directory, unless runDir is that directory, and returns how many files
-// travelled. Only a rank's own files are in a run directory of its own;
-// in a shared one nothing travels.
-func (co Coordinator) Gather(ctx context.Context, runDir string) (int, error) {
+// Gather sends files (relative to runDir; those that exist) to rank 0's
+// run directory, unless runDir is that directory, and returns how many
+// travelled. files must be this rank's own (stages.Outputs): ranks that
+// share a folder other than rank 0's each send theirs.
+func (co Coordinator) Gather(ctx context.Context, runDir string, files []string) (int, error) {
 	id, _ := os.ReadFile(filepath.Join(runDir, gatherIDFile))
-	var files []string
-	if err := filepath.WalkDir(runDir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
+	var present []string
+	for _, rel := range files {
+		if st, err := os.Stat(filepath.Join(runDir, rel)); err == nil && st.Mode().IsRegular() {
+			present = append(present, rel)
 		}
-		rel, _ := filepath.Rel(runDir, path)
-		switch {
-		case d.IsDir() && rel == "checkpoints":
-			return filepath.SkipDir
-		case d.Type().IsRegular() && !strings.HasPrefix(d.Name(), "."):
-			files = append(files, rel)
-		}
-		return nil
-	}); err != nil {
-		return 0, err
 	}
-	slices.Sort(files)
 	reply, err := co.exchange(ctx, message{Gather: &gatherStart{Rank: co.Rank, ID: string(id)}}, func(c *transport.ServiceStream, m message) (bool, error) {
 		if m.Gather == nil {
 			return false, nil // the final reply
 		}
-		return true, sendFiles(c, runDir, files)
+		return true, sendFiles(c, runDir, present)
 	})
 	if err != nil {
 		return 0, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -129,13 +130,16 @@ func TestGatherCopiesPrivateRunDirectories(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	n, err := Coordinator{Addr: reg.Addr(), Rank: 2}.Gather(context.Background(), private)
+	own := []string{"events/stage-2.jsonl", "weights/stage-2.safetensors", "events/absent.jsonl"}
+	n, err := Coordinator{Addr: reg.Addr(), Rank: 2}.Gather(context.Background(), private, own)
 	if err != nil || n != 2 {
-		t.Fatalf("gather: %d files, %v; want 2", n, err)
+		t.Fatalf("gather: %d files, %v; want the 2 that exist", n, err)
 	}
+	_, err = Coordinator{Addr: reg.Addr(), Rank: 2}.Gather(context.Background(), private, []string{"checkpoints/step-10/stage-2.x"})
+	rvWantErr(t, "a checkpoint", err, "not a log of the run directory")
 	for rel, body := range files {
 		got, err := os.ReadFile(filepath.Join(root, rel))
-		sent := !strings.HasPrefix(rel, ".") && !strings.HasPrefix(rel, "checkpoints")
+		sent := slices.Contains(own, rel)
 		if sent && (err != nil || string(got) != body) {
 			t.Fatalf("%s: not gathered intact (%d bytes, %v)", rel, len(got), err)
 		}
@@ -143,8 +147,27 @@ func TestGatherCopiesPrivateRunDirectories(t *testing.T) {
 			t.Fatalf("%s was gathered", rel)
 		}
 	}
+	// Two ranks sending the same file at once: both succeed, one copy lands.
+	errs := make(chan error, 2)
+	for rank := 1; rank <= 2; rank++ {
+		go func() {
+			_, err := Coordinator{Addr: reg.Addr(), Rank: rank}.Gather(context.Background(), private, own[:1])
+			errs <- err
+		}()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatalf("concurrent gathers: %v", err)
+		}
+	}
+	if got, _ := os.ReadFile(filepath.Join(root, own[0])); string(got) != files[own[0]] {
+		t.Fatalf("%s damaged by concurrent gathers", own[0])
+	}
+	if left, _ := filepath.Glob(filepath.Join(root, "events", ".*gathering*")); len(left) != 0 {
+		t.Fatalf("temporary files left: %v", left)
+	}
 	// Rank 1 shares rank 0's directory: nothing travels.
-	n, err = Coordinator{Addr: reg.Addr(), Rank: 1}.Gather(context.Background(), root)
+	n, err = Coordinator{Addr: reg.Addr(), Rank: 1}.Gather(context.Background(), root, own)
 	if err != nil || n != 0 {
 		t.Fatalf("shared gather: %d files, %v; want 0", n, err)
 	}
@@ -153,7 +176,7 @@ func TestGatherCopiesPrivateRunDirectories(t *testing.T) {
 	if err := reg.WaitGathered(ctx); err != nil {
 		t.Fatal(err)
 	}
-	_, err = Coordinator{Addr: reg.Addr(), Rank: 0}.Gather(context.Background(), private)
+	_, err = Coordinator{Addr: reg.Addr(), Rank: 0}.Gather(context.Background(), private, own)
 	rvWantErr(t, "rank 0", err, "refused to gather rank 0")
 }
 

@@ -7,12 +7,15 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/pipetrain/pipetrain/internal/netns"
 )
 
 // needSlurm skips a test unless it can bring up a one-node Slurm cluster:
@@ -34,11 +37,21 @@ func needSlurm(t *testing.T) {
 // returns the environment its commands need.
 func slurmCluster(t *testing.T) []string {
 	t.Helper()
+	env, _ := slurmNodes(t, 1)
+	return env
+}
+
+// slurmNodes brings up testcluster.sh's cluster of n nodes (n > 1: each a
+// network namespace on a private bridge) in a temporary directory, torn down
+// when the test ends however it ends, and returns the environment its
+// commands need and that directory. upEnv goes to testcluster.sh up.
+func slurmNodes(t *testing.T, n int, upEnv ...string) (env []string, dir string) {
+	t.Helper()
 	script, err := filepath.Abs("../deploy/slurm/testcluster.sh")
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
+	dir = t.TempDir()
 	// Registered before up: up that fails halfway stops what it started too,
 	// and down on what never ran does nothing.
 	t.Cleanup(func() {
@@ -47,14 +60,18 @@ func slurmCluster(t *testing.T) []string {
 		}
 	})
 	ports := freePorts(t, 2)
-	up := exec.Command(script, "up", dir)
-	up.Env = append(os.Environ(),
+	args := []string{"up", dir}
+	if n > 1 {
+		args = append(args, strconv.Itoa(n))
+	}
+	up := exec.Command(script, args...)
+	up.Env = append(append(os.Environ(),
 		"SLURMCTLD_PORT="+strings.TrimPrefix(ports[0], "127.0.0.1:"),
-		"SLURMD_PORT="+strings.TrimPrefix(ports[1], "127.0.0.1:"))
+		"SLURMD_PORT="+strings.TrimPrefix(ports[1], "127.0.0.1:")), upEnv...)
 	if out, err := up.CombinedOutput(); err != nil {
 		t.Fatalf("testcluster.sh up: %v\n%s", err, out)
 	}
-	return []string{"SLURM_CONF=" + filepath.Join(dir, "slurm.conf")}
+	return []string{"SLURM_CONF=" + filepath.Join(dir, "slurm.conf")}, dir
 }
 
 // slurm runs a Slurm command and returns its output, failing the test if it fails.
@@ -261,4 +278,79 @@ func TestSlurmBatchTrainsAndRequeueResumes(t *testing.T) {
 		t.Errorf("the requeued job started over:\n%s", text)
 	}
 	sameRun(t, clean, dir, steps)
+}
+
+// TestSlurmAcrossNodes submits deploy/slurm/pipetrain.sbatch to a two-node
+// Slurm cluster whose slurmds run on hosts of their own (testcluster.sh up
+// DIR 2: network namespaces on a private bridge), two tasks per node, with
+// a run directory that is node-local: the same path on both nodes, a
+// different folder bound over it in each slurmd's mount namespace. The job
+// completes; the rendezvous is at the first node's address, the ranks listen
+// on both nodes' addresses, and rank 0's folder, to which the other ranks'
+// files come home at the end, equals the reference bit for bit.
+func TestSlurmAcrossNodes(t *testing.T) {
+	needData(t)
+	needSlurm(t)
+	if why := netns.Available(); why != "" {
+		t.Skip(why)
+	}
+	if _, err := exec.LookPath("nsenter"); err != nil {
+		t.Skip("needs nsenter (util-linux)")
+	}
+	const steps = 80
+	local := t.TempDir() // node-local on each node; empty here
+	env, dir := slurmNodes(t, 2, "NODE_LOCAL="+local)
+	var nodes, x int
+	if text, err := os.ReadFile(filepath.Join(dir, "nodes")); err != nil {
+		t.Fatal(err)
+	} else if _, err := fmt.Sscan(string(text), &nodes, &x); err != nil || nodes != 2 {
+		t.Fatalf("testcluster.sh's %s/nodes: %q", dir, text)
+	}
+	addrs := []string{fmt.Sprintf("10.232.%d.1", x), fmt.Sprintf("10.232.%d.2", x)}
+	cfg := slurmConfig(t, steps)
+	batch, err := filepath.Abs("../deploy/slurm/pipetrain.sbatch")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refDir := t.TempDir()
+	if r := run(t, 3*time.Minute, nil, "reference", "--config", cfg, "--run-dir", refDir); r.err != nil {
+		t.Fatalf("reference: %v\n%s", r.err, r.out)
+	}
+
+	work := t.TempDir()
+	runDir := filepath.Join(local, "run")
+	jobEnv := append([]string{"PIPETRAIN=" + binary, "MASTER_PORT=29400"}, env...)
+	id := slurm(t, jobEnv, "sbatch", "--parsable", "--chdir", work, "--output", filepath.Join(work, "slurm-%j.out"),
+		"--nodes=2", "--ntasks-per-node=2", "--ntasks=4", batch, cfg, runDir)
+	output := filepath.Join(work, "slurm-"+id+".out")
+	awaitJob(t, env, id, output, 3*time.Minute, "COMPLETED")
+	text := readFile(output)
+	if want := "pipetrain.sbatch: 4 tasks on node[1-2], rendezvous " + addrs[0] + ":29400"; !strings.Contains(text, want) {
+		t.Errorf("job %s's output lacks %q:\n%s", id, want, text)
+	}
+	for rank := range 4 {
+		for _, want := range []string{
+			fmt.Sprintf("%d: pipetrain: rank %d of 4 from SLURM_PROCID/SLURM_NTASKS (Slurm): stage %d", rank, rank, rank),
+			// Block distribution: ranks 0 and 1 on node1, 2 and 3 on node2.
+			fmt.Sprintf("%d: pipetrain: stage %d listens on %s:", rank, rank, addrs[rank/2]),
+			fmt.Sprintf("%d: stage %d: done", rank, rank),
+		} {
+			if !strings.Contains(text, want) {
+				t.Errorf("job %s's output lacks %q:\n%s", id, want, text)
+			}
+		}
+	}
+	if want := "the rendezvous at " + addrs[0] + ":29400 gave every process's address"; strings.Count(text, want) != 4 {
+		t.Errorf("not every rank used the rendezvous at %s:29400:\n%s", addrs[0], text)
+	}
+	if left, _ := os.ReadDir(local); len(left) > 0 {
+		t.Errorf("the job wrote into %s outside the nodes: %v", local, left)
+	}
+	node := func(k int) string { return filepath.Join(dir, fmt.Sprintf("node%d", k), "local", "run") }
+	for k := 1; k <= 2; k++ {
+		if m, _ := filepath.Glob(filepath.Join(node(k), "checkpoints", "*", "manifest.json")); len(m) == 0 {
+			t.Errorf("node%d's run directory holds no committed checkpoint", k)
+		}
+	}
+	sameRun(t, refDir, node(1), steps)
 }

@@ -13,12 +13,36 @@ import (
 	G "gorgonia.org/gorgonia"
 
 	"github.com/pipetrain/pipetrain/checkpoint"
+	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/runlog"
 	"github.com/pipetrain/pipetrain/schedule"
 )
 
 // The files a run directory holds beside the event logs and checkpoints:
 // run.json, metrics.jsonl, eval.json and the final weights.
+
+// Outputs lists the files of a run directory (relative paths) that the
+// process of stage, replica writes, checkpoints aside: its event log and
+// clock, and for replica 0 its final weights, run.json (stage 0) and the
+// metrics and evaluation (the last stage). These are what the process
+// sends to rank 0 when the ranks do not share a run directory: processes
+// that share another folder each send their own, never a neighbour's that
+// may still be being written.
+func Outputs(c *configs.Config, stage, replica int) []string {
+	rel := func(path string) string { return strings.TrimPrefix(path, "/") }
+	out := []string{rel(runlog.ReplicaEventsFile("", stage, replica)), rel(runlog.ReplicaClockFile("", stage, replica))}
+	if replica != 0 {
+		return out
+	}
+	out = append(out, filepath.Join("weights", fmt.Sprintf("stage-%d.safetensors", stage)))
+	if stage == 0 {
+		out = append(out, "run.json")
+	}
+	if stage == len(c.Stages)-1 {
+		out = append(out, "metrics.jsonl", "eval.json")
+	}
+	return out
+}
 
 // writeRunInfo writes run.json (stage 0): what profile needs to know of the run.
 func (r *Runtime) writeRunInfo() error {
@@ -102,7 +126,7 @@ func (r *Runtime) saveWeights() error {
 		}
 		ts = append(ts, t)
 	}
-	path := filepath.Join(r.runDir, "weights", fmt.Sprintf("stage-%d.safetensors", r.stage))
+	path := filepath.Join(r.runDir, "weights", fmt.Sprintf("stage-%d.safetensors", r.stage)) // as Outputs names it
 	meta := map[string]string{"step": fmt.Sprint(r.cfg.Train.Steps), "config_digest": r.cfg.Digest(), "stage": fmt.Sprint(r.stage)}
 	if err := checkpoint.Write(path, ts, meta); err != nil {
 		return fmt.Errorf("stage %d: saving weights: %w", r.stage, err)

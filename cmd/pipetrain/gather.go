@@ -48,7 +48,7 @@ and the weights then work from rank 0's directory.`,
 				return fmt.Errorf("rank %d: %w", r.Rank, err)
 			}
 			defer j.stop()
-			return j.gather(cmd.Context(), runDir)
+			return j.gather(cmd.Context(), cfg, runDir)
 		},
 	}
 	c.Flags().StringVarP(&config, "config", "c", "", "the run's config (YAML)")

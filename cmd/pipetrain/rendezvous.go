@@ -97,8 +97,8 @@ func join(ctx context.Context, cfg *configs.Config, rank int, address, runDir, a
 }
 
 // gather brings the run's logs into rank 0's run directory: every other
-// rank sends its own, and rank 0 waits for them all.
-func (j *joined) gather(ctx context.Context, runDir string) error {
+// rank sends its own files (stages.Outputs), and rank 0 waits for them all.
+func (j *joined) gather(ctx context.Context, cfg *configs.Config, runDir string) error {
 	ctx, cancel := context.WithTimeout(ctx, j.wait)
 	defer cancel()
 	if j.reg != nil {
@@ -108,7 +108,8 @@ func (j *joined) gather(ctx context.Context, runDir string) error {
 		fmt.Printf("pipetrain: the run's logs are in %s\n", runDir)
 		return nil
 	}
-	n, err := j.coord.Gather(ctx, runDir)
+	stage, replica := cfg.Position(j.coord.Rank)
+	n, err := j.coord.Gather(ctx, runDir, stages.Outputs(cfg, stage, replica))
 	if err != nil {
 		return fmt.Errorf("rank %d: sending its logs to rank 0: %w", j.coord.Rank, err)
 	}

@@ -106,7 +106,7 @@ func stageCmd() *cobra.Command {
 				return err
 			}
 			if job != nil {
-				return job.gather(cmd.Context(), f.runDir)
+				return job.gather(cmd.Context(), cfg, f.runDir)
 			}
 			return nil
 		},
