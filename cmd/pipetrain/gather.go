@@ -21,7 +21,8 @@ gathers their logs into rank 0's at its end. gather does it again on demand,
 for a run that ended early: start it once per rank, under the same engine and
 environment as the stages (RANK, SLURM_PROCID, JOB_COMPLETION_INDEX, ...),
 with the run's config; rank 0 serves the rendezvous and receives, the others
-send everything in their run directory but its checkpoints. profile, plot
+send the files they wrote (event logs, clocks, weights, metrics and
+evaluation; not checkpoints). profile, plot
 and the weights then work from rank 0's directory.`,
 		Example: `  # under Slurm, one task per rank, as the training job ran
   srun pipetrain gather --config run.yaml --run-dir /local/runs/gpt`,
