@@ -154,7 +154,8 @@ func NewEngine(m *models.Model, first, last, batch int, seed uint64, split bool)
 		if err != nil {
 			return nil, fmt.Errorf("compiling layers [%d, %d): %w", first, last, err)
 		}
-		e.newMachine = func() G.VM { return G.NewTapeMachine(e.g, G.WithPrecompiled(prog, locMap)) }
+		e.newMachine = func() G.VM { return G.NewTapeMachine(e.g, G.WithPrecompiled(prog, locMap), G.WithEngine(fast)) }
+		e.useFast()
 		return e, nil
 	}
 	prog, locMap, err := G.Compile(e.g)
@@ -163,8 +164,9 @@ func NewEngine(m *models.Model, first, last, batch int, seed uint64, split bool)
 	}
 	params := e.params
 	e.newMachine = func() G.VM {
-		return G.NewTapeMachine(e.g, G.WithPrecompiled(prog, locMap), G.BindDualValues(params...))
+		return G.NewTapeMachine(e.g, G.WithPrecompiled(prog, locMap), G.BindDualValues(params...), G.WithEngine(fast))
 	}
+	e.useFast()
 	return e, nil
 }
 
@@ -194,6 +196,7 @@ func (e *Engine) Forward(key int, input *tensor.Dense, targets []int) (*tensor.D
 	if _, busy := e.flights[key]; busy {
 		return nil, fmt.Errorf("micro-batch %d: forward run twice before its backward", key)
 	}
+	tensor.WithEngine(fast)(input)
 	if err := G.Let(e.x, input); err != nil {
 		return nil, fmt.Errorf("micro-batch %d input: %w", key, err)
 	}
@@ -317,6 +320,25 @@ func (e *Engine) harvest(f *flight) {
 	}
 }
 
+// useFast gives the parameters, and their summed gradients once they
+// exist, the vectorised engine (fastEngine): the gradients are summed into
+// in place, micro-batch after micro-batch.
+func (e *Engine) useFast() {
+	for _, p := range e.params {
+		if d, ok := p.Value().(*tensor.Dense); ok {
+			tensor.WithEngine(fast)(d)
+		}
+		if g, err := p.Grad(); err == nil {
+			if d, ok := g.(*tensor.Dense); ok {
+				tensor.WithEngine(fast)(d)
+			}
+		}
+	}
+	for _, g := range e.grads {
+		tensor.WithEngine(fast)(g)
+	}
+}
+
 // Discard drops micro-batch key's stashed forward (evaluation: no backward follows).
 func (e *Engine) Discard(key int) {
 	if f, ok := e.flights[key]; ok {
@@ -352,7 +374,11 @@ func (e *Engine) Step(o *optim.Optimizer) error {
 			return fmt.Errorf("%s: gradient is a %T, not a dense tensor", p.Name(), grads[i])
 		}
 	}
-	return o.Step(params, sums)
+	if err := o.Step(params, sums); err != nil {
+		return err
+	}
+	e.useFast() // the gradients exist from the first step on
+	return nil
 }
 
 // NewOptimizer makes the configured optimizer for this engine's parameters.

@@ -57,7 +57,7 @@ func newWeightProgram(m *models.Model, first, last int, inputs, taps, params []*
 	if err != nil {
 		return nil, fmt.Errorf("compiling the weight gradients: %w", err)
 	}
-	w.vm = G.NewTapeMachine(w.g, G.WithPrecompiled(prog, locMap))
+	w.vm = G.NewTapeMachine(w.g, G.WithPrecompiled(prog, locMap), G.WithEngine(fast))
 	return w, nil
 }
 

@@ -1,0 +1,7 @@
+//go:build !cgo || !amd64 || nosimd
+
+package engine
+
+func binary32(k binaryKernel, dst, a, b []float32) { binary32Go(k, dst, a, b) }
+
+func gteScalar32(dst, a []float32, s float32) { gteScalar32Go(dst, a, s) }
