@@ -29,7 +29,7 @@ demo: build
 	$(BIN) profile $(RUN_DIR)
 
 reference: build
-	$(BIN) reference --config $(CONFIG) --run-dir runs/reference
+	$(BIN) reference --pipeline-threads --config $(CONFIG) --run-dir runs/reference
 
 vet:
 	go vet ./...

@@ -103,7 +103,8 @@ type Optimizer = optim.Spec
 // Compute sets how each process computes.
 type Compute struct {
 	// BLASThreads is OpenBLAS's thread count in every stage process and in the
-	// reference; 0 gives each stage a fair share of its machine (see Threads).
+	// reference; 0 gives each stage a fair share of its machine (see Threads)
+	// and the reference the whole machine (ReferenceThreads).
 	// Results differ in the last bits between thread counts, so a fixed count
 	// is what makes runs on different machines bit-identical.
 	BLASThreads int `mapstructure:"blas_threads" json:"blas_threads"`

@@ -32,3 +32,15 @@ func (c *Config) Threads(i int) int {
 	}
 	return max(1, runtime.NumCPU()/max(sharing, 1))
 }
+
+// ReferenceThreads is the BLAS thread count of the one-process reference:
+// compute.blas_threads if set, else every CPU this process may run on, since
+// the reference runs alone. Its results then differ in the last bits from a
+// pipelined run whose stages have fewer threads each; the reference's
+// --pipeline-threads takes Threads(0) instead, to compare bit for bit.
+func (c *Config) ReferenceThreads() int {
+	if c.Compute.BLASThreads > 0 {
+		return c.Compute.BLASThreads
+	}
+	return max(1, runtime.NumCPU())
+}

@@ -24,3 +24,16 @@ func TestThreadsFairShare(t *testing.T) {
 		t.Errorf("explicit blas_threads 5 gave %d", got)
 	}
 }
+
+// The reference runs alone, so it takes the whole machine unless the config
+// fixes a thread count for every process.
+func TestReferenceThreadsTakeTheMachine(t *testing.T) {
+	var c Config
+	if got := c.ReferenceThreads(); got != max(1, runtime.NumCPU()) {
+		t.Errorf("ReferenceThreads = %d, want the %d CPUs", got, runtime.NumCPU())
+	}
+	c.Compute.BLASThreads = 3
+	if got := c.ReferenceThreads(); got != 3 {
+		t.Errorf("with blas_threads 3: ReferenceThreads = %d", got)
+	}
+}

@@ -200,7 +200,7 @@ func TestLaunchEqualsReference(t *testing.T) {
 				env = append(env, fmt.Sprintf("PIPETRAIN_DATA_MICRO_BATCHES=%d", r.micro))
 			}
 			refDir, pipeDir := t.TempDir(), t.TempDir()
-			if r := run(t, 3*time.Minute, env, "reference", "--config", cfg, "--steps", steps, "--run-dir", refDir); r.err != nil {
+			if r := run(t, 3*time.Minute, env, "reference", "--pipeline-threads", "--config", cfg, "--steps", steps, "--run-dir", refDir); r.err != nil {
 				t.Fatalf("reference: %v\n%s", r.err, r.out)
 			}
 			res := run(t, 3*time.Minute, env, "launch", "--config", cfg, "--steps", steps, "--run-dir", pipeDir)

@@ -701,7 +701,7 @@ func TestKubernetesManifestsRun(t *testing.T) {
 	// The reference trains the ConfigMap's config as it is, but for where
 	// the token is: the Secret's mountPath exists only in the pods.
 	refDir := t.TempDir()
-	if r := run(t, 2*time.Minute, []string{"PIPETRAIN_TRANSPORT_TOKEN_FILE=" + tokenFile}, "reference", "--config", cfgFile, "--run-dir", refDir); r.err != nil {
+	if r := run(t, 2*time.Minute, []string{"PIPETRAIN_TRANSPORT_TOKEN_FILE=" + tokenFile}, "reference", "--pipeline-threads", "--config", cfgFile, "--run-dir", refDir); r.err != nil {
 		t.Fatalf("reference: %v\n%s", r.err, r.out)
 	}
 

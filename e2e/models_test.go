@@ -70,7 +70,7 @@ func TestModelsLaunchEqualReference(t *testing.T) {
 		t.Run(r.name, func(t *testing.T) {
 			cfg := writeConfig(t, r.config, r.stages)
 			refDir, pipeDir := t.TempDir(), t.TempDir()
-			if res := run(t, 3*time.Minute, nil, "reference", "--config", cfg, "--run-dir", refDir); res.err != nil {
+			if res := run(t, 3*time.Minute, nil, "reference", "--pipeline-threads", "--config", cfg, "--run-dir", refDir); res.err != nil {
 				t.Fatalf("reference: %v\n%s", res.err, res.out)
 			}
 			res := run(t, 3*time.Minute, nil, "launch", "--config", cfg, "--run-dir", pipeDir)

@@ -105,7 +105,7 @@ func TestPrivateRunDirectories(t *testing.T) {
 		t.Fatal(err)
 	}
 	refDir := t.TempDir()
-	if r := run(t, 3*time.Minute, nil, "reference", "--config", cfg, "--run-dir", refDir); r.err != nil {
+	if r := run(t, 3*time.Minute, nil, "reference", "--pipeline-threads", "--config", cfg, "--run-dir", refDir); r.err != nil {
 		t.Fatalf("reference: %v\n%s", r.err, r.out)
 	}
 	dirs := make([]string, 4)
@@ -198,7 +198,7 @@ func TestPrivateRunDirectoriesWithReplicas(t *testing.T) {
 		t.Fatal(err)
 	}
 	refDir := t.TempDir()
-	if r := run(t, 3*time.Minute, nil, "reference", "--config", cfg, "--run-dir", refDir); r.err != nil {
+	if r := run(t, 3*time.Minute, nil, "reference", "--pipeline-threads", "--config", cfg, "--run-dir", refDir); r.err != nil {
 		t.Fatalf("reference: %v\n%s", r.err, r.out)
 	}
 	dirs := make([]string, 4)
@@ -271,7 +271,7 @@ func TestHostsAsNetworkNamespaces(t *testing.T) {
 		t.Fatal(err)
 	}
 	refDir := t.TempDir()
-	if r := run(t, 3*time.Minute, nil, "reference", "--config", cfg, "--run-dir", refDir); r.err != nil {
+	if r := run(t, 3*time.Minute, nil, "reference", "--pipeline-threads", "--config", cfg, "--run-dir", refDir); r.err != nil {
 		t.Fatalf("reference: %v\n%s", r.err, r.out)
 	}
 	runDir := filepath.Join(tmp, "run") // every host's, each with its own folder behind it

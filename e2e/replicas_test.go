@@ -73,7 +73,7 @@ func TestReplicasEqualReference(t *testing.T) {
 			}
 			cfg := gridConfig(t, body, c.layers, c.replicas)
 			refDir, gridDir := t.TempDir(), t.TempDir()
-			if r := run(t, 3*time.Minute, nil, "reference", "--config", cfg, "--run-dir", refDir); r.err != nil {
+			if r := run(t, 3*time.Minute, nil, "reference", "--pipeline-threads", "--config", cfg, "--run-dir", refDir); r.err != nil {
 				t.Fatalf("reference: %v\n%s", r.err, r.out)
 			}
 			res := run(t, 3*time.Minute, nil, "launch", "--config", cfg, "--run-dir", gridDir)
@@ -156,7 +156,7 @@ func TestCompressedAllReduceKeepsReplicasIdentical(t *testing.T) {
 	needData(t)
 	cfg := gridConfig(t, strings.Replace(gridMLP, "check_every: 10", "check_every: 5", 1)+"\nschedule: 1f1b", []string{`"0-3"`}, 2)
 	refDir := t.TempDir()
-	if r := run(t, 3*time.Minute, nil, "reference", "--config", cfg, "--run-dir", refDir); r.err != nil {
+	if r := run(t, 3*time.Minute, nil, "reference", "--pipeline-threads", "--config", cfg, "--run-dir", refDir); r.err != nil {
 		t.Fatalf("reference: %v\n%s", r.err, r.out)
 	}
 	want := readMetrics(t, refDir)
@@ -233,7 +233,7 @@ func TestRanksFromEnvironment(t *testing.T) {
 	needData(t)
 	cfg := gridConfig(t, gridMLP+"\nschedule: 1f1b", []string{`"0-1"`, `"2-3"`}, 2)
 	refDir, dir := t.TempDir(), t.TempDir()
-	if r := run(t, 3*time.Minute, nil, "reference", "--config", cfg, "--run-dir", refDir); r.err != nil {
+	if r := run(t, 3*time.Minute, nil, "reference", "--pipeline-threads", "--config", cfg, "--run-dir", refDir); r.err != nil {
 		t.Fatalf("reference: %v\n%s", r.err, r.out)
 	}
 	envs := [][]string{
@@ -282,7 +282,7 @@ func TestRendezvousGivesAddresses(t *testing.T) {
 		t.Fatal(err)
 	}
 	refDir, dir := t.TempDir(), t.TempDir()
-	if r := run(t, 3*time.Minute, nil, "reference", "--config", path, "--run-dir", refDir); r.err != nil {
+	if r := run(t, 3*time.Minute, nil, "reference", "--pipeline-threads", "--config", path, "--run-dir", refDir); r.err != nil {
 		t.Fatalf("reference: %v\n%s", r.err, r.out)
 	}
 	port := strings.TrimPrefix(freePorts(t, 1)[0], "127.0.0.1:")

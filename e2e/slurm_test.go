@@ -195,7 +195,7 @@ func TestSlurmBatchTrainsAndRequeueResumes(t *testing.T) {
 		t.Fatal(err)
 	}
 	refDir := t.TempDir()
-	if r := run(t, 3*time.Minute, nil, "reference", "--config", cfg, "--run-dir", refDir); r.err != nil {
+	if r := run(t, 3*time.Minute, nil, "reference", "--pipeline-threads", "--config", cfg, "--run-dir", refDir); r.err != nil {
 		t.Fatalf("reference: %v\n%s", r.err, r.out)
 	}
 
@@ -313,7 +313,7 @@ func TestSlurmAcrossNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	refDir := t.TempDir()
-	if r := run(t, 3*time.Minute, nil, "reference", "--config", cfg, "--run-dir", refDir); r.err != nil {
+	if r := run(t, 3*time.Minute, nil, "reference", "--pipeline-threads", "--config", cfg, "--run-dir", refDir); r.err != nil {
 		t.Fatalf("reference: %v\n%s", r.err, r.out)
 	}
 

@@ -1,6 +1,7 @@
 package stages
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -56,6 +57,9 @@ type Options struct {
 	Text *data.Text
 	// Resume continues from the newest complete checkpoint in RunDir, if any.
 	Resume bool
+	// Threads is the reference's BLAS thread count; 0 takes
+	// Config.ReferenceThreads. Stages take Config.Threads.
+	Threads int
 	// Coordinator commits checkpoints for processes that do not share
 	// RunDir; nil: RunDir is shared, and stage 0 commits by looking at it.
 	Coordinator Coordinator
@@ -120,7 +124,11 @@ func New(o Options) (*Runtime, error) {
 		r.log = io.Discard
 	}
 	r.act.init()
-	blas.SetThreads(c.Threads(l.Stage))
+	threads := c.Threads(l.Stage)
+	if l.Reference {
+		threads = cmp.Or(o.Threads, c.ReferenceThreads())
+	}
+	blas.SetThreads(threads)
 	sched := lowered.Compute()
 	r.actions, r.ops, r.schedName = sched.Actions[r.stage], lowered.Ops[r.stage], sched.Name
 	for chunk, lr := range ranges {

@@ -6,12 +6,13 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/pipetrain/pipetrain/internal/words"
 	"github.com/pipetrain/pipetrain/stages"
 )
 
 func referenceCmd() *cobra.Command {
 	var f runFlags
-	var resume bool
+	var resume, pipelineThreads bool
 	c := &cobra.Command{
 		Use:   "reference --config FILE",
 		Short: "Train the same model in one process, no pipeline: the baseline a pipelined run must equal",
@@ -21,8 +22,12 @@ func referenceCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Printf("pipetrain: reference run of %s in one process, run directory %s\n", cfg.Path, f.runDir)
-			rt, err := stages.New(stages.Options{Config: cfg, Reference: true, RunDir: f.runDir, Log: os.Stdout, Resume: resume})
+			threads := cfg.ReferenceThreads()
+			if pipelineThreads {
+				threads = cfg.Threads(0)
+			}
+			fmt.Printf("pipetrain: reference run of %s in one process, %s, run directory %s\n", cfg.Path, words.Count(threads, "BLAS thread"), f.runDir)
+			rt, err := stages.New(stages.Options{Config: cfg, Reference: true, RunDir: f.runDir, Log: os.Stdout, Resume: resume, Threads: threads})
 			if err != nil {
 				return err
 			}
@@ -31,5 +36,6 @@ func referenceCmd() *cobra.Command {
 	}
 	f.register(c, "")
 	c.Flags().BoolVar(&resume, "resume", false, "continue from the newest complete checkpoint in --run-dir")
+	c.Flags().BoolVar(&pipelineThreads, "pipeline-threads", false, "use the BLAS threads a pipelined run's stage 0 gets on this machine instead of the whole machine, so that the two runs are equal bit for bit")
 	return c
 }
