@@ -56,7 +56,16 @@ test: deps vet race fuzz
 
 # Go benchmarks with allocation counts, then the measured report docs/benchmarks.md
 # (compute, transport, schedules, end to end; about 6 minutes on 2 cores). BENCH_FLAGS=-quick for a smoke run.
+# PyTorch, measured beside pipetrain in the suite's pytorch section.
+BENCH_APT_PACKAGES := python3-torch
+
 bench: build
+	@missing=$$(for p in $(BENCH_APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing" $$missing; \
+		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
 	go test -run '^$$' -bench . -benchmem -benchtime 2s ./transport/ ./engine/
 	go run ./bench/suite -bin $(BIN) -out docs/benchmarks.md $(BENCH_FLAGS)
 

@@ -12,7 +12,12 @@
 //   - end to end: samples/s of `pipetrain launch` against `pipetrain reference`
 //     (endtoend.go);
 //   - all-reduce: the replicas' ring all-reduce bus bandwidth against raw TCP,
-//     and one model on four processes as stages × replicas (allreduce.go).
+//     and one model on four processes as stages × replicas (allreduce.go);
+//   - breakdown: where a step's CPU time goes in the one-process reference
+//     (products, elementwise kernels, gorgonia's bookkeeping, allocation...),
+//     from a `--cpuprofile` of it at micro-batches 8, 32 and 128 (breakdown.go);
+//   - pytorch: samples/s of `pipetrain reference` against PyTorch on the same
+//     MLPs, batches and micro-batch split, 1 and 2 BLAS threads (pytorch.go).
 //
 // Usage (make bench builds the binary first):
 //
@@ -51,6 +56,7 @@ type options struct {
 	maxLoad    float64
 	waitQuiet  time.Duration
 	keepGoing  bool
+	breakdown  float64 // about how many seconds of steps each breakdown run profiles
 	sectionSet map[string]bool
 }
 
@@ -77,12 +83,14 @@ var sections = []section{
 	{"endtoend", "End to end", runEndToEnd},
 	{"compression", "Wire compression", runCompression},
 	{"allreduce", "Data-parallel replicas: all-reduce", runAllReduce},
+	{"breakdown", "Where a step goes", runBreakdown},
+	{"pytorch", "Against PyTorch", runPyTorch},
 }
 
 func main() {
 	var o options
 	out := flag.String("out", "docs/benchmarks.md", "Markdown file to write")
-	only := flag.String("sections", "compute,transport,pipeline,endtoend,compression,allreduce", "comma-separated sections to run")
+	only := flag.String("sections", "compute,transport,pipeline,endtoend,compression,allreduce,breakdown,pytorch", "comma-separated sections to run")
 	flag.StringVar(&o.bin, "bin", "bin/pipetrain", "pipetrain binary (pipeline and end-to-end sections)")
 	flag.IntVar(&o.reps, "reps", 7, "repetitions of each in-process measurement (compute, transport); medians are reported")
 	flag.IntVar(&o.runReps, "run-reps", 5, "repetitions of each pipetrain run (pipeline, end to end); medians are reported")
@@ -90,6 +98,7 @@ func main() {
 	flag.IntVar(&o.pipeSteps, "pipeline-steps", 40, "training steps per pipeline-section run")
 	flag.IntVar(&o.e2eSteps, "e2e-steps", 100, "training steps per end-to-end run")
 	flag.IntVar(&o.skip, "skip", 10, "warm-up steps left out of every run's figures")
+	flag.Float64Var(&o.breakdown, "breakdown-sec", 8, "seconds of steps each breakdown run profiles (at most 2 with -quick)")
 	flag.Float64Var(&o.maxLoad, "max-load", 1.5, "wait (up to -wait) for the 1-minute load average to fall below this before starting")
 	flag.DurationVar(&o.waitQuiet, "wait", 2*time.Minute, "longest wait for a quiet machine (0: do not wait)")
 	flag.BoolVar(&o.keepGoing, "keep-going", false, "write the report even if a section fails (the failure is recorded in it)")
@@ -101,8 +110,8 @@ func main() {
 		o.e2eSteps = min(o.e2eSteps, 30)
 		o.skip = min(o.skip, 5)
 	}
-	if o.reps < 1 || o.runReps < 1 || o.skip < 0 || o.pipeSteps <= o.skip || o.e2eSteps <= o.skip {
-		fatalf("need -reps >= 1, -run-reps >= 1 and more steps than -skip")
+	if o.reps < 1 || o.runReps < 1 || o.skip < 0 || o.pipeSteps <= o.skip || o.e2eSteps <= o.skip || o.breakdown <= 0 {
+		fatalf("need -reps >= 1, -run-reps >= 1, -breakdown-sec > 0 and more steps than -skip")
 	}
 	o.sectionSet = map[string]bool{}
 	for _, s := range strings.Split(*only, ",") {
@@ -111,11 +120,11 @@ func main() {
 			continue
 		}
 		if !slices.ContainsFunc(sections, func(x section) bool { return x.name == s }) {
-			fatalf("unknown section %q (known: compute, transport, pipeline, endtoend, compression, allreduce)", s)
+			fatalf("unknown section %q (known: compute, transport, pipeline, endtoend, compression, allreduce, breakdown, pytorch)", s)
 		}
 		o.sectionSet[s] = true
 	}
-	if o.sectionSet["pipeline"] || o.sectionSet["endtoend"] || o.sectionSet["compression"] || o.sectionSet["allreduce"] {
+	if o.sectionSet["pipeline"] || o.sectionSet["endtoend"] || o.sectionSet["compression"] || o.sectionSet["allreduce"] || o.sectionSet["breakdown"] || o.sectionSet["pytorch"] {
 		if _, err := os.Stat(o.bin); err != nil {
 			fatalf("pipetrain binary: %v (run make build, or pass -bin)", err)
 		}
