@@ -184,7 +184,7 @@ func writeHeader(b *bytes.Buffer, o *options, start time.Time, loadStart, loadEn
 	fmt.Fprintf(b, "# Benchmarks\n\n")
 	fmt.Fprintf(b, "What pipetrain achieves on one machine, and how close that is to what the machine allows. ")
 	fmt.Fprintf(b, "Reproduce with `make bench`, which builds `bin/pipetrain` and runs `go run ./bench/suite -bin bin/pipetrain -out docs/benchmarks.md` ")
-	fmt.Fprintf(b, "(flags: `-reps`, `-run-reps`, `-quick`, `-sections`, see `go run ./bench/suite -h`; `make bench BENCH_FLAGS=-quick` for a rough run in about a minute). ")
+	fmt.Fprintf(b, "(flags: `-reps`, `-run-reps`, `-quick`, `-sections`, see `go run ./bench/suite -h`; `make bench BENCH_FLAGS=-quick` for a rough run in about three minutes). ")
 	fmt.Fprintf(b, "Every figure is the median of several runs, and every ratio is taken against a baseline measured in the same invocation, ")
 	fmt.Fprintf(b, "so a slower or busier machine moves both sides alike. Targets come from the issue that asked for this report; ")
 	fmt.Fprintf(b, "they are checked here, not by the tests.\n\n")
