@@ -129,37 +129,35 @@ func (r *Registry) coordinate(c *transport.ServiceStream, m message) error {
 
 // awaitCommit records a part and answers once its step is decided.
 func (r *Registry) awaitCommit(ctx context.Context, p partReport) (message, error) {
-	r.mu.Lock()
-	err := r.ledger.Report(p.Rank, p.Step, p.Digest, p.Part, time.Now())
-	r.broadcastLocked()
-	r.mu.Unlock()
-	if err != nil {
-		r.refused(err.Error())
-		return message{Refused: r.who() + " refused " + err.Error()}, nil
-	}
-	for {
-		r.mu.Lock()
-		m, err := r.ledger.Outcome(p.Step)
-		changed := r.changed
-		r.mu.Unlock()
+	return r.record(ctx, func(l *checkpoint.Ledger) error {
+		return l.Report(p.Rank, p.Step, p.Digest, p.Part, time.Now())
+	}, func(l *checkpoint.Ledger) (message, bool) {
+		m, err := l.Outcome(p.Step)
 		switch {
 		case err != nil:
-			return message{Failed: fmt.Sprintf("%s: checkpoint of step %d not committed: %v", r.who(), p.Step, err)}, nil
+			return message{Failed: fmt.Sprintf("%s: checkpoint of step %d not committed: %v", r.who(), p.Step, err)}, true
 		case m != nil:
-			return message{Committed: m}, nil
+			return message{Committed: m}, true
 		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			return message{}, ctx.Err()
-		}
-	}
+		return message{}, false
+	})
 }
 
 // awaitResume records what a rank holds and answers once every rank has.
 func (r *Registry) awaitResume(ctx context.Context, h heldReport) (message, error) {
+	return r.record(ctx, func(l *checkpoint.Ledger) error {
+		return l.Hold(h.Rank, h.Parts)
+	}, func(l *checkpoint.Ledger) (message, bool) {
+		step, decided := l.Resume()
+		return message{Resume: &step}, decided
+	})
+}
+
+// record feeds the ledger one rank's report, then waits until answer has
+// the reply: a refused report is answered at once.
+func (r *Registry) record(ctx context.Context, report func(*checkpoint.Ledger) error, answer func(*checkpoint.Ledger) (message, bool)) (message, error) {
 	r.mu.Lock()
-	err := r.ledger.Hold(h.Rank, h.Parts)
+	err := report(r.ledger)
 	r.broadcastLocked()
 	r.mu.Unlock()
 	if err != nil {
@@ -168,11 +166,11 @@ func (r *Registry) awaitResume(ctx context.Context, h heldReport) (message, erro
 	}
 	for {
 		r.mu.Lock()
-		step, decided := r.ledger.Resume()
+		reply, ok := answer(r.ledger)
 		changed := r.changed
 		r.mu.Unlock()
-		if decided {
-			return message{Resume: &step}, nil
+		if ok {
+			return reply, nil
 		}
 		select {
 		case <-changed:

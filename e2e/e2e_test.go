@@ -158,6 +158,18 @@ func sameRun(t *testing.T, want, got string, steps int) []stages.Metric {
 	return b
 }
 
+// reference trains cfg in one process, with the BLAS threads a stage of
+// the pipelined run gets (so the two can be compared bit for bit), and
+// returns its run directory.
+func reference(t *testing.T, cfg string) string {
+	t.Helper()
+	dir := t.TempDir()
+	if r := run(t, 3*time.Minute, nil, "reference", "--pipeline-threads", "--config", cfg, "--run-dir", dir); r.err != nil {
+		t.Fatalf("reference: %v\n%s", r.err, r.out)
+	}
+	return dir
+}
+
 func weights(t *testing.T, runDir string) map[string]checkpoint.Tensor {
 	t.Helper()
 	w, err := checkpoint.ReadAll(filepath.Join(runDir, "weights"))

@@ -104,10 +104,7 @@ func TestPrivateRunDirectories(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte(privateMLP), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	refDir := t.TempDir()
-	if r := run(t, 3*time.Minute, nil, "reference", "--pipeline-threads", "--config", cfg, "--run-dir", refDir); r.err != nil {
-		t.Fatalf("reference: %v\n%s", r.err, r.out)
-	}
+	refDir := reference(t, cfg)
 	dirs := make([]string, 4)
 	for i := range dirs {
 		dirs[i] = t.TempDir()
@@ -197,10 +194,7 @@ func TestPrivateRunDirectoriesWithReplicas(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte(body), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	refDir := t.TempDir()
-	if r := run(t, 3*time.Minute, nil, "reference", "--pipeline-threads", "--config", cfg, "--run-dir", refDir); r.err != nil {
-		t.Fatalf("reference: %v\n%s", r.err, r.out)
-	}
+	refDir := reference(t, cfg)
 	dirs := make([]string, 4)
 	for i := range dirs {
 		dirs[i] = t.TempDir()
@@ -270,10 +264,7 @@ func TestHostsAsNetworkNamespaces(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte(body), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	refDir := t.TempDir()
-	if r := run(t, 3*time.Minute, nil, "reference", "--pipeline-threads", "--config", cfg, "--run-dir", refDir); r.err != nil {
-		t.Fatalf("reference: %v\n%s", r.err, r.out)
-	}
+	refDir := reference(t, cfg)
 	runDir := filepath.Join(tmp, "run") // every host's, each with its own folder behind it
 	startOnHosts := func(dirs []string) []rankProc {
 		procs := make([]rankProc, len(hosts))

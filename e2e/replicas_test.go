@@ -155,10 +155,7 @@ func TestKilledReplicaRecoversBitIdentical(t *testing.T) {
 func TestCompressedAllReduceKeepsReplicasIdentical(t *testing.T) {
 	needData(t)
 	cfg := gridConfig(t, strings.Replace(gridMLP, "check_every: 10", "check_every: 5", 1)+"\nschedule: 1f1b", []string{`"0-3"`}, 2)
-	refDir := t.TempDir()
-	if r := run(t, 3*time.Minute, nil, "reference", "--pipeline-threads", "--config", cfg, "--run-dir", refDir); r.err != nil {
-		t.Fatalf("reference: %v\n%s", r.err, r.out)
-	}
+	refDir := reference(t, cfg)
 	want := readMetrics(t, refDir)
 	for _, c := range []string{"bf16", "fp16"} {
 		dir := t.TempDir()

@@ -194,10 +194,7 @@ func TestSlurmBatchTrainsAndRequeueResumes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	refDir := t.TempDir()
-	if r := run(t, 3*time.Minute, nil, "reference", "--pipeline-threads", "--config", cfg, "--run-dir", refDir); r.err != nil {
-		t.Fatalf("reference: %v\n%s", r.err, r.out)
-	}
+	refDir := reference(t, cfg)
 
 	work := t.TempDir()
 	submit := func(runDir string) (id, output, port string) {
@@ -312,10 +309,7 @@ func TestSlurmAcrossNodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	refDir := t.TempDir()
-	if r := run(t, 3*time.Minute, nil, "reference", "--pipeline-threads", "--config", cfg, "--run-dir", refDir); r.err != nil {
-		t.Fatalf("reference: %v\n%s", r.err, r.out)
-	}
+	refDir := reference(t, cfg)
 
 	work := t.TempDir()
 	runDir := filepath.Join(local, "run")

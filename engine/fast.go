@@ -101,7 +101,7 @@ func (e fastEngine) binary(k binaryKernel, at, bt tensor.Tensor, opts []tensor.F
 	case tensor.Float32:
 		binary32(k, out.Float32s(), a.Float32s(), b.Float32s())
 	default:
-		binary64(k, out.Float64s(), a.Float64s(), b.Float64s())
+		binaryGo(k, out.Float64s(), a.Float64s(), b.Float64s())
 	}
 	return out, true
 }
@@ -137,7 +137,7 @@ func (e fastEngine) gteScalar(t tensor.Tensor, s interface{}, leftTensor bool, o
 	case tensor.Float32:
 		gteScalar32(out.Float32s(), a.Float32s(), float32(v))
 	default:
-		gteScalar64(out.Float64s(), a.Float64s(), v)
+		gteScalarGo(out.Float64s(), a.Float64s(), v)
 	}
 	return out, true
 }
@@ -156,7 +156,9 @@ func scalarOf(s interface{}, dt tensor.Dtype) (float64, bool) {
 	return 0, false
 }
 
-func binary64(k binaryKernel, dst, a, b []float64) {
+// binaryGo is the kernels in Go, for small slices, float64 and machines
+// without AVX.
+func binaryGo[T float32 | float64](k binaryKernel, dst, a, b []T) {
 	a, b = a[:len(dst)], b[:len(dst)]
 	switch k {
 	case kernelAdd:
@@ -170,32 +172,7 @@ func binary64(k binaryKernel, dst, a, b []float64) {
 	}
 }
 
-func binary32Go(k binaryKernel, dst, a, b []float32) {
-	a, b = a[:len(dst)], b[:len(dst)]
-	switch k {
-	case kernelAdd:
-		for i := range dst {
-			dst[i] = a[i] + b[i]
-		}
-	case kernelMul:
-		for i := range dst {
-			dst[i] = a[i] * b[i]
-		}
-	}
-}
-
-func gteScalar32Go(dst, a []float32, s float32) {
-	a = a[:len(dst)]
-	for i, v := range a {
-		if v >= s {
-			dst[i] = 1
-		} else {
-			dst[i] = 0
-		}
-	}
-}
-
-func gteScalar64(dst, a []float64, s float64) {
+func gteScalarGo[T float32 | float64](dst, a []T, s T) {
 	a = a[:len(dst)]
 	for i, v := range a {
 		if v >= s {

@@ -2,6 +2,6 @@
 
 package engine
 
-func binary32(k binaryKernel, dst, a, b []float32) { binary32Go(k, dst, a, b) }
+func binary32(k binaryKernel, dst, a, b []float32) { binaryGo(k, dst, a, b) }
 
-func gteScalar32(dst, a []float32, s float32) { gteScalar32Go(dst, a, s) }
+func gteScalar32(dst, a []float32, s float32) { gteScalarGo(dst, a, s) }

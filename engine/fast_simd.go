@@ -54,7 +54,7 @@ var hasAVX = C.pt_engine_has_avx() != 0
 func binary32(k binaryKernel, dst, a, b []float32) {
 	n := len(dst)
 	if !hasAVX || n < smallKernel {
-		binary32Go(k, dst, a, b)
+		binaryGo(k, dst, a, b)
 		return
 	}
 	a, b = a[:n], b[:n]
@@ -70,7 +70,7 @@ func binary32(k binaryKernel, dst, a, b []float32) {
 func gteScalar32(dst, a []float32, s float32) {
 	n := len(dst)
 	if !hasAVX || n < smallKernel {
-		gteScalar32Go(dst, a, s)
+		gteScalarGo(dst, a, s)
 		return
 	}
 	a = a[:n]

@@ -119,39 +119,24 @@ down() {
 	stop "$dir/munge/munged.pid"
 }
 
-up() {
-	local node ctld_port slurmd_port key
-	for b in munged mungekey slurmctld slurmd sbatch srun scontrol; do
-		command -v "$b" >/dev/null || {
-			echo "$0: $b not found: apt-get install slurmctld slurmd munge slurm-client" >&2
-			exit 1
-		}
-	done
-	[ "$(id -u)" = 0 ] || {
-		echo "$0: needs root (the daemons run as root)" >&2
-		exit 1
-	}
-	trap 'echo "$0: up failed; logs in $dir/log" >&2; down' ERR
-	mkdir -p "$dir/munge" "$dir/state" "$dir/spool" "$dir/log"
-	chmod 700 "$dir/munge"
-	key=$dir/munge/munge.key
+# start_munge starts the cluster's own munged, with a key of its own.
+start_munge() {
+	local key=$dir/munge/munge.key
 	[ -s "$key" ] || mungekey --create --keyfile="$key"
 	# --force: munged refuses a socket under a world-writable directory such
 	# as /tmp, which is where tests put DIR.
 	munged --force --key-file="$key" --socket="$dir/munge/munge.socket.2" \
 		--pid-file="$dir/munge/munged.pid" --log-file="$dir/log/munged.log" \
 		--seed-file="$dir/munge/munged.seed"
+}
 
-	node=$(hostname -s)
-	ctld_port=${SLURMCTLD_PORT:-$(freeport)}
-	slurmd_port=${SLURMD_PORT:-$(freeport)}
-	# proctrack/linuxproc and task/none need no cgroups (containers, no
-	# systemd). cred_expire is how long a requeued job waits before it may
-	# start again (default 120s) and sched_interval how often pending jobs are
-	# looked at (default 60s): short, so tests need not wait.
-	cat >"$conf" <<EOF
+# conf_head CTLD_HOST SPOOL PIDFILE LOGFILE prints slurm.conf up to its
+# nodes: what one node and several share. The ports are the caller's
+# ctld_port and slurmd_port.
+conf_head() {
+	cat <<EOF
 ClusterName=pipetrain-test
-SlurmctldHost=$node(127.0.0.1)
+SlurmctldHost=$1
 SlurmctldPort=$ctld_port
 SlurmdPort=$slurmd_port
 SlurmUser=root
@@ -160,11 +145,11 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket=$dir/munge/munge.socket.2,cred_expire=5
 StateSaveLocation=$dir/state
-SlurmdSpoolDir=$dir/spool
+SlurmdSpoolDir=$2
 SlurmctldPidFile=$dir/slurmctld.pid
-SlurmdPidFile=$dir/slurmd.pid
+SlurmdPidFile=$3
 SlurmctldLogFile=$dir/log/slurmctld.log
-SlurmdLogFile=$dir/log/slurmd.log
+SlurmdLogFile=$4
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -180,6 +165,34 @@ ReturnToService=2
 JobRequeue=1
 KillWait=5
 MinJobAge=600
+EOF
+}
+up() {
+	local node ctld_port slurmd_port
+	for b in munged mungekey slurmctld slurmd sbatch srun scontrol; do
+		command -v "$b" >/dev/null || {
+			echo "$0: $b not found: apt-get install slurmctld slurmd munge slurm-client" >&2
+			exit 1
+		}
+	done
+	[ "$(id -u)" = 0 ] || {
+		echo "$0: needs root (the daemons run as root)" >&2
+		exit 1
+	}
+	trap 'echo "$0: up failed; logs in $dir/log" >&2; down' ERR
+	mkdir -p "$dir/munge" "$dir/state" "$dir/spool" "$dir/log"
+	chmod 700 "$dir/munge"
+	start_munge
+
+	node=$(hostname -s)
+	ctld_port=${SLURMCTLD_PORT:-$(freeport)}
+	slurmd_port=${SLURMD_PORT:-$(freeport)}
+	# proctrack/linuxproc and task/none need no cgroups (containers, no
+	# systemd). cred_expire is how long a requeued job waits before it may
+	# start again (default 120s) and sched_interval how often pending jobs are
+	# looked at (default 60s): short, so tests need not wait.
+	conf_head "$node(127.0.0.1)" "$dir/spool" "$dir/slurmd.pid" "$dir/log/slurmd.log" >"$conf"
+	cat >>"$conf" <<EOF
 NodeName=$node NodeAddr=127.0.0.1 CPUs=${CPUS:-4} State=UNKNOWN
 PartitionName=test Nodes=$node Default=YES MaxTime=INFINITE State=UP
 EOF
@@ -253,7 +266,7 @@ down_nodes() {
 }
 
 up_nodes() {
-	local n=$nodes x= k ns sw ctld_port slurmd_port key names= pidfile bind
+	local n=$nodes x= k ns sw ctld_port slurmd_port names= pidfile bind
 	for b in munged mungekey slurmctld slurmd sbatch srun scontrol ip nsenter unshare mount; do
 		command -v "$b" >/dev/null || {
 			echo "$0: $b not found: apt-get install slurmctld slurmd munge slurm-client iproute2 util-linux" >&2
@@ -307,11 +320,7 @@ up_nodes() {
 		names+=${names:+,}node$k
 	done
 
-	key=$dir/munge/munge.key
-	[ -s "$key" ] || mungekey --create --keyfile="$key"
-	munged --force --key-file="$key" --socket="$dir/munge/munge.socket.2" \
-		--pid-file="$dir/munge/munged.pid" --log-file="$dir/log/munged.log" \
-		--seed-file="$dir/munge/munged.seed"
+	start_munge
 
 	ctld_port=${SLURMCTLD_PORT:-$(freeport)}
 	# Each node has the ports of its own namespace: one SlurmdPort for all.
@@ -319,38 +328,7 @@ up_nodes() {
 	# As for one node; %n is the node's name, so each slurmd has its own
 	# spool, pid and log files.
 	{
-		cat <<EOF
-ClusterName=pipetrain-test
-SlurmctldHost=$(hostname -s)(10.232.$x.254)
-SlurmctldPort=$ctld_port
-SlurmdPort=$slurmd_port
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket=$dir/munge/munge.socket.2,cred_expire=5
-StateSaveLocation=$dir/state
-SlurmdSpoolDir=$dir/%n/spool
-SlurmctldPidFile=$dir/slurmctld.pid
-SlurmdPidFile=$dir/%n/slurmd.pid
-SlurmctldLogFile=$dir/log/slurmctld.log
-SlurmdLogFile=$dir/log/slurmd-%n.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SchedulerType=sched/builtin
-SchedulerParameters=sched_interval=2
-MpiDefault=none
-SlurmdParameters=config_overrides
-ReturnToService=2
-JobRequeue=1
-KillWait=5
-MinJobAge=600
-EOF
+		conf_head "$(hostname -s)(10.232.$x.254)" "$dir/%n/spool" "$dir/%n/slurmd.pid" "$dir/log/slurmd-%n.log"
 		for k in $(seq "$n"); do
 			echo "NodeName=node$k NodeAddr=10.232.$x.$k CPUs=${CPUS:-4} State=UNKNOWN"
 		done
