@@ -103,17 +103,23 @@ func start(t *testing.T, env []string, args ...string) (*exec.Cmd, *syncBuffer, 
 	t.Helper()
 	cmd := exec.Command(binary, args...)
 	cmd.Env = append(os.Environ(), env...)
+	out, done := startCmd(t, cmd)
+	return cmd, out, done
+}
+
+// startCmd starts cmd in the background, its output and exit to come; the
+// test's end kills it if it still runs.
+func startCmd(t *testing.T, cmd *exec.Cmd) (*syncBuffer, chan error) {
+	t.Helper()
 	out := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+		t.Fatalf("starting %s: %v", cmd.Path, err)
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-	})
-	return cmd, out, done
+	t.Cleanup(func() { cmd.Process.Kill() })
+	return out, done
 }
 
 // noStageLeft checks that no stage process of the run is alive and that every

@@ -441,13 +441,7 @@ func runPods(t *testing.T, pods []k8sPod, objs []*k8sObject, secrets map[string]
 		if len(res.runDirs) != i+1 {
 			t.Fatalf("pod %s: --run-dir %q is on no volume: it would be in the container's own layer", p.hostname, runDir)
 		}
-		out := &syncBuffer{}
-		cmd.Stdout, cmd.Stderr = out, out
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
+		out, done := startCmd(t, cmd)
 		procs = append(procs, running{done, out})
 		res.outs = append(res.outs, out)
 		res.addrs = append(res.addrs, h.Addr)

@@ -273,14 +273,7 @@ func TestHostsAsNetworkNamespaces(t *testing.T) {
 			cmd := h.Command([]netns.Mount{{Source: dirs[rank], Target: runDir}}, binary,
 				"stage", "--config", cfg, "--run-dir", runDir, "--resume")
 			cmd.Env = []string{"PATH=/usr/bin:/bin", fmt.Sprintf("RANK=%d", rank), "WORLD_SIZE=4", "MASTER_ADDR=" + hosts[0].Addr, "MASTER_PORT=29400"}
-			out := &syncBuffer{}
-			cmd.Stdout, cmd.Stderr = out, out
-			if err := cmd.Start(); err != nil {
-				t.Fatalf("rank %d on %s: %v", rank, h.Name, err)
-			}
-			done := make(chan error, 1)
-			go func() { done <- cmd.Wait() }()
-			t.Cleanup(func() { cmd.Process.Kill() })
+			out, done := startCmd(t, cmd)
 			procs[rank] = rankProc{rank: rank, pid: cmd.Process.Pid, out: out, done: done}
 		}
 		return procs
