@@ -93,6 +93,17 @@ func rvTable(world int) []Entry {
 	return out
 }
 
+// rvFreeAddr is a loopback address nothing listens on (a moment ago).
+func rvFreeAddr(t *testing.T) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	return lis.Addr().String()
+}
+
 func rvServe(t *testing.T, world int, o RendezvousOptions) *Registry {
 	t.Helper()
 	reg, err := ServeRendezvous("127.0.0.1:0", world, rvDigest, rvBuild, o)
@@ -199,12 +210,7 @@ func TestRendezvousOneRank(t *testing.T) {
 
 func TestRendezvousJoinerBeforeServer(t *testing.T) {
 	rvLeaks(t)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := lis.Addr().String()
-	lis.Close()
+	addr := rvFreeAddr(t)
 	o := RendezvousOptions{Timeout: 20 * time.Second}
 	early := []<-chan rvResult{rvJoin(addr, rvEntry(1), o), rvJoin(addr, rvEntry(2), o)}
 	time.Sleep(500 * time.Millisecond) // several failed connection attempts
@@ -388,13 +394,8 @@ func TestRendezvousJoinerTimeout(t *testing.T) {
 
 func TestRendezvousUnreachable(t *testing.T) {
 	rvLeaks(t)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := lis.Addr().String()
-	lis.Close()
-	_, err = JoinRendezvous(context.Background(), addr, rvEntry(1), RendezvousOptions{Timeout: 300 * time.Millisecond})
+	addr := rvFreeAddr(t)
+	_, err := JoinRendezvous(context.Background(), addr, rvEntry(1), RendezvousOptions{Timeout: 300 * time.Millisecond})
 	rvWantErr(t, "nobody there", err, "rendezvous at "+addr+" not reachable: ", "connection refused", "(gave up after 300ms)")
 
 	ctx, cancel := context.WithCancel(context.Background())

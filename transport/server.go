@@ -25,11 +25,43 @@ type Server struct {
 	gs    *grpc.Server
 	done  chan struct{} // closed by Close
 
-	mu        sync.Mutex
-	closed    bool
-	handlers  sync.WaitGroup
+	mu        sync.Mutex // guards the roles' connected
+	handlers  handlers
 	closeOnce sync.Once
 }
+
+// handlers admits a server's stream handlers until the server closes, and
+// lets Close wait for those it admitted: a handler never starts on a server
+// that Close has already waited out.
+type handlers struct {
+	mu      sync.Mutex
+	closed  bool
+	running sync.WaitGroup
+}
+
+// enter admits one handler, or refuses it (Unavailable) once closed; an
+// admitted handler calls exit when it returns.
+func (h *handlers) enter() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return status.Error(codes.Unavailable, "server closing")
+	}
+	h.running.Add(1)
+	return nil
+}
+
+func (h *handlers) exit() { h.running.Done() }
+
+// shut refuses every later handler.
+func (h *handlers) shut() {
+	h.mu.Lock()
+	h.closed = true
+	h.mu.Unlock()
+}
+
+// wait returns once every admitted handler has.
+func (h *handlers) wait() { h.running.Wait() }
 
 // role is the part of a Server that serves one group's link.
 type role struct {
@@ -77,19 +109,9 @@ func Listen(addr string, self Hello, opts Options, more ...Hello) (*Server, erro
 		roles = append(roles, &role{self: h.clone(), results: make(chan acceptResult, 1)})
 	}
 	who := roles[0].self.who()
-	if err := checkExposure(addr, opts); err != nil {
-		return nil, fmt.Errorf("%s: %w", who, err)
-	}
-	lis, err := opts.Listener, error(nil)
-	if lis == nil {
-		lis, err = listen(addr)
-	}
+	lis, err := bind(addr, opts, who)
 	if err != nil {
-		var oe *net.OpError
-		if errors.As(err, &oe) {
-			err = oe.Err
-		}
-		return nil, fmt.Errorf("%s: cannot listen on %s: %w", who, addr, err)
+		return nil, err
 	}
 	for _, r := range roles {
 		if r.self.Address == "" {
@@ -180,10 +202,8 @@ func (s *Server) accept(ctx context.Context, r *role) (Link, error) {
 // be closed by their owner.
 func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
-		s.mu.Lock()
-		s.closed = true
+		s.handlers.shut()
 		close(s.done)
-		s.mu.Unlock()
 		for _, r := range s.roles {
 			select {
 			case res := <-r.results:
@@ -194,7 +214,7 @@ func (s *Server) Close() error {
 			}
 		}
 		stopGracefully(s.gs)
-		s.handlers.Wait()
+		s.handlers.wait()
 	})
 	return nil
 }
@@ -233,14 +253,10 @@ func (s *Server) serveLink(stream grpc.ServerStream) error {
 	if err := s.authenticate(stream); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return status.Error(codes.Unavailable, "server closing")
+	if err := s.handlers.enter(); err != nil {
+		return err
 	}
-	s.handlers.Add(1)
-	s.mu.Unlock()
-	defer s.handlers.Done()
+	defer s.handlers.exit()
 
 	var b []byte
 	if err := stream.RecvMsg(&b); err != nil {
@@ -351,4 +367,25 @@ func stopGracefully(gs *grpc.Server) {
 		gs.Stop()
 		<-stopped
 	}
+}
+
+// bind is the socket a server serves: o.Listener if given, else addr bound,
+// which without a token or TLS must be a loopback address (checkExposure).
+// Errors start with who.
+func bind(addr string, o Options, who string) (net.Listener, error) {
+	if err := checkExposure(addr, o); err != nil {
+		return nil, fmt.Errorf("%s: %w", who, err)
+	}
+	if o.Listener != nil {
+		return o.Listener, nil
+	}
+	lis, err := listen(addr)
+	if err != nil {
+		var oe *net.OpError
+		if errors.As(err, &oe) {
+			err = oe.Err
+		}
+		return nil, fmt.Errorf("%s: cannot listen on %s: %w", who, addr, err)
+	}
+	return lis, nil
 }

@@ -102,9 +102,7 @@ type ServiceServer struct {
 	gs     *grpc.Server
 	handle func(*ServiceStream) error
 
-	mu        sync.Mutex
-	closed    bool
-	handlers  sync.WaitGroup
+	handlers  handlers
 	closeOnce sync.Once
 }
 
@@ -127,19 +125,9 @@ func (sv Service) Serve(addr string, o Options, handle func(*ServiceStream) erro
 		return nil, err
 	}
 	o = o.withDefaults()
-	if err := checkExposure(addr, o); err != nil {
-		return nil, fmt.Errorf("%s: %w", sv.who(addr), err)
-	}
-	lis, err := o.Listener, error(nil)
-	if lis == nil {
-		lis, err = listen(addr)
-	}
+	lis, err := bind(addr, o, sv.who(addr))
 	if err != nil {
-		var oe *net.OpError
-		if errors.As(err, &oe) {
-			err = oe.Err
-		}
-		return nil, fmt.Errorf("%s: cannot listen on %s: %w", sv.Noun, addr, err)
+		return nil, err
 	}
 	s := &ServiceServer{sv: sv, who: sv.who(listenAddr(lis)), opts: o, lis: lis, handle: handle}
 	s.gs = grpc.NewServer(append(listenOptions(o, s.who),
@@ -168,14 +156,10 @@ func (s *ServiceServer) serveStream(stream grpc.ServerStream) error {
 	if err := authenticate(ctx, s.opts, s.who); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return status.Error(codes.Unavailable, "server closing")
+	if err := s.handlers.enter(); err != nil {
+		return err
 	}
-	s.handlers.Add(1)
-	s.mu.Unlock()
-	defer s.handlers.Done()
+	defer s.handlers.exit()
 	return s.handle(&ServiceStream{s: stream, peer: remoteAddr(ctx)})
 }
 
@@ -184,11 +168,9 @@ func (s *ServiceServer) serveStream(stream grpc.ServerStream) error {
 // to finish before the remaining ones are cut off.
 func (s *ServiceServer) Close() error {
 	s.closeOnce.Do(func() {
-		s.mu.Lock()
-		s.closed = true
-		s.mu.Unlock()
+		s.handlers.shut()
 		stopGracefully(s.gs)
-		s.handlers.Wait()
+		s.handlers.wait()
 	})
 	return nil
 }

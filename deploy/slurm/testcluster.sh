@@ -99,17 +99,22 @@ strays() {
 	echo "$all"
 }
 
-down() {
+# cancel_jobs cancels every job through Slurm, while slurmctld runs, and
+# waits a while for them to go: their steps end as Slurm ends them, and only
+# what does not end in time is killed afterwards.
+cancel_jobs() {
 	export SLURM_CONF=$conf
 	if [ -s "$dir/slurmctld.pid" ] && kill -0 "$(cat "$dir/slurmctld.pid")" 2>/dev/null; then
-		# Jobs are cancelled through Slurm first, so their steps end as
-		# Slurm ends them; only what does not end in time is killed below.
 		scancel --full --quiet --user=root 2>/dev/null || true
 		for _ in $(seq 50); do
 			[ -z "$(squeue -h -o %i 2>/dev/null)" ] && break
 			sleep 0.2
 		done
 	fi
+}
+
+down() {
+	cancel_jobs
 	local left
 	left=$(strays)
 	stop "$dir/slurmd.pid"
@@ -230,14 +235,7 @@ nsname() { echo "ptslurm-$1-$2"; }
 down_nodes() {
 	local n x k ns left
 	read -r n x <"$dir/nodes"
-	export SLURM_CONF=$conf
-	if [ -s "$dir/slurmctld.pid" ] && kill -0 "$(cat "$dir/slurmctld.pid")" 2>/dev/null; then
-		scancel --full --quiet --user=root 2>/dev/null || true
-		for _ in $(seq 50); do
-			[ -z "$(squeue -h -o %i 2>/dev/null)" ] && break
-			sleep 0.2
-		done
-	fi
+	cancel_jobs
 	left=$(strays)
 	for k in $(seq "$n"); do
 		stop "$dir/node$k/slurmd.pid"
