@@ -139,32 +139,32 @@ func NewEngine(m *models.Model, first, last, batch int, seed uint64, split bool)
 		}
 	}
 	// The derivative of a matmul has nodes for both operands whatever was asked
-	// for, so a split program is compiled from its outputs back: a whole-graph
-	// compile would compute the weight gradients here too.
-	if split {
-		outputs := append(G.Nodes{e.out}, keep...)
-		if e.dx != nil {
-			outputs = append(outputs, e.dx)
-		}
-		inputs := append(G.Nodes{e.x}, e.params...)
-		if e.onehot != nil {
-			inputs = append(inputs, e.onehot)
-		}
-		prog, locMap, err := G.CompileFunction(e.g, inputs, outputs)
-		if err != nil {
-			return nil, fmt.Errorf("compiling layers [%d, %d): %w", first, last, err)
-		}
-		e.newMachine = func() G.VM { return G.NewTapeMachine(e.g, G.WithPrecompiled(prog, locMap), G.WithEngine(fast)) }
-		e.useFast()
-		return e, nil
+	// for, so the program is compiled from its outputs back: a whole-graph
+	// compile would compute the weight gradients in a split program's input
+	// pass, and the first stage's gradient with respect to its data, which
+	// nothing reads (as many multiply-adds as its first layer's forward).
+	outputs := append(G.Nodes{e.out}, keep...)
+	if !split {
+		outputs = append(outputs, grads[:len(e.params)]...)
 	}
-	prog, locMap, err := G.Compile(e.g)
+	if e.dx != nil {
+		outputs = append(outputs, e.dx)
+	}
+	inputs = append(G.Nodes{e.x}, e.params...)
+	if e.onehot != nil {
+		inputs = append(inputs, e.onehot)
+	}
+	prog, locMap, err := G.CompileFunction(e.g, inputs, outputs)
 	if err != nil {
 		return nil, fmt.Errorf("compiling layers [%d, %d): %w", first, last, err)
 	}
-	params := e.params
-	e.newMachine = func() G.VM {
-		return G.NewTapeMachine(e.g, G.WithPrecompiled(prog, locMap), G.BindDualValues(params...), G.WithEngine(fast))
+	if split {
+		e.newMachine = func() G.VM { return G.NewTapeMachine(e.g, G.WithPrecompiled(prog, locMap), G.WithEngine(fast)) }
+	} else {
+		params := e.params
+		e.newMachine = func() G.VM {
+			return G.NewTapeMachine(e.g, G.WithPrecompiled(prog, locMap), G.BindDualValues(params...), G.WithEngine(fast))
+		}
 	}
 	e.useFast()
 	return e, nil

@@ -453,3 +453,45 @@ func TestInputPassSkipsWeightGradients(t *testing.T) {
 		t.Fatal("no weight-gradient matmul found in the graph; the test no longer looks at the right nodes")
 	}
 }
+
+// TestFirstStageSkipsDataGradient: the first stage's input is data, so its
+// gradient is dead work (as many multiply-adds as the first layer's forward)
+// that a whole-graph compile would still run, the matmul's derivative having
+// nodes for both operands.
+func TestFirstStageSkipsDataGradient(t *testing.T) {
+	m := smallMLP(t, "float64")
+	e, err := NewEngine(m, 0, len(m.Layers), 4, 1, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, y := randInput(rand.New(rand.NewPCG(3, 4)), 4, 6)
+	if _, err := e.Forward(0, x, y); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Backward(0, e.LossScale(1)); err != nil {
+		t.Fatal(err)
+	}
+	inShape := e.InShape()
+	seen := 0
+	for _, n := range e.g.AllNodes() {
+		if n == e.x || n.Op() == nil || !n.Shape().Eq(inShape) {
+			continue
+		}
+		seen++
+		if n.Value() != nil {
+			t.Errorf("the first stage computed %v %v, a gradient with respect to its data", n.Op(), n.Shape())
+		}
+	}
+	if seen == 0 {
+		t.Fatal("no node of the data's shape besides the data; the test no longer looks at the right nodes")
+	}
+	grads, err := e.Gradients()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, g := range grads {
+		if g == nil {
+			t.Errorf("parameter %d has no gradient", i)
+		}
+	}
+}
