@@ -6,52 +6,18 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/pipetrain/pipetrain/transport"
 )
 
 // grpcRing joins ranks ranks by gRPC replica-ring links on loopback.
 func grpcRing(tb testing.TB, ranks int, p Plan) []*Ring {
 	tb.Helper()
-	hello := func(r int) transport.Hello {
-		return transport.Hello{Group: transport.ReplicaGroup, Stage: 0, Stages: 1, Replica: r, Replicas: ranks,
-			ConfigDigest: "bench", DType: transport.Float32, Shapes: p.Shapes()}
-	}
-	rings := make([]*Ring, ranks)
-	servers := make([]*transport.Server, ranks)
-	for r := range ranks {
-		s, err := transport.Listen("127.0.0.1:0", hello(r), transport.Options{})
-		if err != nil {
-			tb.Fatal(err)
-		}
-		tb.Cleanup(func() { s.Close() })
-		servers[r] = s
-		rings[r] = &Ring{Rank: r, Size: ranks, DType: transport.Float32}
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	var wg sync.WaitGroup
-	errs := make([]error, 2*ranks)
-	for r := range ranks {
-		wg.Go(func() { rings[r].Prev, errs[2*r] = servers[r].AcceptGroup(ctx, transport.ReplicaGroup) })
-		wg.Go(func() {
-			h := hello(r)
-			h.Address = servers[r].Addr()
-			rings[r].Next, errs[2*r+1] = transport.Dial(ctx, servers[(r+1)%ranks].Addr(), h, transport.Options{})
-		})
+	rings, close, err := Loopback(ctx, ranks, p)
+	if err != nil {
+		tb.Fatal(err)
 	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			tb.Fatal(err)
-		}
-	}
-	tb.Cleanup(func() {
-		for _, r := range rings {
-			r.Next.Close()
-			r.Prev.Close()
-		}
-	})
+	tb.Cleanup(close)
 	return rings
 }
 

@@ -19,111 +19,21 @@ import (
 	"github.com/pipetrain/pipetrain/collective"
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/internal/stats"
-	"github.com/pipetrain/pipetrain/transport"
 )
 
 // allReduceTarget is the target: the ring all-reduce's bus bandwidth
 // over raw TCP loopback throughput, measured in the same run.
 const allReduceTarget = 0.70
 
-// ringOfLinks joins ranks ranks in this process by gRPC replica-ring links
-// over loopback, as the replicas of one stage are joined, with the plan's
-// tags in the handshake.
-func ringOfLinks(ranks int, p collective.Plan) ([]*collective.Ring, func(), error) {
-	hello := func(r int) transport.Hello {
-		return transport.Hello{Group: transport.ReplicaGroup, Stage: 0, Stages: 1, Replica: r, Replicas: ranks,
-			ConfigDigest: "bench-suite", DType: transport.Float32, Shapes: p.Shapes()}
+// busMBs all-reduces n times and returns the bus bandwidth in MB/s
+// (nccl-tests: 2(R-1)/R · S / t).
+func busMBs(t *collective.Trial, ranks int, p collective.Plan, n int) (float64, error) {
+	d, err := t.Run(context.Background(), n)
+	if err != nil {
+		return 0, err
 	}
-	rings := make([]*collective.Ring, ranks)
-	servers := make([]*transport.Server, ranks)
-	var links []transport.Link
-	cleanup := func() {
-		for _, l := range links {
-			l.Close()
-		}
-		for _, s := range servers {
-			if s != nil {
-				s.Close()
-			}
-		}
-	}
-	for r := range ranks {
-		s, err := transport.Listen("127.0.0.1:0", hello(r), transport.Options{})
-		if err != nil {
-			cleanup()
-			return nil, nil, err
-		}
-		servers[r] = s
-		rings[r] = &collective.Ring{Rank: r, Size: ranks, DType: transport.Float32}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	errs := make([]error, 2*ranks)
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for r := range ranks {
-		wg.Go(func() {
-			l, err := servers[r].AcceptGroup(ctx, transport.ReplicaGroup)
-			errs[2*r] = err
-			mu.Lock()
-			rings[r].Prev = l
-			if l != nil {
-				links = append(links, l)
-			}
-			mu.Unlock()
-		})
-		wg.Go(func() {
-			h := hello(r)
-			h.Address = servers[r].Addr()
-			l, err := transport.Dial(ctx, servers[(r+1)%ranks].Addr(), h, transport.Options{})
-			errs[2*r+1] = err
-			mu.Lock()
-			rings[r].Next = l
-			if l != nil {
-				links = append(links, l)
-			}
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			cleanup()
-			return nil, nil, err
-		}
-	}
-	return rings, cleanup, nil
-}
-
-// allReduceOnce all-reduces size bytes n times on every rank at once and
-// returns the bus bandwidth in MB/s (nccl-tests: 2(R-1)/R · S / t).
-func allReduceOnce(rings []*collective.Ring, p collective.Plan, bufs [][2][]float32, n int, step *int64) (float64, error) {
-	R := len(rings)
-	t0 := time.Now()
-	errs := make([]error, R)
-	var wg sync.WaitGroup
-	for r := range rings {
-		wg.Go(func() {
-			for i := range n {
-				s := *step + int64(i)
-				// Alternate buffers, as a stage does: a ring may still be
-				// sending from one until its next all-reduce returns.
-				if errs[r] = collective.AllReduce(context.Background(), rings[r], s, 0, p, bufs[r][s%2]); errs[r] != nil {
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	*step += int64(n)
-	for _, err := range errs {
-		if err != nil {
-			return 0, err
-		}
-	}
-	size := float64(4 * p.N)
-	t := time.Since(t0).Seconds() / float64(n)
-	return 2 * float64(R-1) / float64(R) * size / t / 1e6, nil
+	R := float64(ranks)
+	return 2 * (R - 1) / R * float64(4*p.N) / d.Seconds() / 1e6, nil
 }
 
 func runAllReduce(o *options, b *bytes.Buffer) error {
@@ -170,29 +80,22 @@ func runAllReduce(o *options, b *bytes.Buffer) error {
 			if err != nil {
 				return err
 			}
-			rings, cleanup, err := ringOfLinks(R, p)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			rings, cleanup, err := collective.Loopback(ctx, R, p)
+			cancel()
 			if err != nil {
 				return err
 			}
-			bufs := make([][2][]float32, R)
-			for r := range bufs {
-				for k := range 2 {
-					bufs[r][k] = make([]float32, p.N)
-					for i := range bufs[r][k] {
-						bufs[r][k][i] = float32(i%97) * 1e-3
-					}
-				}
-			}
-			var step int64
+			trial := collective.NewTrial(rings, p)
 			reps := max(2, n/(2*R))
-			if _, err := allReduceOnce(rings, p, bufs, max(1, reps/4), &step); err != nil {
+			if _, err := busMBs(trial, R, p, max(1, reps/4)); err != nil {
 				cleanup()
 				return err
 			}
 			var bus []float64
 			for range o.reps {
 				runtime.GC()
-				mb, err := allReduceOnce(rings, p, bufs, reps, &step)
+				mb, err := busMBs(trial, R, p, reps)
 				if err != nil {
 					cleanup()
 					return err

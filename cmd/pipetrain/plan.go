@@ -30,9 +30,7 @@ type planOptions struct {
 	micro                        int
 	force                        bool
 	stagesSet                    bool
-	arBandwidth                  string
-	arLatency                    time.Duration
-	arLatencySet                 bool
+	ring                         ringFlags
 }
 
 const planLong = `Measure each layer of the config's model here, then choose the stage
@@ -44,7 +42,8 @@ stages x replicas = N, as many stages as layers at most and a batch each
 replica can cut into micro-batches. Each grid is planned on its replicas'
 share of the batch (batch_size / replicas), with the ring all-reduce of each
 stage's gradients charged as the simulator charges it (--allreduce-bandwidth
-and --allreduce-latency; left out, the figures of gRPC on loopback), and a
+and --allreduce-latency, or --allreduce-bandwidth measure to time the ring
+here; left out, the figures of gRPC on loopback), and a
 table gives each grid's predicted samples per second; the fastest that fits
 the memory limit is written, with data_parallel and each stage's addresses.
 Without --processes the config's own replicas are kept.`
@@ -58,7 +57,7 @@ func planCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.stagesSet = cmd.Flags().Changed("stages")
-			o.arLatencySet = cmd.Flags().Changed("allreduce-latency")
+			o.ring.latencySet = cmd.Flags().Changed("allreduce-latency")
 			return runPlan(cmd.OutOrStdout(), o)
 		},
 	}
@@ -71,8 +70,8 @@ func planCmd() *cobra.Command {
 	c.Flags().BoolVar(&o.force, "force", false, "replace the output file if it exists")
 	c.Flags().IntVar(&o.reps, "reps", 5, "measurements per layer (the median is used)")
 	c.Flags().IntVar(&o.micro, "micro-batches", 0, "keep this micro-batch count (per replica) instead of choosing one (powers of two up to 64 that divide the batch)")
-	c.Flags().StringVar(&o.arBandwidth, "allreduce-bandwidth", "", "bytes per second one replica sends on the all-reduce ring, e.g. 1.2GB/s (default 2GB/s, gRPC on loopback)")
-	c.Flags().DurationVar(&o.arLatency, "allreduce-latency", defaultAllReduceLatency, "cost of each message of the all-reduce ring")
+	c.Flags().StringVar(&o.ring.bandwidth, "allreduce-bandwidth", "", ringBandwidthUsage+"; measured among the config's replicas, or 2 when it has one")
+	c.Flags().DurationVar(&o.ring.latency, "allreduce-latency", defaultAllReduceLatency, "cost of each message of the all-reduce ring")
 	c.MarkFlagRequired("config")
 	return c
 }
@@ -99,14 +98,16 @@ func runPlan(w io.Writer, o planOptions) error {
 	if nStages == 0 {
 		nStages = len(cfg.Stages)
 	}
-	bw := defaultAllReduceBandwidth
-	if o.arBandwidth != "" {
-		if bw, err = parseBandwidth(o.arBandwidth); err != nil {
-			return fmt.Errorf("--allreduce-bandwidth: %w", err)
-		}
+	model, err := models.Build(cfg.Model)
+	if err != nil {
+		return err
 	}
-	if o.arLatency < 0 {
-		return fmt.Errorf("--allreduce-latency %v: must be 0 or more", o.arLatency)
+	size := int(model.DType.Size())
+	// Buckets hold whole elements, as the collective plan cuts them.
+	bucket := max(1, cfg.BucketBytes()/size) * size
+	ring, err := o.ring.resolve(cfg.Replicas(), bucket)
+	if err != nil {
+		return err
 	}
 	out := o.out
 	if out == "" {
@@ -122,22 +123,17 @@ func runPlan(w io.Writer, o planOptions) error {
 	if err != nil {
 		return err
 	}
-	model, err := models.Build(cfg.Model)
-	if err != nil {
-		return err
-	}
 	names := strings.Split(o.schedules, ",")
 	if !splittable(model) {
 		// Zero-bubble schedules need layers that split their backward.
 		names = slices.DeleteFunc(names, func(n string) bool { return n == "zb-h1" })
 	}
-	size := int(model.DType.Size())
 	prob := plan.Problem{
 		Stages: nStages, Batch: cfg.Data.BatchSize, MicroBatch: cfg.MicroBatchSize(), OverheadMS: 0.05,
 		Schedules: names, MemoryLimit: limit,
 		TransferBytesPerMS: 2e6, LatencyMS: 0.1,
-		Replicas: cfg.Replicas(), AllReduceBytesPerMS: bw / 1000, AllReduceLatencyMS: ms(o.arLatency),
-		BucketBytes: int64(max(1, cfg.BucketBytes()/size) * size),
+		Replicas: cfg.Replicas(), AllReduceBytesPerMS: ring.bytesPerSecond / 1000, AllReduceLatencyMS: ms(ring.latency),
+		BucketBytes: int64(bucket),
 	}
 	// The replicas' share of the batch, which the micro-batches divide;
 	// with --processes each grid narrows the candidates to its own.
@@ -169,8 +165,11 @@ func runPlan(w io.Writer, o planOptions) error {
 		fmt.Fprintf(w, "  layer %d %-6s F %.3f ms  B %.3f ms  activations %s  parameters+state %s\n", i, model.Layers[i].Name(), ms(lc.F), ms(lc.B), human(lc.StashBytes), human(lc.ParamBytes))
 	}
 	if o.processes > 0 || cfg.Replicas() > 1 {
-		fmt.Fprintf(w, "  all-reduce: a ring at %s/s plus %.3f ms a message, buckets of %s", decimal(bw), ms(o.arLatency), human(prob.BucketBytes))
-		if why := ringAssumed(o.arBandwidth != "", o.arLatencySet); why != "" {
+		fmt.Fprintf(w, "  all-reduce: a ring at %s/s plus %.3f ms a message, buckets of %s", decimal(ring.bytesPerSecond), ms(ring.latency), human(prob.BucketBytes))
+		if ring.measured != "" {
+			fmt.Fprintf(w, "; %s", ring.measured)
+		}
+		if why := ringAssumed(ring.bwKnown, ring.latKnown); why != "" {
 			fmt.Fprintf(w, "; %s", why)
 		}
 		fmt.Fprintln(w)

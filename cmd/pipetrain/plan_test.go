@@ -95,6 +95,21 @@ func TestPlanProcessesChoosesReplicas(t *testing.T) {
 	}
 }
 
+// TestPlanMeasuresTheRing: with --allreduce-bandwidth measure the grids
+// are charged figures timed here, and the output says so, unmarked.
+func TestPlanMeasuresTheRing(t *testing.T) {
+	out, _, err := runPlanned(t, planMLP, "--processes", "2", "--allreduce-bandwidth", "measure")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if !regexp.MustCompile(`  all-reduce: a ring at [0-9.]+ [MG]B/s plus [0-9.]+ ms a message, buckets of 1.00 MiB; measured here: 2 ranks in one process over gRPC links on loopback`).MatchString(out) {
+		t.Errorf("no measured ring figures in\n%s", out)
+	}
+	if strings.Contains(out, "not measured") {
+		t.Errorf("measured figures called assumed:\n%s", out)
+	}
+}
+
 // TestPlanProcessesGridsWithoutPlans: with four processes, four stages
 // cannot share three layers; the table says so and plans the others.
 func TestPlanProcessesGridsWithoutPlans(t *testing.T) {

@@ -62,8 +62,10 @@ with a ring all-reduce that starts when the stage's last backward of each
 chunk is done and runs while it computes on. It is charged
 2(R-1)/R x bytes / bandwidth plus a latency per message (2(R-1) per bucket of
 all_reduce.bucket_bytes): --allreduce-bandwidth and --allreduce-latency give
-the ring's figures; left out, they are those the transfer estimate takes for
-gRPC on loopback (2 GB/s, 100 us), marked *. The header then gives each
+the ring's figures; --allreduce-bandwidth measure times R ranks here over
+gRPC links on loopback and fits both (the latency too unless given); left
+out, they are those the transfer estimate takes for gRPC on loopback
+(2 GB/s, 100 us), marked *. The header then gives each
 stage's gradient bytes and all-reduce time, and each schedule the step time and
 samples per second of the stages x replicas grid, with each stage's all-reduce
 and how much of it the computation does not hide (exposed).`
@@ -81,18 +83,9 @@ type simulateOptions struct {
 	reps         int
 	lowered      bool
 
-	replicas     int // --replicas; 0 when not given
-	arBandwidth  string
-	arLatency    time.Duration
-	arLatencySet bool // --allreduce-latency was given
+	replicas int // --replicas; 0 when not given
+	ring     ringFlags
 }
-
-// The ring's figures when not given: those EstimateTransfer takes for a
-// message over gRPC on loopback, which the ring's links are too.
-const (
-	defaultAllReduceBandwidth = 2e9 // bytes per second
-	defaultAllReduceLatency   = 100 * time.Microsecond
-)
 
 func simulateCmd() *cobra.Command {
 	var o simulateOptions
@@ -104,7 +97,7 @@ func simulateCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.schedulesSet = cmd.Flags().Changed("schedule")
 			o.transferSet = cmd.Flags().Changed("transfer")
-			o.arLatencySet = cmd.Flags().Changed("allreduce-latency")
+			o.ring.latencySet = cmd.Flags().Changed("allreduce-latency")
 			if cmd.Flags().Changed("replicas") && o.replicas < 1 {
 				return fmt.Errorf("--replicas %d: need at least 1", o.replicas)
 			}
@@ -120,8 +113,8 @@ func simulateCmd() *cobra.Command {
 	c.Flags().IntVar(&o.reps, "reps", 5, "measurements per action when --costs measure (the median is used)")
 	c.Flags().StringVar(&o.svg, "svg", "", "write each schedule's timeline as an SVG: FILE.svg gets the schedule name added before .svg")
 	c.Flags().IntVar(&o.replicas, "replicas", 0, "data-parallel replicas of the pipeline, on the same global batch (default: the config's data_parallel)")
-	c.Flags().StringVar(&o.arBandwidth, "allreduce-bandwidth", "", "bytes per second one replica sends on the all-reduce ring, e.g. 1.2GB/s (default 2GB/s, gRPC on loopback, marked *)")
-	c.Flags().DurationVar(&o.arLatency, "allreduce-latency", defaultAllReduceLatency, "cost of each message of the all-reduce ring (default as the transfer estimate takes it, marked *)")
+	c.Flags().StringVar(&o.ring.bandwidth, "allreduce-bandwidth", "", ringBandwidthUsage+"; an assumed figure is marked *")
+	c.Flags().DurationVar(&o.ring.latency, "allreduce-latency", defaultAllReduceLatency, "cost of each message of the all-reduce ring (default as the transfer estimate takes it, marked *)")
 	c.MarkFlagRequired("config")
 	return c
 }
@@ -637,29 +630,26 @@ type replication struct {
 	show                 bool                   // the config has replicas or --replicas was given
 	ring                 schedule.RingAllReduce // in ms
 	grads                [][]int64              // per stage, per chunk of the config; nil with one replica
-	bwGiven, latGiven    bool
+	figures              ringFigures
 }
 
 // newReplication sets up the all-reduces of cfg (after --replicas; the
 // config itself has configured replicas).
 func newReplication(cfg *configs.Config, model *models.Model, o simulateOptions, configured int) (*replication, error) {
 	r := &replication{replicas: cfg.Replicas(), configured: configured, stages: len(cfg.Stages), batch: cfg.Data.BatchSize,
-		show: cfg.Replicas() > 1 || o.replicas > 0, latGiven: o.arLatencySet}
-	bw := defaultAllReduceBandwidth
-	if o.arBandwidth != "" {
-		v, err := parseBandwidth(o.arBandwidth)
-		if err != nil {
-			return nil, fmt.Errorf("--allreduce-bandwidth: %w", err)
-		}
-		bw, r.bwGiven = v, true
-	}
-	if o.arLatency < 0 {
-		return nil, fmt.Errorf("--allreduce-latency %v: must be 0 or more", o.arLatency)
-	}
+		show: cfg.Replicas() > 1 || o.replicas > 0}
 	size := int(model.DType.Size())
 	// Buckets hold whole elements, as the collective plan cuts them.
 	bucket := max(1, cfg.BucketBytes()/size) * size
-	r.ring = schedule.RingAllReduce{Replicas: r.replicas, Bandwidth: bw / 1000, Latency: ms(o.arLatency), BucketBytes: int64(bucket)}
+	flags := o.ring
+	if r.replicas == 1 && flags.bandwidth == "measure" {
+		flags.bandwidth = "" // nothing to all-reduce, so nothing to measure
+	}
+	var err error
+	if r.figures, err = flags.resolve(r.replicas, bucket); err != nil {
+		return nil, err
+	}
+	r.ring = schedule.RingAllReduce{Replicas: r.replicas, Bandwidth: r.figures.bytesPerSecond / 1000, Latency: ms(r.figures.latency), BucketBytes: int64(bucket)}
 	if r.replicas == 1 {
 		return r, nil
 	}
@@ -738,7 +728,7 @@ func (r *replication) print(w io.Writer) {
 		return
 	}
 	fmt.Fprintf(w, "; ring all-reduce at %s/s%s plus %.3f ms%s a message, buckets of %s\n",
-		decimal(r.ring.Bandwidth*1000), mark(r.bwGiven), r.ring.Latency, mark(r.latGiven), human(r.ring.BucketBytes))
+		decimal(r.ring.Bandwidth*1000), mark(r.figures.bwKnown), r.ring.Latency, mark(r.figures.latKnown), human(r.ring.BucketBytes))
 	for s, g := range r.grads {
 		var bytes int64
 		var t float64
@@ -746,9 +736,12 @@ func (r *replication) print(w io.Writer) {
 			bytes += b
 			t += r.ring.Time(b)
 		}
-		fmt.Fprintf(w, "  stage %d  gradients %s  all-reduce %.3f ms%s\n", s, human(bytes), t, mark(r.bwGiven && r.latGiven))
+		fmt.Fprintf(w, "  stage %d  gradients %s  all-reduce %.3f ms%s\n", s, human(bytes), t, mark(r.figures.bwKnown && r.figures.latKnown))
 	}
-	if why := ringAssumed(r.bwGiven, r.latGiven); why != "" {
+	if r.figures.measured != "" {
+		fmt.Fprintf(w, "  all-reduce figures %s\n", r.figures.measured)
+	}
+	if why := ringAssumed(r.figures.bwKnown, r.figures.latKnown); why != "" {
 		fmt.Fprintf(w, "  * all-reduce: %s\n", why)
 	}
 }

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -519,6 +521,53 @@ func TestSimulateReplicas(t *testing.T) {
 		}
 		if !tc.marks && strings.Contains(out, "* all-reduce") {
 			t.Errorf("%s: all-reduce marked though given:\n%s", tc.name, out)
+		}
+	}
+}
+
+// TestSimulateMeasuresTheRing: --allreduce-bandwidth measure times a real
+// ring of the config's replicas here and charges each stage's all-reduce
+// from the fitted figures, unmarked; a given --allreduce-latency is kept.
+func TestSimulateMeasuresTheRing(t *testing.T) {
+	g0 := int64(533248 * 4)
+	for _, lat := range []string{"", "40us"} {
+		args := []string{"--config", mlp2x2, "--costs", "f=1,b=2", "--transfer", "0", "--schedule", "1f1b", "--allreduce-bandwidth", "measure"}
+		if lat != "" {
+			args = append(args, "--allreduce-latency", lat)
+		}
+		out, err := runCommand(t, simulateCmd(), args...)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		m := regexp.MustCompile(`ring all-reduce at ([0-9.]+) (MB|GB)/s plus ([0-9.]+) ms a message`).FindStringSubmatch(out)
+		if m == nil {
+			t.Fatalf("no ring figures in\n%s", out)
+		}
+		bw, _ := strconv.ParseFloat(m[1], 64)
+		bw *= map[string]float64{"MB": 1e6, "GB": 1e9}[m[2]]
+		latMS, _ := strconv.ParseFloat(m[3], 64)
+		if bw < 1e7 || bw > 1e12 || latMS < 0 || latMS > 100 {
+			t.Fatalf("implausible measured ring: %g B/s, %g ms a message\n%s", bw, latMS, out)
+		}
+		if lat != "" && latMS != 0.04 {
+			t.Errorf("--allreduce-latency 40us was replaced by the measured %g ms", latMS)
+		}
+		ar0 := regexp.MustCompile(`stage 0  gradients 2.03 MiB  all-reduce ([0-9.]+) ms\n`).FindStringSubmatch(out)
+		if ar0 == nil {
+			t.Fatalf("stage 0's all-reduce is missing or marked as assumed:\n%s", out)
+		}
+		// The printed figures are rounded; the charge must agree with them to that.
+		got, _ := strconv.ParseFloat(ar0[1], 64)
+		if want := ringTime(g0, 2, bw, latMS, 1<<20); math.Abs(got-want) > 0.01*want+0.01 {
+			t.Errorf("stage 0 charged %.3f ms, the measured figures give %.3f", got, want)
+		}
+		for _, w := range []string{"  all-reduce figures measured here: 2 ranks in one process over gRPC links on loopback"} {
+			if !strings.Contains(out, w) {
+				t.Errorf("missing %q in\n%s", w, out)
+			}
+		}
+		if strings.Contains(out, "* all-reduce") {
+			t.Errorf("measured figures marked as assumed:\n%s", out)
 		}
 	}
 }

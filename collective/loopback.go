@@ -1,0 +1,192 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/pipetrain/pipetrain/transport"
+)
+
+// Loopback joins ranks rings in this process by gRPC replica-ring links on
+// 127.0.0.1, the links a stage's replicas use, with p's tags in their
+// handshakes. close closes every link and server; it is also what an error
+// return has already done. Benchmarks and `simulate --allreduce-bandwidth
+// measure` time the ring over it.
+func Loopback(ctx context.Context, ranks int, p Plan) (rings []*Ring, close func(), err error) {
+	hello := func(r int) transport.Hello {
+		return transport.Hello{Group: transport.ReplicaGroup, Stage: 0, Stages: 1, Replica: r, Replicas: ranks,
+			ConfigDigest: "loopback", DType: transport.Float32, Shapes: p.Shapes()}
+	}
+	rings = make([]*Ring, ranks)
+	servers := make([]*transport.Server, ranks)
+	close = func() {
+		for _, r := range rings {
+			if r != nil && r.Next != nil {
+				r.Next.Close()
+			}
+			if r != nil && r.Prev != nil {
+				r.Prev.Close()
+			}
+		}
+		for _, s := range servers {
+			if s != nil {
+				s.Close()
+			}
+		}
+	}
+	for r := range ranks {
+		s, err := transport.Listen("127.0.0.1:0", hello(r), transport.Options{})
+		if err != nil {
+			close()
+			return nil, nil, err
+		}
+		servers[r] = s
+		rings[r] = &Ring{Rank: r, Size: ranks, DType: transport.Float32}
+	}
+	errs := make([]error, 2*ranks)
+	var wg sync.WaitGroup
+	for r := range ranks {
+		wg.Go(func() { rings[r].Prev, errs[2*r] = servers[r].AcceptGroup(ctx, transport.ReplicaGroup) })
+		wg.Go(func() {
+			h := hello(r)
+			h.Address = servers[r].Addr()
+			rings[r].Next, errs[2*r+1] = transport.Dial(ctx, servers[(r+1)%ranks].Addr(), h, transport.Options{})
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		close()
+		return nil, nil, err
+	}
+	return rings, close, nil
+}
+
+// Trial all-reduces one plan over rings again and again, every rank at
+// once, as a stage's replicas do step after step, to time it. Each rank
+// alternates two buffers (AllReduce's contract), allocated once: fresh
+// memory per all-reduce would add its page faults to the time.
+type Trial struct {
+	rings []*Ring
+	plan  Plan
+	bufs  [][2][]float32
+	step  int64
+}
+
+// NewTrial readies all-reduces of p over rings.
+func NewTrial(rings []*Ring, p Plan) *Trial {
+	t := &Trial{rings: rings, plan: p, bufs: make([][2][]float32, len(rings))}
+	for r := range t.bufs {
+		t.bufs[r] = [2][]float32{make([]float32, p.N), make([]float32, p.N)}
+	}
+	return t
+}
+
+// Run all-reduces n times and returns the wall time of one.
+func (t *Trial) Run(ctx context.Context, n int) (time.Duration, error) {
+	errs := make([]error, len(t.rings))
+	t0 := time.Now()
+	var wg sync.WaitGroup
+	for r := range t.rings {
+		wg.Go(func() {
+			for i := range n {
+				s := t.step + int64(i)
+				if errs[r] = AllReduce(ctx, t.rings[r], s, 0, t.plan, t.bufs[r][s%2]); errs[r] != nil {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	t.step += int64(n)
+	if err := errors.Join(errs...); err != nil {
+		return 0, err
+	}
+	return time.Since(t0) / time.Duration(max(n, 1)), nil
+}
+
+// Figures are a ring's two costs as the simulator charges an all-reduce of
+// S bytes in b buckets among R ranks: 2(R-1)/R · S / BytesPerSecond +
+// 2(R-1) · b · Latency.
+type Figures struct {
+	BytesPerSecond float64
+	Latency        time.Duration
+}
+
+// MeasureLoopback fits Figures to all-reduces among ranks ranks over
+// Loopback links, in buckets of bucketBytes (as the config cuts a stage's
+// gradients), timed at two sizes: one small bucket, whose time is mostly
+// the messages' cost, and a vector of several buckets, mostly bandwidth.
+// Each size is timed in reps batches (the median is used) after a warm-up.
+// The ranks share this machine's cores, as replicas on one host do.
+func MeasureLoopback(ctx context.Context, ranks, bucketBytes, reps int) (Figures, error) {
+	if ranks < 2 {
+		return Figures{}, fmt.Errorf("collective: measuring a ring of %d ranks; it needs 2 or more", ranks)
+	}
+	if bucketBytes <= 0 {
+		return Figures{}, fmt.Errorf("collective: measuring with buckets of %d bytes", bucketBytes)
+	}
+	small := min(bucketBytes, 256<<10)
+	large := min(max(4<<20, 4*bucketBytes), 64<<20)
+	var xs, ms, ts [2]float64 // per size: bus bytes 2(R-1)/R·S, messages, seconds
+	for i, size := range []int{small, large} {
+		p, err := NewPlan(max(size/4, ranks), max(bucketBytes/4, 1), ranks)
+		if err != nil {
+			return Figures{}, err
+		}
+		t, err := medianTime(ctx, ranks, p, reps)
+		if err != nil {
+			return Figures{}, err
+		}
+		R := float64(ranks)
+		xs[i] = 2 * (R - 1) / R * float64(4*p.N)
+		ms[i] = 2 * (R - 1) * float64(len(p.Buckets))
+		ts[i] = t.Seconds()
+	}
+	return fitFigures(xs, ms, ts), nil
+}
+
+// fitFigures solves t = x/bw + m·lat through both points; where noise
+// makes either figure negative, the latency is taken as 0 and the
+// bandwidth from the larger point alone, which then charges its messages'
+// cost as bandwidth.
+func fitFigures(xs, ms, ts [2]float64) Figures {
+	det := xs[0]*ms[1] - xs[1]*ms[0]
+	if det != 0 {
+		inv := (ts[0]*ms[1] - ts[1]*ms[0]) / det // 1/bw
+		lat := (xs[0]*ts[1] - xs[1]*ts[0]) / det
+		if inv > 0 && lat >= 0 {
+			return Figures{BytesPerSecond: 1 / inv, Latency: time.Duration(lat * 1e9)}
+		}
+	}
+	return Figures{BytesPerSecond: xs[1] / ts[1]}
+}
+
+// medianTime times plan p among ranks fresh loopback ranks: the median
+// over reps batches of all-reduces, each batch about batchTime long, after
+// warming the links up (their pools and flow-control windows start cold).
+func medianTime(ctx context.Context, ranks int, p Plan, reps int) (time.Duration, error) {
+	const warmUp, batchTime = 4, 25 * time.Millisecond
+	rings, close, err := Loopback(ctx, ranks, p)
+	if err != nil {
+		return 0, err
+	}
+	defer close()
+	trial := NewTrial(rings, p)
+	one, err := trial.Run(ctx, warmUp)
+	if err != nil {
+		return 0, err
+	}
+	n := int(max(1, batchTime/max(one, time.Microsecond)))
+	times := make([]time.Duration, max(reps, 1))
+	for i := range times {
+		if times[i], err = trial.Run(ctx, n); err != nil {
+			return 0, err
+		}
+	}
+	slices.Sort(times)
+	return times[len(times)/2], nil
+}
