@@ -2,7 +2,6 @@ package models
 
 import (
 	"fmt"
-	"math"
 
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
@@ -95,13 +94,6 @@ func (o *ops) relu(a *G.Node) *G.Node {
 	return o.do("relu", func() (*G.Node, error) { return G.Rectify(a) })
 }
 
-// invSqrt is 1/sqrt(a) composed as Inverse(Sqrt(a)): gorgonia v0.9.18's
-// InverseSqrt has a wrong derivative (-g/(2y^3) instead of -g y^3/2).
-func (o *ops) invSqrt(a *G.Node) *G.Node {
-	s := o.do("sqrt", func() (*G.Node, error) { return G.Sqrt(a) })
-	return o.do("inverse", func() (*G.Node, error) { return G.Inverse(s) })
-}
-
 // The broadcast helpers combine a with b, where b lacks a's axes listed in
 // along and is repeated over them.
 func (o *ops) bcastAdd(a, b *G.Node, along ...byte) *G.Node {
@@ -125,70 +117,10 @@ func (o *ops) apply(op G.Op, in ...*G.Node) *G.Node {
 }
 
 // affine is x W + b for x (n, in), W (in, out), b (out).
-func (o *ops) affine(x, w, b *G.Node) *G.Node { return o.bcastAdd(o.matMul(x, w), b, 0) }
+func (o *ops) affine(x, w, b *G.Node) *G.Node { return o.biasAdd(o.matMul(x, w), b) }
 
 // layerNormEps keeps the normalisation finite for constant rows; GPT-2's value.
 const layerNormEps = 1e-5
-
-// layerNorm normalises each row of x (n, d) to zero mean and unit variance (the
-// biased variance, as in GPT-2) and applies the learned per-feature gain and bias
-// (d). Composed from gorgonia ops, so gorgonia derives its backward; the
-// finite-difference test covers the composition.
-func (o *ops) layerNorm(x, gain, bias *G.Node) *G.Node {
-	centred := o.bcastSub(x, o.mean(x, 1), 1)
-	variance := o.mean(o.square(centred), 1)
-	normed := o.bcastMul(centred, o.invSqrt(o.shift(variance, layerNormEps)), 1)
-	return o.bcastAdd(o.bcastMul(normed, gain, 0), bias, 0)
-}
-
-// gelu is the tanh approximation GPT-2 uses:
-// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-func (o *ops) gelu(x *G.Node) *G.Node {
-	inner := o.scale(o.add(x, o.scale(o.cube(x), 0.044715)), math.Sqrt(2/math.Pi))
-	return o.mul(o.scale(x, 0.5), o.shift(o.tanh(inner), 1))
-}
-
-// maskedNegative is added to the scores a query may not see. Large enough that
-// exp underflows to exactly zero after the row maximum is subtracted, small
-// enough to stay finite in float32.
-const maskedNegative = -1e9
-
-// maskedSoftmax is the softmax over the last axis of s (b, t, t) where mask
-// (b, t, t, a constant) holds 0 where attending is allowed and maskedNegative
-// where not. The row maximum is subtracted for stability through rowMaxOp, whose
-// value the backward treats as a constant: softmax does not depend on it, so the
-// exact gradient through it is zero anyway.
-func (o *ops) maskedSoftmax(s, mask *G.Node) *G.Node {
-	masked := o.add(s, mask)
-	stable := o.bcastSub(masked, o.apply(rowMaxOp{}, masked), 2)
-	e := o.exp(stable)
-	return o.bcastDiv(e, o.sum(e, 2), 2)
-}
-
-// causalMask returns the constant (b, t, t) additive mask for maskedSoftmax:
-// query i may attend to keys j <= i only.
-func causalMask(dt tensor.Dtype, b, t int) *G.Node {
-	m := tensor.New(tensor.Of(dt), tensor.WithShape(b, t, t))
-	switch d := m.Data().(type) {
-	case []float32:
-		fillCausal(d, t)
-	case []float64:
-		fillCausal(d, t)
-	}
-	// The default name would print the whole tensor.
-	return G.NewConstant(m, G.WithName(fmt.Sprintf("causal_mask_%dx%d", b, t)))
-}
-
-// fillCausal sets the entries above the diagonal of each t x t matrix in d.
-func fillCausal[T float32 | float64](d []T, t int) {
-	for k := 0; k < len(d); k += t * t {
-		for i := 0; i < t; i++ {
-			for j := i + 1; j < t; j++ {
-				d[k+i*t+j] = maskedNegative
-			}
-		}
-	}
-}
 
 // setAt writes v at flat index i of a float32 or float64 tensor.
 func setAt(t *tensor.Dense, i int, v float64) {
@@ -198,22 +130,4 @@ func setAt(t *tensor.Dense, i int, v float64) {
 	case []float64:
 		d[i] = v
 	}
-}
-
-// causalAttention is multi-head causal self-attention without its projections:
-// q, k, v are (batch*context, width) with each row a token and head h owning
-// columns [h*dh, (h+1)*dh); the result has the same layout, ready for the
-// output projection.
-func (o *ops) causalAttention(q, k, v *G.Node, batch, context, heads int) *G.Node {
-	width := q.Shape()[1]
-	dh := width / heads
-	// (b*t, w) -> (b, t, h, dh) -> (b, h, t, dh) -> (b*h, t, dh): one matrix per sequence and head.
-	split := func(x *G.Node) *G.Node {
-		return o.reshape(o.transpose(o.reshape(x, batch, context, heads, dh), 0, 2, 1, 3), batch*heads, context, dh)
-	}
-	qh, kh, vh := split(q), split(k), split(v)
-	scores := o.scale(o.batchedMatMul(qh, kh, false, true), 1/math.Sqrt(float64(dh)))
-	p := o.maskedSoftmax(scores, causalMask(o.dt, batch*heads, context))
-	att := o.batchedMatMul(p, vh, false, false) // (b*h, t, dh)
-	return o.reshape(o.transpose(o.reshape(att, batch, heads, context, dh), 0, 2, 1, 3), batch*context, width)
 }

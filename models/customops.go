@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"hash"
 	"hash/fnv"
-	"math"
 
 	"github.com/chewxy/hm"
 	G "gorgonia.org/gorgonia"
@@ -82,71 +81,6 @@ func (op oneHotOp) String() string        { return fmt.Sprintf("OneHot{%d}", op.
 // simply gets no gradient.
 func (op oneHotOp) DiffWRT(inputs int) []bool { return make([]bool, inputs) }
 func (op oneHotOp) SymDiff(inputs G.Nodes, output, grad *G.Node) (G.Nodes, error) {
-	return make(G.Nodes, len(inputs)), nil
-}
-
-// rowMaxOp is the maximum over the last axis of a rank-3 tensor (b, r, c) ->
-// (b, r). Softmax subtracts it for stability only, so it gets no gradient: the
-// softmax's true derivative with respect to a per-row shift is zero.
-type rowMaxOp struct{}
-
-func (op rowMaxOp) Arity() int { return 1 }
-
-func (op rowMaxOp) Type() hm.Type {
-	a := hm.TypeVariable('a')
-	return hm.NewFnType(G.TensorType{Dims: 3, Of: a}, G.TensorType{Dims: 2, Of: a})
-}
-
-func (op rowMaxOp) InferShape(in ...G.DimSizer) (tensor.Shape, error) {
-	s, ok := in[0].(tensor.Shape)
-	if !ok || s.Dims() != 3 {
-		return nil, fmt.Errorf("row max: input must have 3 dimensions, got %v", in[0])
-	}
-	return tensor.Shape{s[0], s[1]}, nil
-}
-
-func (op rowMaxOp) Do(in ...G.Value) (G.Value, error) {
-	x, ok := in[0].(*tensor.Dense)
-	if !ok || x.Dims() != 3 {
-		return nil, fmt.Errorf("row max: input is %T of shape %v, want a rank-3 dense tensor", in[0], in[0].Shape())
-	}
-	// The data is read flat, so a transposed view must be laid out first.
-	if x.IsMaterializable() {
-		x = x.Materialize().(*tensor.Dense)
-	}
-	s := x.Shape()
-	out := tensor.New(tensor.Of(x.Dtype()), tensor.WithShape(s[0], s[1]))
-	switch d := x.Data().(type) {
-	case []float32:
-		rowMax(d, out.Data().([]float32), s[2])
-	case []float64:
-		rowMax(d, out.Data().([]float64), s[2])
-	default:
-		return nil, fmt.Errorf("row max: dtype %v, want float32 or float64", x.Dtype())
-	}
-	return out, nil
-}
-
-// rowMax writes the maximum of each length-n row of x into out.
-func rowMax[T float32 | float64](x, out []T, n int) {
-	for r := range out {
-		m := T(math.Inf(-1))
-		for _, v := range x[r*n : (r+1)*n] {
-			m = max(m, v)
-		}
-		out[r] = m
-	}
-}
-
-func (op rowMaxOp) ReturnsPtr() bool      { return false }
-func (op rowMaxOp) CallsExtern() bool     { return false }
-func (op rowMaxOp) OverwritesInput() int  { return -1 }
-func (op rowMaxOp) WriteHash(h hash.Hash) { fmt.Fprint(h, "pipetrain.rowmax") }
-func (op rowMaxOp) Hashcode() uint32      { return hashOf(op) }
-func (op rowMaxOp) String() string        { return "RowMax" }
-
-func (op rowMaxOp) DiffWRT(inputs int) []bool { return make([]bool, inputs) }
-func (op rowMaxOp) SymDiff(inputs G.Nodes, output, grad *G.Node) (G.Nodes, error) {
 	return make(G.Nodes, len(inputs)), nil
 }
 

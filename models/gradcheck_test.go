@@ -271,3 +271,19 @@ func TestMaskedSoftmaxFloat32(t *testing.T) {
 		}
 	}
 }
+
+// TestGradCrossEntropy checks the loss's gradient with respect to the
+// logits; the targets, data, get none.
+func TestGradCrossEntropy(t *testing.T) {
+	r := rand.New(rand.NewPCG(6, 6))
+	logits := randDense(r, 2, 5, 7)
+	onehot := oneHotRows(r, 5, 7)
+	g := G.NewGraph()
+	x := newParam(g, "logits", logits)
+	tg := G.NewConstant(onehot, G.WithName("targets"))
+	loss, err := SoftmaxCrossEntropy(x, tg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkGraphGrads(t, g, loss, []*G.Node{x}, 0)
+}

@@ -84,31 +84,10 @@ func (d *Dense) Affine(g *G.ExprGraph, x *G.Node, params []*G.Node) (*G.Node, er
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", d.name, err)
 	}
-	y, err := G.BroadcastAdd(xw, params[1], nil, []byte{0})
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", d.name, err)
+	o := newOps(d.dt)
+	y := o.biasAdd(xw, params[1])
+	if o.err != nil {
+		return nil, fmt.Errorf("%s: %w", d.name, o.err)
 	}
 	return y, nil
-}
-
-// SoftmaxCrossEntropy adds the mean softmax cross-entropy of logits [batch, classes]
-// against one-hot targets of the same shape, and returns the scalar loss.
-func SoftmaxCrossEntropy(logits, onehot *G.Node) (*G.Node, error) {
-	logp, err := G.LogSoftMax(logits)
-	if err != nil {
-		return nil, err
-	}
-	picked, err := G.HadamardProd(onehot, logp)
-	if err != nil {
-		return nil, err
-	}
-	perExample, err := G.Sum(picked, 1)
-	if err != nil {
-		return nil, err
-	}
-	mean, err := G.Mean(perExample)
-	if err != nil {
-		return nil, err
-	}
-	return G.Neg(mean)
 }

@@ -1,0 +1,539 @@
+package models
+
+import (
+	"fmt"
+	"hash"
+	"math"
+
+	"github.com/chewxy/hm"
+	"gonum.org/v1/gonum/blas"
+	G "gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
+)
+
+// Fused ops: the transformer's LayerNorm, GELU, bias add and causal
+// attention, each one op with a hand-written backward (checked against
+// finite differences in gradcheck_test.go). Composed from gorgonia's
+// element-wise and broadcast ops, the same layers spent most of a GPT step
+// repeating vectors over rows, permuting heads in and out of place and
+// walking strided views, each a pass over memory with its own allocation; a
+// fused op makes one pass, into memory the tape machine keeps between runs
+// (UsePreallocDo).
+//
+// Like every op here they hold no per-run state: an engine keeps several
+// tape machines of one graph in flight. So backward ops recompute what they
+// need from the forward's inputs (a row's mean and variance, an attention
+// head's probabilities) instead of keeping it.
+
+// fusedOp is an op computed by one kernel per dtype over contiguous inputs.
+type fusedOp[T float32 | float64] struct {
+	name    string // with every parameter: it is also the op's hash
+	inDims  []int
+	outDims int
+	shape   func(in []tensor.Shape) (tensor.Shape, error)
+	kernel  func(out []T, in [][]T, shapes []tensor.Shape)
+	// grad returns the gradient node of each input, or nil for an op that
+	// has none.
+	grad func(o *ops, in G.Nodes, output, grad *G.Node) G.Nodes
+}
+
+func (op *fusedOp[T]) Arity() int { return len(op.inDims) }
+
+func (op *fusedOp[T]) Type() hm.Type {
+	a := hm.TypeVariable('a')
+	ts := make([]hm.Type, 0, len(op.inDims)+1)
+	for _, d := range op.inDims {
+		ts = append(ts, G.TensorType{Dims: d, Of: a})
+	}
+	return hm.NewFnType(append(ts, G.TensorType{Dims: op.outDims, Of: a})...)
+}
+
+func (op *fusedOp[T]) InferShape(in ...G.DimSizer) (tensor.Shape, error) {
+	shapes := make([]tensor.Shape, len(in))
+	for i, d := range in {
+		s, ok := d.(tensor.Shape)
+		if !ok || s.Dims() != op.inDims[i] {
+			return nil, fmt.Errorf("%s: input %d has shape %v, want %d dimensions", op.name, i, d, op.inDims[i])
+		}
+		shapes[i] = s
+	}
+	return op.shape(shapes)
+}
+
+func (op *fusedOp[T]) Do(in ...G.Value) (G.Value, error) { return op.UsePreallocDo(nil, in...) }
+
+// UsePreallocDo computes into prealloc when it has the output's shape.
+func (op *fusedOp[T]) UsePreallocDo(prealloc G.Value, in ...G.Value) (G.Value, error) {
+	data := make([][]T, len(in))
+	shapes := make([]tensor.Shape, len(in))
+	for i, v := range in {
+		d, ok := v.(*tensor.Dense)
+		if !ok {
+			return nil, fmt.Errorf("%s: input %d is a %T, want a dense tensor", op.name, i, v)
+		}
+		if d.IsMaterializable() { // a view: lay it out
+			d = d.Materialize().(*tensor.Dense)
+		}
+		if data[i], ok = d.Data().([]T); !ok {
+			return nil, fmt.Errorf("%s: input %d has dtype %v", op.name, i, d.Dtype())
+		}
+		shapes[i] = d.Shape()
+	}
+	shape, err := op.shape(shapes)
+	if err != nil {
+		return nil, err
+	}
+	out, _ := prealloc.(*tensor.Dense)
+	if out == nil || !out.Shape().Eq(shape) || out.IsMaterializable() {
+		out = tensor.New(tensor.Of(dtypeOf[T]()), tensor.WithShape(shape...))
+	}
+	op.kernel(out.Data().([]T), data, shapes)
+	return out, nil
+}
+
+func (op *fusedOp[T]) ReturnsPtr() bool      { return false }
+func (op *fusedOp[T]) CallsExtern() bool     { return false }
+func (op *fusedOp[T]) OverwritesInput() int  { return -1 }
+func (op *fusedOp[T]) WriteHash(h hash.Hash) { fmt.Fprintf(h, "pipetrain.%s", op.name) }
+func (op *fusedOp[T]) Hashcode() uint32      { return hashOf(op) }
+func (op *fusedOp[T]) String() string        { return op.name }
+
+func (op *fusedOp[T]) DiffWRT(inputs int) []bool {
+	d := make([]bool, inputs)
+	for i := range d {
+		d[i] = op.grad != nil
+	}
+	return d
+}
+
+func (op *fusedOp[T]) SymDiff(inputs G.Nodes, output, grad *G.Node) (G.Nodes, error) {
+	if op.grad == nil {
+		return make(G.Nodes, len(inputs)), nil
+	}
+	o := newOps(output.Dtype())
+	out := op.grad(o, inputs, output, grad)
+	if o.err != nil {
+		return nil, fmt.Errorf("%s backward: %w", op.name, o.err)
+	}
+	return out, nil
+}
+
+// fused applies the op of o's dtype.
+func (o *ops) fused(op32 *fusedOp[float32], op64 *fusedOp[float64], in ...*G.Node) *G.Node {
+	if o.dt == tensor.Float64 {
+		return o.apply(op64, in...)
+	}
+	return o.apply(op32, in...)
+}
+
+// sameShape is the shape function of ops whose output has input 0's shape.
+func sameShape(in []tensor.Shape) (tensor.Shape, error) { return in[0].Clone(), nil }
+
+// rowsOf checks that input 0 is (n, d) and every other input is a vector of d.
+func rowsOf(name string, in []tensor.Shape) (n, d int, err error) {
+	n, d = in[0][0], in[0][1]
+	for i, s := range in[1:] {
+		if s.Dims() == 1 && s[0] != d || s.Dims() == 2 && !s.Eq(in[0]) {
+			return 0, 0, fmt.Errorf("%s: input %d has shape %v, input 0 %v", name, i+1, s, in[0])
+		}
+	}
+	return n, d, nil
+}
+
+// ---- bias add and column sums ----
+
+// biasAdd is x (n, d) plus b (d) on every row.
+func (o *ops) biasAdd(x, b *G.Node) *G.Node {
+	return o.fused(biasAddOp[float32](), biasAddOp[float64](), x, b)
+}
+
+func biasAddOp[T float32 | float64]() *fusedOp[T] {
+	return &fusedOp[T]{name: "BiasAdd", inDims: []int{2, 1}, outDims: 2,
+		shape: func(in []tensor.Shape) (tensor.Shape, error) {
+			_, _, err := rowsOf("bias add", in)
+			return in[0].Clone(), err
+		},
+		kernel: func(out []T, in [][]T, s []tensor.Shape) {
+			x, b, d := in[0], in[1], s[0][1]
+			for r := 0; r < len(x); r += d {
+				xr, or := x[r:r+d], out[r:r+d]
+				for j, bj := range b {
+					or[j] = xr[j] + bj
+				}
+			}
+		},
+		grad: func(o *ops, in G.Nodes, _, grad *G.Node) G.Nodes {
+			return G.Nodes{grad, o.colSum(grad)}
+		},
+	}
+}
+
+// colSum is the sum of the rows of x (n, d): a vector of d.
+func (o *ops) colSum(x *G.Node) *G.Node {
+	return o.fused(colSumOp[float32](), colSumOp[float64](), x)
+}
+
+func colSumOp[T float32 | float64]() *fusedOp[T] {
+	return &fusedOp[T]{name: "ColSum", inDims: []int{2}, outDims: 1,
+		shape: func(in []tensor.Shape) (tensor.Shape, error) { return tensor.Shape{in[0][1]}, nil },
+		kernel: func(out []T, in [][]T, s []tensor.Shape) {
+			x, d := in[0], s[0][1]
+			clear(out)
+			for r := 0; r < len(x); r += d {
+				for j, v := range x[r : r+d] {
+					out[j] += v
+				}
+			}
+		},
+	}
+}
+
+// ---- LayerNorm ----
+
+// layerNorm normalises each row of x (n, d) to zero mean and unit variance
+// (the biased variance, as in GPT-2 and torch.nn.LayerNorm) and applies the
+// learned per-feature gain and bias (d).
+func (o *ops) layerNorm(x, gain, bias *G.Node) *G.Node {
+	return o.fused(layerNormOp[float32](), layerNormOp[float64](), x, gain, bias)
+}
+
+// normRow returns row x's mean and 1/sqrt(variance + eps).
+func normRow[T float32 | float64](x []T) (mean, rstd T) {
+	mean = sum(x) / T(len(x))
+	return mean, 1 / T(math.Sqrt(float64(centredSquares(x, mean)/T(len(x))+layerNormEps)))
+}
+
+func layerNormOp[T float32 | float64]() *fusedOp[T] {
+	return &fusedOp[T]{name: "LayerNorm", inDims: []int{2, 1, 1}, outDims: 2,
+		shape: func(in []tensor.Shape) (tensor.Shape, error) {
+			_, _, err := rowsOf("layer norm", in)
+			return in[0].Clone(), err
+		},
+		kernel: func(out []T, in [][]T, s []tensor.Shape) {
+			x, gain, bias, d := in[0], in[1], in[2], s[0][1]
+			for r := 0; r < len(x); r += d {
+				xr, or := x[r:r+d], out[r:r+d]
+				mean, rstd := normRow(xr)
+				for j, v := range xr {
+					or[j] = (v-mean)*rstd*gain[j] + bias[j]
+				}
+			}
+		},
+		grad: func(o *ops, in G.Nodes, _, grad *G.Node) G.Nodes {
+			x, gain := in[0], in[1]
+			return G.Nodes{
+				o.fused(layerNormInputGradOp[float32](), layerNormInputGradOp[float64](), x, gain, grad),
+				o.fused(layerNormGainGradOp[float32](), layerNormGainGradOp[float64](), x, grad),
+				o.colSum(grad),
+			}
+		},
+	}
+}
+
+// layerNormInputGradOp is dx from (x, gain, dy): with x̂ the normalised row
+// and g = dy·gain, dx = rstd·(g − mean(g) − x̂·mean(g·x̂)).
+func layerNormInputGradOp[T float32 | float64]() *fusedOp[T] {
+	return &fusedOp[T]{name: "LayerNormInputGrad", inDims: []int{2, 1, 2}, outDims: 2,
+		shape: func(in []tensor.Shape) (tensor.Shape, error) {
+			_, _, err := rowsOf("layer norm input gradient", in)
+			return in[0].Clone(), err
+		},
+		kernel: func(out []T, in [][]T, s []tensor.Shape) {
+			x, gain, dy, d := in[0], in[1], in[2], s[0][1]
+			for r := 0; r < len(x); r += d {
+				xr, dyr, or := x[r:r+d], dy[r:r+d], out[r:r+d]
+				mean, rstd := normRow(xr)
+				var sg, sgx T
+				for j, v := range xr {
+					g := dyr[j] * gain[j]
+					sg += g
+					sgx += g * (v - mean) * rstd
+				}
+				mg, mgx := sg/T(d), sgx/T(d)
+				for j, v := range xr {
+					or[j] = rstd * (dyr[j]*gain[j] - mg - (v-mean)*rstd*mgx)
+				}
+			}
+		},
+	}
+}
+
+// layerNormGainGradOp is the gain's gradient from (x, dy): the sum over rows
+// of dy·x̂.
+func layerNormGainGradOp[T float32 | float64]() *fusedOp[T] {
+	return &fusedOp[T]{name: "LayerNormGainGrad", inDims: []int{2, 2}, outDims: 1,
+		shape: func(in []tensor.Shape) (tensor.Shape, error) {
+			_, d, err := rowsOf("layer norm gain gradient", in)
+			return tensor.Shape{d}, err
+		},
+		kernel: func(out []T, in [][]T, s []tensor.Shape) {
+			x, dy, d := in[0], in[1], s[0][1]
+			clear(out)
+			for r := 0; r < len(x); r += d {
+				xr, dyr := x[r:r+d], dy[r:r+d]
+				mean, rstd := normRow(xr)
+				for j, v := range xr {
+					out[j] += dyr[j] * (v - mean) * rstd
+				}
+			}
+		},
+	}
+}
+
+// ---- GELU ----
+
+// The tanh approximation GPT-2 uses:
+// gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+const geluCubic = 0.044715
+
+var geluScale = math.Sqrt(2 / math.Pi)
+
+func (o *ops) gelu(x *G.Node) *G.Node {
+	return o.fused(geluOp[float32](), geluOp[float64](), x)
+}
+
+// geluTanh sets t[i] to GELU's tanh(sqrt(2/pi) (x + 0.044715 x^3)) of x[i].
+func geluTanh[T float32 | float64](t, x []T) {
+	c := T(geluScale)
+	for i, v := range x {
+		t[i] = c * (v + geluCubic*v*v*v)
+	}
+	switch t := any(t).(type) {
+	case []float32:
+		tanh32s(t, t)
+	case []float64:
+		for i, v := range t {
+			t[i] = math.Tanh(v)
+		}
+	}
+}
+
+func geluOp[T float32 | float64]() *fusedOp[T] {
+	return &fusedOp[T]{name: "GELU", inDims: []int{2}, outDims: 2, shape: sameShape,
+		kernel: func(out []T, in [][]T, _ []tensor.Shape) {
+			geluTanh(out, in[0])
+			for i, v := range in[0] {
+				out[i] = 0.5 * v * (1 + out[i])
+			}
+		},
+		grad: func(o *ops, in G.Nodes, _, grad *G.Node) G.Nodes {
+			return G.Nodes{o.fused(geluGradOp[float32](), geluGradOp[float64](), in[0], grad)}
+		},
+	}
+}
+
+// geluGradOp is dx from (x, dy): dy · (0.5 (1 + t) + 0.5 x (1 − t²) · c (1 +
+// 3·0.044715 x²)) with t the forward's tanh.
+func geluGradOp[T float32 | float64]() *fusedOp[T] {
+	return &fusedOp[T]{name: "GELUGrad", inDims: []int{2, 2}, outDims: 2, shape: sameShape,
+		kernel: func(out []T, in [][]T, _ []tensor.Shape) {
+			c := T(geluScale)
+			geluTanh(out, in[0])
+			for i, v := range in[0] {
+				t := out[i]
+				out[i] = in[1][i] * (0.5*(1+t) + 0.5*v*(1-t*t)*c*(1+3*geluCubic*v*v))
+			}
+		},
+	}
+}
+
+// ---- causal attention ----
+
+// causalAttention is multi-head causal self-attention without its
+// projections: q, k, v are (batch*context, width) with each row a token and
+// head h owning columns [h*dh, (h+1)*dh); the result has the same layout,
+// ready for the output projection. Each head of each sequence is two
+// products on strided blocks of the inputs (BLAS reads them in place) and a
+// softmax over the keys a query may see, j <= i; the others get exactly 0.
+func (o *ops) causalAttention(q, k, v *G.Node, batch, context, heads int) *G.Node {
+	if o.err != nil {
+		return nil
+	}
+	width := q.Shape()[1]
+	if width%heads != 0 || q.Shape()[0] != batch*context {
+		o.err = fmt.Errorf("attention: q %v does not hold %d sequences of %d tokens in %d heads", q.Shape(), batch, context, heads)
+		return nil
+	}
+	a := attention{context: context, heads: heads}
+	return o.fused(attentionOp[float32](a), attentionOp[float64](a), q, k, v)
+}
+
+// attention is the shape of a causal attention op: tokens per sequence and
+// heads; the width and the number of sequences come from its inputs.
+type attention struct{ context, heads int }
+
+func (a attention) String() string { return fmt.Sprintf("{context %d, heads %d}", a.context, a.heads) }
+
+// check is the shape function of the attention ops: every input (n, w),
+// with n a whole number of sequences and w of heads.
+func (a attention) check(name string, out func(n, w int) tensor.Shape) func([]tensor.Shape) (tensor.Shape, error) {
+	return func(in []tensor.Shape) (tensor.Shape, error) {
+		n, w := in[0][0], in[0][1]
+		for i, s := range in {
+			if !s.Eq(in[0]) {
+				return nil, fmt.Errorf("%s: input %d has shape %v, input 0 %v", name, i, s, in[0])
+			}
+		}
+		if n%a.context != 0 || w%a.heads != 0 {
+			return nil, fmt.Errorf("%s: inputs %v are not sequences of %d tokens in %d heads", name, in[0], a.context, a.heads)
+		}
+		return out(n, w), nil
+	}
+}
+
+func attentionOp[T float32 | float64](a attention) *fusedOp[T] {
+	return &fusedOp[T]{name: "CausalAttention" + a.String(), inDims: []int{2, 2, 2}, outDims: 2,
+		shape: a.check("attention", func(n, w int) tensor.Shape { return tensor.Shape{n, w} }),
+		kernel: func(out []T, in [][]T, s []tensor.Shape) {
+			q, k, v, w := in[0], in[1], in[2], s[0][1]
+			t, dh := a.context, w/a.heads
+			p := make([]T, t*t)
+			for seq := 0; seq < s[0][0]; seq += t {
+				for h := range a.heads {
+					at := seq*w + h*dh
+					probabilities(p, q[at:], k[at:], t, dh, w)
+					// O = P V, into the head's columns of the output.
+					gemm(false, false, t, dh, t, 1, p, t, v[at:], w, 0, out[at:], w)
+				}
+			}
+		},
+		grad: func(o *ops, in G.Nodes, _, grad *G.Node) G.Nodes {
+			packed := o.fused(attentionGradOp[float32](a), attentionGradOp[float64](a), in[0], in[1], in[2], grad)
+			w := in[0].Shape()[1]
+			return G.Nodes{o.columns(packed, 0, w), o.columns(packed, w, w), o.columns(packed, 2*w, w)}
+		},
+	}
+}
+
+// probabilities fills p (t×t) with one head's causal softmax of q kᵀ/√dh,
+// q and k being t rows of dh at stride w.
+func probabilities[T float32 | float64](p, q, k []T, t, dh, w int) {
+	gemm(false, true, t, t, dh, T(1/math.Sqrt(float64(dh))), q, w, k, w, 0, p, t)
+	// Shift each row by its maximum over the keys it sees and mask the rest
+	// to -Inf, whose exp is exactly 0: then one exp over the whole block.
+	for i := range t {
+		row := p[i*t : i*t+t]
+		m := row[0]
+		for _, v := range row[1 : i+1] {
+			m = max(m, v)
+		}
+		for j := range row[:i+1] {
+			row[j] -= m
+		}
+		for j := range row[i+1:] {
+			row[i+1+j] = T(math.Inf(-1))
+		}
+	}
+	expInPlace(p)
+	for i := range t {
+		row := p[i*t : i*t+i+1]
+		inv := 1 / sum(row)
+		for j := range row {
+			row[j] *= inv
+		}
+	}
+}
+
+// expInPlace sets v[i] = exp(v[i]) in T's own precision (exp32 for float32).
+func expInPlace[T float32 | float64](v []T) {
+	switch v := any(v).(type) {
+	case []float32:
+		exp32s(v, v)
+	case []float64:
+		for i, x := range v {
+			v[i] = math.Exp(x)
+		}
+	}
+}
+
+// attentionGradOp is (q, k, v, dO) -> [dq | dk | dv], (n, 3w). Per head, with
+// P recomputed: dV = Pᵀ dO; dP = dO Vᵀ; dS = P ∘ (dP − rowsum(dP ∘ P));
+// dQ = dS K/√dh; dK = dSᵀ Q/√dh.
+func attentionGradOp[T float32 | float64](a attention) *fusedOp[T] {
+	return &fusedOp[T]{name: "CausalAttentionGrad" + a.String(), inDims: []int{2, 2, 2, 2}, outDims: 2,
+		shape: a.check("attention gradient", func(n, w int) tensor.Shape { return tensor.Shape{n, 3 * w} }),
+		kernel: func(out []T, in [][]T, s []tensor.Shape) {
+			q, k, v, dO, w := in[0], in[1], in[2], in[3], s[0][1]
+			t, dh := a.context, w/a.heads
+			scale := T(1 / math.Sqrt(float64(dh)))
+			p, dp := make([]T, t*t), make([]T, t*t)
+			for seq := 0; seq < s[0][0]; seq += t {
+				for h := range a.heads {
+					at, o := seq*w+h*dh, seq*3*w+h*dh
+					probabilities(p, q[at:], k[at:], t, dh, w)
+					gemm(true, false, t, dh, t, 1, p, t, dO[at:], w, 0, out[o+2*w:], 3*w)
+					gemm(false, true, t, t, dh, 1, dO[at:], w, v[at:], w, 0, dp, t)
+					for i := range t {
+						pr, dr := p[i*t:i*t+i+1], dp[i*t:i*t+t]
+						pd := dot(pr, dr)
+						for j, pj := range pr {
+							dr[j] = pj * (dr[j] - pd)
+						}
+						clear(dr[i+1:])
+					}
+					gemm(false, false, t, dh, t, scale, dp, t, k[at:], w, 0, out[o:], 3*w)
+					gemm(true, false, t, dh, t, scale, dp, t, q[at:], w, 0, out[o+w:], 3*w)
+				}
+			}
+		},
+	}
+}
+
+// columns is columns [from, from+n) of x (r, c), laid out as (r, n).
+func (o *ops) columns(x *G.Node, from, n int) *G.Node {
+	return o.fused(columnsOp[float32](from, n), columnsOp[float64](from, n), x)
+}
+
+func columnsOp[T float32 | float64](from, n int) *fusedOp[T] {
+	return &fusedOp[T]{name: fmt.Sprintf("Columns{%d, %d}", from, n), inDims: []int{2}, outDims: 2,
+		shape: func(in []tensor.Shape) (tensor.Shape, error) {
+			if from+n > in[0][1] {
+				return nil, fmt.Errorf("columns [%d, %d) of %v", from, from+n, in[0])
+			}
+			return tensor.Shape{in[0][0], n}, nil
+		},
+		kernel: func(out []T, in [][]T, s []tensor.Shape) {
+			c := s[0][1]
+			for r := range s[0][0] {
+				copy(out[r*n:(r+1)*n], in[0][r*c+from:r*c+from+n])
+			}
+		},
+	}
+}
+
+// gemm is C = alpha·op(A)·op(B) + beta·C in the BLAS gorgonia uses, A m×k
+// and B k×n after the optional transposes, each at its own row stride.
+func gemm[T float32 | float64](transA, transB bool, m, n, k int, alpha T, a []T, lda int, b []T, ldb int, beta T, c []T, ldc int) {
+	tA, tB := blas.NoTrans, blas.NoTrans
+	if transA {
+		tA = blas.Trans
+	}
+	if transB {
+		tB = blas.Trans
+	}
+	// BLAS checks each slice's length against the last element it reads.
+	rowsA, colsA := m, k
+	if transA {
+		rowsA, colsA = k, m
+	}
+	rowsB, colsB := k, n
+	if transB {
+		rowsB, colsB = n, k
+	}
+	a, b, c = a[:(rowsA-1)*lda+colsA], b[:(rowsB-1)*ldb+colsB], c[:(m-1)*ldc+n]
+	switch a := any(a).(type) {
+	case []float32:
+		G.WhichBLAS().Sgemm(tA, tB, m, n, k, float32(alpha), a, lda, any(b).([]float32), ldb, float32(beta), any(c).([]float32), ldc)
+	case []float64:
+		G.WhichBLAS().Dgemm(tA, tB, m, n, k, float64(alpha), a, lda, any(b).([]float64), ldb, float64(beta), any(c).([]float64), ldc)
+	}
+}
+
+// dtypeOf is T's tensor dtype.
+func dtypeOf[T float32 | float64]() tensor.Dtype {
+	var zero T
+	if _, ok := any(zero).(float64); ok {
+		return tensor.Float64
+	}
+	return tensor.Float32
+}
