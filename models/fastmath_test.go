@@ -104,3 +104,62 @@ func BenchmarkExp32Slice(b *testing.B) {
 		exp32s(dst, xs)
 	}
 }
+
+// TestFusedKernelsMatchGoLoops: the float32 kernels of the fused ops (vector
+// ones where built) give the Go loops' bits, on odd widths and lengths.
+func TestFusedKernelsMatchGoLoops(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	vec := func(n int, sd float64) []float32 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(r.NormFloat64() * sd)
+		}
+		return v
+	}
+	same := func(name string, got, want []float32) {
+		t.Helper()
+		for i := range want {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("%s: element %d is %v, the Go loop's %v", name, i, got[i], want[i])
+			}
+		}
+	}
+	for _, shape := range [][2]int{{1, 1}, {3, 7}, {9, 64}, {33, 13}, {128, 256}} {
+		n, d := shape[0], shape[1]
+		x, b, dy := vec(n*d, 4), vec(d, 1), vec(n*d, 1)
+		got, want := make([]float32, n*d), make([]float32, n*d)
+		addRows32(got, x, b, d)
+		addRowsGo(want, x, b, d)
+		same("add rows", got, want)
+		gs, ws := make([]float32, d), make([]float32, d)
+		colSum32(gs, x, d)
+		colSumGo(ws, x, d)
+		same("column sums", gs, ws)
+		gelu32(got, x)
+		geluGo(want, x)
+		same("gelu", got, want)
+		geluGrad32(got, x, dy)
+		geluGradGo(want, x, dy)
+		same("gelu gradient", got, want)
+	}
+}
+
+// TestCausalSoftmaxMatchesGoLoop: the float32 causal softmax (vector where
+// built) gives the Go loop's bits, for block sizes with and without a tail.
+func TestCausalSoftmaxMatchesGoLoop(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	for _, n := range []int{1, 3, 5, 16, 64} {
+		p := make([]float32, n*n)
+		for i := range p {
+			p[i] = float32(r.NormFloat64() * 5)
+		}
+		got, want := append([]float32(nil), p...), append([]float32(nil), p...)
+		causalSoftmax32(got, n)
+		causalSoftmaxGo(want, n)
+		for i := range want {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("t=%d element %d: %v, the Go loop's %v", n, i, got[i], want[i])
+			}
+		}
+	}
+}

@@ -154,12 +154,11 @@ func biasAddOp[T float32 | float64]() *fusedOp[T] {
 			return in[0].Clone(), err
 		},
 		kernel: func(out []T, in [][]T, s []tensor.Shape) {
-			x, b, d := in[0], in[1], s[0][1]
-			for r := 0; r < len(x); r += d {
-				xr, or := x[r:r+d], out[r:r+d]
-				for j, bj := range b {
-					or[j] = xr[j] + bj
-				}
+			switch out := any(out).(type) {
+			case []float32:
+				addRows32(out, any(in[0]).([]float32), any(in[1]).([]float32), s[0][1])
+			default:
+				addRowsGo(out.([]float64), any(in[0]).([]float64), any(in[1]).([]float64), s[0][1])
 			}
 		},
 		grad: func(o *ops, in G.Nodes, _, grad *G.Node) G.Nodes {
@@ -177,12 +176,11 @@ func colSumOp[T float32 | float64]() *fusedOp[T] {
 	return &fusedOp[T]{name: "ColSum", inDims: []int{2}, outDims: 1,
 		shape: func(in []tensor.Shape) (tensor.Shape, error) { return tensor.Shape{in[0][1]}, nil },
 		kernel: func(out []T, in [][]T, s []tensor.Shape) {
-			x, d := in[0], s[0][1]
-			clear(out)
-			for r := 0; r < len(x); r += d {
-				for j, v := range x[r : r+d] {
-					out[j] += v
-				}
+			switch out := any(out).(type) {
+			case []float32:
+				colSum32(out, any(in[0]).([]float32), s[0][1])
+			default:
+				colSumGo(out.([]float64), any(in[0]).([]float64), s[0][1])
 			}
 		},
 	}
@@ -292,28 +290,76 @@ func (o *ops) gelu(x *G.Node) *G.Node {
 	return o.fused(geluOp[float32](), geluOp[float64](), x)
 }
 
-// geluTanh sets t[i] to GELU's tanh(sqrt(2/pi) (x + 0.044715 x^3)) of x[i].
-func geluTanh[T float32 | float64](t, x []T) {
-	c := T(geluScale)
-	for i, v := range x {
-		t[i] = c * (v + geluCubic*v*v*v)
-	}
-	switch t := any(t).(type) {
-	case []float32:
-		tanh32s(t, t)
-	case []float64:
-		for i, v := range t {
-			t[i] = math.Tanh(v)
+// The fused ops' loops in Go: for float64, and for float32 where the
+// vector kernels (simd_amd64.go) are not built or the CPU lacks AVX2; those
+// compute these loops' bits.
+
+// addRowsGo sets out[r·d+j] = x[r·d+j] + b[j].
+func addRowsGo[T float32 | float64](out, x, b []T, d int) {
+	for r := 0; r < len(out); r += d {
+		xr, or := x[r:r+d], out[r:r+d]
+		for j, bj := range b[:d] {
+			or[j] = xr[j] + bj
 		}
+	}
+}
+
+// colSumGo sets out[j] to the sum over rows of x[r·d+j], row after row.
+func colSumGo[T float32 | float64](out, x []T, d int) {
+	clear(out[:d])
+	for r := 0; r < len(x); r += d {
+		for j, v := range x[r : r+d] {
+			out[j] += v
+		}
+	}
+}
+
+// The GELU's constants in each precision, as the vector kernels get them.
+var (
+	geluC32, geluK32, geluK332 = float32(geluScale), float32(geluCubic), float32(3 * geluCubic)
+)
+
+func geluConsts[T float32 | float64]() (c, k, k3 T) {
+	var zero T
+	if _, ok := any(zero).(float32); ok {
+		return T(geluC32), T(geluK32), T(geluK332)
+	}
+	return T(geluScale), geluCubic, 3 * geluCubic
+}
+
+func tanhOf[T float32 | float64](v T) T {
+	if x, ok := any(v).(float32); ok {
+		return T(tanh32(x))
+	}
+	return T(math.Tanh(float64(v)))
+}
+
+// geluGo sets out[i] = 0.5·x·(1 + tanh(c·(x + k·x³))).
+func geluGo[T float32 | float64](out, x []T) {
+	c, k, _ := geluConsts[T]()
+	for i, v := range x[:len(out)] {
+		t := tanhOf(c * (v + k*v*v*v))
+		out[i] = 0.5 * v * (1 + t)
+	}
+}
+
+// geluGradGo sets out[i] = dy·(0.5·(1 + t) + 0.5·x·(1 − t²)·c·(1 + 3k·x²)).
+func geluGradGo[T float32 | float64](out, x, dy []T) {
+	c, k, k3 := geluConsts[T]()
+	for i, v := range x[:len(out)] {
+		t := tanhOf(c * (v + k*v*v*v))
+		out[i] = dy[i] * (0.5*(1+t) + 0.5*v*(1-t*t)*c*(1+k3*v*v))
 	}
 }
 
 func geluOp[T float32 | float64]() *fusedOp[T] {
 	return &fusedOp[T]{name: "GELU", inDims: []int{2}, outDims: 2, shape: sameShape,
 		kernel: func(out []T, in [][]T, _ []tensor.Shape) {
-			geluTanh(out, in[0])
-			for i, v := range in[0] {
-				out[i] = 0.5 * v * (1 + out[i])
+			switch out := any(out).(type) {
+			case []float32:
+				gelu32(out, any(in[0]).([]float32))
+			default:
+				geluGo(out.([]float64), any(in[0]).([]float64))
 			}
 		},
 		grad: func(o *ops, in G.Nodes, _, grad *G.Node) G.Nodes {
@@ -327,11 +373,11 @@ func geluOp[T float32 | float64]() *fusedOp[T] {
 func geluGradOp[T float32 | float64]() *fusedOp[T] {
 	return &fusedOp[T]{name: "GELUGrad", inDims: []int{2, 2}, outDims: 2, shape: sameShape,
 		kernel: func(out []T, in [][]T, _ []tensor.Shape) {
-			c := T(geluScale)
-			geluTanh(out, in[0])
-			for i, v := range in[0] {
-				t := out[i]
-				out[i] = in[1][i] * (0.5*(1+t) + 0.5*v*(1-t*t)*c*(1+3*geluCubic*v*v))
+			switch out := any(out).(type) {
+			case []float32:
+				geluGrad32(out, any(in[0]).([]float32), any(in[1]).([]float32))
+			default:
+				geluGradGo(out.([]float64), any(in[0]).([]float64), any(in[1]).([]float64))
 			}
 		},
 	}
@@ -409,8 +455,19 @@ func attentionOp[T float32 | float64](a attention) *fusedOp[T] {
 // q and k being t rows of dh at stride w.
 func probabilities[T float32 | float64](p, q, k []T, t, dh, w int) {
 	gemm(false, true, t, t, dh, T(1/math.Sqrt(float64(dh))), q, w, k, w, 0, p, t)
-	// Shift each row by its maximum over the keys it sees and mask the rest
-	// to -Inf, whose exp is exactly 0: then one exp over the whole block.
+	switch p := any(p).(type) {
+	case []float32:
+		causalSoftmax32(p, t)
+	default:
+		causalSoftmaxGo(p.([]float64), t)
+	}
+}
+
+// causalSoftmaxGo turns a t×t block of scores into each row's softmax over
+// the keys it sees, j <= i, in place. Each row is shifted by its maximum
+// over those and the rest masked to -Inf, whose exp is exactly 0: then one
+// exp over the whole block.
+func causalSoftmaxGo[T float32 | float64](p []T, t int) {
 	for i := range t {
 		row := p[i*t : i*t+t]
 		m := row[0]
@@ -424,7 +481,7 @@ func probabilities[T float32 | float64](p, q, k []T, t, dh, w int) {
 			row[i+1+j] = T(math.Inf(-1))
 		}
 	}
-	expInPlace(p)
+	expInPlace(p[:t*t])
 	for i := range t {
 		row := p[i*t : i*t+i+1]
 		inv := 1 / sum(row)

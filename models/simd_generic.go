@@ -15,3 +15,9 @@ func tanh32s(dst, src []float32) {
 		dst[i] = tanh32(src[i])
 	}
 }
+
+func addRows32(out, x, b []float32, d int) { addRowsGo(out, x, b, d) }
+func colSum32(out, x []float32, d int)     { colSumGo(out, x, d) }
+func gelu32(out, x []float32)              { geluGo(out, x) }
+func geluGrad32(out, x, dy []float32)      { geluGradGo(out, x, dy) }
+func causalSoftmax32(p []float32, t int)   { causalSoftmaxGo(p, t) }
