@@ -1,6 +1,9 @@
 package engine
 
 import (
+	"sync"
+	"sync/atomic"
+
 	"gorgonia.org/tensor"
 )
 
@@ -23,6 +26,37 @@ var fast = fastEngine{}
 
 // smallKernel is the size below which a Go loop beats a call into C.
 const smallKernel = 256
+
+// workers is how many goroutines share an elementwise operation of at least
+// parallelMin elements (SetWorkers); 0 or 1: the caller's alone.
+var workers atomic.Int32
+
+// parallelMin is the smallest operation shared among workers: below it
+// starting goroutines costs more than the work.
+const parallelMin = 1 << 16
+
+// SetWorkers lets the vectorised kernels cut a large elementwise operation
+// (a weight matrix's gradient accumulation) into n contiguous ranges done at
+// once: a process given n cores for its products should not add on one.
+// Each element depends on its own operands only, so the bits do not
+// depend on n.
+func SetWorkers(n int) { workers.Store(int32(n)) }
+
+// shared runs f over [0, n) in the workers' ranges at once, or whole on the
+// caller's goroutine.
+func shared(n int, f func(lo, hi int)) {
+	w := int(workers.Load())
+	if w <= 1 || n < parallelMin {
+		f(0, n)
+		return
+	}
+	var wg sync.WaitGroup
+	for k := 1; k < w; k++ {
+		wg.Go(func() { f(k*n/w, (k+1)*n/w) })
+	}
+	f(0, n/w)
+	wg.Wait()
+}
 
 type binaryKernel int
 
@@ -99,9 +133,11 @@ func (e fastEngine) binary(k binaryKernel, at, bt tensor.Tensor, opts []tensor.F
 	}
 	switch a.Dtype() {
 	case tensor.Float32:
-		binary32(k, out.Float32s(), a.Float32s(), b.Float32s())
+		dst, x, y := out.Float32s(), a.Float32s(), b.Float32s()
+		shared(len(dst), func(lo, hi int) { binary32(k, dst[lo:hi], x[lo:hi], y[lo:hi]) })
 	default:
-		binaryGo(k, out.Float64s(), a.Float64s(), b.Float64s())
+		dst, x, y := out.Float64s(), a.Float64s(), b.Float64s()
+		shared(len(dst), func(lo, hi int) { binaryGo(k, dst[lo:hi], x[lo:hi], y[lo:hi]) })
 	}
 	return out, true
 }

@@ -53,10 +53,18 @@ func sameBitsAs(t *testing.T, what string, got, want tensor.Tensor) {
 // of returning the result, at sizes on both sides of the vector width and
 // of smallKernel.
 func TestFastEngineMatchesStandardEngine(t *testing.T) {
+	for _, w := range []int{1, 3} { // one goroutine, and large operations shared by three
+		SetWorkers(w)
+		fastMatchesStandard(t)
+	}
+	SetWorkers(0)
+}
+
+func fastMatchesStandard(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	std := tensor.StdEng{}
 	for _, dt := range []tensor.Dtype{tensor.Float32, tensor.Float64} {
-		for _, n := range []int{1, 7, 8, 9, smallKernel - 1, smallKernel, smallKernel + 13, 4099} {
+		for _, n := range []int{1, 7, 8, 9, smallKernel - 1, smallKernel, smallKernel + 13, 4099, parallelMin + 13} {
 			a, b := randomWithSpecials(r, dt, n), randomWithSpecials(r, dt, n)
 			for _, op := range []struct {
 				name      string

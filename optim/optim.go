@@ -7,6 +7,7 @@ package optim
 import (
 	"fmt"
 	"math"
+	"sync"
 
 	"gorgonia.org/tensor"
 )
@@ -21,7 +22,20 @@ type Optimizer struct {
 	// slots holds the per-parameter buffers: "momentum" for SGD with momentum,
 	// "m" and "v" for Adam; each list in parameter order.
 	slots map[string][]*tensor.Dense
+	// workers is how many goroutines share a large parameter's update
+	// (SetWorkers); 0 or 1: the calling goroutine alone.
+	workers int
 }
+
+// SetWorkers lets Step cut each parameter of at least parallelMin elements
+// into n contiguous ranges updated at once, one goroutine each: a process
+// given n cores for its products should not update on one. Every element's
+// update depends on that element alone, so the bits do not depend on n.
+func (o *Optimizer) SetWorkers(n int) { o.workers = n }
+
+// parallelMin is the smallest parameter Step shares among workers: below it
+// starting goroutines costs more than the update.
+const parallelMin = 1 << 16
 
 // New makes the configured optimizer for parameters of the given shapes.
 func New(o Spec, dt tensor.Dtype, shapes []tensor.Shape) (*Optimizer, error) {
@@ -51,8 +65,8 @@ func New(o Spec, dt tensor.Dtype, shapes []tensor.Shape) (*Optimizer, error) {
 // Steps is the number of updates applied so far.
 func (o *Optimizer) Steps() int64 { return o.steps }
 
-// Step applies one update to params from grads, then zeroes grads for the next
-// step's sums.
+// Step applies one update to params from grads, zeroing grads for the next
+// step's sums in the same pass.
 func (o *Optimizer) Step(params, grads []*tensor.Dense) error {
 	if len(params) != len(o.shapes) || len(grads) != len(o.shapes) {
 		return fmt.Errorf("optimizer: %d parameters and %d gradients for %d shapes", len(params), len(grads), len(o.shapes))
@@ -66,13 +80,28 @@ func (o *Optimizer) Step(params, grads []*tensor.Dense) error {
 	for i := range params {
 		switch p := params[i].Data().(type) {
 		case []float32:
-			update(o, i, p, grads[i].Data().([]float32))
+			o.shared(len(p), func(lo, hi int) { update(o, i, p, grads[i].Data().([]float32), lo, hi) })
 		case []float64:
-			update(o, i, p, grads[i].Data().([]float64))
+			o.shared(len(p), func(lo, hi int) { update(o, i, p, grads[i].Data().([]float64), lo, hi) })
 		}
-		grads[i].Zero()
 	}
 	return nil
+}
+
+// shared runs f over [0, n) in o.workers contiguous ranges at once, or
+// whole on the caller's goroutine when n is small or there is one worker.
+func (o *Optimizer) shared(n int, f func(lo, hi int)) {
+	w := o.workers
+	if w <= 1 || n < parallelMin {
+		f(0, n)
+		return
+	}
+	var wg sync.WaitGroup
+	for k := 1; k < w; k++ {
+		wg.Go(func() { f(k*n/w, (k+1)*n/w) })
+	}
+	f(0, n/w)
+	wg.Wait()
 }
 
 // adamScales are the step's bias-corrected step size and the epsilon scaled to
@@ -84,12 +113,14 @@ func (o *Optimizer) adamScales() (step, eps float64) {
 	return o.cfg.LR * c2 / c1, o.cfg.Eps * c2
 }
 
-// update applies one step to parameter i, in the parameters' own precision.
-func update[T float32 | float64](o *Optimizer, i int, p, g []T) {
+// update applies one step to elements [lo, hi) of parameter i, in the
+// parameters' own precision, and zeroes their gradients.
+func update[T float32 | float64](o *Optimizer, i int, p, g []T, lo, hi int) {
+	p, g = p[lo:hi], g[lo:hi]
 	lr := T(o.cfg.LR)
 	switch {
 	case o.cfg.Name == "adam":
-		m, v := o.slots["m"][i].Data().([]T), o.slots["v"][i].Data().([]T)
+		m, v := o.slots["m"][i].Data().([]T)[lo:hi], o.slots["v"][i].Data().([]T)[lo:hi]
 		b1, b2 := T(o.cfg.Beta1), T(o.cfg.Beta2)
 		s, e := o.adamScales()
 		step, eps := T(s), T(e)
@@ -97,16 +128,19 @@ func update[T float32 | float64](o *Optimizer, i int, p, g []T) {
 			m[j] = b1*m[j] + (1-b1)*gj
 			v[j] = b2*v[j] + (1-b2)*gj*gj
 			p[j] -= step * m[j] / (T(math.Sqrt(float64(v[j]))) + eps)
+			g[j] = 0
 		}
 	case o.cfg.Momentum > 0:
-		buf, mu := o.slots["momentum"][i].Data().([]T), T(o.cfg.Momentum)
+		buf, mu := o.slots["momentum"][i].Data().([]T)[lo:hi], T(o.cfg.Momentum)
 		for j, gj := range g {
 			buf[j] = mu*buf[j] + gj
 			p[j] -= lr * buf[j]
+			g[j] = 0
 		}
 	default:
 		for j, gj := range g {
 			p[j] -= lr * gj
+			g[j] = 0
 		}
 	}
 }

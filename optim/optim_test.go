@@ -146,3 +146,51 @@ func asFloat(v any) float64 {
 	}
 	return v.(float64)
 }
+
+// TestWorkersGiveTheSameBits: an update shared among goroutines equals the
+// one-goroutine update bit for bit, and leaves every gradient zero, for a
+// parameter large enough to be shared and one too small to be.
+func TestWorkersGiveTheSameBits(t *testing.T) {
+	shapes := []tensor.Shape{{parallelMin + 7}, {3, 5}}
+	for _, spec := range []Spec{{Name: "sgd", LR: 0.1}, {Name: "sgd", LR: 0.1, Momentum: 0.9}, {Name: "adam", LR: 0.01, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8}} {
+		var results [][]float32
+		for _, workers := range []int{1, 3} {
+			o, err := New(spec, tensor.Float32, shapes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o.SetWorkers(workers)
+			params := []*tensor.Dense{tensor.New(tensor.Of(tensor.Float32), tensor.WithShape(shapes[0]...)), tensor.New(tensor.Of(tensor.Float32), tensor.WithShape(shapes[1]...))}
+			for step := range 3 {
+				grads := make([]*tensor.Dense, len(shapes))
+				for i, s := range shapes {
+					g := make([]float32, s.TotalSize())
+					for j := range g {
+						g[j] = float32(math.Sin(float64(j*(step+1)+i))) * 0.3
+					}
+					grads[i] = tensor.New(tensor.WithShape(s...), tensor.WithBacking(g))
+				}
+				if err := o.Step(params, grads); err != nil {
+					t.Fatal(err)
+				}
+				for i, g := range grads {
+					for j, v := range g.Data().([]float32) {
+						if v != 0 {
+							t.Fatalf("%s, %d workers: gradient %d[%d] is %v after the step, want 0", spec.Name, workers, i, j, v)
+						}
+					}
+				}
+			}
+			var all []float32
+			for _, p := range params {
+				all = append(all, p.Data().([]float32)...)
+			}
+			results = append(results, all)
+		}
+		for j := range results[0] {
+			if math.Float32bits(results[0][j]) != math.Float32bits(results[1][j]) {
+				t.Fatalf("%s (momentum %v): element %d is %v with one worker, %v with three", spec.Name, spec.Momentum, j, results[0][j], results[1][j])
+			}
+		}
+	}
+}

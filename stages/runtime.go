@@ -129,6 +129,7 @@ func New(o Options) (*Runtime, error) {
 		threads = cmp.Or(o.Threads, c.ReferenceThreads())
 	}
 	blas.SetThreads(threads)
+	engine.SetWorkers(threads)
 	sched := lowered.Compute()
 	r.actions, r.ops, r.schedName = sched.Actions[r.stage], lowered.Ops[r.stage], sched.Name
 	for chunk, lr := range ranges {
@@ -140,6 +141,7 @@ func New(o Options) (*Runtime, error) {
 		if err != nil {
 			return nil, err
 		}
+		o.SetWorkers(threads) // the cores the process's products get
 		r.engines, r.optims = append(r.engines, e), append(r.optims, o)
 	}
 	if err := r.attach(o, model); err != nil {
