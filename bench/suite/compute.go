@@ -26,9 +26,13 @@ const (
 	computeWidth = 1024
 	computeFirst = 1
 	computeLast  = 3
-	// computeTarget is the target: stage GFLOP/s over same-run sgemm
+	// computeTarget is the first target: stage GFLOP/s over same-run sgemm
 	// GFLOP/s, for 1024-wide layers at micro-batches of 64 or more.
 	computeTarget = 0.60
+	// smallComputeTarget is the same ratio's target at micro-batch 32, where
+	// a pipeline's small micro-batches live.
+	smallComputeTarget = 0.80
+	smallBatch         = 32
 	// repTime is how long one repetition of a timed loop should take.
 	repTime = 250 * time.Millisecond
 )
@@ -43,11 +47,19 @@ type computeRow struct {
 	ratio, overheadShare float64
 }
 
+// targetAt is the stage / sgemm target at micro-batch mb.
+func targetAt(mb int) float64 {
+	if mb <= smallBatch {
+		return smallComputeTarget
+	}
+	return computeTarget
+}
+
 func runCompute(o *options, b *bytes.Buffer) error {
 	iblas.SetThreads(1)
-	batches := []int{64, 128, 256}
+	batches := []int{smallBatch, 64, 128, 256}
 	if o.quick {
-		batches = []int{64, 256}
+		batches = []int{smallBatch, 256}
 	}
 	hidden := make([]int, computeLast)
 	for i := range hidden {
@@ -78,7 +90,7 @@ func runCompute(o *options, b *bytes.Buffer) error {
 	fmt.Fprintf(b, "|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		fmt.Fprintf(b, "| %d | %.2f ms (±%.0f%%) | %.1f | %.1f | %s | ≥ %s | %s | %s | %.0f | %s (%s) |\n",
-			r.batch, 1e3*stats.Median(r.stageSec), 50*spread(r.stageSec), r.stageGF, r.sgemmGF, pct(r.ratio), pct(computeTarget), yesNo(r.ratio >= computeTarget),
+			r.batch, 1e3*stats.Median(r.stageSec), 50*spread(r.stageSec), r.stageGF, r.sgemmGF, pct(r.ratio), pct(targetAt(r.batch)), yesNo(r.ratio >= targetAt(r.batch)),
 			pct(r.overheadShare), r.allocs, byteSize(r.bytes), byteSize(r.copyBytes))
 	}
 	fmt.Fprintf(b, "\n(± is half the spread, max−min over median, of the repetitions.)\n\n")
@@ -86,19 +98,23 @@ func runCompute(o *options, b *bytes.Buffer) error {
 	var measured []string
 	allMet := true
 	for _, r := range rows {
+		if r.batch == smallBatch {
+			targets = append(targets, targetResult{fmt.Sprintf("stage compute / same-run sgemm, 1024-wide layers, micro-batch %d", smallBatch), "≥ " + pct(smallComputeTarget), pct(r.ratio), r.ratio >= smallComputeTarget})
+			continue
+		}
 		measured = append(measured, fmt.Sprintf("%s at %d", pct(r.ratio), r.batch))
 		allMet = allMet && r.ratio >= computeTarget
 	}
 	targets = append(targets, targetResult{"stage compute / same-run sgemm, 1024-wide layers, micro-batch ≥ 64", "≥ " + pct(computeTarget), strings.Join(measured, ", "), allMet})
 	met := 0
 	for _, r := range rows {
-		if r.ratio >= computeTarget {
+		if r.ratio >= targetAt(r.batch) {
 			met++
 		}
 	}
 	first := rows[0]
-	fmt.Fprintf(b, "The stage reaches %s–%s of what the same products cost as bare sgemm calls; the %s target is met at %d of %d micro-batch sizes. ",
-		pct(minRatio(rows)), pct(maxRatio(rows)), pct(computeTarget), met, len(rows))
+	fmt.Fprintf(b, "The stage reaches %s–%s of what the same products cost as bare sgemm calls; the targets (%s at micro-batch %d, %s from 64 on) are met at %d of %d micro-batch sizes. ",
+		pct(minRatio(rows)), pct(maxRatio(rows)), pct(smallComputeTarget), smallBatch, pct(computeTarget), met, len(rows))
 	fmt.Fprintf(b, "The rest of a step (%s of it at micro-batch %d) goes to bias adds, activations and their gradients, the copies of the output and input gradient a step hands to its caller, "+
 		"allocation and garbage collection, and gorgonia's tape interpreter. ",
 		pct(first.overheadShare), first.batch)
