@@ -22,6 +22,8 @@ func certsCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "certs --config FILE --out DIR",
 		Short: "Make a test CA and one TLS certificate per stage, for transport.tls",
+		Example: `  # a test CA and one certificate per stage, for transport.tls
+  pipetrain certs --config configs/fmnist-mlp-4stage.yaml --out certs/`,
 		Long: `Make a test CA and one TLS certificate per stage, for transport.tls.
 
 Writes DIR/ca.pem, DIR/ca-key.pem and DIR/stage-N.pem, DIR/stage-N-key.pem for

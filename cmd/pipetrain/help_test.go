@@ -1,8 +1,14 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/spf13/cobra"
 )
 
 // help returns the help text of a subcommand.
@@ -47,5 +53,51 @@ func TestSampleOffersOnlyItsFlags(t *testing.T) {
 	}
 	if flagLine(text, "run-dir") == "" || flagLine(text, "prompt") == "" {
 		t.Errorf("sample --help lacks its own flags:\n%s", text)
+	}
+}
+
+// TestEveryCommandHasExamples: each command's --help shows examples, and
+// every example of a pipetrain command uses only flags that command has and
+// configs that exist, so the help cannot drift from the code.
+func TestEveryCommandHasExamples(t *testing.T) {
+	root := newRoot()
+	root.InitDefaultCompletionCmd()
+	byName := map[string]*cobra.Command{"pipetrain": root}
+	for _, c := range root.Commands() {
+		byName[c.Name()] = c
+	}
+	flag := regexp.MustCompile(`(?:^|\s)--([a-z][a-z-]*)`)
+	config := regexp.MustCompile(`configs/[\w.-]+\.yaml`)
+	for _, c := range append([]*cobra.Command{root}, root.Commands()...) {
+		if c.Name() == "help" || c.Name() == "completion" || c.Hidden {
+			continue // cobra's own
+		}
+		if strings.TrimSpace(c.Example) == "" {
+			t.Errorf("%s has no examples in its help", c.CommandPath())
+			continue
+		}
+		for _, line := range strings.Split(c.Example, "\n") {
+			line, _, _ = strings.Cut(line, "#")
+			fields := strings.Fields(line)
+			i := slices.Index(fields, "pipetrain")
+			if i < 0 || i+1 >= len(fields) {
+				continue
+			}
+			cmd := byName[fields[i+1]]
+			if cmd == nil {
+				t.Errorf("%s example %q: no command %q", c.CommandPath(), line, fields[i+1])
+				continue
+			}
+			for _, m := range flag.FindAllStringSubmatch(line, -1) {
+				if cmd.Flags().Lookup(m[1]) == nil && cmd.InheritedFlags().Lookup(m[1]) == nil && root.PersistentFlags().Lookup(m[1]) == nil {
+					t.Errorf("%s example %q: %s has no flag --%s", c.CommandPath(), line, cmd.CommandPath(), m[1])
+				}
+			}
+			for _, path := range config.FindAllString(line, -1) {
+				if _, err := os.Stat(filepath.Join("..", "..", path)); err != nil {
+					t.Errorf("%s example %q: %v", c.CommandPath(), line, err)
+				}
+			}
+		}
 	}
 }

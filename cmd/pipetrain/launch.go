@@ -29,6 +29,11 @@ func launchCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "launch --config FILE | --resume RUN_DIR",
 		Short: "Run every stage of a config as its own process on this machine, restarting failed runs from their checkpoints",
+		Example: `  # every stage of the default config on this machine, one process each
+  pipetrain launch --config configs/fmnist-mlp-4stage.yaml --run-dir runs/mlp4
+
+  # continue a stopped run from its newest checkpoint
+  pipetrain launch --resume runs/mlp4`,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, info, err := f.loadLaunch(resumeDir)

@@ -52,6 +52,11 @@ func newRoot() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "pipetrain",
 		Short:         "Pipeline-parallel training: one process per stage, gRPC between them",
+		Example: `  pipetrain validate --config configs/fmnist-mlp-4stage.yaml    # check a config, see its grid
+  pipetrain plan --config configs/fmnist-mlp-unbalanced.yaml    # propose a balanced split
+  pipetrain launch --config configs/fmnist-mlp-4stage.yaml --run-dir runs/mlp4
+  pipetrain profile runs/mlp4                                   # bubble per stage, measured and predicted
+  pipetrain completion bash > /etc/bash_completion.d/pipetrain  # or zsh, fish`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(*cobra.Command, []string) error {

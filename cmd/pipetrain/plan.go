@@ -53,6 +53,11 @@ func planCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "plan --config FILE [--stages N | --processes N] [--memory-limit BYTES]",
 		Short: "Measure each layer here and choose stage boundaries, schedule and micro-batches (and with --processes the stages × replicas grid) that minimise the simulated step time",
+		Example: `  # a balanced split of the config's stages, written to CONFIG-planned.yaml
+  pipetrain plan --config configs/fmnist-mlp-unbalanced.yaml
+
+  # choose the stages × replicas grid for 4 processes, within 256 MiB a stage
+  pipetrain plan --config configs/fmnist-mlp-4stage.yaml --processes 4 --memory-limit 256MiB --out planned.yaml`,
 		Long:  planLong,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

@@ -20,6 +20,7 @@ func plotCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "plot RUN_DIR [--svg FILE]",
 		Short: "Draw a run's training loss and its evaluation loss per step as an SVG",
+		Example: `  pipetrain plot runs/gpt --svg gpt-loss.svg`,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			runDir := args[0]

@@ -17,6 +17,11 @@ func profileCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "profile RUN_DIR [--trace FILE] [--svg FILE] [--html FILE]",
 		Short: "Per-stage compute, waits, bubble against the simulator's prediction, links and straggler steps of a run; timelines as Chrome trace, SVG or HTML",
+		Example: `  # the per-stage table: compute, waits and idle time, measured beside simulated
+  pipetrain profile runs/mlp4
+
+  # timelines: a Chrome trace (chrome://tracing, Perfetto) and an SVG
+  pipetrain profile runs/mlp4 --trace mlp4.json --svg mlp4.svg`,
 		Long: `Per-stage compute, waits, bubble against the simulator's prediction, links and
 straggler steps of a run; timelines as Chrome trace, SVG or HTML.
 

@@ -16,6 +16,11 @@ func referenceCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "reference --config FILE",
 		Short: "Train the same model in one process, no pipeline: the baseline a pipelined run must equal",
+		Example: `  # the baseline a pipelined run must equal, using the whole machine
+  pipetrain reference --config configs/fmnist-mlp-4stage.yaml --run-dir runs/mlp4-ref
+
+  # with each stage's threads, to compare bit for bit with a pipelined run
+  pipetrain reference --config configs/fmnist-mlp-4stage.yaml --run-dir runs/mlp4-ref --pipeline-threads`,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := f.load()

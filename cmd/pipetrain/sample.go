@@ -16,6 +16,8 @@ func sampleCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "sample --run-dir DIR --prompt TEXT",
 		Short: "Generate text from a trained language model's weights (final, or the newest checkpoint)",
+		Example: `  # 200 bytes from the newest weights of a GPT run
+  pipetrain sample --run-dir runs/gpt --prompt "func Index(" --tokens 200`,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if f.runDir == "" {

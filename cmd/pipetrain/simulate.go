@@ -92,6 +92,14 @@ func simulateCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "simulate --config FILE [--schedule all|NAME,...] [--costs measure|RUN_DIR|f=F,b=B[,w=W]]",
 		Short: "Predict each schedule's makespan, bubble and stashed memory for a config, before launching anything",
+		Example: `  # every schedule on costs measured here
+  pipetrain simulate --config configs/fmnist-mlp-4stage.yaml
+
+  # one schedule on a past run's costs, with its timeline as an SVG
+  pipetrain simulate --config configs/fmnist-mlp-4stage.yaml --schedule zb-h1 --costs runs/mlp4 --svg zb.svg
+
+  # data-parallel replicas, the ring timed on this machine
+  pipetrain simulate --config configs/fmnist-mlp-2x2.yaml --allreduce-bandwidth measure`,
 		Long:  simulateLong,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

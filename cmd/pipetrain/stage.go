@@ -24,6 +24,11 @@ func stageCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "stage --config FILE [--stage N [--replica R]]",
 		Short: "Run one pipeline stage (launch runs these for you; use it directly for one stage per host)",
+		Example: `  # one stage per host: on the second host of a 4-stage run
+  pipetrain stage --config configs/fmnist-mlp-4stage.yaml --stage 1 --run-dir runs/mlp4
+
+  # under Slurm or torchrun, the rank comes from RANK and WORLD_SIZE
+  srun pipetrain stage --config run.yaml --run-dir /local/runs/gpt`,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// Installed first: a status query must never end the process,
