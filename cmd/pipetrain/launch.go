@@ -34,7 +34,7 @@ func launchCmd() *cobra.Command {
 
   # continue a stopped run from its newest checkpoint
   pipetrain launch --resume runs/mlp4`,
-		Args:  cobra.NoArgs,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, info, err := f.loadLaunch(resumeDir)
 			if err != nil {

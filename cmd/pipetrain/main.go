@@ -50,8 +50,8 @@ func newRoot() *cobra.Command {
 	var cpuProfile string
 	var stopProfile func()
 	root := &cobra.Command{
-		Use:           "pipetrain",
-		Short:         "Pipeline-parallel training: one process per stage, gRPC between them",
+		Use:   "pipetrain",
+		Short: "Pipeline-parallel training: one process per stage, gRPC between them",
 		Example: `  pipetrain validate --config configs/fmnist-mlp-4stage.yaml    # check a config, see its grid
   pipetrain plan --config configs/fmnist-mlp-unbalanced.yaml    # propose a balanced split
   pipetrain launch --config configs/fmnist-mlp-4stage.yaml --run-dir runs/mlp4

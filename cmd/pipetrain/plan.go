@@ -58,8 +58,8 @@ func planCmd() *cobra.Command {
 
   # choose the stages × replicas grid for 4 processes, within 256 MiB a stage
   pipetrain plan --config configs/fmnist-mlp-4stage.yaml --processes 4 --memory-limit 256MiB --out planned.yaml`,
-		Long:  planLong,
-		Args:  cobra.NoArgs,
+		Long: planLong,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.stagesSet = cmd.Flags().Changed("stages")
 			o.ring.latencySet = cmd.Flags().Changed("allreduce-latency")

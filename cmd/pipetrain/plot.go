@@ -18,10 +18,10 @@ import (
 func plotCmd() *cobra.Command {
 	var out string
 	c := &cobra.Command{
-		Use:   "plot RUN_DIR [--svg FILE]",
-		Short: "Draw a run's training loss and its evaluation loss per step as an SVG",
+		Use:     "plot RUN_DIR [--svg FILE]",
+		Short:   "Draw a run's training loss and its evaluation loss per step as an SVG",
 		Example: `  pipetrain plot runs/gpt --svg gpt-loss.svg`,
-		Args:  cobra.ExactArgs(1),
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			runDir := args[0]
 			ms, err := stages.ReadMetrics(filepath.Join(runDir, "metrics.jsonl"))

@@ -21,7 +21,7 @@ func referenceCmd() *cobra.Command {
 
   # with each stage's threads, to compare bit for bit with a pipelined run
   pipetrain reference --config configs/fmnist-mlp-4stage.yaml --run-dir runs/mlp4-ref --pipeline-threads`,
-		Args:  cobra.NoArgs,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := f.load()
 			if err != nil {

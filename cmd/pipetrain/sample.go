@@ -18,7 +18,7 @@ func sampleCmd() *cobra.Command {
 		Short: "Generate text from a trained language model's weights (final, or the newest checkpoint)",
 		Example: `  # 200 bytes from the newest weights of a GPT run
   pipetrain sample --run-dir runs/gpt --prompt "func Index(" --tokens 200`,
-		Args:  cobra.NoArgs,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if f.runDir == "" {
 				return fmt.Errorf(`required flag "run-dir" not set`)

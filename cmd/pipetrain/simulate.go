@@ -100,8 +100,8 @@ func simulateCmd() *cobra.Command {
 
   # data-parallel replicas, the ring timed on this machine
   pipetrain simulate --config configs/fmnist-mlp-2x2.yaml --allreduce-bandwidth measure`,
-		Long:  simulateLong,
-		Args:  cobra.NoArgs,
+		Long: simulateLong,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.schedulesSet = cmd.Flags().Changed("schedule")
 			o.transferSet = cmd.Flags().Changed("transfer")

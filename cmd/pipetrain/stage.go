@@ -29,7 +29,7 @@ func stageCmd() *cobra.Command {
 
   # under Slurm or torchrun, the rank comes from RANK and WORLD_SIZE
   srun pipetrain stage --config run.yaml --run-dir /local/runs/gpt`,
-		Args:  cobra.NoArgs,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// Installed first: a status query must never end the process,
 			// whatever it is doing when the query comes.
