@@ -55,7 +55,7 @@ test: deps vet race fuzz
 	go test -count=1 -timeout 20m ./...
 
 # Go benchmarks with allocation counts, then the measured report docs/benchmarks.md
-# (compute, transport, schedules, end to end, where a step goes, against PyTorch; about 14 minutes on 2 cores). BENCH_FLAGS=-quick for a smoke run.
+# (compute, transport, schedules, end to end, where a step goes, against PyTorch; about 20 minutes on 2 cores). BENCH_FLAGS=-quick for a smoke run.
 # PyTorch, measured beside pipetrain in the suite's pytorch section.
 BENCH_APT_PACKAGES := python3-torch
 

@@ -16,8 +16,10 @@
 //   - breakdown: where a step's CPU time goes in the one-process reference
 //     (products, elementwise kernels, gorgonia's bookkeeping, allocation...),
 //     from a `--cpuprofile` of it at micro-batches 8, 32 and 128 (breakdown.go);
-//   - pytorch: samples/s of `pipetrain reference` against PyTorch on the same
-//     MLPs, batches and micro-batch split, 1 and 2 BLAS threads (pytorch.go).
+//   - pytorch: samples/s of pipetrain against PyTorch on the same models,
+//     batches and micro-batch split: one process (the MLPs at 1 and 2 BLAS
+//     threads, the GPT at 1) and 4-process pipelines of the MLPs (pipetrain
+//     launch against torch.distributed over gloo) (pytorch.go).
 //
 // Usage (make bench builds the binary first):
 //

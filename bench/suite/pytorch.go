@@ -2,23 +2,36 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
+	"time"
 
+	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/internal/stats"
+	"github.com/pipetrain/pipetrain/models"
 )
 
-// The pytorch section trains the same MLPs in `pipetrain reference` and in
-// PyTorch (Debian's python3-torch, on the same OpenBLAS), taking turns:
-// the same layer sizes, global batch, micro-batch split and SGD with
-// momentum, one process, 1 and 2 BLAS threads. bench/pytorch/mlp.py is the
-// PyTorch side.
+// The pytorch section trains the same models in pipetrain and in PyTorch
+// (Debian's python3-torch, on the same OpenBLAS), taking turns:
+//
+//   - one process: the MLPs in `pipetrain reference` against
+//     bench/pytorch/mlp.py (the same layer sizes, global batch, micro-batch
+//     split and SGD with momentum, 1 and 2 BLAS threads), and the GPT of
+//     configs/gpt-small-4stage.yaml against bench/pytorch/gpt.py (the same
+//     model, batch, micro-batches and Adam, 1 BLAS thread);
+//   - four processes: the MLPs as 4-stage pipelines, `pipetrain launch` (1F1B)
+//     against bench/pytorch/pipeline.py (torch.distributed over gloo, GPipe),
+//     the same split, one BLAS thread per process.
 
 // torchMLP is one model of the comparison.
 type torchMLP struct {
@@ -34,7 +47,22 @@ var torchMLPs = []torchMLP{
 	{"b: 784-512×4-10, B=128, m=4", []int{512, 512, 512, 512}, 128, 4, 150},
 }
 
-const torchScript = "bench/pytorch/mlp.py"
+const (
+	torchScript         = "bench/pytorch/mlp.py"
+	torchGPTScript      = "bench/pytorch/gpt.py"
+	torchPipelineScript = "bench/pytorch/pipeline.py"
+	// torchGPTConfig is the GPT both sides train; gpt.py hard-codes its shape.
+	torchGPTConfig = "configs/gpt-small-4stage.yaml"
+	torchGPTSteps  = 40
+	torchStages    = 4 // processes of the pipeline comparison
+	// The issue's targets: pipetrain against PyTorch on the GPT in one
+	// process (1 BLAS thread), and as 4-stage pipelines on the MLPs.
+	torchGPTTarget      = 1.0
+	torchPipelineTarget = 1.3
+	// torchTimeout bounds one PyTorch run (the pipeline's launcher kills its
+	// stage processes when it is stopped).
+	torchTimeout = 10 * time.Minute
+)
 
 // torchPython finds a python3 that imports torch: Debian's first (a
 // version manager's python3 on PATH may lack it).
@@ -47,6 +75,19 @@ func torchPython() (string, error) {
 	return "", fmt.Errorf("no python3 with torch (apt-get install python3-torch; make bench installs it)")
 }
 
+// torchPair is one row's figures, per repetition.
+type torchPair struct{ ours, theirs, ratios []float64 }
+
+func (p *torchPair) add(ours, theirs float64) {
+	p.ours, p.theirs, p.ratios = append(p.ours, ours), append(p.theirs, theirs), append(p.ratios, ours/theirs)
+}
+
+func (p *torchPair) ratio() float64 { return stats.Median(p.ratios) }
+
+func (p *torchPair) row(b *bytes.Buffer, cells ...string) {
+	fmt.Fprintf(b, "| %s | %.0f | %.0f | %.2f× |\n", strings.Join(cells, " | "), stats.Median(p.ours), stats.Median(p.theirs), p.ratio())
+}
+
 func runPyTorch(o *options, b *bytes.Buffer) error {
 	py, err := torchPython()
 	if err != nil {
@@ -57,46 +98,158 @@ func runPyTorch(o *options, b *bytes.Buffer) error {
 	if o.quick {
 		reps = 1
 	}
-	fmt.Fprintf(b, "Samples per second of one training process, `pipetrain reference` against PyTorch %s (`%s`), on the same MLP, global batch, micro-batch split and SGD with momentum (the micro-batch gradients summed, the loss their mean), with the same number of BLAS threads (PyTorch's given by `torch.set_num_threads`, `OPENBLAS_NUM_THREADS` and `OMP_NUM_THREADS`, with `OMP_WAIT_POLICY=PASSIVE`: OpenMP's spinning workers otherwise starve OpenBLAS's threads on two cores), taking turns, %d repetition(s), medians; each run's figure is the median step after %d warm-up steps. PyTorch trains on random inputs of the same shapes (a step's time does not depend on the pixels); pipetrain on Fashion-MNIST.\n\n",
-		strings.TrimSpace(string(version)), torchScript, reps, o.skip)
-	fmt.Fprintln(b, "| model | BLAS threads | pipetrain (samples/s) | PyTorch (samples/s) | pipetrain / PyTorch |")
-	fmt.Fprintln(b, "|---|---|---|---|---|")
 	dir, err := os.MkdirTemp("", "pipetrain-torch-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	lo, hi := math.Inf(1), math.Inf(-1)
-	for _, m := range torchMLPs {
-		steps := m.steps
+	steps := func(n int) int {
 		if o.quick {
-			steps = max(o.skip+5, steps/5)
+			return max(o.skip+5, n/5)
 		}
-		base, err := writeTorchBase(dir, m)
+		return max(o.skip+5, n)
+	}
+	bases := make([]string, len(torchMLPs))
+	splits := make([][]string, len(torchMLPs))
+	for i, m := range torchMLPs {
+		if bases[i], err = writeTorchBase(dir, m); err != nil {
+			return err
+		}
+		cfg, err := configs.Load(bases[i])
 		if err != nil {
 			return err
 		}
-		for _, threads := range []int{1, 2} {
-			var ours, theirs, ratios []float64
+		model, err := models.Build(cfg.Model)
+		if err != nil {
+			return err
+		}
+		splits[i] = balancedSplit(model, torchStages)
+	}
+	gptCfg, err := configs.Load(torchGPTConfig)
+	if err != nil {
+		return err
+	}
+	gptSteps := max(o.skip+5, torchGPTSteps)
+	if o.quick {
+		gptSteps = max(o.skip+5, torchGPTSteps/4)
+	}
+
+	// One process, the MLPs at 1 and 2 BLAS threads, then the GPT at 1.
+	single := make([][2]torchPair, len(torchMLPs))
+	for i, m := range torchMLPs {
+		for t, threads := range []int{1, 2} {
 			for range reps {
-				rc := runConfig{base: base, steps: steps, env: []string{"PIPETRAIN_COMPUTE_BLAS_THREADS=" + strconv.Itoa(threads)}}
+				rc := runConfig{base: bases[i], steps: steps(m.steps), env: []string{"PIPETRAIN_COMPUTE_BLAS_THREADS=" + strconv.Itoa(threads)}}
 				sps, _, err := samplesPerSec(o, "reference", rc)
 				if err != nil {
 					return err
 				}
-				tps, err := torchSamplesPerSec(py, m, steps, o.skip, threads)
+				tps, err := torchSamplesPerSec(py, torchScript, torchMLPArgs(m, steps(m.steps), o.skip), threads)
 				if err != nil {
 					return err
 				}
-				ours, theirs, ratios = append(ours, sps), append(theirs, tps), append(ratios, sps/tps)
+				single[i][t].add(sps, tps)
+				logf("pytorch %s, %d thread(s): pipetrain %.0f samples/s, PyTorch %.0f", m.label, threads, sps, tps)
 			}
-			r := stats.Median(ratios)
-			lo, hi = min(lo, r), max(hi, r)
-			fmt.Fprintf(b, "| %s | %d | %.0f | %.0f | %.2f× |\n", m.label, threads, stats.Median(ours), stats.Median(theirs), r)
 		}
 	}
-	fmt.Fprintf(b, "\npipetrain reaches %.2f× to %.2f× of PyTorch's samples/s on these MLPs; where a pipetrain step goes is in the section above.\n\n", lo, hi)
+	var gpt torchPair
+	for range reps {
+		rc := runConfig{base: torchGPTConfig, steps: gptSteps, env: []string{"PIPETRAIN_COMPUTE_BLAS_THREADS=1"}}
+		sps, _, err := samplesPerSec(o, "reference", rc)
+		if err != nil {
+			return fmt.Errorf("reference of %s: %w", torchGPTConfig, err)
+		}
+		args := []string{"--batch", strconv.Itoa(gptCfg.Data.BatchSize), "--micro-batches", strconv.Itoa(gptCfg.Data.MicroBatches),
+			"--steps", strconv.Itoa(gptSteps), "--skip", strconv.Itoa(o.skip), "--lr", strconv.FormatFloat(gptCfg.Train.Optimizer.LR, 'g', -1, 64)}
+		tps, err := torchSamplesPerSec(py, torchGPTScript, args, 1)
+		if err != nil {
+			return err
+		}
+		gpt.add(sps, tps)
+		logf("pytorch GPT, 1 thread: pipetrain %.0f samples/s, PyTorch %.0f", sps, tps)
+	}
+
+	// Four processes: the MLPs as 4-stage pipelines.
+	pipes := make([]torchPair, len(torchMLPs))
+	for rep := range reps {
+		for i, m := range torchMLPs {
+			n := steps(m.steps)
+			rc := runConfig{base: bases[i], steps: n, layers: splits[i], schedule: "1f1b", env: []string{"PIPETRAIN_COMPUTE_BLAS_THREADS=1"}}
+			sps, _, err := samplesPerSec(o, "launch", rc)
+			if err != nil {
+				return fmt.Errorf("launch of %s: %w", m.label, err)
+			}
+			args := append(torchMLPArgs(m, n, o.skip), "--stages", strconv.Itoa(torchStages), "--split", strings.Join(splits[i], ","),
+				"--timeout", strconv.Itoa(int(torchTimeout.Seconds())))
+			tps, err := torchSamplesPerSec(py, torchPipelineScript, args, 1)
+			if err != nil {
+				return err
+			}
+			pipes[i].add(sps, tps)
+			logf("pytorch pipeline rep %d, %s: pipetrain launch %.0f samples/s, PyTorch gloo %.0f", rep+1, m.label, sps, tps)
+		}
+	}
+
+	fmt.Fprintf(b, "pipetrain against PyTorch %s, taking turns, %d repetition(s), medians, each ratio taken per repetition; each run's figure is the batch over its median step time after %d warm-up steps "+
+		"(pipetrain's from the last stage's `metrics.jsonl`, evaluation and checkpoints off). PyTorch runs with the same number of BLAS threads per process "+
+		"(`torch.set_num_threads`, `OPENBLAS_NUM_THREADS` and `OMP_NUM_THREADS`, with `OMP_WAIT_POLICY=PASSIVE`: OpenMP's spinning workers otherwise starve OpenBLAS's threads on two cores) "+
+		"and trains on random inputs of the same shapes (a step's time does not depend on the data); pipetrain on Fashion-MNIST and, for the GPT, on the Go sources of package `strings`.\n\n",
+		strings.TrimSpace(string(version)), reps, o.skip)
+	fmt.Fprintf(b, "### One process\n\n")
+	fmt.Fprintf(b, "`pipetrain reference` against `%s` on the same MLP, global batch, micro-batch split and SGD with momentum (the micro-batch gradients summed, the loss their mean), %d steps a run for a and %d for b, "+
+		"and against `%s` on the GPT of `%s` (%s), its global batch of %d windows of %d tokens in %d micro-batches and Adam (lr %g), %d steps a run, 1 BLAS thread. A GPT sample is one window.\n\n",
+		torchScript, steps(torchMLPs[0].steps), steps(torchMLPs[1].steps), torchGPTScript, torchGPTConfig, describeGPT(gptCfg.Model),
+		gptCfg.Data.BatchSize, gptCfg.Model.Context, gptCfg.Data.MicroBatches, gptCfg.Train.Optimizer.LR, gptSteps)
+	fmt.Fprintln(b, "| model | BLAS threads | pipetrain (samples/s) | PyTorch (samples/s) | pipetrain / PyTorch |")
+	fmt.Fprintln(b, "|---|---|---|---|---|")
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for i, m := range torchMLPs {
+		for t, threads := range []int{1, 2} {
+			r := single[i][t].ratio()
+			lo, hi = min(lo, r), max(hi, r)
+			single[i][t].row(b, m.label, strconv.Itoa(threads))
+		}
+	}
+	gpt.row(b, fmt.Sprintf("GPT: %s, B=%d, m=%d", filepath.Base(torchGPTConfig), gptCfg.Data.BatchSize, gptCfg.Data.MicroBatches), "1")
+
+	fmt.Fprintf(b, "\n### 4-process pipelines\n\n")
+	fmt.Fprintf(b, "The same MLPs, batches and micro-batches as %d-stage pipelines of one process per stage on loopback, one BLAS thread per process, each stage holding an equal number of the layers: "+
+		"`pipetrain launch` (1F1B, gRPC) against `%s` (torch.distributed with the gloo backend, a fill-drain GPipe schedule: every micro-batch's forward, activations sent on with `isend`, "+
+		"then every backward, gradients sent back, then each stage's SGD step). The two schedules have the same bubble, (p−1)/(m+p−1) of a step; 1F1B holds fewer activations. "+
+		"PyTorch's step is rank 0's, from the start of one step to the start of the next. On this %d-core machine the four processes of either side share the cores.\n\n",
+		torchStages, torchPipelineScript, runtime.NumCPU())
+	fmt.Fprintln(b, "| model | stages (layers) | pipetrain launch (samples/s) | PyTorch gloo (samples/s) | pipetrain / PyTorch |")
+	fmt.Fprintln(b, "|---|---|---|---|---|")
+	plo, phi := math.Inf(1), math.Inf(-1)
+	var pipeMeasured []string
+	for i, m := range torchMLPs {
+		r := pipes[i].ratio()
+		plo, phi = min(plo, r), max(phi, r)
+		pipes[i].row(b, m.label, strings.Join(splits[i], " + "))
+		pipeMeasured = append(pipeMeasured, fmt.Sprintf("%s %.2f×", strings.SplitN(m.label, ":", 2)[0], r))
+	}
+
+	fmt.Fprintf(b, "\nIn one process pipetrain reaches %s of PyTorch's samples/s on these MLPs and %.2f× on the GPT; as 4-process pipelines, %s on the MLPs. Where a pipetrain step goes is in the section above.\n\n",
+		span(lo, hi), gpt.ratio(), span(plo, phi))
+	targets = append(targets,
+		targetResult{"pipetrain one process / PyTorch one process, GPT, 1 thread", fmt.Sprintf("≥ %.1f×", torchGPTTarget), fmt.Sprintf("%.2f×", gpt.ratio()), gpt.ratio() >= torchGPTTarget},
+		targetResult{"4-stage pipeline / PyTorch 4-process pipeline, both MLPs", fmt.Sprintf("≥ %.1f×", torchPipelineTarget), strings.Join(pipeMeasured, ", "), plo >= torchPipelineTarget},
+	)
 	return nil
+}
+
+// span writes a range of ratios, or one ratio when both ends round alike.
+func span(lo, hi float64) string {
+	if fmt.Sprintf("%.2f", lo) == fmt.Sprintf("%.2f", hi) {
+		return fmt.Sprintf("%.2f×", lo)
+	}
+	return fmt.Sprintf("%.2f× to %.2f×", lo, hi)
+}
+
+func describeGPT(s models.Spec) string {
+	return fmt.Sprintf("%d blocks of width %d, %d heads, context %d, vocabulary %d, head tied to the embedding: %d parameters, as `%s` asserts",
+		s.Layers, s.Width, s.Heads, s.Context, s.Vocab, 220544, torchGPTScript)
 }
 
 // writeTorchBase writes the pipetrain config of m, for runConfig to derive
@@ -118,13 +271,25 @@ stages:
 	return path, os.WriteFile(path, []byte(body), 0o644)
 }
 
-func torchSamplesPerSec(py string, m torchMLP, steps, skip, threads int) (float64, error) {
+// torchMLPArgs are mlp.py's and pipeline.py's flags for m.
+func torchMLPArgs(m torchMLP, steps, skip int) []string {
 	hidden := make([]string, len(m.hidden))
 	for i, h := range m.hidden {
 		hidden[i] = strconv.Itoa(h)
 	}
-	cmd := exec.Command(py, torchScript, "--hidden", strings.Join(hidden, ","), "--batch", strconv.Itoa(m.batch),
-		"--micro-batches", strconv.Itoa(m.micro), "--steps", strconv.Itoa(steps), "--skip", strconv.Itoa(skip), "--threads", strconv.Itoa(threads))
+	return []string{"--hidden", strings.Join(hidden, ","), "--batch", strconv.Itoa(m.batch),
+		"--micro-batches", strconv.Itoa(m.micro), "--steps", strconv.Itoa(steps), "--skip", strconv.Itoa(skip)}
+}
+
+// torchSamplesPerSec runs one of bench/pytorch's scripts with args and
+// threads BLAS threads (per process) and returns the samples/s it printed.
+func torchSamplesPerSec(py, script string, args []string, threads int) (float64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), torchTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, py, append([]string{script}, append(args, "--threads", strconv.Itoa(threads))...)...)
+	// SIGTERM first: pipeline.py's launcher then kills its stage processes.
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 10 * time.Second
 	// torch.set_num_threads sizes PyTorch's own pool, not OpenBLAS's, which
 	// otherwise takes every core: both get the count. With two pools on
 	// two cores, OpenMP's spinning workers starve OpenBLAS's (a 2-thread
@@ -133,13 +298,17 @@ func torchSamplesPerSec(py string, m torchMLP, steps, skip, threads int) (float6
 	cmd.Env = append(os.Environ(), "OPENBLAS_NUM_THREADS="+n, "OMP_NUM_THREADS="+n, "OMP_WAIT_POLICY=PASSIVE")
 	out, err := cmd.Output()
 	if err != nil {
-		return 0, fmt.Errorf("%s: %w", torchScript, err)
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return 0, fmt.Errorf("%s: %w\n%s", script, err, tail(ee.Stderr, 2000))
+		}
+		return 0, fmt.Errorf("%s: %w", script, err)
 	}
 	var r struct {
 		SamplesPerSec float64 `json:"samples_per_sec"`
 	}
-	if err := json.Unmarshal(bytes.TrimSpace(out), &r); err != nil {
-		return 0, fmt.Errorf("%s printed %q: %w", torchScript, out, err)
+	if err := json.Unmarshal(bytes.TrimSpace(out), &r); err != nil || r.SamplesPerSec <= 0 {
+		return 0, fmt.Errorf("%s printed %q: %v", script, out, err)
 	}
 	return r.SamplesPerSec, nil
 }
