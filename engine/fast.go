@@ -1,10 +1,11 @@
 package engine
 
 import (
-	"sync"
 	"sync/atomic"
 
 	"gorgonia.org/tensor"
+
+	"github.com/pipetrain/pipetrain/internal/parallel"
 )
 
 // fastEngine is gorgonia's standard CPU engine with vectorised kernels for
@@ -44,19 +45,7 @@ func SetWorkers(n int) { workers.Store(int32(n)) }
 
 // shared runs f over [0, n) in the workers' ranges at once, or whole on the
 // caller's goroutine.
-func shared(n int, f func(lo, hi int)) {
-	w := int(workers.Load())
-	if w <= 1 || n < parallelMin {
-		f(0, n)
-		return
-	}
-	var wg sync.WaitGroup
-	for k := 1; k < w; k++ {
-		wg.Go(func() { f(k*n/w, (k+1)*n/w) })
-	}
-	f(0, n/w)
-	wg.Wait()
-}
+func shared(n int, f func(lo, hi int)) { parallel.Ranges(n, int(workers.Load()), parallelMin, f) }
 
 type binaryKernel int
 

@@ -7,9 +7,10 @@ package optim
 import (
 	"fmt"
 	"math"
-	"sync"
 
 	"gorgonia.org/tensor"
+
+	"github.com/pipetrain/pipetrain/internal/parallel"
 )
 
 // Optimizer updates one list of parameters (a stage chunk's), always in the same
@@ -89,20 +90,8 @@ func (o *Optimizer) Step(params, grads []*tensor.Dense) error {
 }
 
 // shared runs f over [0, n) in o.workers contiguous ranges at once, or
-// whole on the caller's goroutine when n is small or there is one worker.
-func (o *Optimizer) shared(n int, f func(lo, hi int)) {
-	w := o.workers
-	if w <= 1 || n < parallelMin {
-		f(0, n)
-		return
-	}
-	var wg sync.WaitGroup
-	for k := 1; k < w; k++ {
-		wg.Go(func() { f(k*n/w, (k+1)*n/w) })
-	}
-	f(0, n/w)
-	wg.Wait()
-}
+// whole on the caller's goroutine.
+func (o *Optimizer) shared(n int, f func(lo, hi int)) { parallel.Ranges(n, o.workers, parallelMin, f) }
 
 // adamScales are the step's bias-corrected step size and the epsilon scaled to
 // match: lr*sqrt(1-b2^t)/(1-b1^t) and eps*sqrt(1-b2^t), as in Kingma and Ba's
