@@ -53,6 +53,8 @@ fuzz:
 
 test: deps vet race fuzz
 	go test -count=1 -timeout 20m ./...
+	# The kernels' Go loops, which machines without AVX2 run, give the same bits.
+	go test -count=1 -tags nosimd ./models/ ./engine/
 
 # Go benchmarks with allocation counts, then the measured report docs/benchmarks.md
 # (compute, transport, schedules, end to end, where a step goes, against PyTorch; about 20 minutes on 2 cores). BENCH_FLAGS=-quick for a smoke run.
