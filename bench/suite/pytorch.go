@@ -55,7 +55,7 @@ const (
 	torchGPTConfig = "configs/gpt-small-4stage.yaml"
 	torchGPTSteps  = 40
 	torchStages    = 4 // processes of the pipeline comparison
-	// The targets: pipetrain against PyTorch on the GPT in one
+	// The targets: pipetrain against PyTorch on the GPT in one
 	// process (1 BLAS thread), and as 4-stage pipelines on the MLPs.
 	torchGPTTarget      = 1.0
 	torchPipelineTarget = 1.3
