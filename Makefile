@@ -3,6 +3,8 @@
 #   make test   installs what is missing, runs every test
 SHELL := /bin/bash
 BIN := bin/pipetrain
+# pipetrain version prints it: the source revision, marked when it has changes.
+VERSION := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
 CONFIG ?= configs/fmnist-mlp-4stage.yaml
 RUN_DIR ?= runs/demo
 APT_PACKAGES := libopenblas-dev dataset-fashion-mnist
@@ -22,7 +24,7 @@ deps:
 	go mod download
 
 build: deps
-	go build -o $(BIN) ./cmd/pipetrain
+	go build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/pipetrain
 
 demo: build
 	$(BIN) launch --config $(CONFIG) --run-dir $(RUN_DIR)

@@ -241,3 +241,12 @@ func causalSoftmax32(p []float32, t int) {
 	}
 	C.pt_causal_softmax_f32(fptr(p[:t*t]), C.size_t(t))
 }
+
+// Kernels names the float32 loops this process runs: the AVX2 kernels, or
+// the Go loops where the CPU lacks AVX2 (the same bits either way).
+func Kernels() string {
+	if hasAVX2 {
+		return "avx2"
+	}
+	return "go (this CPU has no AVX2)"
+}

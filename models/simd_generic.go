@@ -21,3 +21,7 @@ func colSum32(out, x []float32, d int)     { colSumGo(out, x, d) }
 func gelu32(out, x []float32)              { geluGo(out, x) }
 func geluGrad32(out, x, dy []float32)      { geluGradGo(out, x, dy) }
 func causalSoftmax32(p []float32, t int)   { causalSoftmaxGo(p, t) }
+
+// Kernels names the float32 loops this process runs: the Go loops, this
+// build having no vector kernels (cgo off, not amd64, or -tags nosimd).
+func Kernels() string { return "go (built without the vector kernels)" }

@@ -1,13 +1,17 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/pipetrain/pipetrain/internal/blas"
+	"github.com/pipetrain/pipetrain/models"
 	"github.com/spf13/cobra"
 )
 
@@ -98,6 +102,20 @@ func TestEveryCommandHasExamples(t *testing.T) {
 					t.Errorf("%s example %q: %v", c.CommandPath(), line, err)
 				}
 			}
+		}
+	}
+}
+
+// TestVersionSaysWhatItComputesWith: the version command names the build,
+// the BLAS and the float32 kernels this binary uses.
+func TestVersionSaysWhatItComputesWith(t *testing.T) {
+	out, err := runCommand(t, newRoot(), "version")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"pipetrain ", runtime.Version(), "matrix products: " + blas.Name + "\n", "float32 kernels: " + models.Kernels() + "\n", fmt.Sprintf("cores: %d\n", runtime.NumCPU())} {
+		if !strings.Contains(out, w) {
+			t.Errorf("missing %q in\n%s", w, out)
 		}
 	}
 }

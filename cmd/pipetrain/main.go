@@ -74,7 +74,7 @@ func newRoot() *cobra.Command {
 		},
 	}
 	root.PersistentFlags().StringVar(&cpuProfile, "cpuprofile", "", "write a Go CPU profile of this process to `FILE` (go tool pprof FILE)")
-	root.AddCommand(launchCmd(), sampleCmd(), plotCmd(), stageCmd(), gatherCmd(), referenceCmd(), profileCmd(), simulateCmd(), planCmd(), validateCmd(), certsCmd())
+	root.AddCommand(launchCmd(), sampleCmd(), plotCmd(), stageCmd(), gatherCmd(), referenceCmd(), profileCmd(), simulateCmd(), planCmd(), validateCmd(), certsCmd(), versionCmd())
 	return root
 }
 
