@@ -21,9 +21,10 @@ import (
 // (UsePreallocDo).
 //
 // Like every op here they hold no per-run state: an engine keeps several
-// tape machines of one graph in flight. So backward ops recompute what they
-// need from the forward's inputs (a row's mean and variance, an attention
-// head's probabilities) instead of keeping it.
+// tape machines of one graph in flight. So a backward op either recomputes
+// what it needs from the forward's inputs (a row's mean and variance, GELU's
+// tanh) or reads it from the forward's output, which its machine keeps until
+// the micro-batch's backward (attention's probabilities).
 
 // fusedOp is an op computed by one kernel per dtype over contiguous inputs.
 type fusedOp[T float32 | float64] struct {
@@ -401,7 +402,8 @@ func (o *ops) causalAttention(q, k, v *G.Node, batch, context, heads int) *G.Nod
 		return nil
 	}
 	a := attention{context: context, heads: heads}
-	return o.fused(attentionOp[float32](a), attentionOp[float64](a), q, k, v)
+	packed := o.fused(attentionOp[float32](a), attentionOp[float64](a), q, k, v)
+	return o.columns(packed, 0, width)
 }
 
 // attention is the shape of a causal attention op: tokens per sequence and
@@ -410,13 +412,22 @@ type attention struct{ context, heads int }
 
 func (a attention) String() string { return fmt.Sprintf("{context %d, heads %d}", a.context, a.heads) }
 
-// check is the shape function of the attention ops: every input (n, w),
-// with n a whole number of sequences and w of heads.
+// packedWidth is the width of the forward's output rows: the token's
+// output (w), then its row of each head's probabilities (t each).
+func (a attention) packedWidth(w int) int { return w + a.heads*a.context }
+
+// check is the shape function of the attention ops: the first three inputs
+// (q, k, v) are (n, w), with n a whole number of sequences and w of heads;
+// any others are (n, packedWidth(w)).
 func (a attention) check(name string, out func(n, w int) tensor.Shape) func([]tensor.Shape) (tensor.Shape, error) {
 	return func(in []tensor.Shape) (tensor.Shape, error) {
 		n, w := in[0][0], in[0][1]
 		for i, s := range in {
-			if !s.Eq(in[0]) {
+			want := in[0]
+			if i >= 3 {
+				want = tensor.Shape{n, a.packedWidth(w)}
+			}
+			if !s.Eq(want) {
 				return nil, fmt.Errorf("%s: input %d has shape %v, input 0 %v", name, i, s, in[0])
 			}
 		}
@@ -427,24 +438,31 @@ func (a attention) check(name string, out func(n, w int) tensor.Shape) func([]te
 	}
 }
 
+// attentionOp is (q, k, v) -> (n, packedWidth(w)): each row the token's
+// output, then its probabilities under every head, kept for the backward
+// (the op itself holds no state; the machine keeps its output until the
+// micro-batch's backward has run).
 func attentionOp[T float32 | float64](a attention) *fusedOp[T] {
 	return &fusedOp[T]{name: "CausalAttention" + a.String(), inDims: []int{2, 2, 2}, outDims: 2,
-		shape: a.check("attention", func(n, w int) tensor.Shape { return tensor.Shape{n, w} }),
+		shape: a.check("attention", func(n, w int) tensor.Shape { return tensor.Shape{n, a.packedWidth(w)} }),
 		kernel: func(out []T, in [][]T, s []tensor.Shape) {
 			q, k, v, w := in[0], in[1], in[2], s[0][1]
-			t, dh := a.context, w/a.heads
+			t, dh, pw := a.context, w/a.heads, a.packedWidth(w)
 			p := make([]T, t*t)
 			for seq := 0; seq < s[0][0]; seq += t {
 				for h := range a.heads {
 					at := seq*w + h*dh
 					probabilities(p, q[at:], k[at:], t, dh, w)
 					// O = P V, into the head's columns of the output.
-					gemm(false, false, t, dh, t, 1, p, t, v[at:], w, 0, out[at:], w)
+					gemm(false, false, t, dh, t, 1, p, t, v[at:], w, 0, out[seq*pw+h*dh:], pw)
+					for i := range t {
+						copy(out[(seq+i)*pw+w+h*t:(seq+i)*pw+w+h*t+t], p[i*t:i*t+t])
+					}
 				}
 			}
 		},
-		grad: func(o *ops, in G.Nodes, _, grad *G.Node) G.Nodes {
-			packed := o.fused(attentionGradOp[float32](a), attentionGradOp[float64](a), in[0], in[1], in[2], grad)
+		grad: func(o *ops, in G.Nodes, output, grad *G.Node) G.Nodes {
+			packed := o.fused(attentionGradOp[float32](a), attentionGradOp[float64](a), in[0], in[1], in[2], output, grad)
 			w := in[0].Shape()[1]
 			return G.Nodes{o.columns(packed, 0, w), o.columns(packed, w, w), o.columns(packed, 2*w, w)}
 		},
@@ -503,23 +521,27 @@ func expInPlace[T float32 | float64](v []T) {
 	}
 }
 
-// attentionGradOp is (q, k, v, dO) -> [dq | dk | dv], (n, 3w). Per head, with
-// P recomputed: dV = Pᵀ dO; dP = dO Vᵀ; dS = P ∘ (dP − rowsum(dP ∘ P));
-// dQ = dS K/√dh; dK = dSᵀ Q/√dh.
+// attentionGradOp is (q, k, v, forward's output, its gradient) -> [dq | dk
+// | dv], (n, 3w). Per head, with P the forward's: dV = Pᵀ dO; dP = dO Vᵀ;
+// dS = P ∘ (dP − rowsum(dP ∘ P)); dQ = dS K/√dh; dK = dSᵀ Q/√dh. dO is the
+// first w columns of the output's gradient (the rest, the probabilities'
+// columns, gets none).
 func attentionGradOp[T float32 | float64](a attention) *fusedOp[T] {
-	return &fusedOp[T]{name: "CausalAttentionGrad" + a.String(), inDims: []int{2, 2, 2, 2}, outDims: 2,
+	return &fusedOp[T]{name: "CausalAttentionGrad" + a.String(), inDims: []int{2, 2, 2, 2, 2}, outDims: 2,
 		shape: a.check("attention gradient", func(n, w int) tensor.Shape { return tensor.Shape{n, 3 * w} }),
 		kernel: func(out []T, in [][]T, s []tensor.Shape) {
-			q, k, v, dO, w := in[0], in[1], in[2], in[3], s[0][1]
-			t, dh := a.context, w/a.heads
+			q, k, v, fwd, dO, w := in[0], in[1], in[2], in[3], in[4], s[0][1]
+			t, dh, pw := a.context, w/a.heads, a.packedWidth(w)
 			scale := T(1 / math.Sqrt(float64(dh)))
 			p, dp := make([]T, t*t), make([]T, t*t)
 			for seq := 0; seq < s[0][0]; seq += t {
 				for h := range a.heads {
-					at, o := seq*w+h*dh, seq*3*w+h*dh
-					probabilities(p, q[at:], k[at:], t, dh, w)
-					gemm(true, false, t, dh, t, 1, p, t, dO[at:], w, 0, out[o+2*w:], 3*w)
-					gemm(false, true, t, t, dh, 1, dO[at:], w, v[at:], w, 0, dp, t)
+					at, o, g := seq*w+h*dh, seq*3*w+h*dh, seq*pw+h*dh
+					for i := range t {
+						copy(p[i*t:i*t+t], fwd[(seq+i)*pw+w+h*t:(seq+i)*pw+w+h*t+t])
+					}
+					gemm(true, false, t, dh, t, 1, p, t, dO[g:], pw, 0, out[o+2*w:], 3*w)
+					gemm(false, true, t, t, dh, 1, dO[g:], pw, v[at:], w, 0, dp, t)
 					for i := range t {
 						pr, dr := p[i*t:i*t+i+1], dp[i*t:i*t+t]
 						pd := dot(pr, dr)
@@ -553,6 +575,30 @@ func columnsOp[T float32 | float64](from, n int) *fusedOp[T] {
 			c := s[0][1]
 			for r := range s[0][0] {
 				copy(out[r*n:(r+1)*n], in[0][r*c+from:r*c+from+n])
+			}
+		},
+		grad: func(o *ops, in G.Nodes, _, grad *G.Node) G.Nodes {
+			width := in[0].Shape()[1]
+			return G.Nodes{o.fused(placeColumnsOp[float32](from, width), placeColumnsOp[float64](from, width), grad)}
+		},
+	}
+}
+
+// placeColumnsOp is columns's gradient: x (r, n) placed at columns [from,
+// from+n) of an (r, width) matrix of zeros.
+func placeColumnsOp[T float32 | float64](from, width int) *fusedOp[T] {
+	return &fusedOp[T]{name: fmt.Sprintf("PlaceColumns{%d, %d}", from, width), inDims: []int{2}, outDims: 2,
+		shape: func(in []tensor.Shape) (tensor.Shape, error) {
+			if from+in[0][1] > width {
+				return nil, fmt.Errorf("placing %v at column %d of %d", in[0], from, width)
+			}
+			return tensor.Shape{in[0][0], width}, nil
+		},
+		kernel: func(out []T, in [][]T, s []tensor.Shape) {
+			n := s[0][1]
+			clear(out)
+			for r := range s[0][0] {
+				copy(out[r*width+from:r*width+from+n], in[0][r*n:(r+1)*n])
 			}
 		},
 	}

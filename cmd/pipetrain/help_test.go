@@ -65,7 +65,6 @@ func TestSampleOffersOnlyItsFlags(t *testing.T) {
 // configs that exist, so the help cannot drift from the code.
 func TestEveryCommandHasExamples(t *testing.T) {
 	root := newRoot()
-	root.InitDefaultCompletionCmd()
 	byName := map[string]*cobra.Command{"pipetrain": root}
 	for _, c := range root.Commands() {
 		byName[c.Name()] = c
