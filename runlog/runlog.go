@@ -60,6 +60,14 @@ type Event struct {
 	Stashed int `json:"stashed"`
 }
 
+// Compute is what a process computes with: its speed depends on it, and
+// comparing runs means knowing it.
+type Compute struct {
+	BLAS        string `json:"blas"`         // "openblas", or "gonum" (pure Go)
+	BLASThreads int    `json:"blas_threads"` // threads per product
+	Kernels     string `json:"kernels"`      // the float32 loops: "avx2" or the Go loops
+}
+
 // StepNumber is the number the training log, metrics.jsonl and checkpoints
 // give the event's step: its index plus 1.
 func (e *Event) StepNumber() int { return e.Step + 1 }
@@ -75,8 +83,11 @@ type RunInfo struct {
 	// processes, replica r's events in ReplicaEventsFile (0 or 1: none).
 	Replicas int `json:"replicas,omitempty"`
 	// BatchSize is the global batch (every replica's share), for rates.
-	BatchSize         int     `json:"batch_size,omitempty"`
-	TheoreticalBubble float64 `json:"theoretical_bubble"` // fraction, e.g. (p-1)/(m+p-1)
+	BatchSize int `json:"batch_size,omitempty"`
+	// Compute is what stage 0's process computed with; logs written before
+	// the field existed leave it nil.
+	Compute           *Compute `json:"compute,omitempty"`
+	TheoreticalBubble float64  `json:"theoretical_bubble"` // fraction, e.g. (p-1)/(m+p-1)
 	// ScheduleCSV is, for a user-written ("custom") schedule, the schedule in
 	// schedule.Load's "csv" format, so that the profiler can simulate it.
 	ScheduleCSV string `json:"schedule_csv,omitempty"`

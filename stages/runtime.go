@@ -76,6 +76,7 @@ type Runtime struct {
 	// averaged over.
 	mbBase, scaleMBs int
 	ring             *collective.Ring // among the stage's replicas; nil without
+	threads          int              // BLAS threads (and elementwise workers) of this process
 	reducer          *reducer         // runs the ring's all-reduces; nil without replicas
 	// shares holds, in the reference of a config with replicas, each
 	// replica's share of the step's gradients; gradsDone counts the
@@ -130,6 +131,7 @@ func New(o Options) (*Runtime, error) {
 	}
 	blas.SetThreads(threads)
 	engine.SetWorkers(threads)
+	r.threads = threads
 	sched := lowered.Compute()
 	r.actions, r.ops, r.schedName = sched.Actions[r.stage], lowered.Ops[r.stage], sched.Name
 	for chunk, lr := range ranges {

@@ -2,6 +2,7 @@ package stages
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -16,8 +17,10 @@ import (
 	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/data"
+	"github.com/pipetrain/pipetrain/internal/blas"
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/profile"
+	"github.com/pipetrain/pipetrain/runlog"
 	"github.com/pipetrain/pipetrain/schedule"
 	"github.com/pipetrain/pipetrain/transport"
 )
@@ -456,5 +459,24 @@ func TestMetricsServed(t *testing.T) {
 		if strings.Contains(text, fmt.Sprintf(`pipetrain_sent_bytes_total{stage="%d"} 0`, i)) {
 			t.Errorf("stage %d sent nothing:\n%s", i, text)
 		}
+	}
+}
+
+// TestRunInfoSaysWhatItComputedWith: run.json records the BLAS, its threads
+// and the float32 kernels stage 0's process used.
+func TestRunInfoSaysWhatItComputedWith(t *testing.T) {
+	c := testConfig("1f1b", plain("0", "1"), 2, "float32", "sgd")
+	dir := runInProcess(t, c, false)
+	b, err := os.ReadFile(runlog.RunFile(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info runlog.RunInfo
+	if err := json.Unmarshal(b, &info); err != nil {
+		t.Fatal(err)
+	}
+	want := runlog.Compute{BLAS: blas.Name, BLASThreads: c.Threads(0), Kernels: models.Kernels()}
+	if info.Compute == nil || *info.Compute != want {
+		t.Errorf("run.json compute %+v, want %+v", info.Compute, want)
 	}
 }
