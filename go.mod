@@ -4,12 +4,12 @@ go 1.26.0
 
 require (
 	github.com/chewxy/hm v1.0.0
+	github.com/ebitengine/purego v0.11.3
 	github.com/spf13/cobra v1.10.2
 	github.com/spf13/viper v1.21.0
 	go.yaml.in/yaml/v3 v3.0.4
 	golang.org/x/sys v0.48.0
 	gonum.org/v1/gonum v0.17.0
-	gonum.org/v1/netlib v0.0.0-20220323200511-14de99971b2d
 	google.golang.org/grpc v1.85.0
 	gorgonia.org/gorgonia v0.9.18
 	gorgonia.org/tensor v0.9.24

@@ -19,10 +19,11 @@ import (
 const envPrefix = "PIPETRAIN_"
 
 // nonConfigEnv lists PIPETRAIN_* variables that pipetrain reads for other
-// purposes than config keys; Load accepts them. None exist today: add a
-// variable here when a part of the program starts reading one, or Load will
-// report it as an unknown setting.
-var nonConfigEnv = map[string]bool{}
+// purposes than config keys; Load accepts them. Add a variable here when a
+// part of the program starts reading one, or Load will report it as an
+// unknown setting. PIPETRAIN_BLAS (internal/blas.Env) is read at start-up,
+// before any config: it picks the library a process computes with.
+var nonConfigEnv = map[string]bool{"PIPETRAIN_BLAS": true}
 
 // secretKeys are keys whose values never appear in messages.
 var secretKeys = map[string]bool{"transport.token": true}

@@ -50,7 +50,7 @@ func Outputs(c *configs.Config, stage, replica int) []string {
 func (r *Runtime) writeRunInfo() error {
 	theory, _ := schedule.TheoreticalBubble(r.schedName, r.stages, r.cfg.Data.MicroBatches, len(r.engines))
 	info := runlog.RunInfo{Schedule: r.schedName, Stages: r.stages, MicroBatches: r.cfg.Data.MicroBatches, Steps: r.cfg.Train.Steps, Chunks: len(r.engines), TheoreticalBubble: theory,
-		BatchSize: r.cfg.Data.BatchSize, Compute: &runlog.Compute{BLAS: blas.Name, BLASThreads: r.threads, Kernels: models.Kernels()}}
+		BatchSize: r.cfg.Data.BatchSize, Compute: &runlog.Compute{BLAS: blas.Name(), BLASThreads: r.threads, Kernels: models.Kernels()}}
 	if n := r.cfg.Replicas(); n > 1 {
 		info.Replicas = n
 	}

@@ -125,6 +125,9 @@ func New(o Options) (*Runtime, error) {
 		r.log = io.Discard
 	}
 	r.act.init()
+	if err := blas.Err(); err != nil {
+		return nil, err
+	}
 	threads := c.Threads(l.Stage)
 	if l.Reference {
 		threads = cmp.Or(o.Threads, c.ReferenceThreads())
@@ -345,8 +348,8 @@ func (r *Runtime) Run(ctx context.Context) error {
 	for _, e := range r.engines {
 		layers = append(layers, fmt.Sprintf("%d-%d", e.First, e.Last-1))
 	}
-	fmt.Fprintf(r.log, "%s: layers %s, %s schedule, %d micro-batches of %d, %d steps\n",
-		r.name(), strings.Join(layers, " and "), r.cfg.Schedule, r.cfg.Data.MicroBatches, r.cfg.MicroBatchSize(), r.cfg.Train.Steps)
+	fmt.Fprintf(r.log, "%s: layers %s, %s schedule, %d micro-batches of %d, %d steps; %s\n",
+		r.name(), strings.Join(layers, " and "), r.cfg.Schedule, r.cfg.Data.MicroBatches, r.cfg.MicroBatchSize(), r.cfg.Train.Steps, blas.Describe(r.threads))
 	start := time.Now()
 	lastLog := start
 	var err error

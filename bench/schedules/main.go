@@ -53,7 +53,7 @@ func main() {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "# Schedules measured on this machine\n\n")
 	fmt.Fprintf(&b, "Made by `make bench-schedules` (`go run ./bench/schedules`) on %s: %s, %d cores, %s, BLAS %s, 1 BLAS thread per stage.\n",
-		time.Now().UTC().Format("2006-01-02"), machine.CPUModel(), runtime.NumCPU(), runtime.Version(), blas.Name)
+		time.Now().UTC().Format("2006-01-02"), machine.CPUModel(), runtime.NumCPU(), runtime.Version(), blas.Name())
 	fmt.Fprintf(&b, "Each row: %d runs of %d steps of `pipetrain launch` (one process per stage, gRPC on loopback), the first %d steps of each left out; medians. Global batch 512.\n\n", *reps, *steps, *skip)
 	fmt.Fprintf(&b, "- measured bubble: `pipetrain profile`'s mean over stages of idle / step window, the window running from a step's first forward to its last backward on any stage;\n")
 	fmt.Fprintf(&b, "- simulated bubble: `schedule.Simulate` with that run's own mean action costs per stage and its measured mean link delay as the transfer time;\n")

@@ -83,7 +83,7 @@ func runCompute(o *options, b *bytes.Buffer) error {
 	fmt.Fprintf(b, "One stage holding layers %d-%d of a %d-wide MLP (each a %dx%d Dense layer with bias and ReLU), built with `engine.NewEngine` "+
 		"as a middle stage: `Forward` then `Backward` (fused) of one micro-batch, the input gradient included. ", computeFirst, computeLast-1, computeWidth, computeWidth, computeWidth)
 	fmt.Fprintf(b, "FLOPs count the matrix products only, 2·m·n·k each: %d forward (one per layer) and %d backward (input and weight gradient per layer). ", layers, 2*layers)
-	fmt.Fprintf(b, "The limit is the same %d products as plain `sgemm` calls (gonum `blas32` routed to %s, the kernels gorgonia calls), timed in the same run, interleaved with the stage's repetitions. ", 3*layers, iblas.Name)
+	fmt.Fprintf(b, "The limit is the same %d products as plain `sgemm` calls (gonum `blas32` routed to %s, the kernels gorgonia calls), timed in the same run, interleaved with the stage's repetitions. ", 3*layers, iblas.Name())
 	fmt.Fprintf(b, "One BLAS thread; median of %d repetitions of about %s each. Allocations are counted over steady-state steps with `runtime.MemStats` "+
 		"(the same loop is `BenchmarkEngineStepAllocs` in `engine/alloc_bench_test.go`, which `make bench` runs with `-benchmem`).\n\n", o.reps, repTime)
 	fmt.Fprintf(b, "| micro-batch | stage step | stage GFLOP/s | sgemm GFLOP/s | stage / sgemm | target | met? | time outside the products | allocs/step | bytes/step (of which output copies) |\n")

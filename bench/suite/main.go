@@ -201,7 +201,7 @@ func writeHeader(b *bytes.Buffer, o *options, start time.Time, loadStart, loadEn
 		fmt.Fprintf(b, "| kernel | Linux %s |\n", k)
 	}
 	fmt.Fprintf(b, "| Go | %s %s/%s |\n", runtime.Version(), runtime.GOOS, runtime.GOARCH)
-	fmt.Fprintf(b, "| BLAS | %s (threads per process: see each section) |\n", blas.Name)
+	fmt.Fprintf(b, "| BLAS | %s (threads per process: see each section) |\n", blas.Name())
 	fmt.Fprintf(b, "| date | %s |\n", start.UTC().Format("2006-01-02 15:04 MST"))
 	fmt.Fprintf(b, "| load average (1 min) | %.2f at the start, %.2f at the end (the benchmark's own processes included) |\n", loadStart, loadEnd)
 	fmt.Fprintf(b, "| CPU taken by other processes | %s of the machine's CPU time while this ran (%s) |\n", pct(othersTotal), strings.Join(others, ", "))

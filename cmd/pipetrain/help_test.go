@@ -112,7 +112,8 @@ func TestVersionSaysWhatItComputesWith(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, w := range []string{"pipetrain ", runtime.Version(), "matrix products: " + blas.Name + "\n", "float32 kernels: " + models.Kernels() + "\n", fmt.Sprintf("cores: %d\n", runtime.NumCPU())} {
+	products := map[string]string{"openblas": "matrix products: OpenBLAS (" + blas.Library() + ")\n", "gonum": "matrix products: gonum's Go kernels ("}[blas.Name()]
+	for _, w := range []string{"pipetrain ", runtime.Version(), products, "float32 kernels: " + models.Kernels() + "\n", fmt.Sprintf("cores: %d\n", runtime.NumCPU())} {
 		if !strings.Contains(out, w) {
 			t.Errorf("missing %q in\n%s", w, out)
 		}
