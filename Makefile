@@ -54,6 +54,8 @@ fuzz:
 	$(call fuzz_target,FuzzHandshake,transport) || $(call fuzz_target,FuzzHandshake,transport)
 	$(call fuzz_target,FuzzConfigLoad,configs) || $(call fuzz_target,FuzzConfigLoad,configs)
 
+# The interop tests (stages/torch_test.go) hold pipetrain's weights against PyTorch.
+test: APT_PACKAGES += python3-torch
 test: deps vet race fuzz test-blas
 	go test -count=1 -timeout 20m ./...
 	# The kernels' Go loops, which machines without AVX2 run, give the same bits.

@@ -95,6 +95,9 @@ type Train struct {
 	Evaluate bool `mapstructure:"evaluate" json:"evaluate"`
 	// EvalEvery also evaluates every so many steps (0: only after the last).
 	EvalEvery int `mapstructure:"eval_every" json:"eval_every,omitempty"`
+	// InitFrom starts the run from the weights in a safetensors file (from
+	// PyTorch, Hugging Face or pipetrain export) instead of the seed's.
+	InitFrom string `mapstructure:"init_from" json:"init_from,omitempty"`
 }
 
 // Optimizer is sgd (with optional momentum) or adam: optim's own spec.
@@ -345,14 +348,14 @@ func (c *Config) Validate() error {
 	if c.Transport.QueueDepth < 1 {
 		p.add("transport.queue_depth", "must be at least 1, got %d", c.Transport.QueueDepth)
 	}
-	switch c.Transport.Compression {
-	case "none", "":
-	case "fp16", "bf16":
+	switch comp := c.Transport.Compression; {
+	case comp == "" || comp == compressions[0]:
+	case slices.Contains(compressions, comp):
 		if model != nil && c.Model.DType == "float64" {
-			p.add("transport.compression", "%s casts float32 tensors; the model is float64", c.Transport.Compression)
+			p.add("transport.compression", "%s casts float32 tensors; the model is float64", comp)
 		}
 	default:
-		p.add("transport.compression", "unknown compression %q (known: none, fp16, bf16)", c.Transport.Compression)
+		p.add("transport.compression", "unknown compression %q (known: %s)", comp, strings.Join(compressions, ", "))
 	}
 	if c.Transport.Heartbeat <= 0 {
 		p.add("transport.heartbeat", "must be positive, got %v", c.Transport.Heartbeat)
@@ -372,11 +375,16 @@ func (c *Config) Validate() error {
 	c.validateAuth(p)
 	c.validateReplicas(p)
 	c.validateStages(p, model)
+	c.validateInitFrom(p, model)
 	if len(p.Items) > 0 {
 		return p
 	}
 	return nil
 }
+
+// compressions are the values of transport.compression; "" means the first,
+// none.
+var compressions = []string{"none", "fp16", "bf16"}
 
 // maxScheduleUnits bounds stages × micro-batches × chunks: a step's schedule
 // has two or three actions per unit.
@@ -507,6 +515,9 @@ func (c *Config) readScheduleFile() {
 
 func (c *Config) validateOptimizer(p *Problems) {
 	o := c.Train.Optimizer
+	if !slices.Contains(optim.Names(), o.Name) {
+		p.add("train.optimizer.name", "unknown optimizer %q (known: %s)", o.Name, strings.Join(optim.Names(), ", "))
+	}
 	switch o.Name {
 	case "sgd":
 		if o.Momentum < 0 || o.Momentum >= 1 {
@@ -522,8 +533,6 @@ func (c *Config) validateOptimizer(p *Problems) {
 		if o.Eps <= 0 {
 			p.add("train.optimizer.eps", "must be positive, got %v", o.Eps)
 		}
-	default:
-		p.add("train.optimizer.name", "unknown optimizer %q (known: sgd, adam)", o.Name)
 	}
 	if o.LR <= 0 {
 		p.add("train.optimizer.lr", "must be positive, got %v", o.LR)
@@ -714,10 +723,13 @@ func checkAddress(a string) error {
 	return nil
 }
 
+// devices are the devices this build runs on; "" means the first.
+var devices = []string{"cpu"}
+
 // CheckDevice accepts the devices this build can run on.
 func CheckDevice(d string) error {
 	switch {
-	case d == "" || d == "cpu":
+	case d == "" || slices.Contains(devices, d):
 		return nil
 	case strings.HasPrefix(d, "cuda:"):
 		if _, err := strconv.Atoi(strings.TrimPrefix(d, "cuda:")); err != nil {
@@ -725,7 +737,7 @@ func CheckDevice(d string) error {
 		}
 		return fmt.Errorf("%q: this pipetrain was built without CUDA support; use device: cpu", d)
 	}
-	return fmt.Errorf("unknown device %q (known: cpu, cuda:N)", d)
+	return fmt.Errorf("unknown device %q (known: %s, cuda:N)", d, strings.Join(devices, ", "))
 }
 
 // ChunkLayers returns the layers of a stage's chunk as a half-open range [first, last).

@@ -4,16 +4,27 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/pipetrain/pipetrain/data"
 	"github.com/pipetrain/pipetrain/models"
 )
 
+// datasets are the values of data.dataset, and tokenizers those of
+// data.tokenizer (read with dataset text).
+var (
+	datasets   = []string{"fashion-mnist", "text"}
+	tokenizers = []string{"byte", "char"}
+)
+
 // validateData checks the data section against the model: images for the
 // classifiers, text for the language model.
 func (c *Config) validateData(p *Problems, model *models.Model) {
 	d := c.Data
+	if !slices.Contains(datasets, d.Dataset) {
+		p.add("data.dataset", "unknown dataset %q (known: %s)", d.Dataset, strings.Join(datasets, ", "))
+	}
 	switch d.Dataset {
 	case "fashion-mnist":
 		if model != nil && model.Targets() > 1 {
@@ -23,8 +34,8 @@ func (c *Config) validateData(p *Problems, model *models.Model) {
 		if d.Corpus == "" {
 			p.add("data.corpus", `missing; give a text file, a directory, or "go:PKG" for the Go sources of package PKG`)
 		}
-		if d.Tokenizer != "byte" && d.Tokenizer != "char" {
-			p.add("data.tokenizer", "unknown tokenizer %q (known: byte, char)", d.Tokenizer)
+		if !slices.Contains(tokenizers, d.Tokenizer) {
+			p.add("data.tokenizer", "unknown tokenizer %q (known: %s)", d.Tokenizer, strings.Join(tokenizers, ", "))
 		}
 		if d.ValFraction <= 0 || d.ValFraction >= 1 {
 			p.add("data.val_fraction", "must be in (0, 1), got %v", d.ValFraction)
@@ -38,8 +49,6 @@ func (c *Config) validateData(p *Problems, model *models.Model) {
 		if model != nil && d.Tokenizer == "byte" && model.Classes != 256 {
 			p.add("model.vocab", "is %d; the byte tokenizer has 256 symbols", model.Classes)
 		}
-	default:
-		p.add("data.dataset", "unknown dataset %q (known: fashion-mnist, text)", d.Dataset)
 	}
 	if c.Train.EvalEvery < 0 {
 		p.add("train.eval_every", "must be 0 (only after the last step) or a number of steps, got %d", c.Train.EvalEvery)

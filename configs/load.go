@@ -71,21 +71,28 @@ func keysOf(t reflect.Type) *keyTree {
 	case t.Kind() == reflect.Struct:
 		n := &keyTree{keys: map[string]*keyTree{}}
 		for i := range t.NumField() {
-			f := t.Field(i)
-			name, _, _ := strings.Cut(f.Tag.Get("mapstructure"), ",")
-			if !f.IsExported() || name == "-" {
-				continue
+			if name, ok := keyName(t.Field(i)); ok {
+				n.keys[name] = keysOf(t.Field(i).Type)
 			}
-			if name == "" {
-				name = strings.ToLower(f.Name)
-			}
-			n.keys[name] = keysOf(f.Type)
 		}
 		return n
 	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.Struct:
 		return &keyTree{entry: keysOf(t.Elem())}
 	}
 	return &keyTree{}
+}
+
+// keyName is the config key of a struct field, as mapstructure names it;
+// ok is false for a field that is no key.
+func keyName(f reflect.StructField) (name string, ok bool) {
+	name, _, _ = strings.Cut(f.Tag.Get("mapstructure"), ",")
+	if !f.IsExported() || name == "-" {
+		return "", false
+	}
+	if name == "" {
+		name = strings.ToLower(f.Name)
+	}
+	return name, true
 }
 
 func leafKeys(t *keyTree, prefix string) []string {

@@ -2,6 +2,7 @@ package models
 
 import (
 	"fmt"
+	"strings"
 
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
@@ -19,8 +20,8 @@ func buildMLP(spec Spec) (*Model, error) {
 	if act == "" {
 		act = "relu"
 	}
-	if _, ok := activations[act]; !ok {
-		check.add("activation", "unknown activation %q (known: relu, tanh, sigmoid)", act)
+	if activation(act) == nil {
+		check.add("activation", "unknown activation %q (known: %s)", act, strings.Join(Activations(), ", "))
 	}
 	for i, h := range spec.Hidden {
 		check.atLeast(fmt.Sprintf("hidden[%d]", i), h, 1)
@@ -41,10 +42,30 @@ func buildMLP(spec Spec) (*Model, error) {
 	return m, nil
 }
 
-var activations = map[string]func(*G.Node) (*G.Node, error){
-	"relu":    G.Rectify,
-	"tanh":    G.Tanh,
-	"sigmoid": G.Sigmoid,
+// activations are the functions an mlp's activation may name, in the order
+// messages and the config schema list them.
+var activations = []struct {
+	name string
+	f    func(*G.Node) (*G.Node, error)
+}{{"relu", G.Rectify}, {"tanh", G.Tanh}, {"sigmoid", G.Sigmoid}}
+
+// activation is the function named name, nil if none is.
+func activation(name string) func(*G.Node) (*G.Node, error) {
+	for _, a := range activations {
+		if a.name == name {
+			return a.f
+		}
+	}
+	return nil
+}
+
+// Activations lists the activations model mlp accepts.
+func Activations() []string {
+	out := make([]string, len(activations))
+	for i, a := range activations {
+		out[i] = a.name
+	}
+	return out
 }
 
 // Dense is y = act(x W + b) on [batch, In] inputs.
@@ -71,7 +92,7 @@ func (d *Dense) Build(g *G.ExprGraph, x *G.Node, seed uint64) (Built, error) {
 	}
 	out := tap
 	if d.Act != "" {
-		if out, err = activations[d.Act](tap); err != nil {
+		if out, err = activation(d.Act)(tap); err != nil {
 			return Built{}, fmt.Errorf("%s: %w", d.name, err)
 		}
 	}

@@ -184,15 +184,32 @@ func Build(spec Spec) (*Model, error) {
 	return b(spec)
 }
 
+// dtypes are the dtype names a config may give, the default first.
+var dtypes = []struct {
+	name string
+	dt   tensor.Dtype
+}{{"float32", tensor.Float32}, {"float64", tensor.Float64}}
+
+// DTypes lists the dtype names ParseDType accepts besides "" (float32).
+func DTypes() []string {
+	out := make([]string, len(dtypes))
+	for i, d := range dtypes {
+		out[i] = d.name
+	}
+	return out
+}
+
 // ParseDType maps a config dtype name to gorgonia's dtype.
 func ParseDType(s string) (tensor.Dtype, error) {
-	switch s {
-	case "float32", "":
-		return tensor.Float32, nil
-	case "float64":
-		return tensor.Float64, nil
+	if s == "" {
+		return dtypes[0].dt, nil
 	}
-	return tensor.Dtype{}, fmt.Errorf("unknown dtype %q (known: float32, float64)", s)
+	for _, d := range dtypes {
+		if d.name == s {
+			return d.dt, nil
+		}
+	}
+	return tensor.Dtype{}, fmt.Errorf("unknown dtype %q (known: %s)", s, strings.Join(DTypes(), ", "))
 }
 
 // ShapeAt returns the shape of the activation entering layer i (i == len(Layers)

@@ -7,6 +7,7 @@ package optim
 import (
 	"fmt"
 	"math"
+	"strings"
 
 	"gorgonia.org/tensor"
 
@@ -53,7 +54,7 @@ func New(o Spec, dt tensor.Dtype, shapes []tensor.Shape) (*Optimizer, error) {
 	case "adam":
 		names = []string{"m", "v"}
 	default:
-		return nil, fmt.Errorf("unknown optimizer %q (known: sgd, adam)", o.Name)
+		return nil, fmt.Errorf("unknown optimizer %q (known: %s)", o.Name, strings.Join(Names(), ", "))
 	}
 	for _, n := range names {
 		for _, s := range shapes {

@@ -11,3 +11,6 @@ type Spec struct {
 	Beta2    float64 `mapstructure:"beta2" json:"beta2"`
 	Eps      float64 `mapstructure:"eps" json:"eps"`
 }
+
+// Names lists the optimizers a Spec may name.
+func Names() []string { return []string{"sgd", "adam"} }

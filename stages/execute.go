@@ -279,7 +279,7 @@ func (r *Runtime) weight(a schedule.Action) error {
 
 // record logs an action's event, ending now.
 func (r *Runtime) record(ev runlog.Event, start time.Time) error {
-	r.live.action(ev.Kind, time.Since(start), ev.BytesSent, r.inFlight())
+	r.live.action(ev.Kind, time.Since(start), time.Duration(ev.SendNS), r.inFlight())
 	ev.EndNS, ev.Stashed, ev.Replica = time.Now().UnixNano(), r.inFlight(), r.replica
 	return r.events.add(ev)
 }

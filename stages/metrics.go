@@ -15,49 +15,97 @@ import (
 	"time"
 
 	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/runlog"
 	"github.com/pipetrain/pipetrain/transport"
 )
 
-// Metrics is what a stage exposes to Prometheus while it trains: step time, action
-// durations by kind, bytes moved, queue depths of its links and stashed
-// activations. The runtime updates it; an HTTP handler renders it.
+// Metrics is what a stage exposes to Prometheus while it trains: step time,
+// busy and idle time within steps (the bubble), samples trained, action
+// durations by kind, bytes moved on each link, queue depths of its links and
+// stashed activations. The runtime updates it; an HTTP handler renders it.
 type Metrics struct {
 	mu          sync.Mutex
 	stage       int
 	steps       int64
 	lastStep    time.Duration
+	stepTime    time.Duration // summed over the finished steps
+	busy, idle  time.Duration // summed over the finished steps
+	samples     int64
 	actionSum   map[string]time.Duration
 	actionCount map[string]int64
-	bytesSent   int64
-	bytesRecv   int64
-	stashed     int
-	links       map[string]transport.Link // "prev", "next"
+	// stepBusy and stepOther accumulate the step in progress: compute
+	// actions, and the optimizer (neither busy nor idle: the pipeline's
+	// bubble is measured on its pipelined phase, as the profile does).
+	stepBusy, stepOther time.Duration
+	sent, recv          map[string]int64 // by link: "prev", "next", "replicas"
+	stashed             int
+	links               map[string]transport.Link // "prev", "next"
 }
+
+// linkOrder is the order links are listed in: the pipeline's, then the
+// replicas' ring.
+var linkOrder = []string{"prev", "next", "replicas"}
 
 func newMetrics(stage int) *Metrics {
-	return &Metrics{stage: stage, actionSum: map[string]time.Duration{}, actionCount: map[string]int64{}, links: map[string]transport.Link{}}
+	return &Metrics{stage: stage, actionSum: map[string]time.Duration{}, actionCount: map[string]int64{},
+		sent: map[string]int64{}, recv: map[string]int64{}, links: map[string]transport.Link{}}
 }
 
-func (m *Metrics) action(kind string, d time.Duration, sent int64, stashed int) {
+// addLink lists the link to a neighbour, name "prev" or "next", with zero
+// bytes until it moves some, so a dashboard sees every link from the first
+// scrape on; l (nil in tests) reports its queues.
+func (m *Metrics) addLink(name string, l transport.Link) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.sent[name], m.recv[name] = m.sent[name], m.recv[name]
+	if l != nil {
+		m.links[name] = l
+	}
+}
+
+// action records an action of kind that took d, of which blocked went by
+// waiting for room in a send queue, the neighbour's hold-up rather than this
+// stage's work.
+func (m *Metrics) action(kind string, d, blocked time.Duration, stashed int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.actionSum[kind] += d
 	m.actionCount[kind]++
-	m.bytesSent += sent
 	m.stashed = stashed
+	switch kind {
+	case runlog.Forward, runlog.Backward, runlog.Input, runlog.Weight:
+		m.stepBusy += max(d-blocked, 0)
+	case runlog.Optimizer:
+		m.stepOther += d
+	}
 }
 
-func (m *Metrics) received(n int64) {
+// sentOn and receivedOn count tensor payload bytes moved on a link.
+func (m *Metrics) sentOn(link string, n int64) {
 	m.mu.Lock()
-	m.bytesRecv += n
+	m.sent[link] += n
 	m.mu.Unlock()
 }
 
-func (m *Metrics) step(d time.Duration) {
+func (m *Metrics) receivedOn(link string, n int64) {
 	m.mu.Lock()
+	m.recv[link] += n
+	m.mu.Unlock()
+}
+
+// step ends a training step that took d and trained samples examples: its
+// compute actions count as busy, the rest but the optimizer as idle.
+func (m *Metrics) step(d time.Duration, samples int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	m.steps++
 	m.lastStep = d
-	m.mu.Unlock()
+	m.stepTime += d
+	m.samples += int64(samples)
+	busy := min(m.stepBusy, d)
+	m.busy += busy
+	m.idle += max(d-busy-m.stepOther, 0)
+	m.stepBusy, m.stepOther = 0, 0
 }
 
 // ServeHTTP writes the metrics in Prometheus's text exposition format.
@@ -71,16 +119,31 @@ func (m *Metrics) WriteTo(w io.Writer) (int64, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var n int64
+	var werr error
 	p := func(format string, args ...any) {
-		k, _ := fmt.Fprintf(w, format, args...)
+		k, err := fmt.Fprintf(w, format, args...)
 		n += int64(k)
+		if werr == nil {
+			werr = err
+		}
+	}
+	family := func(name, typ, help string) {
+		p("# HELP %s %s\n# TYPE %s %s\n", name, help, name, typ)
 	}
 	s := m.stage
-	p("# HELP pipetrain_steps_total Training steps this stage has finished.\n# TYPE pipetrain_steps_total counter\n")
+	family("pipetrain_steps_total", "counter", "Training steps this stage has finished.")
 	p("pipetrain_steps_total{stage=\"%d\"} %d\n", s, m.steps)
-	p("# HELP pipetrain_step_seconds Wall time of the stage's last step.\n# TYPE pipetrain_step_seconds gauge\n")
+	family("pipetrain_step_seconds", "gauge", "Wall time of the stage's last step.")
 	p("pipetrain_step_seconds{stage=\"%d\"} %g\n", s, m.lastStep.Seconds())
-	p("# HELP pipetrain_action_seconds Time spent computing actions, by kind (F, B, I, W, OPT).\n# TYPE pipetrain_action_seconds summary\n")
+	family("pipetrain_train_seconds_total", "counter", "Wall time of the training steps this stage has finished, summed; over pipetrain_steps_total, the mean step time.")
+	p("pipetrain_train_seconds_total{stage=\"%d\"} %g\n", s, m.stepTime.Seconds())
+	family("pipetrain_busy_seconds_total", "counter", "Time within finished steps spent computing forward and backward passes (F, B, I, W), less sends blocked on a full queue.")
+	p("pipetrain_busy_seconds_total{stage=\"%d\"} %g\n", s, m.busy.Seconds())
+	family("pipetrain_idle_seconds_total", "counter", "Time within finished steps spent neither computing nor in the optimizer: waiting for neighbours, replicas or room to send. idle / (idle + busy) is the stage's bubble.")
+	p("pipetrain_idle_seconds_total{stage=\"%d\"} %g\n", s, m.idle.Seconds())
+	family("pipetrain_samples_total", "counter", "Training examples (sequences, for text) in the steps this stage has finished: its replica's share of each batch.")
+	p("pipetrain_samples_total{stage=\"%d\"} %d\n", s, m.samples)
+	family("pipetrain_action_seconds", "summary", "Time spent computing actions, by kind (F, B, I, W, OPT, AR).")
 	kinds := make([]string, 0, len(m.actionSum))
 	for k := range m.actionSum {
 		kinds = append(kinds, k)
@@ -90,13 +153,21 @@ func (m *Metrics) WriteTo(w io.Writer) (int64, error) {
 		p("pipetrain_action_seconds_sum{stage=\"%d\",kind=%q} %g\n", s, k, m.actionSum[k].Seconds())
 		p("pipetrain_action_seconds_count{stage=\"%d\",kind=%q} %d\n", s, k, m.actionCount[k])
 	}
-	p("# HELP pipetrain_sent_bytes_total Tensor payload bytes sent to neighbours.\n# TYPE pipetrain_sent_bytes_total counter\n")
-	p("pipetrain_sent_bytes_total{stage=\"%d\"} %d\n", s, m.bytesSent)
-	p("# HELP pipetrain_received_bytes_total Tensor payload bytes received from neighbours.\n# TYPE pipetrain_received_bytes_total counter\n")
-	p("pipetrain_received_bytes_total{stage=\"%d\"} %d\n", s, m.bytesRecv)
-	p("# HELP pipetrain_stashed_microbatches Micro-batches whose activations the stage holds.\n# TYPE pipetrain_stashed_microbatches gauge\n")
+	family("pipetrain_sent_bytes_total", "counter", "Tensor payload bytes sent, by link: prev and next (the neighbouring stages), replicas (the all-reduce ring).")
+	for _, l := range linkOrder {
+		if v, ok := m.sent[l]; ok {
+			p("pipetrain_sent_bytes_total{stage=\"%d\",link=%q} %d\n", s, l, v)
+		}
+	}
+	family("pipetrain_received_bytes_total", "counter", "Tensor payload bytes received from the neighbouring stages, by link (prev, next).")
+	for _, l := range linkOrder {
+		if v, ok := m.recv[l]; ok && l != "replicas" {
+			p("pipetrain_received_bytes_total{stage=\"%d\",link=%q} %d\n", s, l, v)
+		}
+	}
+	family("pipetrain_stashed_microbatches", "gauge", "Micro-batches whose activations the stage holds.")
 	p("pipetrain_stashed_microbatches{stage=\"%d\"} %d\n", s, m.stashed)
-	p("# HELP pipetrain_queue_depth Tensors waiting in a link's queue.\n# TYPE pipetrain_queue_depth gauge\n")
+	family("pipetrain_queue_depth", "gauge", "Tensors waiting in a link's queue.")
 	for _, name := range []string{"prev", "next"} {
 		if q, ok := m.links[name].(transport.QueueReporter); ok {
 			send, recv := q.Queues()
@@ -104,7 +175,7 @@ func (m *Metrics) WriteTo(w io.Writer) (int64, error) {
 			p("pipetrain_queue_depth{stage=\"%d\",link=%q,queue=\"recv\"} %d\n", s, name, recv)
 		}
 	}
-	return n, nil
+	return n, werr
 }
 
 // MetricsAuth is what a scraper must present to read a stage's metrics, the

@@ -26,7 +26,8 @@ type peer struct {
 	// means only ctx bounds them.
 	timeout      time.Duration
 	microBatches int      // per training step; 0 skips the range check
-	metrics      *Metrics // counts received bytes; may be nil
+	metrics      *Metrics // counts the bytes moved; may be nil
+	side         string   // which of the stage's links this is, for metrics: "prev" or "next"
 	// act, when set, is told of every wait on this neighbour (stage), so a
 	// status query names the stage this one waits for.
 	act *activity
@@ -95,7 +96,7 @@ func (p *peer) recvHeld(ctx context.Context, step int64, mb, chunk int) (v *tens
 		p.act.resumed()
 	}
 	if p.metrics != nil {
-		p.metrics.received(int64(len(t.Data)))
+		p.metrics.receivedOn(p.side, int64(len(t.Data)))
 	}
 	shape := t.Shape
 	switch t.DType {
@@ -203,6 +204,9 @@ func (p *peer) sendAs(ctx context.Context, kind transport.Kind, step int64, mb, 
 	}
 	if p.act != nil {
 		p.act.resumed()
+	}
+	if p.metrics != nil {
+		p.metrics.sentOn(p.side, int64(len(t.Data)))
 	}
 	return int64(len(t.Data)), time.Since(start), nil
 }

@@ -203,7 +203,8 @@ func (r *Runtime) awaitReductions(ctx context.Context, step int) error {
 		unflatten(j.flat, grads)
 		ev := runlog.Event{Stage: r.stage, Replica: r.replica, Step: step, Kind: runlog.AllReduce, Chunk: j.chunk,
 			StartNS: j.start.UnixNano(), EndNS: j.end.UnixNano(), WaitNS: time.Since(t0).Nanoseconds(), BytesSent: j.sent}
-		r.live.action(runlog.AllReduce, j.end.Sub(j.start), j.sent, r.inFlight())
+		r.live.action(runlog.AllReduce, j.end.Sub(j.start), 0, r.inFlight())
+		r.live.sentOn("replicas", j.sent)
 		if err := r.events.add(ev); err != nil {
 			return err
 		}

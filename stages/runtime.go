@@ -149,6 +149,9 @@ func New(o Options) (*Runtime, error) {
 		o.SetWorkers(threads) // the cores the process's products get
 		r.engines, r.optims = append(r.engines, e), append(r.optims, o)
 	}
+	if err := r.initFrom(model); err != nil {
+		return nil, err
+	}
 	if err := r.attach(o, model); err != nil {
 		return nil, err
 	}
@@ -209,7 +212,8 @@ func (r *Runtime) attach(o Options, model *models.Model) error {
 			return fmt.Errorf("stage %d: no link to the previous stage", r.stage)
 		}
 		r.prev = newPeer(o.Prev, transport.Activation, r.cfg.Transport.RecvTimeout)
-		r.prev.metrics, r.prev.act, r.live.links["prev"] = r.live, &r.act, o.Prev
+		r.prev.metrics, r.prev.side, r.prev.act = r.live, "prev", &r.act
+		r.live.addLink("prev", o.Prev)
 		r.prev.microBatches = r.cfg.Data.MicroBatches
 	}
 	if needNext {
@@ -217,7 +221,8 @@ func (r *Runtime) attach(o Options, model *models.Model) error {
 			return fmt.Errorf("stage %d: no link to the next stage", r.stage)
 		}
 		r.next = newPeer(o.Next, transport.Gradient, r.cfg.Transport.RecvTimeout)
-		r.next.metrics, r.next.act, r.live.links["next"] = r.live, &r.act, o.Next
+		r.next.metrics, r.next.side, r.next.act = r.live, "next", &r.act
+		r.live.addLink("next", o.Next)
 		r.next.microBatches = r.cfg.Data.MicroBatches
 	}
 	return nil
@@ -242,6 +247,7 @@ func (r *Runtime) joinReplicas(o Options) error {
 		DType: l.Reduce.DType, Timeout: r.cfg.Transport.RecvTimeout,
 		Name: func(k int) string { return fmt.Sprintf("stage %d replica %d", stage, k) }}
 	r.reducer = newReducer(l, r.ring)
+	r.live.sentOn("replicas", 0)
 	return nil
 }
 
@@ -363,7 +369,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 		if err := r.trainStep(ctx, step); err != nil {
 			return fmt.Errorf("stage %d, step %d: %w", r.stage, step+1, err)
 		}
-		r.live.step(time.Since(stepStart))
+		r.live.step(time.Since(stepStart), r.cfg.Data.MicroBatches*r.cfg.MicroBatchSize())
 		if err := r.events.flush(); err != nil {
 			return err
 		}

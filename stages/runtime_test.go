@@ -444,20 +444,24 @@ func TestMetricsServed(t *testing.T) {
 			fmt.Sprintf(`pipetrain_action_seconds_count{stage="%d",kind="W"} 18`, i),
 			fmt.Sprintf(`pipetrain_action_seconds_count{stage="%d",kind="OPT"} 6`, i),
 			fmt.Sprintf(`pipetrain_stashed_microbatches{stage="%d"} 0`, i),
+			fmt.Sprintf(`pipetrain_samples_total{stage="%d"} %d`, i, 6*c.Data.BatchSize),
 			"# TYPE pipetrain_queue_depth gauge",
 		}
 		link := "next"
 		if i == 1 {
 			link = "prev"
 		}
-		want = append(want, fmt.Sprintf(`pipetrain_queue_depth{stage="%d",link=%q,queue="send"}`, i, link))
+		want = append(want, fmt.Sprintf(`pipetrain_queue_depth{stage="%d",link=%q,queue="send"}`, i, link),
+			fmt.Sprintf(`pipetrain_sent_bytes_total{stage="%d",link=%q} `, i, link),
+			fmt.Sprintf(`pipetrain_received_bytes_total{stage="%d",link=%q} `, i, link))
 		for _, w := range want {
 			if !strings.Contains(text, w) {
 				t.Errorf("stage %d metrics lack %q:\n%s", i, w, text)
 			}
 		}
-		if strings.Contains(text, fmt.Sprintf(`pipetrain_sent_bytes_total{stage="%d"} 0`, i)) {
-			t.Errorf("stage %d sent nothing:\n%s", i, text)
+		if strings.Contains(text, fmt.Sprintf(`pipetrain_sent_bytes_total{stage="%d",link=%q} 0`, i, link)) ||
+			strings.Contains(text, fmt.Sprintf(`pipetrain_received_bytes_total{stage="%d",link=%q} 0`, i, link)) {
+			t.Errorf("stage %d moved nothing on its %s link:\n%s", i, link, text)
 		}
 	}
 }

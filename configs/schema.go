@@ -1,0 +1,307 @@
+package configs
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"reflect"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/pipetrain/pipetrain/models"
+	"github.com/pipetrain/pipetrain/optim"
+	"github.com/pipetrain/pipetrain/schedule"
+)
+
+// Schema returns the JSON Schema (draft 7) of config files, which
+// pipetrain.schema.json in this folder holds for editors. It is made from
+// what Load and Validate read, so that an editor and pipetrain agree on a
+// file: the keys and types of the mapstructure tags Load decodes (named as
+// the unknown-key check names them), the defaults Load applies and the lists
+// validation accepts values from. Its own tables are the descriptions
+// (keyDocs), which every key must have, and the bounds and patterns of
+// values, which the tests hold against Validate. Draft 7 is the one
+// yaml-language-server, behind most editors' YAML support, implements in full.
+func Schema() ([]byte, error) {
+	b := schemaBuilder{keys: map[string]bool{}, enums: enums()}
+	root := b.value(reflect.TypeFor[Config](), "")
+	// A table entry that names no key is a key that was renamed or removed.
+	for table, keys := range map[string][]string{
+		"defaults": slices.Collect(maps.Keys(defaults)), "keyDocs": slices.Collect(maps.Keys(keyDocs)),
+		"enums": slices.Collect(maps.Keys(b.enums)), "minimums": slices.Collect(maps.Keys(minimums)),
+		"positive": slices.Collect(maps.Keys(positive)), "commaLists": slices.Collect(maps.Keys(commaLists)),
+		"patterns": slices.Collect(maps.Keys(patterns)),
+	} {
+		for _, k := range keys {
+			if !b.keys[k] {
+				b.errs = append(b.errs, fmt.Sprintf("%s in configs names %s, which is no config key", table, k))
+			}
+		}
+	}
+	if len(b.errs) > 0 {
+		slices.Sort(b.errs)
+		return nil, fmt.Errorf("configs: %s", strings.Join(b.errs, "; "))
+	}
+	root["$schema"] = "http://json-schema.org/draft-07/schema#"
+	root["title"] = "pipetrain config"
+	root["description"] = "A pipetrain run config; `pipetrain validate --config FILE` checks one, and `pipetrain schema` prints this schema."
+	var out bytes.Buffer
+	enc := json.NewEncoder(&out)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(root); err != nil {
+		return nil, err
+	}
+	return out.Bytes(), nil
+}
+
+// enums are the keys whose values validation takes from a fixed list, with
+// that list. Validation also accepts "" for model.dtype, model.activation,
+// transport.compression and stages[i].device, meaning the first value; the
+// schema leaves "" out, as nobody means to write it.
+func enums() map[string][]string {
+	return map[string][]string{
+		"model.name":            models.Names(),
+		"model.dtype":           models.DTypes(),
+		"model.activation":      models.Activations(),
+		"data.dataset":          datasets,
+		"data.tokenizer":        tokenizers,
+		"train.optimizer.name":  optim.Names(),
+		"schedule":              append(schedule.Names(), "custom"),
+		"transport.compression": compressions,
+		"stages[i].device":      devices,
+	}
+}
+
+// minimums are the least values validation accepts for numeric keys whatever
+// the rest of the config says, and positive the keys it wants above 0; a
+// duration's bound is in nanoseconds, the unit of a duration given as an
+// integer. Keys checked only in some configs (the model's sizes, which only
+// some models read) have none.
+var (
+	minimums = map[string]int{
+		"data.batch_size":           1,
+		"data.micro_batches":        1,
+		"train.steps":               1,
+		"train.log_every":           1,
+		"train.eval_every":          0,
+		"virtual_stages":            1,
+		"data_parallel":             0,
+		"compute.blas_threads":      0,
+		"transport.queue_depth":     1,
+		"transport.connect_timeout": 1,
+		"transport.recv_timeout":    1,
+		"transport.heartbeat":       1,
+		"transport.peer_timeout":    1,
+		"all_reduce.bucket_bytes":   0,
+		"all_reduce.check_every":    0,
+		"checkpoint.every":          0,
+		"checkpoint.keep":           1,
+		"recovery.max_restarts":     0,
+	}
+	positive = map[string]bool{"train.optimizer.lr": true}
+)
+
+// commaLists are list keys a config may also give as one string: the loader
+// splits a string at commas where it expects a list. The configs write a
+// stage's single layer range so (layers: "0-1").
+var commaLists = map[string]bool{"stages[i].layers": true}
+
+// Patterns of the strings that validation parses: ParseLayers' ranges and
+// time.ParseDuration's durations (without a sign: durations must be positive).
+const (
+	layerRange      = `\s*[0-9]+\s*(-\s*[0-9]+\s*)?`
+	durationPart    = `([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)`
+	durationPattern = `^(` + durationPart + `)+$`
+)
+
+// patterns are the patterns of the string keys validation parses; a list
+// key's pattern is its entries'.
+var patterns = map[string]string{"stages[i].layers": `^` + layerRange + `$`}
+
+const durationDoc = " A Go duration such as 30s, 1m30s or 500ms (an integer counts nanoseconds)."
+
+// keyDocs describe every config key, as editors show them. Lists of values
+// (schedules, models) are left to the schema's enumerations, which follow
+// the code.
+var keyDocs = map[string]string{
+	"name":                 "The run's name: a run directory defaults to runs/NAME-TIME (the config file's name when empty).",
+	"model":                "The model: a registered name and its sizes; each model reads the keys it needs.",
+	"model.name":           "The model: mlp (Dense layers), cnn (conv layers, then a Dense classifier) or gpt (a GPT-style decoder, for dataset text).",
+	"model.dtype":          "The floating-point type of weights, activations and gradients.",
+	"model.input":          "Features of an example (mlp), or the pixels of a square single-channel image (cnn; 784 = 28x28).",
+	"model.hidden":         "Widths of the hidden Dense layers (mlp), in order: the layers are fc0, fc1, ..., the last emitting the classes.",
+	"model.classes":        "Classes predicted (mlp, cnn).",
+	"model.activation":     "Activation of every Dense layer but the last, which emits logits (mlp).",
+	"model.layers":         "Transformer blocks (gpt): the model's layers are embed, block0 to blockN-1, and head.",
+	"model.width":          "Model width, the embedding size (gpt).",
+	"model.heads":          "Attention heads (gpt); they must divide model.width.",
+	"model.context":        "Tokens per example (gpt).",
+	"model.vocab":          "Vocabulary size (gpt): 256 with the byte tokenizer, the corpus's symbol count with char.",
+	"model.tie_embeddings": "Makes the LM head use the token embedding matrix (gpt); the two stages holding it keep both copies identical.",
+	"model.channels":       "Output channels of each conv layer (cnn): conv0, conv1, ..., each a 3x3 convolution, ReLU and 2x2 max pool, then the Dense layer fc.",
+
+	"data":               "Where examples come from and how a step's batch is cut.",
+	"data.dataset":       "fashion-mnist: the images in data.dir; text: data.corpus, tokenized, for a language model (model gpt).",
+	"data.dir":           "Folder of the Fashion-MNIST files (Debian package dataset-fashion-mnist).",
+	"data.batch_size":    "Examples per optimizer step (the global batch); divisible by data_parallel × data.micro_batches.",
+	"data.micro_batches": "Micro-batches each replica's share of the batch is cut into.",
+	"data.corpus":        "The text to train on (dataset text): a file, a directory (its files matching data.glob, in path order), or go:PKG, the Go standard library's sources of package PKG; relative to the config's folder.",
+	"data.glob":          "Which files of a data.corpus directory are read.",
+	"data.max_bytes":     "At most this many bytes of data.corpus are read (0: no limit).",
+	"data.tokenizer":     "byte (256 symbols) or char (the symbols the corpus uses).",
+	"data.val_fraction":  "Fraction of the tokens, taken from the end, held out for validation; between 0 and 1.",
+
+	"train":                    "The optimisation settings.",
+	"train.steps":              "Optimizer steps to train.",
+	"train.seed":               "Seed of the initial weights and of the data order.",
+	"train.optimizer":          "The optimizer: sgd (lr, momentum) or adam (lr, beta1, beta2, eps).",
+	"train.optimizer.name":     "sgd, with optional momentum, or adam.",
+	"train.optimizer.lr":       "Learning rate; positive.",
+	"train.optimizer.momentum": "Momentum of sgd, in [0, 1); 0 is plain SGD.",
+	"train.optimizer.beta1":    "Adam's decay rate of the gradient mean, in [0, 1).",
+	"train.optimizer.beta2":    "Adam's decay rate of the squared gradient mean, in [0, 1).",
+	"train.optimizer.eps":      "Adam's term added to the denominator; positive.",
+	"train.log_every":          "Log the loss and samples/s every so many steps.",
+	"train.evaluate":           "Evaluate after the last step: test accuracy, or validation loss and perplexity for text.",
+	"train.eval_every":         "Also evaluate every so many steps (0: only after the last).",
+	"train.init_from":          "Start from the weights in this safetensors file (from PyTorch, Hugging Face or pipetrain export) instead of the seed's; relative to the config's folder.",
+
+	"schedule":       "The pipeline schedule (docs/schedules.md): a built-in one, or custom to run schedule_file. interleaved needs virtual_stages of 2 or more.",
+	"schedule_file":  "With schedule: custom, the schedule to run: CSV, YAML or the grid pipetrain simulate prints; relative to the config's folder.",
+	"virtual_stages": "Model chunks each stage holds: 1, or 2 or more with schedule: interleaved, each stage's layers then listing one range per chunk.",
+	"data_parallel":  "Replicas of the pipeline: the run has stages × replicas processes, each replica trains on its share of every batch, and the replicas of a stage sum their gradients.",
+	"rendezvous":     "host:port where rank 0 serves the table of addresses when stages have address auto; by default MASTER_ADDR:MASTER_PORT, else the first host of SLURM_JOB_NODELIST.",
+
+	"compute":              "How each process computes.",
+	"compute.blas_threads": "OpenBLAS threads in every stage process and in the reference. 0: each stage a fair share of its machine (or of the CPUs it is pinned to), the reference the whole machine. Results differ in the last bits between thread counts, so a fixed count makes runs on different machines bit-identical.",
+
+	"transport":                 "The links between neighbouring stages.",
+	"transport.connect_timeout": "How long a stage waits for its neighbours at start-up.",
+	"transport.queue_depth":     "Tensors queued per link before a send blocks.",
+	"transport.recv_timeout":    "A neighbour silent this long during training stops the run with an error instead of hanging it.",
+	"transport.compression":     "Casts float32 activations and gradients to 16 bits on the wire (fp16, bf16): half the bytes, but lossy, so no longer bit-identical to the reference.",
+	"transport.heartbeat":       "Interval of the keep-alive pings on an idle link.",
+	"transport.peer_timeout":    "How long a ping may go unanswered before the link is declared dead.",
+	"transport.token":           "A shared secret every link must present on connect (or give token_file). Listeners beyond loopback need a token or tls.",
+	"transport.token_file":      "A file whose first line is the shared secret, instead of token; relative to the config's folder.",
+	"transport.tls":             "Mutual TLS between stages (docs/security.md; pipetrain certs makes test files). Relative paths are relative to the config's folder.",
+	"transport.tls.ca":          "PEM file of the CA that signed the stages' certificates.",
+	"transport.tls.cert":        "PEM certificate of a stage; {stage} is replaced by the stage index, so one config serves every stage.",
+	"transport.tls.key":         "PEM private key of a stage; {stage} is replaced by the stage index.",
+
+	"stages":                    "The stage processes, in pipeline order; together their layers cover the model once, in order.",
+	"stages[i].layers":          `The stage's layers: an inclusive range "first-last" or one layer "n"; with virtual_stages v, a list of v ranges, one per chunk (chunk c of stage s is model stage c·p+s of p stages).`,
+	"stages[i].address":         "Where the stage listens: host:port, unix:PATH for a socket file, or auto (auto:PORT) for the rendezvous to assign.",
+	"stages[i].addresses":       "One address per replica when data_parallel > 1, replica 0 first, instead of address.",
+	"stages[i].device":          "Where the stage computes.",
+	"stages[i].cpus":            `CPUs the stage process is pinned to ("0", "2-3", "0,4"), so that it owns its cores as it would own a device.`,
+	"stages[i].metrics_address": "host:port where the stage serves its Prometheus metrics (http://ADDRESS/metrics) while it trains.",
+
+	"all_reduce":              "How the replicas of a stage sum their gradients.",
+	"all_reduce.bucket_bytes": "Gradients are summed in buckets of at most this many bytes, one after another (0: the default). The cut decides the order of the sums, so it is a training setting.",
+	"all_reduce.check_every":  "Compare a digest of every replica's weights every so many steps, stopping the run if they differ (0: never).",
+
+	"checkpoint":            "How often each stage saves its weights and optimizer state.",
+	"checkpoint.every":      "Steps between checkpoints (0: none).",
+	"checkpoint.keep":       "Complete checkpoints kept; older ones are deleted.",
+	"recovery":              "What launch does when a stage fails.",
+	"recovery.max_restarts": "Times launch restarts a failed job from its newest complete checkpoint (0: stop at the first failure).",
+}
+
+// schemaBuilder makes the schema of a type, recording the keys it met and
+// what it could not describe.
+type schemaBuilder struct {
+	keys  map[string]bool
+	enums map[string][]string
+	errs  []string
+}
+
+// value is the schema of a value of type t at key (the dotted key, list
+// entries written [i]; "" for the whole config).
+func (b *schemaBuilder) value(t reflect.Type, key string) map[string]any {
+	n := map[string]any{}
+	switch {
+	case t == reflect.TypeFor[time.Duration]():
+		// viper decodes a string with time.ParseDuration, and an integer
+		// as nanoseconds.
+		n["type"] = []string{"string", "integer"}
+		n["pattern"] = durationPattern
+	case t.Kind() == reflect.Struct:
+		props := map[string]any{}
+		for i := range t.NumField() {
+			f := t.Field(i)
+			name, ok := keyName(f)
+			if !ok {
+				continue
+			}
+			k := name
+			if key != "" {
+				k = key + "." + name
+			}
+			props[name] = b.property(f.Type, k)
+		}
+		n["type"] = "object"
+		n["properties"] = props
+		n["additionalProperties"] = false // as unknownKeys reports them
+	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.Struct:
+		n["type"] = "array"
+		n["items"] = b.value(t.Elem(), key+"[i]")
+	case t.Kind() == reflect.Slice:
+		n["type"] = "array"
+		n["items"] = b.value(t.Elem(), key)
+		if commaLists[key] {
+			n["type"] = []string{"array", "string"}
+			if p, ok := patterns[key]; ok {
+				entry := strings.TrimSuffix(strings.TrimPrefix(p, "^"), "$")
+				n["pattern"] = "^" + entry + "(," + entry + ")*$"
+			}
+		}
+	case t.Kind() == reflect.String:
+		n["type"] = "string"
+		if p, ok := patterns[key]; ok {
+			n["pattern"] = p
+		}
+	case t.Kind() == reflect.Bool:
+		n["type"] = "boolean"
+	case t.Kind() >= reflect.Int && t.Kind() <= reflect.Uint64:
+		// No minimum for unsigned keys: the loader's weak decoding takes a
+		// negative number modulo 2⁶⁴.
+		n["type"] = "integer"
+	case t.Kind() == reflect.Float32 || t.Kind() == reflect.Float64:
+		n["type"] = "number"
+	default:
+		b.errs = append(b.errs, fmt.Sprintf("%s: no schema for Go type %v", key, t))
+	}
+	return n
+}
+
+// property is the schema of the key key, of type t: its value's, with the
+// key's description, default, values and bounds.
+func (b *schemaBuilder) property(t reflect.Type, key string) map[string]any {
+	b.keys[key] = true
+	n := b.value(t, key)
+	doc, ok := keyDocs[key]
+	if !ok {
+		b.errs = append(b.errs, fmt.Sprintf("%s has no description; add one to keyDocs in configs/schema.go", key))
+	}
+	if t == reflect.TypeFor[time.Duration]() {
+		doc += durationDoc
+	}
+	n["description"] = doc
+	if d, ok := defaults[key]; ok {
+		n["default"] = d
+	}
+	if e, ok := b.enums[key]; ok {
+		n["enum"] = e
+	}
+	if m, ok := minimums[key]; ok {
+		n["minimum"] = m
+	}
+	if positive[key] {
+		n["exclusiveMinimum"] = 0
+	}
+	return n
+}

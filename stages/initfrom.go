@@ -1,0 +1,42 @@
+package stages
+
+import (
+	"fmt"
+
+	"gorgonia.org/tensor"
+
+	"github.com/pipetrain/pipetrain/checkpoint"
+	"github.com/pipetrain/pipetrain/internal/words"
+	"github.com/pipetrain/pipetrain/models"
+)
+
+// initFrom replaces the seed's initial values of the stage's parameters with
+// those of train.init_from. Every stage, and the reference, reads the same
+// file here, so they start bit-identical as they do from a seed; tied copies
+// (the GPT's head.tok) are filled from the one tensor PyTorch keeps. A resumed
+// run loads its checkpoint over these in Run, so a checkpoint wins.
+func (r *Runtime) initFrom(model *models.Model) error {
+	path := r.cfg.InitFromPath()
+	if path == "" {
+		return nil
+	}
+	mine := map[string]bool{}
+	for _, e := range r.engines {
+		for _, p := range e.Params() {
+			mine[p.Name()] = true
+		}
+	}
+	ts, err := checkpoint.ReadInit(model, path, func(name string) bool { return mine[name] })
+	if err != nil {
+		return fmt.Errorf("%s: train.init_from: %w", r.name(), err)
+	}
+	for _, e := range r.engines {
+		for _, p := range e.Params() {
+			if err := fill(ts, p.Name(), p.Value().(*tensor.Dense)); err != nil {
+				return fmt.Errorf("%s: train.init_from: %s: %w", r.name(), path, err)
+			}
+		}
+	}
+	fmt.Fprintf(r.log, "%s: %s from %s\n", r.name(), words.Count(len(mine), "parameter tensor"), path)
+	return nil
+}
