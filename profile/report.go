@@ -40,7 +40,12 @@ type StageReport struct {
 	// TheoryBubble is the stage's bubble in Report.Theory; 0 when that is nil.
 	TheoryBubble float64
 	PeakStashed  int
-	BytesSent    int64
+	// PeakStashBytes is the most activation memory the stage held after an
+	// action (the events' stash_bytes), PredictedStashBytes the run's
+	// prediction of it (run.json; 0 without one), PeakHeapBytes the most live
+	// heap its process had after an action.
+	PeakStashBytes, PredictedStashBytes, PeakHeapBytes int64
+	BytesSent                                          int64
 	// Throughput is BytesSent per second of the pipeline window (Window), in
 	// bytes per second: the stage's mean outgoing rate over the time the
 	// pipeline ran. The logs time blocked sends only, not whole transfers, so a
@@ -235,6 +240,9 @@ func Analyse(info RunInfo, events [][]Event, skip int) (*Report, error) {
 	for i, stage := range aligned {
 		sr := &r.Stages[i]
 		sr.Stage = i
+		if i < len(info.PredictedStashBytes) {
+			sr.PredictedStashBytes = info.PredictedStashBytes[i]
+		}
 		stepsSeen := map[int]bool{}
 		reduced := map[int][][2]int64{} // step -> the stage's all-reduces
 		for _, e := range stage {
@@ -266,6 +274,8 @@ func Analyse(info RunInfo, events [][]Event, skip int) (*Report, error) {
 			sr.Wait += time.Duration(e.WaitNS)
 			sr.SendBlocked += time.Duration(e.SendNS)
 			sr.PeakStashed = max(sr.PeakStashed, e.Stashed)
+			sr.PeakStashBytes = max(sr.PeakStashBytes, e.StashBytes)
+			sr.PeakHeapBytes = max(sr.PeakHeapBytes, e.HeapBytes)
 			sr.BytesSent += e.BytesSent
 		}
 		sr.Steps = len(stepsSeen)
@@ -576,6 +586,9 @@ func (r *Report) Write(w io.Writer, opts ...Options) error {
 	if err := flush(); err != nil {
 		return err
 	}
+	if err := r.writeMemory(w); err != nil {
+		return err
+	}
 	if r.hasAllReduce() {
 		if err := r.writeAllReduce(w); err != nil {
 			return err
@@ -741,6 +754,29 @@ func (r *Report) WriteSteps(w io.Writer) error {
 		}
 		row(fmt.Sprint(s.Step), fmtMS(time.Duration(s.Start-t0)), fmtMS(s.Window), pct(s.Bubble),
 			fmt.Sprint(s.Slowest), fmtMS(s.SlowestBusy), mark)
+	}
+	return flush()
+}
+
+// writeMemory writes what each stage held for activations, measured beside
+// the prediction, when the logs recorded it.
+func (r *Report) writeMemory(w io.Writer) error {
+	recorded := false
+	for _, s := range r.Stages {
+		recorded = recorded || s.PeakStashBytes > 0
+	}
+	if !recorded {
+		return nil
+	}
+	mib := func(n int64) string { return fmt.Sprintf("%.2f", float64(n)/(1<<20)) }
+	row, flush := table(w)
+	row("stage", "activations MiB", "predicted MiB", "of predicted", "heap MiB")
+	for _, s := range r.Stages {
+		pred, ratio := "-", "-"
+		if s.PredictedStashBytes > 0 {
+			pred, ratio = mib(s.PredictedStashBytes), fmt.Sprintf("%.0f%%", 100*float64(s.PeakStashBytes)/float64(s.PredictedStashBytes))
+		}
+		row(fmt.Sprint(s.Stage), mib(s.PeakStashBytes), pred, ratio, mib(s.PeakHeapBytes))
 	}
 	return flush()
 }

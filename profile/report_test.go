@@ -382,3 +382,32 @@ func analyseCustom(t *testing.T, costs schedule.Costs) (*Report, RunInfo, [][]Ev
 	}
 	return r, info, events
 }
+
+// TestMemoryBesidePrediction: the profile reports each stage's peak
+// activation memory and live heap from the events, beside run.json's
+// prediction, and leaves the table out for logs that recorded none.
+func TestMemoryBesidePrediction(t *testing.T) {
+	s := build(t, "1f1b", 2, 4, 1)
+	info := runInfo(s, 3)
+	events := play{sched: s, steps: 3}.events(t)
+	_, out := report(t, info, events)
+	if strings.Contains(out, "activations MiB") {
+		t.Fatalf("a table of memory the logs never recorded:\n%s", out)
+	}
+	for st := range events {
+		for i := range events[st] {
+			events[st][i].StashBytes = int64(st+1) << 20 * int64(1+i%2)
+			events[st][i].HeapBytes = 100 << 20
+		}
+	}
+	info.PredictedStashBytes = []int64{4 << 20, 2 << 20}
+	r, out := report(t, info, events)
+	if r.Stages[0].PeakStashBytes != 2<<20 || r.Stages[1].PeakStashBytes != 4<<20 || r.Stages[1].PeakHeapBytes != 100<<20 {
+		t.Errorf("peaks %+v", r.Stages)
+	}
+	for _, want := range []string{"activations MiB  predicted MiB  of predicted  heap MiB", "0  2.00  4.00  50%  100.00", "1  4.00  2.00  200%  100.00"} {
+		if !strings.Contains(strings.Join(strings.Fields(out), "  "), strings.Join(strings.Fields(want), "  ")) {
+			t.Errorf("profile lacks %q:\n%s", want, out)
+		}
+	}
+}

@@ -58,6 +58,13 @@ type Event struct {
 	// Stashed is how many micro-batches' activations the stage held after
 	// the action: the schedule's memory cost.
 	Stashed int `json:"stashed"`
+	// StashBytes is the activation memory the stage held after the action:
+	// its tape machines' registers (a pool as large as the most micro-batches
+	// it had in flight) and the split stashes (engine.HeldBytes). HeapBytes is
+	// the process's live heap then (Go's runtime/metrics). Both 0 in logs
+	// written before the fields existed.
+	StashBytes int64 `json:"stash_bytes,omitempty"`
+	HeapBytes  int64 `json:"heap_bytes,omitempty"`
 }
 
 // Compute is what a process computes with: its speed depends on it, and
@@ -88,6 +95,11 @@ type RunInfo struct {
 	// the field existed leave it nil.
 	Compute           *Compute `json:"compute,omitempty"`
 	TheoreticalBubble float64  `json:"theoretical_bubble"` // fraction, e.g. (p-1)/(m+p-1)
+	// PredictedStashBytes is, per stage, the peak activation memory the
+	// schedule makes it hold, from its layers' shapes (engine.PredictMemory);
+	// nil in logs written before the field existed or when it could not be
+	// predicted.
+	PredictedStashBytes []int64 `json:"predicted_stash_bytes,omitempty"`
 	// ScheduleCSV is, for a user-written ("custom") schedule, the schedule in
 	// schedule.Load's "csv" format, so that the profiler can simulate it.
 	ScheduleCSV string `json:"schedule_csv,omitempty"`

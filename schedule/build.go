@@ -33,6 +33,18 @@ func (s *Schedule) SplitsBackward() bool {
 	return false
 }
 
+// SplitsChunk reports whether a stage's actions run chunk's backward as
+// separate I and W passes, for which the stage builds that chunk's engine
+// split.
+func SplitsChunk(actions []Action, chunk int) bool {
+	for _, a := range actions {
+		if a.Chunk == chunk && (a.Kind == Input || a.Kind == Weight) {
+			return true
+		}
+	}
+	return false
+}
+
 // builtin describes one named schedule: its size rules, how to build it and
 // its closed-form bubble, kept side by side so the three cannot drift apart
 // silently (the tests compare them against the simulator).

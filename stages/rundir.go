@@ -14,6 +14,7 @@ import (
 
 	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/engine"
 	"github.com/pipetrain/pipetrain/internal/blas"
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/runlog"
@@ -53,6 +54,13 @@ func (r *Runtime) writeRunInfo() error {
 		BatchSize: r.cfg.Data.BatchSize, Compute: &runlog.Compute{BLAS: blas.Name(), BLASThreads: r.threads, Kernels: models.Kernels()}}
 	if n := r.cfg.Replicas(); n > 1 {
 		info.Replicas = n
+	}
+	if sched := r.layout.Schedule.Compute(); sched.Stages == len(r.cfg.Stages) {
+		// A prediction that cannot be made leaves the profile without one;
+		// it is no reason to stop a run.
+		if peak, _, err := engine.PredictMemory(r.cfg, r.layout.Model, sched); err == nil {
+			info.PredictedStashBytes = peak
+		}
 	}
 	if r.schedName == "custom" {
 		// The schedule itself, so profile can simulate what ran.

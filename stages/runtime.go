@@ -138,7 +138,7 @@ func New(o Options) (*Runtime, error) {
 	sched := lowered.Compute()
 	r.actions, r.ops, r.schedName = sched.Actions[r.stage], lowered.Ops[r.stage], sched.Name
 	for chunk, lr := range ranges {
-		e, err := engine.NewEngine(model, lr[0], lr[1], c.MicroBatchSize(), c.Train.Seed, splitsChunk(r.actions, chunk))
+		e, err := engine.NewEngine(model, lr[0], lr[1], c.MicroBatchSize(), c.Train.Seed, schedule.SplitsChunk(r.actions, chunk))
 		if err != nil {
 			return nil, fmt.Errorf("stage %d chunk %d: %w", r.stage, chunk, err)
 		}
@@ -180,17 +180,6 @@ func (o Options) layout() (*Layout, error) {
 		return ReferenceLayout(o.Config)
 	}
 	return NewLayout(o.Config, o.Stage)
-}
-
-// splitsChunk reports whether the schedule runs this chunk's backward as separate
-// input and weight gradients.
-func splitsChunk(actions []schedule.Action, chunk int) bool {
-	for _, a := range actions {
-		if a.Chunk == chunk && (a.Kind == schedule.Input || a.Kind == schedule.Weight) {
-			return true
-		}
-	}
-	return false
 }
 
 // attach wraps the links the stage needs: from the previous stage unless every

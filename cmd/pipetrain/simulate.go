@@ -175,7 +175,7 @@ func runSimulate(w io.Writer, o simulateOptions) error {
 	costs.print(w, cfg, splittable(model))
 	repl.print(w)
 
-	stash := engine.StashBytes(cfg, model)
+	stash := memoryPredictor(cfg, model)
 	var zb, oneF *schedule.Timeline
 	for _, p := range plans {
 		if p.sched == nil {
@@ -510,7 +510,7 @@ func parseUniform(s string) (uniform, error) {
 // simulates the result and prints its summary, per-stage figures, text
 // timeline and its actions as a grid ParseGrid reads back; with lowered, also
 // the lowered ops; with svg, it also writes the timeline as an SVG.
-func simulateOne(w io.Writer, s *schedule.Schedule, costs schedule.Costs, stash []int64, svg string, lowered bool, tied int, repl *replication) (*schedule.Timeline, error) {
+func simulateOne(w io.Writer, s *schedule.Schedule, costs schedule.Costs, stash func(*schedule.Schedule) []int64, svg string, lowered bool, tied int, repl *replication) (*schedule.Timeline, error) {
 	l, err := schedule.Lower(s, schedule.AddSendRecv, schedule.AddReduceGrad, schedule.AddTiedSync(tied))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", s.Name, err)
@@ -537,9 +537,13 @@ func simulateOne(w io.Writer, s *schedule.Schedule, costs schedule.Costs, stash 
 	fmt.Fprintf(w, "\n%s: makespan %.2f ms, mean bubble %.1f%%%s\n", name, tl.Makespan, 100*mean, theory)
 	repl.printStep(w, tl)
 	chart := &timeline.Chart{Title: fmt.Sprintf("%s: simulated, makespan %.2f ms", name, tl.Makespan), Unit: "ms"}
+	peak := stash(s)
 	for st := range tl.Spans {
-		fmt.Fprintf(w, "  stage %d  busy %8.2f ms  bubble %5.1f%%  peak stash %s (%.2f MiB)",
-			st, tl.Busy[st], 100*tl.Bubble[st], words.Count(tl.PeakInFlight[st], "micro-batch"), float64(int64(tl.PeakInFlight[st])*stash[st])/(1<<20))
+		fmt.Fprintf(w, "  stage %d  busy %8.2f ms  bubble %5.1f%%  peak stash %s",
+			st, tl.Busy[st], 100*tl.Bubble[st], words.Count(tl.PeakInFlight[st], "micro-batch"))
+		if peak != nil {
+			fmt.Fprintf(w, ", activations %.2f MiB", float64(peak[st])/(1<<20))
+		}
 		if tl.Exposed != nil {
 			fmt.Fprintf(w, "  all-reduce %.2f ms, %.2f exposed", tl.AllReduce(st), tl.Exposed[st])
 		}
@@ -800,3 +804,39 @@ func decimal(b float64) string {
 	}
 	return strconv.FormatFloat(b, 'g', 4, 64) + " B"
 }
+
+// memoryPredictor predicts each stage's peak activation memory under a
+// schedule (engine.PredictMemory), measuring each stage's chunk once per
+// kind of backward; nil for a schedule whose chunks are not the config's
+// (its layers would be placed otherwise) or when a chunk cannot be built.
+func memoryPredictor(cfg *configs.Config, model *models.Model) func(*schedule.Schedule) []int64 {
+	type key struct {
+		stage, chunk int
+		split        bool
+	}
+	measured := map[key]schedule.ChunkMemory{}
+	return func(s *schedule.Schedule) []int64 {
+		if s.Stages != len(cfg.Stages) || max(s.Chunks, 1) != max(cfg.VirtualStages, 1) {
+			return nil
+		}
+		for st := range s.Stages {
+			for ch := range max(s.Chunks, 1) {
+				k := key{st, ch, schedule.SplitsChunk(s.Actions[st], ch)}
+				if _, ok := measured[k]; ok {
+					continue
+				}
+				first, last := cfg.ChunkLayers(st, ch)
+				m, err := engine.MeasureMemory(model, first, last, cfg.MicroBatchSize(), cfg.Train.Seed, k.split)
+				if err != nil {
+					return nil
+				}
+				measured[k] = m
+			}
+		}
+		return s.PeakMemory(func(st, ch int) schedule.ChunkMemory {
+			return measured[key{st, ch, schedule.SplitsChunk(s.Actions[st], ch)}]
+		})
+	}
+}
+
+// chunkSplits reports whether a stage runs a chunk's backward split, as the

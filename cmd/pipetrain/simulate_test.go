@@ -13,6 +13,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/engine"
+	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/profile"
 	"github.com/pipetrain/pipetrain/schedule"
 )
@@ -513,7 +516,7 @@ func TestSimulateReplicas(t *testing.T) {
 				t.Errorf("%s: missing %q in\n%s", tc.name, w, out)
 			}
 		}
-		for st, w := range []string{fmt.Sprintf(" MiB)  all-reduce %.2f ms, %.2f exposed", ar0, ar0), fmt.Sprintf(" MiB)  all-reduce %.2f ms, 0.00 exposed", ar1)} {
+		for st, w := range []string{fmt.Sprintf(" MiB  all-reduce %.2f ms, %.2f exposed", ar0, ar0), fmt.Sprintf(" MiB  all-reduce %.2f ms, 0.00 exposed", ar1)} {
 			line := regexp.MustCompile(fmt.Sprintf(`(?m)^  stage %d  busy .*$`, st)).FindString(out)
 			if !strings.HasSuffix(line, w) {
 				t.Errorf("%s: stage %d line %q, want it to end %q", tc.name, st, line, w)
@@ -635,6 +638,48 @@ func TestSimulateReplicasErrors(t *testing.T) {
 		out, err := runCommand(t, simulateCmd(), args...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: got %v, want %q\n%s", tc.args, err, tc.want, out)
+		}
+	}
+}
+
+// TestSimulatePredictsActivationMemory: every schedule's stage lines carry
+// the activation memory engine.PredictMemory gives for it, which the
+// runtime's measurement is held to (stages.TestMeasuredMemoryIsPredicted).
+func TestSimulatePredictsActivationMemory(t *testing.T) {
+	// Large enough that the figures differ in the digits printed.
+	path := writeSimConfig(t, strings.Replace(strings.Replace(simMLP, "input: 8, hidden: [6, 5]", "input: 784, hidden: [512, 256]", 1), "batch_size: 8", "batch_size: 256", 1))
+	out, err := runCommand(t, simulateCmd(), "--config", path, "--costs", "f=1,b=2,w=1", "--schedule", "1f1b,zb-h1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := configs.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	model, err := models.Build(cfg.Model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"1f1b", "zb-h1"} {
+		s, err := schedule.Build(name, len(cfg.Stages), cfg.Data.MicroBatches, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		peak, _, err := engine.PredictMemory(cfg, model, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		section := out[strings.Index(out, "\n"+name+": makespan"):]
+		for st, b := range peak {
+			if b < 1<<20 {
+				t.Fatalf("%s stage %d: %d bytes predicted, too few to tell apart in MiB", name, st, b)
+			}
+			want := fmt.Sprintf("  stage %d  busy", st)
+			line := section[strings.Index(section, want):]
+			line = line[:strings.Index(line, "\n")]
+			if !strings.Contains(line, fmt.Sprintf("activations %.2f MiB", float64(b)/(1<<20))) {
+				t.Errorf("%s stage %d: %q lacks the predicted %d bytes", name, st, line, b)
+			}
 		}
 	}
 }

@@ -1,0 +1,58 @@
+package schedule
+
+// ChunkMemory is what one chunk of a stage holds for activations, in bytes,
+// as the runtime keeps it: a machine per micro-batch between its forward and
+// its backward (or input-gradient pass), kept in a pool once made; a stash
+// per micro-batch between its input-gradient and weight passes; and the
+// weight program's registers once it has run.
+type ChunkMemory struct {
+	Machine, Stash, Weight int64
+}
+
+// PeakMemory is, per stage, the most activation memory the stage holds at
+// any point of a step, walking its actions in order (memory changes only at
+// its own actions, so no timing is needed): every chunk's pool holds as many
+// machines as that chunk ever had micro-batches in flight at once, so the
+// pool only grows, while stashes come and go. mem gives each (stage, chunk)'s
+// sizes. The same walk over later steps gives the same peak: the pools are
+// as large as they get in the first.
+func (s *Schedule) PeakMemory(mem func(stage, chunk int) ChunkMemory) []int64 {
+	out := make([]int64, s.Stages)
+	for st, list := range s.Actions {
+		chunks := max(s.Chunks, 1)
+		inUse, pool, stashed := make([]int, chunks), make([]int, chunks), make([]int, chunks)
+		weighed := make([]bool, chunks)
+		sizes := make([]ChunkMemory, chunks)
+		for c := range chunks {
+			sizes[c] = mem(st, c)
+		}
+		held := func() int64 {
+			var n int64
+			for c, m := range sizes {
+				n += int64(pool[c])*m.Machine + int64(stashed[c])*m.Stash
+				if weighed[c] {
+					n += m.Weight
+				}
+			}
+			return n
+		}
+		for _, a := range list {
+			c := a.Chunk
+			switch a.Kind {
+			case Forward:
+				inUse[c]++
+				pool[c] = max(pool[c], inUse[c])
+			case Backward:
+				inUse[c]--
+			case Input:
+				inUse[c]--
+				stashed[c]++
+			case Weight:
+				stashed[c]--
+				weighed[c] = true
+			}
+			out[st] = max(out[st], held())
+		}
+	}
+	return out
+}

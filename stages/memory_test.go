@@ -1,0 +1,56 @@
+package stages
+
+import (
+	"testing"
+
+	"github.com/pipetrain/pipetrain/profile"
+)
+
+// TestMeasuredMemoryIsPredicted: the activation memory each stage's events
+// record peaks where run.json's prediction (the schedule's actions over the
+// chunks' measured sizes) says, for fused, split and interleaved schedules:
+// never above it, and exactly at it unless an idle machine of the pool had
+// let go of its micro-batch's input (a received buffer goes back to the
+// link once its micro-batch is done), which leaves it within the 10% the
+// prediction is held to.
+func TestMeasuredMemoryIsPredicted(t *testing.T) {
+	for _, tc := range []struct {
+		sched  string
+		layers [][]string
+		micro  int
+	}{
+		{"1f1b", plain("0", "1", "2-3"), 5},
+		{"gpipe", plain("0-1", "2-3"), 3},
+		{"zb-h1", plain("0", "1-2", "3"), 4},
+		{"interleaved", [][]string{{"0", "2"}, {"1", "3"}}, 4},
+	} {
+		t.Run(tc.sched, func(t *testing.T) {
+			c := testConfig(tc.sched, tc.layers, tc.micro, "float32", "sgd")
+			c.Train.Evaluate = false
+			dir := runInProcess(t, c, false)
+			info, events, err := profile.ReadRun(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(info.PredictedStashBytes) != len(c.Stages) {
+				t.Fatalf("run.json predicts %v, want one figure per stage", info.PredictedStashBytes)
+			}
+			for st, evs := range events {
+				var peak, heap int64
+				for _, e := range evs {
+					peak, heap = max(peak, e.StashBytes), max(heap, e.HeapBytes)
+				}
+				want := info.PredictedStashBytes[st]
+				if want <= 0 || peak > want || float64(peak) < 0.9*float64(want) {
+					t.Errorf("stage %d held at most %d bytes of activations, predicted %d", st, peak, want)
+				}
+				if tc.sched != "interleaved" && peak != want {
+					t.Errorf("stage %d held at most %d bytes of activations, predicted exactly %d", st, peak, want)
+				}
+				if heap <= peak {
+					t.Errorf("stage %d: live heap %d bytes, not above its activations' %d", st, heap, peak)
+				}
+			}
+		})
+	}
+}
