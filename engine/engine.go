@@ -48,6 +48,7 @@ type Engine struct {
 	idle       []G.VM
 	flights    map[int]*flight
 	peak       int
+	seen       map[uintptr]int64 // HeldBytes' scratch
 
 	// Split mode only.
 	taps   []tapRead // per layer: copies of its input and of its tap's gradient

@@ -25,31 +25,32 @@ import (
 // machine it has made, in flight or idle, the split stashes and the weight
 // program's registers. A value several registers share counts once.
 func (e *Engine) HeldBytes() int64 {
-	seen := e.owned()
+	// A stage asks after every action: the map is kept between calls.
+	if e.seen == nil {
+		e.seen = map[uintptr]int64{}
+	}
+	clear(e.seen)
+	seen := e.owned(e.seen)
 	var total int64
-	count := func(v G.Value) {
-		n := valueBytes(v, seen)
-		total += n
+	machine := func(vm G.VM) {
+		regs, _ := registerFile(vm)
+		for _, v := range regs {
+			total += valueBytes(v, seen)
+		}
 	}
 	for _, f := range e.flights {
 		if f.vm != nil {
-			for _, r := range registers(f.vm) {
-				count(*r)
-			}
+			machine(f.vm)
 		}
 		for _, v := range f.stash {
-			count(v)
+			total += valueBytes(v, seen)
 		}
 	}
 	for _, vm := range e.idle {
-		for _, r := range registers(vm) {
-			count(*r)
-		}
+		machine(vm)
 	}
 	if e.weight != nil {
-		for _, r := range registers(e.weight.vm) {
-			count(*r)
-		}
+		machine(e.weight.vm)
 	}
 	return total
 }
@@ -58,8 +59,7 @@ func (e *Engine) HeldBytes() int64 {
 // activations: the parameters and their gradients. A machine's registers
 // also point at its micro-batch's input, targets and upstream gradient, which
 // stay alive as long as the machine keeps them: they count.
-func (e *Engine) owned() map[uintptr]int64 {
-	seen := map[uintptr]int64{}
+func (e *Engine) owned(seen map[uintptr]int64) map[uintptr]int64 {
 	for _, n := range e.params {
 		valueBytes(n.Value(), seen)
 		if g, err := n.Grad(); err == nil {
@@ -127,7 +127,7 @@ func MeasureMemory(model *models.Model, first, last, batch int, seed uint64, spl
 		return schedule.ChunkMemory{}, err
 	}
 	withStash := e.HeldBytes()
-	seen := e.owned()
+	seen := e.owned(map[uintptr]int64{})
 	for _, v := range e.flights[0].stash {
 		m.Stash += valueBytes(v, seen)
 	}

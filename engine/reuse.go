@@ -71,18 +71,26 @@ func (e *Engine) Unshare(mem []byte) bool {
 // registers returns pointers to a tape machine's CPU registers (unexported,
 // hence reflection, as in rewind), or nil for another kind of machine.
 func registers(vm G.VM) []*G.Value {
-	v := reflect.ValueOf(vm)
-	if v.Kind() != reflect.Pointer || v.Elem().Kind() != reflect.Struct {
+	mem, ok := registerFile(vm)
+	if !ok {
 		return nil
 	}
-	f := v.Elem().FieldByName("cpumem")
-	if !f.IsValid() || f.Type() != reflect.TypeFor[[]G.Value]() || !f.CanAddr() {
-		return nil
-	}
-	mem := *(*[]G.Value)(unsafe.Pointer(f.UnsafeAddr()))
 	out := make([]*G.Value, len(mem)) // never nil: nil means "cannot check"
 	for i := range mem {
 		out[i] = &mem[i]
 	}
 	return out
+}
+
+// registerFile is a tape machine's CPU registers themselves, read in place.
+func registerFile(vm G.VM) ([]G.Value, bool) {
+	v := reflect.ValueOf(vm)
+	if v.Kind() != reflect.Pointer || v.Elem().Kind() != reflect.Struct {
+		return nil, false
+	}
+	f := v.Elem().FieldByName("cpumem")
+	if !f.IsValid() || f.Type() != reflect.TypeFor[[]G.Value]() || !f.CanAddr() {
+		return nil, false
+	}
+	return *(*[]G.Value)(unsafe.Pointer(f.UnsafeAddr())), true
 }
