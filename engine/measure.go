@@ -14,10 +14,13 @@ import (
 )
 
 // Cost is the measured time of one micro-batch's actions on one model piece, and
-// the bytes of activations it keeps per stashed micro-batch.
+// the bytes of activations it keeps per stashed micro-batch: StashBytes is the
+// registers of one tape machine of the piece (MeasureMemory), which a stage
+// keeps per micro-batch it has in flight at once. StashFixedBytes is the part
+// of it that does not grow with the micro-batch.
 type Cost struct {
-	F, B, I, W time.Duration
-	StashBytes int64
+	F, B, I, W                  time.Duration
+	StashBytes, StashFixedBytes int64
 	// ParamBytes counts the parameters with their gradients and two optimizer
 	// moments (Adam's), the memory a piece keeps whatever the schedule.
 	ParamBytes int64
@@ -125,36 +128,24 @@ func measureRange(model *models.Model, first, last, batch int, seed uint64, reps
 		params += int64(p.Shape().TotalSize())
 	}
 	size := int64(model.DType.Size())
-	cost := Cost{F: stats.Median(fs), B: stats.Median(bs), I: stats.Median(is), W: stats.Median(ws), StashBytes: stashBytes(model, first, last, batch),
+	// A machine holds tensors that grow with the micro-batch and some that do
+	// not (each layer's weight-gradient product); twice the micro-batch tells
+	// them apart.
+	mem, err := MeasureMemory(model, first, last, batch, seed, false)
+	if err != nil {
+		return Cost{}, err
+	}
+	mem2, err := MeasureMemory(model, first, last, 2*batch, seed, false)
+	if err != nil {
+		return Cost{}, err
+	}
+	fixed := min(max(2*mem.Machine-mem2.Machine, 0), mem.Machine)
+	cost := Cost{F: stats.Median(fs), B: stats.Median(bs), I: stats.Median(is), W: stats.Median(ws), StashBytes: mem.Machine, StashFixedBytes: fixed,
 		ParamBytes: 4 * params * size, OutBytes: int64(model.ShapeAt(last, batch).TotalSize()) * size}
 	if split == nil {
 		cost.I, cost.W = cost.B/2, cost.B/2
 	}
 	return cost, nil
-}
-
-// StashBytes estimates, per stage, what one micro-batch in flight keeps there
-// (averaged over its chunks): each layer's input and output activations.
-func StashBytes(c *configs.Config, m *models.Model) []int64 {
-	out := make([]int64, len(c.Stages))
-	for s := range c.Stages {
-		for ch := 0; ch < c.VirtualStages; ch++ {
-			first, last := c.ChunkLayers(s, ch)
-			out[s] += stashBytes(m, first, last, c.MicroBatchSize())
-		}
-		out[s] /= int64(c.VirtualStages)
-	}
-	return out
-}
-
-// stashBytes estimates what one micro-batch in flight keeps: each layer's input and
-// output activations.
-func stashBytes(m *models.Model, first, last, batch int) int64 {
-	var n int64
-	for l := first; l < last; l++ {
-		n += int64(m.ShapeAt(l, batch).TotalSize() + m.ShapeAt(l+1, batch).TotalSize())
-	}
-	return n * int64(m.DType.Size())
 }
 
 func randomDense(r *rand.Rand, dt tensor.Dtype, shape tensor.Shape) *tensor.Dense {

@@ -505,3 +505,25 @@ func TestBudgetRunsOut(t *testing.T) {
 		t.Fatalf("with no budget: %+v (evaluates to %v ms); exact: %+v", quick, check.StepMS, exact)
 	}
 }
+
+// TestFixedActivationsDoNotScale: what a micro-batch keeps whatever its size
+// (FixedActBytes) is charged per micro-batch in flight but never scaled by
+// the micro-batch size, unlike ActBytes.
+func TestFixedActivationsDoNotScale(t *testing.T) {
+	// One layer, one stage, gpipe with m micro-batches of Batch/m samples,
+	// measured at 8 samples: 800 bytes growing with the size, 5000 fixed.
+	p := Problem{Layers: []Layer{{F: 1, B: 2, ActBytes: 800, FixedActBytes: 5000, ParamBytes: 10, OutBytes: 1}},
+		Stages: 1, Batch: 16, MicroBatch: 8, Schedules: []string{"gpipe"}}
+	for _, tc := range []struct {
+		m    int
+		want int64
+	}{{1, 10 + 1*(1600+5000)}, {2, 10 + 2*(800+5000)}, {4, 10 + 4*(400+5000)}} {
+		got, err := Evaluate(p, []int{0}, "gpipe", tc.m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.MemoryBytes[0] != tc.want {
+			t.Errorf("%d micro-batches: %d bytes, want %d", tc.m, got.MemoryBytes[0], tc.want)
+		}
+	}
+}
