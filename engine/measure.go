@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
 	"github.com/pipetrain/pipetrain/configs"
@@ -18,6 +19,9 @@ import (
 type Cost struct {
 	F, B, I, W time.Duration
 	StashBytes int64
+	// SplitStashBytes is StashBytes under a schedule that splits the
+	// backward (see StashBytes); 0 when the piece cannot split.
+	SplitStashBytes int64
 	// ParamBytes counts the parameters with their gradients and two optimizer
 	// moments (Adam's), the memory a piece keeps whatever the schedule.
 	ParamBytes int64
@@ -129,22 +133,40 @@ func measureRange(model *models.Model, first, last, batch int, seed uint64, reps
 		ParamBytes: 4 * params * size, OutBytes: int64(model.ShapeAt(last, batch).TotalSize()) * size}
 	if split == nil {
 		cost.I, cost.W = cost.B/2, cost.B/2
+	} else {
+		kept, err := splitStashBytes(model, first, last, batch)
+		if err != nil {
+			return Cost{}, err
+		}
+		cost.SplitStashBytes = max(cost.StashBytes, kept)
 	}
 	return cost, nil
 }
 
-// StashBytes estimates, per stage, what one micro-batch in flight keeps there
-// (averaged over its chunks): each layer's input and output activations.
-func StashBytes(c *configs.Config, m *models.Model) []int64 {
+// StashBytes estimates, per stage (averaged over its chunks), what one
+// micro-batch in flight keeps there: each layer's input and output
+// activations until its backward. With split, for a schedule that splits
+// the backward, a micro-batch keeps its activations until its input pass
+// and then, until its weight pass, what that pass needs (splitStashBytes):
+// the larger of the two. A layer that cannot split is counted as fused.
+func StashBytes(c *configs.Config, m *models.Model, split bool) ([]int64, error) {
 	out := make([]int64, len(c.Stages))
 	for s := range c.Stages {
 		for ch := 0; ch < c.VirtualStages; ch++ {
 			first, last := c.ChunkLayers(s, ch)
-			out[s] += stashBytes(m, first, last, c.MicroBatchSize())
+			n := stashBytes(m, first, last, c.MicroBatchSize())
+			if split {
+				kept, err := splitStashBytes(m, first, last, c.MicroBatchSize())
+				if err != nil {
+					return nil, fmt.Errorf("stage %d chunk %d: %w", s, ch, err)
+				}
+				n = max(n, kept)
+			}
+			out[s] += n
 		}
 		out[s] /= int64(c.VirtualStages)
 	}
-	return out
+	return out, nil
 }
 
 // stashBytes estimates what one micro-batch in flight keeps: each layer's input and
@@ -155,6 +177,43 @@ func stashBytes(m *models.Model, first, last, batch int) int64 {
 		n += int64(m.ShapeAt(l, batch).TotalSize() + m.ShapeAt(l+1, batch).TotalSize())
 	}
 	return n * int64(m.DType.Size())
+}
+
+// splitStashBytes is what a split engine of layers [first, last) keeps of
+// one micro-batch between its input and weight passes: each distinct part
+// input and each tap's gradient (see Engine.harvest), found by building the
+// layers once in a scratch graph. For the MLP that is the fused estimate
+// again (a layer's input, and a gradient of its output's size); a GPT
+// block keeps 20 times its input where the estimate says 2: its parts'
+// 6 inputs and 8 tap gradients, the MLP's two 4 times as wide.
+func splitStashBytes(m *models.Model, first, last, batch int) (n int64, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("building layers [%d, %d): %v", first, last, r)
+		}
+	}()
+	g := G.NewGraph()
+	in := m.ShapeAt(first, batch)
+	h := G.NewTensor(g, m.DType, len(in), G.WithShape(in...), G.WithName("input"))
+	seen := map[*G.Node]bool{}
+	for _, l := range m.Layers[first:last] {
+		b, err := l.Build(g, h, 0)
+		if err != nil {
+			return 0, err
+		}
+		if _, ok := l.(models.Splittable); !ok {
+			n += int64(h.Shape().TotalSize() + b.Out.Shape().TotalSize())
+		}
+		for _, p := range b.Parts {
+			if !seen[p.In] {
+				seen[p.In] = true
+				n += int64(p.In.Shape().TotalSize())
+			}
+			n += int64(p.Tap.Shape().TotalSize())
+		}
+		h = b.Out
+	}
+	return n * int64(m.DType.Size()), nil
 }
 
 func randomDense(r *rand.Rand, dt tensor.Dtype, shape tensor.Shape) *tensor.Dense {

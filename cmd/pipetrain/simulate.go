@@ -175,12 +175,15 @@ func runSimulate(w io.Writer, o simulateOptions) error {
 	costs.print(w, cfg, splittable(model))
 	repl.print(w)
 
-	stash := engine.StashBytes(cfg, model)
 	var zb, oneF *schedule.Timeline
 	for _, p := range plans {
 		if p.sched == nil {
 			fmt.Fprintf(w, "\n%s: not applicable here: %s\n", p.name, p.skip)
 			continue
+		}
+		stash, err := engine.StashBytes(cfg, model, p.sched.SplitsBackward())
+		if err != nil {
+			return err
 		}
 		tl, err := simulateOne(w, p.sched, repl.costs(costs.Costs, p.sched.Chunks), stash, o.svg, o.lowered, len(model.Tied), repl)
 		if err != nil {
