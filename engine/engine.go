@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"unsafe"
 
 	G "gorgonia.org/gorgonia"
@@ -24,10 +25,11 @@ import (
 // In fused mode (Backward) the resumed tape computes the input gradient and the
 // weight gradients together, summing the latter into the parameters' dual values.
 // In split mode, for zero-bubble schedules, the resumed tape computes only the input
-// gradient (Input) and the gradients of each layer's tap, which it copies out with
-// each layer's input; a second, small program built from the layers' affine parts
-// turns those into weight gradients whenever the schedule says (Weight). Both modes
-// use gorgonia's symbolic gradients and give identical bits.
+// gradient (Input) and the gradient of each parameterised part's tap
+// (models.Part), which it copies out with each part's input; a second, small
+// program built from the parts alone turns those into weight gradients whenever
+// the schedule says (Weight). Both modes use gorgonia's symbolic gradients and
+// give identical bits.
 type Engine struct {
 	Model       *models.Model
 	First, Last int // layer range [First, Last)
@@ -51,7 +53,7 @@ type Engine struct {
 	seen       map[uintptr]int64 // HeldBytes' scratch
 
 	// Split mode only.
-	taps   []tapRead // per layer: copies of its input and of its tap's gradient
+	reads  []G.Value // targets of Read nodes: the parts' inputs, then their taps' gradients
 	weight *weightProgram
 	grads  []*tensor.Dense // summed weight gradients, in params order
 }
@@ -59,11 +61,16 @@ type Engine struct {
 // flight is one micro-batch between its forward and the end of its backward.
 type flight struct {
 	vm    G.VM      // paused tape; nil once the input gradient is done (split mode)
-	stash []G.Value // split mode, after Input: layer inputs then tap gradients for Weight
+	stash []G.Value // split mode, after Input: what Weight needs, in reads' order
 }
 
-type tapRead struct {
-	in, grad G.Value // targets of Read nodes
+// part is one parameterised part of a split engine's layers (models.Part).
+type part struct {
+	layer  models.Splittable
+	index  int // in the layer's Built.Parts
+	in     int // its input, among the engine's distinct part inputs
+	tap    *G.Node
+	params []int // indices into the engine's params
 }
 
 // NewEngine builds and compiles the stage programs once; nothing is rebuilt per step.
@@ -81,10 +88,11 @@ func NewEngine(m *models.Model, first, last, batch int, seed uint64, split bool)
 	inShape := m.ShapeAt(first, batch)
 	e.x = G.NewTensor(e.g, m.DType, len(inShape), G.WithShape(inShape...), G.WithName("input"))
 	h := e.x
-	var inputs, taps []*G.Node
-	var counts []int // parameters per layer
+	var parts []part
+	var ins []*G.Node // the parts' distinct inputs, each kept once
 	for _, l := range m.Layers[first:last] {
-		if _, ok := l.(models.Splittable); split && !ok {
+		sl, ok := l.(models.Splittable)
+		if split && !ok {
 			return nil, fmt.Errorf("layer %s cannot split its backward into input and weight gradients, which zero-bubble schedules need", l.Name())
 		}
 		if _, ok := l.(models.FreshValues); ok {
@@ -94,7 +102,11 @@ func NewEngine(m *models.Model, first, last, batch int, seed uint64, split bool)
 		if err != nil {
 			return nil, err
 		}
-		inputs, taps, counts = append(inputs, h), append(taps, b.Tap), append(counts, len(b.Params))
+		if split {
+			if parts, ins, err = addParts(parts, ins, sl, b, len(e.params)); err != nil {
+				return nil, err
+			}
+		}
 		h = b.Out
 		e.params = append(e.params, b.Params...)
 	}
@@ -113,7 +125,10 @@ func NewEngine(m *models.Model, first, last, batch int, seed uint64, split bool)
 	}
 	wrt := e.params
 	if split {
-		wrt = taps
+		wrt = make([]*G.Node, len(parts))
+		for i, p := range parts {
+			wrt[i] = p.tap
+		}
 	}
 	wrt = append(append([]*G.Node{}, wrt...), e.x)
 	if e.IsFirst() {
@@ -127,11 +142,14 @@ func NewEngine(m *models.Model, first, last, batch int, seed uint64, split bool)
 		e.dx = grads[len(grads)-1]
 	}
 	if split {
-		e.taps = make([]tapRead, len(taps))
-		for i := range taps {
-			keep = append(keep, G.Read(inputs[i], &e.taps[i].in), G.Read(grads[i], &e.taps[i].grad))
+		e.reads = make([]G.Value, len(ins)+len(parts))
+		for i, in := range ins {
+			keep = append(keep, G.Read(in, &e.reads[i]))
 		}
-		if e.weight, err = newWeightProgram(m, first, last, inputs, taps, e.params, counts); err != nil {
+		for i := range parts {
+			keep = append(keep, G.Read(grads[i], &e.reads[len(ins)+i]))
+		}
+		if e.weight, err = newWeightProgram(ins, parts, e.params); err != nil {
 			return nil, err
 		}
 		e.weight.rearm = e.rearm
@@ -151,7 +169,7 @@ func NewEngine(m *models.Model, first, last, batch int, seed uint64, split bool)
 	if e.dx != nil {
 		outputs = append(outputs, e.dx)
 	}
-	inputs = append(G.Nodes{e.x}, e.params...)
+	inputs := append(G.Nodes{e.x}, e.params...)
 	if e.onehot != nil {
 		inputs = append(inputs, e.onehot)
 	}
@@ -302,23 +320,57 @@ func (e *Engine) resume(key int, vm G.VM, grad G.Value) (*tensor.Dense, error) {
 
 // harvest moves what the Read nodes copied during the last run into f's stash:
 // the Read targets are shared by all machines, so they are emptied after each run.
-// Layer inputs come first, then tap gradients.
+// A part's input may be copied in the forward or in the input pass, wherever
+// the tape placed its Read; its tap's gradient, in the input pass.
 func (e *Engine) harvest(f *flight) {
 	if !e.Split {
 		return
 	}
 	if f.stash == nil {
-		f.stash = make([]G.Value, 2*len(e.taps))
+		f.stash = make([]G.Value, len(e.reads))
 	}
-	n := len(e.taps)
-	for i := range e.taps {
-		if v := e.taps[i].in; v != nil {
-			f.stash[i], e.taps[i].in = v, nil
-		}
-		if v := e.taps[i].grad; v != nil {
-			f.stash[n+i], e.taps[i].grad = v, nil
+	for i, v := range e.reads {
+		if v != nil {
+			f.stash[i], e.reads[i] = v, nil
 		}
 	}
+}
+
+// addParts appends layer l's parts, built as b with its parameters starting
+// at params in the engine's list, to parts, and their inputs not yet in ins
+// to ins: parts sharing an input (a block's q, k and v projections) keep it
+// once per micro-batch. Every parameter must be in exactly one part, or its
+// weight gradient would be computed twice or never.
+func addParts(parts []part, ins []*G.Node, l models.Splittable, b models.Built, params int) ([]part, []*G.Node, error) {
+	index := make(map[*G.Node]int, len(b.Params))
+	for i, p := range b.Params {
+		index[p] = params + i
+	}
+	owned := make(map[*G.Node]bool, len(b.Params))
+	for i, bp := range b.Parts {
+		if bp.In == nil || bp.Tap == nil {
+			return nil, nil, fmt.Errorf("layer %s: part %d has no input or no tap", l.Name(), i)
+		}
+		p := part{layer: l, index: i, in: slices.Index(ins, bp.In), tap: bp.Tap}
+		if p.in < 0 {
+			p.in, ins = len(ins), append(ins, bp.In)
+		}
+		for _, n := range bp.Params {
+			k, ok := index[n]
+			if !ok || owned[n] {
+				return nil, nil, fmt.Errorf("layer %s: part %d's parameter %s is not the layer's, or in two parts", l.Name(), i, n.Name())
+			}
+			owned[n] = true
+			p.params = append(p.params, k)
+		}
+		parts = append(parts, p)
+	}
+	for _, n := range b.Params {
+		if !owned[n] {
+			return nil, nil, fmt.Errorf("layer %s: parameter %s is in none of its parts", l.Name(), n.Name())
+		}
+	}
+	return parts, ins, nil
 }
 
 // useFast gives the parameters, and their summed gradients once they

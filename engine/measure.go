@@ -21,6 +21,10 @@ import (
 type Cost struct {
 	F, B, I, W                  time.Duration
 	StashBytes, StashFixedBytes int64
+	// SplitStashBytes is what one micro-batch keeps under a schedule that
+	// splits the backward: a split machine's registers and its stash for the
+	// weight pass (MeasureMemory); 0 when the piece cannot split.
+	SplitStashBytes int64
 	// ParamBytes counts the parameters with their gradients and two optimizer
 	// moments (Adam's), the memory a piece keeps whatever the schedule.
 	ParamBytes int64
@@ -144,6 +148,12 @@ func measureRange(model *models.Model, first, last, batch int, seed uint64, reps
 		ParamBytes: 4 * params * size, OutBytes: int64(model.ShapeAt(last, batch).TotalSize()) * size}
 	if split == nil {
 		cost.I, cost.W = cost.B/2, cost.B/2
+	} else {
+		m, err := MeasureMemory(model, first, last, batch, seed, true)
+		if err != nil {
+			return Cost{}, err
+		}
+		cost.SplitStashBytes = m.Machine + m.Stash
 	}
 	return cost, nil
 }

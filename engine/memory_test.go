@@ -7,17 +7,26 @@ import (
 
 	"gorgonia.org/tensor"
 
+	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/schedule"
 )
 
 // TestHeldBytesFollowsThePool: an engine's activation memory is its pool of
 // machines (which keeps the most ever in flight) and its split stashes, as
 // schedule.PeakMemory assumes; measured on the engine itself, action by
-// action, for a fused and a split schedule.
+// action, for a fused and a split schedule, on an MLP layer and on GPT
+// blocks (whose split stash holds every part's input and tap gradient).
 func TestHeldBytesFollowsThePool(t *testing.T) {
-	model := smallMLP(t, "float32")
-	for _, name := range []string{"1f1b", "zb-h1"} {
-		t.Run(name, func(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		model *models.Model
+		sched string
+	}{
+		{"mlp", smallMLP(t, "float32"), "1f1b"}, {"mlp", smallMLP(t, "float32"), "zb-h1"},
+		{"gpt", smallGPT(t, "float32", false), "1f1b"}, {"gpt", smallGPT(t, "float64", true), "zb-h1"},
+	} {
+		model, name := tc.model, tc.sched
+		t.Run(tc.name+"/"+name, func(t *testing.T) {
 			const p, m, batch = 3, 5, 4
 			s, err := schedule.Build(name, p, m, 1)
 			if err != nil {

@@ -5,19 +5,18 @@ import (
 
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
-
-	"github.com/pipetrain/pipetrain/models"
 )
 
-// weightProgram computes a stage's weight gradients from each layer's input and the
-// gradient of its tap. It is built from the layers' Affine parts, differentiated by
-// gorgonia, and compiled with only the weight gradients as outputs, so the affine
-// forward itself (an ancestor of nothing it returns) is never run.
+// weightProgram computes a stage's weight gradients from each part's input and
+// the gradient of its tap. It is built from the layers' parts alone
+// (models.Splittable), differentiated by gorgonia, and compiled with only the
+// weight gradients as outputs, so the parts' forward (an ancestor of nothing
+// it returns) is never run.
 type weightProgram struct {
 	g      *G.ExprGraph
-	leaves []*G.Node // layer inputs, then tap gradients: Let from a flight's stash
+	leaves []*G.Node // the parts' distinct inputs, then their taps' gradients: Let from a flight's stash
 	grads  []*G.Node // one per parameter, in the stage's params order
-	taps   []*G.Node // the affine outputs: differentiated, never computed
+	taps   []*G.Node // the parts' outputs: differentiated, never computed
 	vm     G.VM
 	// rearm ends a run: the engine's, which keeps the registers between
 	// runs unless a layer needs fresh ones, so a W pass allocates no more
@@ -25,34 +24,43 @@ type weightProgram struct {
 	rearm func(G.VM)
 }
 
-// counts[i] is how many of params layer first+i owns (they are contiguous).
-func newWeightProgram(m *models.Model, first, last int, inputs, taps, params []*G.Node, counts []int) (*weightProgram, error) {
+// newWeightProgram rebuilds parts, whose inputs are ins, in a graph of their
+// own. params are the stage's: each part gets its own nodes for its share,
+// holding the same tensors, so the program sees every optimizer step.
+func newWeightProgram(ins []*G.Node, parts []part, params []*G.Node) (*weightProgram, error) {
 	w := &weightProgram{g: G.NewGraph()}
-	var gradLeaves, newTaps, newParams []*G.Node
-	pi := 0
-	for i, l := range m.Layers[first:last] {
-		in := inputs[i]
-		x := G.NewTensor(w.g, in.Dtype(), in.Dims(), G.WithShape(in.Shape()...), G.WithName(fmt.Sprintf("%s.input", l.Name())))
-		gt := G.NewTensor(w.g, taps[i].Dtype(), taps[i].Dims(), G.WithShape(taps[i].Shape()...), G.WithName(fmt.Sprintf("%s.tap_grad", l.Name())))
-		n := counts[i]
-		var ps []*G.Node
-		for _, p := range params[pi : pi+n] {
-			ps = append(ps, G.NewTensor(w.g, p.Dtype(), p.Dims(), G.WithShape(p.Shape()...), G.WithName(p.Name()), G.WithValue(p.Value())))
+	xs := make([]*G.Node, len(ins))
+	for _, p := range parts {
+		if xs[p.in] == nil {
+			in := ins[p.in]
+			xs[p.in] = G.NewTensor(w.g, in.Dtype(), in.Dims(), G.WithShape(in.Shape()...), G.WithName(fmt.Sprintf("%s.part%d.input", p.layer.Name(), p.index)))
 		}
-		pi += n
-		tap, err := l.(models.Splittable).Affine(w.g, x, ps)
+	}
+	copies := make([]*G.Node, len(params))
+	var gradLeaves []*G.Node
+	for _, p := range parts {
+		ps := make([]*G.Node, len(p.params))
+		for i, k := range p.params {
+			q := params[k]
+			copies[k] = G.NewTensor(w.g, q.Dtype(), q.Dims(), G.WithShape(q.Shape()...), G.WithName(q.Name()), G.WithValue(q.Value()))
+			ps[i] = copies[k]
+		}
+		tap, err := p.layer.BuildPart(w.g, p.index, xs[p.in], ps)
 		if err != nil {
 			return nil, err
 		}
-		w.leaves = append(w.leaves, x)
-		gradLeaves, newTaps, newParams = append(gradLeaves, gt), append(newTaps, tap), append(newParams, ps...)
+		if !tap.Shape().Eq(p.tap.Shape()) {
+			return nil, fmt.Errorf("layer %s: part %d rebuilt has shape %v, built %v", p.layer.Name(), p.index, tap.Shape(), p.tap.Shape())
+		}
+		gt := G.NewTensor(w.g, tap.Dtype(), tap.Dims(), G.WithShape(tap.Shape()...), G.WithName(fmt.Sprintf("%s.part%d.tap_grad", p.layer.Name(), p.index)))
+		w.taps, gradLeaves = append(w.taps, tap), append(gradLeaves, gt)
 	}
-	w.leaves = append(w.leaves, gradLeaves...)
-	grads, err := G.Backpropagate(newTaps, gradLeaves, newParams)
+	w.leaves = append(xs, gradLeaves...)
+	grads, err := G.Backpropagate(w.taps, gradLeaves, copies)
 	if err != nil {
 		return nil, fmt.Errorf("differentiating the weight gradients: %w", err)
 	}
-	w.grads, w.taps = grads, newTaps
+	w.grads = grads
 	prog, locMap, err := G.CompileFunction(w.g, w.leaves, grads)
 	if err != nil {
 		return nil, fmt.Errorf("compiling the weight gradients: %w", err)

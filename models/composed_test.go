@@ -99,6 +99,87 @@ func (o *ops) composedAttention(q, k, v *G.Node, batch, context, heads int) *G.N
 	return o.reshape(o.transpose(o.reshape(att, batch, heads, context, dh), 0, 2, 1, 3), batch*context, width)
 }
 
+// composedEmbed is the embedding as first written: the one-hot rows of the
+// ids times the token table, plus the position table broadcast over the
+// sequences.
+func (o *ops) composedEmbed(ids, tok, pos *G.Node) *G.Node {
+	batch, context, width := ids.Shape()[0], ids.Shape()[1], tok.Shape()[1]
+	h := o.matMul(o.apply(oneHotOp{vocab: tok.Shape()[0]}, ids), tok)
+	h = o.bcastAdd(o.reshape(h, batch, context*width), o.reshape(pos, context*width), 0)
+	return o.reshape(h, batch*context, width)
+}
+
+// oneHotOp turns token ids (batch, context), stored as floats of the model's
+// dtype, into a one-hot matrix (batch*context, vocab), row b*context+t for token
+// t of sequence b. A matmul with the embedding table then is the lookup, and
+// gorgonia derives the table's gradient from the matmul. The ids themselves are
+// data: they get no gradient. The layer now looks rows up (embed), which
+// TestFusedMatchComposed holds against this.
+type oneHotOp struct{ vocab int }
+
+func (op oneHotOp) Arity() int { return 1 }
+
+func (op oneHotOp) Type() hm.Type {
+	a := hm.TypeVariable('a')
+	return hm.NewFnType(G.TensorType{Dims: 2, Of: a}, G.TensorType{Dims: 2, Of: a})
+}
+
+func (op oneHotOp) InferShape(in ...G.DimSizer) (tensor.Shape, error) {
+	s, ok := in[0].(tensor.Shape)
+	if !ok || s.Dims() != 2 {
+		return nil, fmt.Errorf("one-hot: token ids must be (batch, context), got %v", in[0])
+	}
+	return tensor.Shape{s[0] * s[1], op.vocab}, nil
+}
+
+func (op oneHotOp) Do(in ...G.Value) (G.Value, error) {
+	ids, ok := in[0].(*tensor.Dense)
+	if !ok {
+		return nil, fmt.Errorf("one-hot: token ids are %T, want a dense tensor", in[0])
+	}
+	out := tensor.New(tensor.Of(ids.Dtype()), tensor.WithShape(ids.Shape().TotalSize(), op.vocab))
+	var err error
+	switch d := ids.Data().(type) {
+	case []float32:
+		err = fillOneHot(d, out.Data().([]float32), op.vocab)
+	case []float64:
+		err = fillOneHot(d, out.Data().([]float64), op.vocab)
+	default:
+		err = fmt.Errorf("one-hot: token ids of dtype %v, want float32 or float64", ids.Dtype())
+	}
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// fillOneHot sets out[i*vocab+ids[i]] = 1; out must be zeroed. A fractional or
+// out-of-range id is an error, not a silently wrong row.
+func fillOneHot[T float32 | float64](ids, out []T, vocab int) error {
+	for i, v := range ids {
+		id := int(v)
+		if T(id) != v || id < 0 || id >= vocab {
+			return fmt.Errorf("one-hot: token id %v at position %d is not an integer in [0, %d)", v, i, vocab)
+		}
+		out[i*vocab+id] = 1
+	}
+	return nil
+}
+
+func (op oneHotOp) ReturnsPtr() bool      { return false }
+func (op oneHotOp) CallsExtern() bool     { return false }
+func (op oneHotOp) OverwritesInput() int  { return -1 }
+func (op oneHotOp) WriteHash(h hash.Hash) { fmt.Fprintf(h, "pipetrain.onehot(%d)", op.vocab) }
+func (op oneHotOp) Hashcode() uint32      { return hashOf(op) }
+func (op oneHotOp) String() string        { return fmt.Sprintf("OneHot{%d}", op.vocab) }
+
+// DiffWRT and SymDiff make the op part of a differentiable graph whose input
+// simply gets no gradient.
+func (op oneHotOp) DiffWRT(inputs int) []bool { return make([]bool, inputs) }
+func (op oneHotOp) SymDiff(inputs G.Nodes, output, grad *G.Node) (G.Nodes, error) {
+	return make(G.Nodes, len(inputs)), nil
+}
+
 // rowMaxOp is the maximum over the last axis of a rank-3 tensor (b, r, c) ->
 // (b, r). Softmax subtracts it for stability only, so it gets no gradient: the
 // softmax's true derivative with respect to a per-row shift is zero.

@@ -3,6 +3,7 @@ package models
 import (
 	"fmt"
 	"hash"
+	"hash/fnv"
 	"math"
 
 	"github.com/chewxy/hm"
@@ -11,8 +12,8 @@ import (
 	"gorgonia.org/tensor"
 )
 
-// Fused ops: the transformer's LayerNorm, GELU, bias add and causal
-// attention, each one op with a hand-written backward (checked against
+// Fused ops: the transformer's token and position embedding, LayerNorm,
+// GELU, bias add and causal attention, each one op with a hand-written backward (checked against
 // finite differences in gradcheck_test.go). Composed from gorgonia's
 // element-wise and broadcast ops, the same layers spent most of a GPT step
 // repeating vectors over rows, permuting heads in and out of place and
@@ -31,8 +32,14 @@ type fusedOp[T float32 | float64] struct {
 	name    string // with every parameter: it is also the op's hash
 	inDims  []int
 	outDims int
-	shape   func(in []tensor.Shape) (tensor.Shape, error)
-	kernel  func(out []T, in [][]T, shapes []tensor.Shape)
+	// data[i] marks input i as data, which gets no gradient: grad returns
+	// nil for it.
+	data   []bool
+	shape  func(in []tensor.Shape) (tensor.Shape, error)
+	kernel func(out []T, in [][]T, shapes []tensor.Shape)
+	// check, when set, vets the inputs' values before the kernel runs, for
+	// the ops whose inputs index memory (token ids).
+	check func(in [][]T, shapes []tensor.Shape) error
 	// grad returns the gradient node of each input, or nil for an op that
 	// has none.
 	grad func(o *ops, in G.Nodes, output, grad *G.Node) G.Nodes
@@ -84,6 +91,11 @@ func (op *fusedOp[T]) UsePreallocDo(prealloc G.Value, in ...G.Value) (G.Value, e
 	if err != nil {
 		return nil, err
 	}
+	if op.check != nil {
+		if err := op.check(data, shapes); err != nil {
+			return nil, err
+		}
+	}
 	out, _ := prealloc.(*tensor.Dense)
 	if out == nil || !out.Shape().Eq(shape) || out.IsMaterializable() {
 		out = tensor.New(tensor.Of(dtypeOf[T]()), tensor.WithShape(shape...))
@@ -102,7 +114,7 @@ func (op *fusedOp[T]) String() string        { return op.name }
 func (op *fusedOp[T]) DiffWRT(inputs int) []bool {
 	d := make([]bool, inputs)
 	for i := range d {
-		d[i] = op.grad != nil
+		d[i] = op.grad != nil && (i >= len(op.data) || !op.data[i])
 	}
 	return d
 }
@@ -175,15 +187,19 @@ func (o *ops) colSum(x *G.Node) *G.Node {
 
 func colSumOp[T float32 | float64]() *fusedOp[T] {
 	return &fusedOp[T]{name: "ColSum", inDims: []int{2}, outDims: 1,
-		shape: func(in []tensor.Shape) (tensor.Shape, error) { return tensor.Shape{in[0][1]}, nil },
-		kernel: func(out []T, in [][]T, s []tensor.Shape) {
-			switch out := any(out).(type) {
-			case []float32:
-				colSum32(out, any(in[0]).([]float32), s[0][1])
-			default:
-				colSumGo(out.([]float64), any(in[0]).([]float64), s[0][1])
-			}
-		},
+		shape:  func(in []tensor.Shape) (tensor.Shape, error) { return tensor.Shape{in[0][1]}, nil },
+		kernel: func(out []T, in [][]T, s []tensor.Shape) { colSums(out, in[0], s[0][1]) },
+	}
+}
+
+// colSums sets out[j] to the sum over rows of x[r·d+j], row after row, in
+// T's kernel.
+func colSums[T float32 | float64](out, x []T, d int) {
+	switch out := any(out).(type) {
+	case []float32:
+		colSum32(out, any(x).([]float32), d)
+	default:
+		colSumGo(out.([]float64), any(x).([]float64), d)
 	}
 }
 
@@ -276,6 +292,100 @@ func layerNormGainGradOp[T float32 | float64]() *fusedOp[T] {
 				}
 			}
 		},
+	}
+}
+
+// ---- token and position embedding ----
+
+// embed is the GPT's input layer on token ids (batch, context), stored as
+// floats: row b·context+t of the result, (batch·context, width), is row
+// ids[b, t] of the token table tok (vocab, width) plus row t of the position
+// table pos (context, width). The backward scatters: the token table's
+// gradient adds each row of the output's gradient into its token's row, in
+// row order, and the position table's sums each position's rows over the
+// sequences, in sequence order. (As a one-hot matrix times tok, the lookup
+// and its gradient were vocab-wide products, and the gradient's bits were
+// the BLAS's to choose.)
+func (o *ops) embed(ids, tok, pos *G.Node) *G.Node {
+	return o.fused(embedOp[float32](), embedOp[float64](), ids, tok, pos)
+}
+
+// checkIDs vets token ids: a fractional or out-of-range id is an error, not
+// a silently wrong row (or a read past the table).
+func checkIDs[T float32 | float64](ids []T, vocab int) error {
+	for i, v := range ids {
+		if id := int(v); T(id) != v || id < 0 || id >= vocab {
+			return fmt.Errorf("embed: token id %v at position %d is not an integer in [0, %d)", v, i, vocab)
+		}
+	}
+	return nil
+}
+
+func embedOp[T float32 | float64]() *fusedOp[T] {
+	return &fusedOp[T]{name: "Embed", inDims: []int{2, 2, 2}, outDims: 2, data: []bool{true},
+		shape: func(in []tensor.Shape) (tensor.Shape, error) {
+			ids, tok, pos := in[0], in[1], in[2]
+			if pos[0] != ids[1] || pos[1] != tok[1] {
+				return nil, fmt.Errorf("embed: token ids %v, token table %v and position table %v do not fit", ids, tok, pos)
+			}
+			return tensor.Shape{ids[0] * ids[1], tok[1]}, nil
+		},
+		check: func(in [][]T, s []tensor.Shape) error { return checkIDs(in[0], s[1][0]) },
+		kernel: func(out []T, in [][]T, s []tensor.Shape) {
+			ids, tok, pos, t, w := in[0], in[1], in[2], s[0][1], s[1][1]
+			for r, id := range ids {
+				tr, pr, or := tok[int(id)*w:][:w], pos[r%t*w:][:w], out[r*w:][:w]
+				for j := range or {
+					or[j] = tr[j] + pr[j]
+				}
+			}
+		},
+		grad: func(o *ops, in G.Nodes, _, grad *G.Node) G.Nodes {
+			vocab, context := in[1].Shape()[0], in[0].Shape()[1]
+			return G.Nodes{nil,
+				o.fused(tokenGradOp[float32](vocab), tokenGradOp[float64](vocab), in[0], grad),
+				o.fused(positionGradOp[float32](context), positionGradOp[float64](context), grad)}
+		},
+	}
+}
+
+// tokenGradOp is the token table's gradient (vocab, width) from the ids
+// (batch, context) and the gradient dy (batch·context, width) of embed's
+// output: row v is the sum of the rows of dy whose token is v, in row order.
+func tokenGradOp[T float32 | float64](vocab int) *fusedOp[T] {
+	return &fusedOp[T]{name: fmt.Sprintf("EmbedTokenGrad{%d}", vocab), inDims: []int{2, 2}, outDims: 2,
+		shape: func(in []tensor.Shape) (tensor.Shape, error) {
+			if in[1][0] != in[0][0]*in[0][1] {
+				return nil, fmt.Errorf("embed token gradient: token ids %v, gradient %v", in[0], in[1])
+			}
+			return tensor.Shape{vocab, in[1][1]}, nil
+		},
+		check: func(in [][]T, _ []tensor.Shape) error { return checkIDs(in[0], vocab) },
+		kernel: func(out []T, in [][]T, s []tensor.Shape) {
+			ids, dy, w := in[0], in[1], s[1][1]
+			clear(out)
+			for r, id := range ids {
+				or, dr := out[int(id)*w:][:w], dy[r*w:][:w]
+				for j := range or {
+					or[j] += dr[j]
+				}
+			}
+		},
+	}
+}
+
+// positionGradOp is the position table's gradient (context, width) from the
+// gradient dy (batch·context, width) of embed's output: each sequence's
+// (context, width) block of dy, summed sequence after sequence.
+func positionGradOp[T float32 | float64](context int) *fusedOp[T] {
+	return &fusedOp[T]{name: fmt.Sprintf("EmbedPositionGrad{%d}", context), inDims: []int{2}, outDims: 2,
+		shape: func(in []tensor.Shape) (tensor.Shape, error) {
+			if in[0][0]%context != 0 {
+				return nil, fmt.Errorf("embed position gradient: %v is not sequences of %d tokens", in[0], context)
+			}
+			return tensor.Shape{context, in[0][1]}, nil
+		},
+		kernel: func(out []T, in [][]T, s []tensor.Shape) { colSums(out, in[0], context*s[0][1]) },
 	}
 }
 
@@ -630,6 +740,14 @@ func gemm[T float32 | float64](transA, transB bool, m, n, k int, alpha T, a []T,
 	case []float64:
 		G.WhichBLAS().Dgemm(tA, tB, m, n, k, float64(alpha), a, lda, any(b).([]float64), ldb, float64(beta), any(c).([]float64), ldc)
 	}
+}
+
+// hashOf is the FNV hash of an op's WriteHash, which gorgonia uses to merge
+// identical nodes.
+func hashOf(op interface{ WriteHash(hash.Hash) }) uint32 {
+	h := fnv.New32a()
+	op.WriteHash(h)
+	return h.Sum32()
 }
 
 // dtypeOf is T's tensor dtype.

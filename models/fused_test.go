@@ -12,7 +12,8 @@ import (
 
 // valueAndGrads runs sum(y .* R) for y = build(inputs) and returns y and the
 // gradient of that sum with respect to every input but the last data ones,
-// which are constants.
+// which get none. (Data inputs are graph inputs, not constants: an op on
+// constants alone, such as a one-hot of token ids, has no graph to join.)
 func valueAndGrads(t *testing.T, ins []*tensor.Dense, data int, build func(o *ops, in []*G.Node) *G.Node) ([]float64, [][]float64) {
 	t.Helper()
 	g := G.NewGraph()
@@ -21,7 +22,7 @@ func valueAndGrads(t *testing.T, ins []*tensor.Dense, data int, build func(o *op
 		if i < len(ins)-data {
 			all[i] = newParam(g, fmt.Sprintf("in%d", i), v.Clone().(*tensor.Dense))
 		} else {
-			all[i] = G.NewConstant(v.Clone().(*tensor.Dense), G.WithName(fmt.Sprintf("data%d", i)))
+			all[i] = newParam(g, fmt.Sprintf("data%d", i), v.Clone().(*tensor.Dense))
 		}
 	}
 	nodes := all[:len(ins)-data]
@@ -90,6 +91,9 @@ func TestFusedMatchComposed(t *testing.T) {
 			func(o *ops, in []*G.Node) *G.Node {
 				return o.composedAttention(in[0], in[1], in[2], batch, context, heads)
 			}},
+		{"embedding", []*tensor.Dense{randDense(r, 1, 7, width), randDense(r, 1, context, width), denseOf(tensor.Float64, []float64{3, 0, 6, 3, 1, 2, 3, 3, 0, 5}, batch, context)}, 1,
+			func(o *ops, in []*G.Node) *G.Node { return o.embed(in[2], in[0], in[1]) },
+			func(o *ops, in []*G.Node) *G.Node { return o.composedEmbed(in[2], in[0], in[1]) }},
 		{"cross-entropy", []*tensor.Dense{randDense(r, 3, 6, 5), oneHotRows(r, 6, 5)}, 1,
 			func(o *ops, in []*G.Node) *G.Node {
 				return o.do("loss", func() (*G.Node, error) { return SoftmaxCrossEntropy(in[0], in[1]) })

@@ -107,19 +107,28 @@ func (l *gptEmbed) Build(g *G.ExprGraph, x *G.Node, seed uint64) (Built, error) 
 	if s := x.Shape(); s.Dims() != 2 || s[1] != sz.context {
 		return Built{}, fmt.Errorf("embed: input shape %v, want (batch, %d) token ids", s, sz.context)
 	}
-	batch := x.Shape()[0]
 	tok := newParam(g, "embed.tok", tokenTable(sz, seed))
 	pos := newParam(g, "embed.pos", normalInit(sz.dt, tensor.Shape{sz.context, sz.width}, gptInitSD, paramRNG(seed, "embed", "pos")))
-	o := newOps(sz.dt)
-	h := o.matMul(o.apply(oneHotOp{vocab: sz.vocab}, x), tok)
-	// Seen as (batch, context*width), every sequence gets the same flattened
-	// position table, which a broadcast over the batch axis adds.
-	h = o.bcastAdd(o.reshape(h, batch, sz.context*sz.width), o.reshape(pos, sz.context*sz.width), 0)
-	h = o.reshape(h, batch*sz.context, sz.width)
-	if o.err != nil {
-		return Built{}, fmt.Errorf("embed: %w", o.err)
+	params := []*G.Node{tok, pos}
+	h, err := l.BuildPart(g, 0, x, params)
+	if err != nil {
+		return Built{}, err
 	}
-	return Built{Out: h, Params: []*G.Node{tok, pos}}, nil
+	return Built{Out: h, Params: params, Parts: []Part{{In: x, Tap: h, Params: params}}}, nil
+}
+
+// BuildPart is the whole layer, one part: its parameters' gradients need
+// only the token ids and the output's gradient.
+func (l *gptEmbed) BuildPart(g *G.ExprGraph, i int, x *G.Node, params []*G.Node) (*G.Node, error) {
+	if i != 0 || len(params) != 2 {
+		return nil, fmt.Errorf("embed: part %d with %d parameters; the layer has one part of 2", i, len(params))
+	}
+	o := newOps(l.sz.dt)
+	h := o.embed(x, params[0], params[1])
+	if o.err != nil {
+		return nil, fmt.Errorf("embed: %w", o.err)
+	}
+	return h, nil
 }
 
 // tokenTable is the initial (vocab, width) token embedding. A tied head builds
@@ -175,22 +184,71 @@ func (l *gptBlock) params(g *G.ExprGraph, seed uint64) *blockParams {
 	}
 }
 
+// A block's parts, in Built.Parts order: LayerNorm 1 on the block input;
+// the q, k and v projections of its output; the attention output's
+// projection; LayerNorm 2 on the residual stream; the MLP's fc and, on the
+// GELU's output, its proj. Part i owns parameters 2i and 2i+1 of
+// blockParams.list, its weight (or gain) and bias. Attention, GELU and the
+// residual adds have no parameters and lie between parts: the weight
+// gradients never need their forward values.
+const (
+	partLN1 = iota
+	partQ
+	partK
+	partV
+	partAttnProj
+	partLN2
+	partFC
+	partMLPProj
+	blockParts
+)
+
+// part adds block part i on x: a LayerNorm or an affine map.
+func (l *gptBlock) part(o *ops, i int, x *G.Node, params []*G.Node) *G.Node {
+	if i == partLN1 || i == partLN2 {
+		return o.layerNorm(x, params[0], params[1])
+	}
+	return o.affine(x, params[0], params[1])
+}
+
 func (l *gptBlock) Build(g *G.ExprGraph, x *G.Node, seed uint64) (Built, error) {
 	batch, err := l.sz.batchOf(x, l.name)
 	if err != nil {
 		return Built{}, err
 	}
-	p := l.params(g, seed)
+	params := l.params(g, seed).list()
 	o := newOps(l.sz.dt)
-	a := o.layerNorm(x, p.ln1Gain, p.ln1Bias)
-	att := o.causalAttention(o.affine(a, p.q, p.qb), o.affine(a, p.k, p.kb), o.affine(a, p.v, p.vb), batch, l.sz.context, l.sz.heads)
-	x = o.add(x, o.affine(att, p.proj, p.projb))
-	m := o.layerNorm(x, p.ln2Gain, p.ln2Bias)
-	x = o.add(x, o.affine(o.gelu(o.affine(m, p.fc, p.fcb)), p.out, p.outb))
+	parts := make([]Part, 0, blockParts)
+	part := func(i int, in *G.Node) *G.Node {
+		ps := params[2*i : 2*i+2]
+		tap := l.part(o, i, in, ps)
+		parts = append(parts, Part{In: in, Tap: tap, Params: ps})
+		return tap
+	}
+	a := part(partLN1, x)
+	att := o.causalAttention(part(partQ, a), part(partK, a), part(partV, a), batch, l.sz.context, l.sz.heads)
+	x = o.add(x, part(partAttnProj, att))
+	m := part(partLN2, x)
+	x = o.add(x, part(partMLPProj, o.gelu(part(partFC, m))))
 	if o.err != nil {
 		return Built{}, fmt.Errorf("%s: %w", l.name, o.err)
 	}
-	return Built{Out: x, Params: p.list()}, nil
+	return Built{Out: x, Params: params, Parts: parts}, nil
+}
+
+// BuildPart adds block part i (see partLN1) on x. A LayerNorm part's gain
+// gradient needs the normalised input, which it recomputes from x: a pass
+// over x per row, cheaper than keeping the normalised rows from the forward.
+func (l *gptBlock) BuildPart(g *G.ExprGraph, i int, x *G.Node, params []*G.Node) (*G.Node, error) {
+	if i < 0 || i >= blockParts || len(params) != 2 {
+		return nil, fmt.Errorf("%s: part %d with %d parameters; the block has %d parts of 2", l.name, i, len(params), blockParts)
+	}
+	o := newOps(l.sz.dt)
+	tap := l.part(o, i, x, params)
+	if o.err != nil {
+		return nil, fmt.Errorf("%s: %w", l.name, o.err)
+	}
+	return tap, nil
 }
 
 // gptHead is the final LayerNorm and the LM head: logits (batch*context, vocab).
@@ -209,18 +267,45 @@ func (l *gptHead) Build(g *G.ExprGraph, x *G.Node, seed uint64) (Built, error) {
 	}
 	gain := newParam(g, "head.ln.gain", constInit(sz.dt, tensor.Shape{sz.width}, 1))
 	bias := newParam(g, "head.ln.bias", constInit(sz.dt, tensor.Shape{sz.width}, 0))
-	o := newOps(sz.dt)
-	h := o.layerNorm(x, gain, bias)
-	var w, logits *G.Node
+	var w *G.Node
 	if sz.tied {
 		w = newParam(g, "head.tok", tokenTable(sz, seed))
-		logits = o.matMul(h, o.transpose(w, 1, 0))
 	} else {
 		w = newParam(g, "head.weight", normalInit(sz.dt, tensor.Shape{sz.width, sz.vocab}, gptInitSD, paramRNG(seed, "head", "weight")))
-		logits = o.matMul(h, w)
+	}
+	norm := []*G.Node{gain, bias}
+	h, err := l.BuildPart(g, 0, x, norm)
+	if err != nil {
+		return Built{}, err
+	}
+	logits, err := l.BuildPart(g, 1, h, []*G.Node{w})
+	if err != nil {
+		return Built{}, err
+	}
+	return Built{Out: logits, Params: []*G.Node{gain, bias, w},
+		Parts: []Part{{In: x, Tap: h, Params: norm}, {In: h, Tap: logits, Params: []*G.Node{w}}}}, nil
+}
+
+// BuildPart adds the head's part 0, the final LayerNorm, or part 1, the
+// product with the output matrix: tied, the head's own copy of the token
+// table, whose gradient the weight pass computes like any other, before the
+// pipeline sums the two copies' gradients (stages/tied.go).
+func (l *gptHead) BuildPart(g *G.ExprGraph, i int, x *G.Node, params []*G.Node) (*G.Node, error) {
+	if want := []int{2, 1}; i < 0 || i >= len(want) || len(params) != want[i] {
+		return nil, fmt.Errorf("head: part %d with %d parameters; the head has 2 parts, of 2 and 1", i, len(params))
+	}
+	o := newOps(l.sz.dt)
+	var out *G.Node
+	switch {
+	case i == 0:
+		out = o.layerNorm(x, params[0], params[1])
+	case l.sz.tied:
+		out = o.matMul(x, o.transpose(params[0], 1, 0))
+	default:
+		out = o.matMul(x, params[0])
 	}
 	if o.err != nil {
-		return Built{}, fmt.Errorf("head: %w", o.err)
+		return nil, fmt.Errorf("head: %w", o.err)
 	}
-	return Built{Out: logits, Params: []*G.Node{gain, bias, w}}, nil
+	return out, nil
 }

@@ -190,3 +190,82 @@ func TestGPTSplitEquivalence(t *testing.T) {
 func TestGPTFloat32Backward(t *testing.T) {
 	checkFloat32Backward(t, tinyGPT("", true), 2)
 }
+
+// TestPartsRebuildTheirTaps: each part of each layer, rebuilt alone by
+// BuildPart from its input's value, computes its tap's bits; together the
+// parts hold every parameter once. A zero-bubble weight pass relies on both.
+func TestPartsRebuildTheirTaps(t *testing.T) {
+	for _, spec := range []Spec{tinyGPT("float32", true), tinyGPT("float64", false),
+		{Name: "mlp", DType: "float32", Input: 6, Hidden: []int{5}, Classes: 3}} {
+		m := buildModel(t, spec)
+		r := rand.New(rand.NewPCG(14, 14))
+		x, _ := randomBatch(m, 2, r)
+		for _, l := range m.Layers {
+			sl, ok := l.(Splittable)
+			if !ok {
+				t.Fatalf("%s %s is not Splittable", spec.Name, l.Name())
+			}
+			g := G.NewGraph()
+			in := G.NewTensor(g, m.DType, x.Dims(), G.WithShape(x.Shape()...), G.WithName("input"), G.WithValue(x))
+			b, err := l.Build(g, in, 4)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var reads []G.Value
+			for range b.Parts {
+				reads = append(reads, nil, nil)
+			}
+			for i, p := range b.Parts {
+				G.Read(p.In, &reads[2*i])
+				G.Read(p.Tap, &reads[2*i+1])
+			}
+			vm := G.NewTapeMachine(g)
+			if err := vm.RunAll(); err != nil {
+				t.Fatal(err)
+			}
+			vm.Close()
+			owned := map[*G.Node]int{}
+			for i, p := range b.Parts {
+				for _, n := range p.Params {
+					owned[n]++
+				}
+				pg := G.NewGraph()
+				v := reads[2*i].(*tensor.Dense)
+				px := G.NewTensor(pg, m.DType, v.Dims(), G.WithShape(v.Shape()...), G.WithName("x"), G.WithValue(v))
+				var ps []*G.Node
+				for _, n := range p.Params {
+					ps = append(ps, newParam(pg, n.Name(), n.Value().(*tensor.Dense)))
+				}
+				tap, err := sl.BuildPart(pg, i, px, ps)
+				if err != nil {
+					t.Fatal(err)
+				}
+				pvm := G.NewTapeMachine(pg)
+				if err := pvm.RunAll(); err != nil {
+					t.Fatal(err)
+				}
+				got := tap.Value().(*tensor.Dense)
+				if got.IsMaterializable() {
+					got = got.Materialize().(*tensor.Dense)
+				}
+				if !sameBits(got, reads[2*i+1].(*tensor.Dense)) {
+					t.Errorf("%s %s part %d: rebuilt tap differs from the layer's", spec.Name, l.Name(), i)
+				}
+				pvm.Close()
+			}
+			for _, n := range b.Params {
+				if owned[n] != 1 {
+					t.Errorf("%s %s: %s is in %d parts", spec.Name, l.Name(), n.Name(), owned[n])
+				}
+			}
+			if _, err := sl.BuildPart(G.NewGraph(), len(b.Parts), in, nil); err == nil {
+				t.Errorf("%s %s: part %d of %d accepted", spec.Name, l.Name(), len(b.Parts), len(b.Parts))
+			}
+			out := b.Out.Value().(*tensor.Dense)
+			if out.IsMaterializable() {
+				out = out.Materialize().(*tensor.Dense)
+			}
+			x = out.Clone().(*tensor.Dense)
+		}
+	}
+}

@@ -222,21 +222,67 @@ func runNode(t *testing.T, ins []*tensor.Dense, build func(o *ops, in []*G.Node)
 	return y.Value().(*tensor.Dense).Clone().(*tensor.Dense), nil
 }
 
-func TestOneHotOp(t *testing.T) {
+// TestEmbedLooksUpRows: row b·context+t of the embedding is the token
+// table's row of token ids[b, t] plus the position table's row t, and an id
+// that is not a token is an error, in the forward and in the token table's
+// gradient.
+func TestEmbedLooksUpRows(t *testing.T) {
 	ids := denseOf(tensor.Float32, []float64{2, 0, 1, 2}, 2, 2)
-	got, err := runNode(t, []*tensor.Dense{ids}, func(o *ops, in []*G.Node) *G.Node { return o.apply(oneHotOp{vocab: 3}, in[0]) })
+	tok := denseOf(tensor.Float32, []float64{1, 2, 10, 20, 100, 200}, 3, 2)
+	pos := denseOf(tensor.Float32, []float64{0.5, 0.25, -1, -2}, 2, 2)
+	got, err := runNode(t, []*tensor.Dense{ids, tok, pos}, func(o *ops, in []*G.Node) *G.Node { return o.embed(in[0], in[1], in[2]) })
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []float32{0, 0, 1, 1, 0, 0, 0, 1, 0, 0, 0, 1}
-	if !got.Shape().Eq(tensor.Shape{4, 3}) || !slices.Equal(got.Data().([]float32), want) {
-		t.Errorf("one-hot %v %v, want (4, 3) %v", got.Shape(), got.Data(), want)
+	want := []float32{100.5, 200.25, 0, 0, 10.5, 20.25, 99, 198}
+	if !got.Shape().Eq(tensor.Shape{4, 2}) || !slices.Equal(got.Data().([]float32), want) {
+		t.Errorf("embedding %v %v, want (4, 2) %v", got.Shape(), got.Data(), want)
 	}
+	dy := denseOf(tensor.Float64, []float64{1, 2, 3, 4}, 2, 2)
 	for _, bad := range []float64{3, -1, 0.5} {
 		ids := denseOf(tensor.Float64, []float64{0, bad}, 1, 2)
-		_, err := runNode(t, []*tensor.Dense{ids}, func(o *ops, in []*G.Node) *G.Node { return o.apply(oneHotOp{vocab: 3}, in[0]) })
+		tok, pos := denseOf(tensor.Float64, make([]float64, 6), 3, 2), denseOf(tensor.Float64, make([]float64, 4), 2, 2)
+		_, err := runNode(t, []*tensor.Dense{ids, tok, pos}, func(o *ops, in []*G.Node) *G.Node { return o.embed(in[0], in[1], in[2]) })
 		if err == nil || !strings.Contains(err.Error(), "is not an integer in [0, 3)") {
 			t.Errorf("id %v: error %v", bad, err)
+		}
+		_, err = runNode(t, []*tensor.Dense{ids, dy}, func(o *ops, in []*G.Node) *G.Node {
+			return o.fused(tokenGradOp[float32](3), tokenGradOp[float64](3), in[0], in[1])
+		})
+		if err == nil || !strings.Contains(err.Error(), "is not an integer in [0, 3)") {
+			t.Errorf("id %v in the token gradient: error %v", bad, err)
+		}
+	}
+}
+
+// TestGradEmbed checks the token table's scattered gradient and the position
+// table's summed one, with tokens repeated within and across sequences so
+// that rows accumulate, and a token absent, whose row gets exactly zero.
+func TestGradEmbed(t *testing.T) {
+	r := rand.New(rand.NewPCG(10, 10))
+	const batch, context, vocab, width = 3, 4, 6, 5
+	ids := make([]float64, batch*context)
+	for i := range ids {
+		ids[i] = float64(r.IntN(vocab - 1)) // token vocab-1 never appears
+	}
+	ids[1], ids[6] = ids[0], ids[0]
+	g := G.NewGraph()
+	tok := newParam(g, "tok", randDense(r, 1, vocab, width))
+	pos := newParam(g, "pos", randDense(r, 1, context, width))
+	x := G.NewConstant(denseOf(tensor.Float64, ids, batch, context), G.WithName("ids"))
+	o := newOps(tensor.Float64)
+	y := o.embed(x, tok, pos)
+	if o.err != nil {
+		t.Fatal(o.err)
+	}
+	checkGraphGrads(t, g, weightedSum(t, g, y), []*G.Node{tok, pos}, 0)
+	gv, err := tok.Grad()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for j, v := range gv.Data().([]float64)[(vocab-1)*width:] {
+		if v != 0 {
+			t.Errorf("absent token's gradient[%d] = %v, want 0", j, v)
 		}
 	}
 }

@@ -86,7 +86,7 @@ func (d *Dense) Build(g *G.ExprGraph, x *G.Node, seed uint64) (Built, error) {
 	b := G.NewVector(g, d.dt, G.WithShape(d.Out), G.WithName(d.name+".bias"),
 		G.WithValue(tensor.New(tensor.Of(d.dt), tensor.WithShape(d.Out))))
 	params := []*G.Node{w, b}
-	tap, err := d.Affine(g, x, params)
+	tap, err := d.BuildPart(g, 0, x, params)
 	if err != nil {
 		return Built{}, err
 	}
@@ -96,11 +96,14 @@ func (d *Dense) Build(g *G.ExprGraph, x *G.Node, seed uint64) (Built, error) {
 			return Built{}, fmt.Errorf("%s: %w", d.name, err)
 		}
 	}
-	return Built{Out: out, Params: params, Tap: tap}, nil
+	return Built{Out: out, Params: params, Parts: []Part{{In: x, Tap: tap, Params: params}}}, nil
 }
 
-// Affine is x W + b.
-func (d *Dense) Affine(g *G.ExprGraph, x *G.Node, params []*G.Node) (*G.Node, error) {
+// BuildPart is the layer's one part, x W + b, before the activation.
+func (d *Dense) BuildPart(g *G.ExprGraph, i int, x *G.Node, params []*G.Node) (*G.Node, error) {
+	if i != 0 || len(params) != 2 {
+		return nil, fmt.Errorf("%s: part %d with %d parameters; the layer has one part of 2", d.name, i, len(params))
+	}
 	xw, err := G.Mul(x, params[0])
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", d.name, err)

@@ -54,20 +54,35 @@ type Layer interface {
 type Built struct {
 	Out    *G.Node
 	Params []*G.Node
-	// Tap is, for a Splittable layer, the output of its parameterised part: with the
-	// layer's input, its gradient determines every parameter gradient.
-	Tap *G.Node
+	// Parts are, for a Splittable layer, its parameterised parts, in the
+	// order BuildPart numbers them; every parameter is in exactly one.
+	Parts []Part
 }
 
-// Splittable layers can compute their weight gradient apart from their input
-// gradient, as zero-bubble schedules need: the weight gradient of Affine depends
-// only on its input and the gradient of its output, never on forward values, so a
-// program that holds just those two computes it without rerunning the forward.
+// Part is one parameterised part of a layer, Tap = f(In, Params): with In, the
+// gradient of Tap determines the gradient of each of Params. In may be the
+// layer's input or any node of the layer (another part's Tap, or what a
+// parameterless op made of one); parts may share it.
+type Part struct {
+	In, Tap *G.Node
+	Params  []*G.Node
+}
+
+// Splittable layers can compute their weight gradients apart from their input
+// gradient, as zero-bubble schedules need: the parameter gradients of each
+// part (Built.Parts) depend only on its input and the gradient of its tap,
+// never on another part's forward values, so a program that holds just those
+// two per part computes them without rerunning the layer's forward. It
+// rebuilds each part with BuildPart and differentiates it, so BuildPart must
+// add the ops Build added for that part: then the program computes each
+// weight gradient with the ops of the layer's own backward, in the same
+// order, and gives the same bits.
 type Splittable interface {
 	Layer
-	// Affine adds the parameterised part, tap = f(x, params), to g, with params
-	// created by the caller in Build's order and shapes.
-	Affine(g *G.ExprGraph, x *G.Node, params []*G.Node) (*G.Node, error)
+	// BuildPart adds part i of Built.Parts to g again, tap = f(x, params),
+	// with params created by the caller in the shapes and order of that
+	// part's Params.
+	BuildPart(g *G.ExprGraph, i int, x *G.Node, params []*G.Node) (*G.Node, error)
 }
 
 // FreshValues is implemented by layers whose ops must not write into the

@@ -29,7 +29,8 @@
 // PeakInFlight(stage) micro-batches of its layers' scaled ActBytes (rounded
 // up to a byte) and FixedActBytes, where PeakInFlight comes from the schedule: under 1f1b the
 // first stage stashes the most micro-batches, under gpipe every stage stashes
-// all m.
+// all m. A schedule that splits the backward (zb-h1) counts SplitActBytes
+// instead, what a micro-batch keeps until its weight pass.
 //
 // # Data-parallel replicas
 //
@@ -78,6 +79,11 @@ type Layer struct {
 	ParamBytes    int64 // parameters plus optimizer state and gradients
 	OutBytes      int64 // the layer's output for one micro-batch (what crosses a stage boundary)
 	GradBytes     int64 // the layer's gradients: what replicas all-reduce (independent of the micro-batch)
+	// SplitActBytes is what one micro-batch keeps for this layer under a
+	// schedule that splits the backward (a split machine, which holds no
+	// weight-gradient product, and what the weight pass needs), growing
+	// with its size. 0 means ActBytes and FixedActBytes.
+	SplitActBytes int64
 }
 
 // Problem is what Solve plans and Evaluate simulates.
@@ -95,7 +101,8 @@ type Problem struct {
 	OverheadMS float64  // fixed cost per action, not scaling with size (e.g. 0.05)
 	Schedules  []string // schedule names to consider (gpipe, 1f1b, zb-h1); empty = {"1f1b"}
 	// MemoryLimit is the per-stage limit in bytes; 0 = none. Stage memory =
-	// sum ParamBytes + PeakInFlight(stage) * sum (scaled ActBytes + FixedActBytes).
+	// sum ParamBytes + PeakInFlight(stage) * sum (scaled ActBytes + FixedActBytes),
+	// or sum scaled SplitActBytes under a schedule that splits the backward.
 	MemoryLimit int64
 	// A boundary tensor of n bytes costs LatencyMS + n/TransferBytesPerMS
 	// (TransferBytesPerMS 0: latency only).
@@ -338,8 +345,11 @@ type model struct {
 	n                       int
 	f, b, i, w              []float64 // prefix sums of the measured costs, len n+1
 	act, fixed, param, grad []int64   // prefix sums of the bytes, len n+1
-	out                     []float64 // OutBytes per layer
-	fwdBack, fwdInpt        []float64 // prefix sums of F+B and F+I
+	// prefix sums of SplitActBytes (ActBytes where 0) and of FixedActBytes
+	// where SplitActBytes is 0, len n+1
+	splitAct, splitFixed []int64
+	out                  []float64 // OutBytes per layer
+	fwdBack, fwdInpt     []float64 // prefix sums of F+B and F+I
 }
 
 func finite(x float64) bool { return x >= 0 && !math.IsInf(x, 1) && !math.IsNaN(x) }
@@ -369,13 +379,13 @@ func newModel(p Problem) (*model, error) {
 		*s = make([]float64, n+1)
 	}
 	d.act, d.param, d.grad = make([]int64, n+1), make([]int64, n+1), make([]int64, n+1)
-	d.fixed = make([]int64, n+1)
+	d.fixed, d.splitAct, d.splitFixed = make([]int64, n+1), make([]int64, n+1), make([]int64, n+1)
 	const maxBytes = 1 << 53 // keeps every byte count exact in a float64
 	for k, l := range p.Layers {
 		if !finite(l.F) || !finite(l.B) || !finite(l.I) || !finite(l.W) {
 			return nil, fmt.Errorf("plan: layer %d (%s): costs must be finite and >= 0, got F=%v B=%v I=%v W=%v", k, l.Name, l.F, l.B, l.I, l.W)
 		}
-		if l.ActBytes < 0 || l.FixedActBytes < 0 || l.ParamBytes < 0 || l.OutBytes < 0 || l.GradBytes < 0 {
+		if l.ActBytes < 0 || l.FixedActBytes < 0 || l.SplitActBytes < 0 || l.ParamBytes < 0 || l.OutBytes < 0 || l.GradBytes < 0 {
 			return nil, fmt.Errorf("plan: layer %d (%s): byte counts must be >= 0", k, l.Name)
 		}
 		in, wt := l.I, l.W
@@ -395,9 +405,14 @@ func newModel(p Problem) (*model, error) {
 		d.fwdInpt[k+1] = d.fwdInpt[k] + l.F + in
 		d.act[k+1] = d.act[k] + l.ActBytes
 		d.fixed[k+1] = d.fixed[k] + l.FixedActBytes
+		d.splitAct[k+1] = d.splitAct[k] + cmp.Or(l.SplitActBytes, l.ActBytes)
+		d.splitFixed[k+1] = d.splitFixed[k]
+		if l.SplitActBytes == 0 {
+			d.splitFixed[k+1] += l.FixedActBytes
+		}
 		d.param[k+1] = d.param[k] + l.ParamBytes
 		d.grad[k+1] = d.grad[k] + l.GradBytes
-		if d.act[k+1] > maxBytes || d.fixed[k+1] > maxBytes || d.param[k+1] > maxBytes || d.grad[k+1] > maxBytes {
+		if d.act[k+1] > maxBytes || d.fixed[k+1] > maxBytes || d.splitAct[k+1] > maxBytes || d.param[k+1] > maxBytes || d.grad[k+1] > maxBytes {
 			return nil, fmt.Errorf("plan: layer byte counts sum past %d", int64(maxBytes))
 		}
 		d.out[k] = float64(l.OutBytes)
@@ -468,7 +483,11 @@ func (c *candidate) stage(i, j int) cost {
 // memory returns the bytes stage s needs holding layers [i, j), as a float64
 // (exact: byte sums are kept below 2^53).
 func (c *candidate) memory(s, i, j int) float64 {
-	act := math.Ceil(float64(c.act[j]-c.act[i])*c.mbs/float64(c.p.MicroBatch)) + float64(c.fixed[j]-c.fixed[i])
+	sums, fixed := c.act, c.fixed
+	if c.split {
+		sums, fixed = c.splitAct, c.splitFixed
+	}
+	act := math.Ceil(float64(sums[j]-sums[i])*c.mbs/float64(c.p.MicroBatch)) + float64(fixed[j]-fixed[i])
 	mem := float64(c.param[j]-c.param[i]) + float64(c.peak[s])*act
 	if c.p.replicas() > 1 {
 		mem += float64(c.grad[j] - c.grad[i]) // the all-reduce's flat copy

@@ -254,6 +254,37 @@ func TestMemoryLimitExcludesSplits(t *testing.T) {
 	}
 }
 
+// TestSplitScheduleCountsSplitActivations: under zb-h1 a stage is charged its
+// layers' SplitActBytes (what a micro-batch keeps until its weight pass),
+// under 1f1b their ActBytes; a layer without SplitActBytes counts ActBytes
+// under both.
+func TestSplitScheduleCountsSplitActivations(t *testing.T) {
+	p := Problem{Layers: uniform(4, -1), Stages: 2, MicroBatches: 4, Batch: 4, MicroBatch: 1}
+	p.Layers[1].SplitActBytes, p.Layers[3].SplitActBytes = 1000, 500
+	// 1f1b stashes 2 micro-batches on stage 0 and 1 on stage 1, zb-h1 2 on
+	// both (its weight passes keep them longer).
+	for _, c := range []struct {
+		sched string
+		want  []int64
+	}{
+		{"1f1b", []int64{2000 + 2*200, 2000 + 200}},
+		{"zb-h1", []int64{2000 + 2*1100, 2000 + 2*600}},
+	} {
+		p.Schedules = []string{c.sched}
+		pl, err := Solve(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(pl.Boundaries, []int{0, 2}) || !slices.Equal(pl.MemoryBytes, c.want) {
+			t.Errorf("%s: got %v, memory %v; want the even split, memory %v", c.sched, pl.Boundaries, pl.MemoryBytes, c.want)
+		}
+	}
+	p.Layers[0].SplitActBytes = -1
+	if _, err := Solve(p); err == nil || !strings.Contains(err.Error(), "byte counts must be >= 0") {
+		t.Errorf("negative SplitActBytes: %v", err)
+	}
+}
+
 func TestChoosesMicroBatches(t *testing.T) {
 	base := Problem{Layers: uniform(8, 2), Stages: 4, Batch: 32, MicroBatch: 4, OverheadMS: 0.5,
 		Schedules: []string{"gpipe", "1f1b", "zb-h1"}, LatencyMS: 0.2}

@@ -18,14 +18,23 @@ func TestMeasuredMemoryIsPredicted(t *testing.T) {
 		sched  string
 		layers [][]string
 		micro  int
+		gpt    bool
 	}{
-		{"1f1b", plain("0", "1", "2-3"), 5},
-		{"gpipe", plain("0-1", "2-3"), 3},
-		{"zb-h1", plain("0", "1-2", "3"), 4},
-		{"interleaved", [][]string{{"0", "2"}, {"1", "3"}}, 4},
+		{"1f1b", plain("0", "1", "2-3"), 5, false},
+		{"gpipe", plain("0-1", "2-3"), 3, false},
+		{"zb-h1", plain("0", "1-2", "3"), 4, false},
+		{"interleaved", [][]string{{"0", "2"}, {"1", "3"}}, 4, false},
+		{"zb-h1", plain("0-1", "2-4"), 0, true},
 	} {
-		t.Run(tc.sched, func(t *testing.T) {
-			c := testConfig(tc.sched, tc.layers, tc.micro, "float32", "sgd")
+		name := tc.sched
+		if tc.gpt {
+			name = "gpt-" + name
+		}
+		t.Run(name, func(t *testing.T) {
+			c := testConfig(tc.sched, tc.layers, max(tc.micro, 1), "float32", "sgd")
+			if tc.gpt {
+				c = gptConfig(tc.sched, tc.layers, true)
+			}
 			c.Train.Evaluate = false
 			dir := runInProcess(t, c, false)
 			info, events, err := profile.ReadRun(dir)

@@ -79,7 +79,8 @@ func sameRun(t *testing.T, ref, pipe string) {
 }
 
 // TestGPTPipelineEqualsReference trains the GPT, tied and untied, split at
-// different block boundaries and interleaved, against the one-process reference.
+// different block boundaries, interleaved and under zero-bubble, against the
+// one-process reference.
 func TestGPTPipelineEqualsReference(t *testing.T) {
 	cases := []struct {
 		sched  string
@@ -88,14 +89,25 @@ func TestGPTPipelineEqualsReference(t *testing.T) {
 		{"1f1b", plain("0-1", "2-4")},
 		{"gpipe", plain("0", "1-2", "3", "4")},
 		{"interleaved", [][]string{{"0", "2-3"}, {"1", "4"}}},
+		// Zero-bubble: every layer's weight passes run apart from its
+		// input passes, from what those kept.
+		{"zb-h1", plain("0-1", "2-4")},
+		{"zb-h1", plain("0", "1-2", "3", "4")},
 	}
 	for _, tied := range []bool{false, true} {
 		for _, tc := range cases {
 			t.Run(fmt.Sprintf("%s/p%d/tied=%v", tc.sched, len(tc.layers), tied), func(t *testing.T) {
 				cfg := gptConfig(tc.sched, tc.layers, tied)
 				ref := runInProcess(t, cfg, true)
-				pipe := runInProcess(t, cfg, false)
+				pipe, rts := runStages(t, cfg, false)
 				sameRun(t, ref, pipe)
+				for i, rt := range rts {
+					for _, e := range rt.engines {
+						if e.Split != (tc.sched == "zb-h1") {
+							t.Errorf("stage %d's engine for layers [%d, %d): split %v under %s", i, e.First, e.Last, e.Split, tc.sched)
+						}
+					}
+				}
 				ms, _ := ReadMetrics(filepath.Join(pipe, "metrics.jsonl"))
 				if ms[1].Eval == nil || ms[1].Eval.Perplexity <= 1 || math.Abs(ms[1].Eval.Perplexity-math.Exp(ms[1].Eval.Loss)) > 1e-9 {
 					t.Errorf("step 2 has no validation perplexity: %+v", ms[1].Eval)

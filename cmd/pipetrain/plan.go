@@ -166,7 +166,7 @@ func runPlan(w io.Writer, o planOptions) error {
 			return err
 		}
 		prob.Layers = append(prob.Layers, plan.Layer{Name: model.Layers[i].Name(), F: ms(lc.F), B: ms(lc.B), I: ms(lc.I), W: ms(lc.W),
-			ActBytes: lc.StashBytes - lc.StashFixedBytes, FixedActBytes: lc.StashFixedBytes, ParamBytes: lc.ParamBytes, OutBytes: lc.OutBytes, GradBytes: int64(n * size)})
+			ActBytes: lc.StashBytes - lc.StashFixedBytes, FixedActBytes: lc.StashFixedBytes, SplitActBytes: lc.SplitStashBytes, ParamBytes: lc.ParamBytes, OutBytes: lc.OutBytes, GradBytes: int64(n * size)})
 		fmt.Fprintf(w, "  layer %d %-6s F %.3f ms  B %.3f ms  activations %s  parameters+state %s\n", i, model.Layers[i].Name(), ms(lc.F), ms(lc.B), human(lc.StashBytes), human(lc.ParamBytes))
 	}
 	if o.processes > 0 || cfg.Replicas() > 1 {

@@ -32,7 +32,19 @@ stages:
   - {layers: "1-2", address: 127.0.0.1:7002}
 `
 
-// simGPT's layers cannot split their backward: validate and launch refuse zb-h1.
+// simCNN's convolutions cannot split their backward: validate and launch
+// refuse zb-h1.
+const simCNN = `
+model: {name: cnn, input: 64, channels: [2], classes: 3}
+data: {batch_size: 8, micro_batches: 2}
+train: {steps: 1, optimizer: {name: sgd, lr: 0.1}}
+schedule: 1f1b
+stages:
+  - {layers: "0", address: 127.0.0.1:7001}
+  - {layers: "1", address: 127.0.0.1:7002}
+`
+
+// simGPT's layers all split their backward, as the MLP's do.
 const simGPT = `
 model: {name: gpt, layers: 2, width: 16, heads: 2, context: 8, vocab: 256}
 data: {dataset: text, corpus: "go:strings", tokenizer: byte, val_fraction: 0.1, batch_size: 4, micro_batches: 2}
@@ -271,23 +283,24 @@ func TestSimulateMarksUnmeasuredCosts(t *testing.T) {
 
 // TestSimulateRefusesWhatLaunchRefuses: zb-h1 on a model whose layers cannot
 // split its backward is an error when named, and listed as not applicable
-// under --schedule all; the other schedules are simulated.
+// under --schedule all; the other schedules are simulated. The GPT's layers
+// split: zb-h1 is simulated for it.
 func TestSimulateRefusesWhatLaunchRefuses(t *testing.T) {
-	cfg := writeSimConfig(t, simGPT)
+	cfg := writeSimConfig(t, simCNN)
 	out, err := runCommand(t, simulateCmd(), "--config", cfg, "--costs", "f=1,b=2", "--schedule", "1f1b,zb-h1")
 	if err == nil || !strings.Contains(err.Error(), "--schedule zb-h1: not applicable") ||
-		!strings.Contains(err.Error(), "zb-h1 splits the backward into input and weight gradients; layer embed of model gpt cannot") {
-		t.Errorf("zb-h1 named for gpt: got %v\n%s", err, out)
+		!strings.Contains(err.Error(), "zb-h1 splits the backward into input and weight gradients; layer conv0 of model cnn cannot") {
+		t.Errorf("zb-h1 named for cnn: got %v\n%s", err, out)
 	}
 	if strings.Contains(out, "makespan") {
 		t.Errorf("simulated before refusing:\n%s", out)
 	}
 	out, err = runCommand(t, simulateCmd(), "--config", cfg, "--costs", "f=1,b=2")
 	if err != nil {
-		t.Fatalf("--schedule all for gpt: %v\n%s", err, out)
+		t.Fatalf("--schedule all for cnn: %v\n%s", err, out)
 	}
 	if !strings.Contains(out, "\nzb-h1: not applicable here: zb-h1 splits the backward") || strings.Contains(out, "zb-h1: makespan") || !strings.Contains(out, "1f1b: makespan") {
-		t.Errorf("--schedule all for gpt:\n%s", out)
+		t.Errorf("--schedule all for cnn:\n%s", out)
 	}
 	if strings.Contains(out, "(I ") || strings.Contains(out, "* I, W") {
 		t.Errorf("I and W shown for a model that cannot split:\n%s", out)
@@ -302,8 +315,17 @@ func TestSimulateRefusesWhatLaunchRefuses(t *testing.T) {
 	if err := os.WriteFile(grid, []byte(zb.Grid()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := runCommand(t, simulateCmd(), "--config", cfg, "--costs", "f=1,b=2", "--schedule-file", grid); err == nil || !strings.Contains(err.Error(), "layer embed of model gpt cannot") {
-		t.Errorf("split schedule file for gpt: got %v", err)
+	if _, err := runCommand(t, simulateCmd(), "--config", cfg, "--costs", "f=1,b=2", "--schedule-file", grid); err == nil || !strings.Contains(err.Error(), "layer conv0 of model cnn cannot") {
+		t.Errorf("split schedule file for cnn: got %v", err)
+	}
+
+	gpt := writeSimConfig(t, simGPT)
+	out, err = runCommand(t, simulateCmd(), "--config", gpt, "--costs", "f=1,b=2", "--schedule", "1f1b,zb-h1")
+	if err != nil || !strings.Contains(out, "zb-h1: makespan") {
+		t.Errorf("zb-h1 named for gpt: got %v\n%s", err, out)
+	}
+	if _, err := runCommand(t, simulateCmd(), "--config", gpt, "--costs", "f=1,b=2", "--schedule-file", grid); err != nil {
+		t.Errorf("split schedule file for gpt: %v", err)
 	}
 }
 
