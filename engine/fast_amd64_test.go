@@ -9,7 +9,8 @@ import (
 )
 
 // TestVectorKernelsChosen: an amd64 build runs the assembly kernels wherever
-// the CPU has AVX, with or without cgo, so the tests above exercise them.
+// the CPU has AVX, with or without cgo, so TestFastEngineMatchesStandardEngine
+// exercises them.
 func TestVectorKernelsChosen(t *testing.T) {
 	if hasAVX != cpu.X86.HasAVX {
 		t.Fatalf("hasAVX is %v, the CPU's AVX %v", hasAVX, cpu.X86.HasAVX)
