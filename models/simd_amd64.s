@@ -5,8 +5,10 @@
 // The float32 loops of fastmath.go and fused.go, eight lanes at a time. Each
 // lane runs the Go code's IEEE operations in its order: a multiply and an add
 // where Go has them, never a fused multiply-add (the Go compiler fuses none
-// for the amd64 baseline), and the same comparisons for exp's and tanh's
-// special cases. The constants are the Go constants' float32 bits.
+// for the amd64 baseline; built with GOAMD64=v3 it fuses the Go loops', which
+// then differ from these in the last bit), and the same comparisons for
+// exp's and tanh's special cases. The constants are the Go constants'
+// float32 bits.
 
 #define VEC8(name, bits) \
 	DATA name+0(SB)/4, $bits; DATA name+4(SB)/4, $bits; DATA name+8(SB)/4, $bits; DATA name+12(SB)/4, $bits; \
