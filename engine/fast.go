@@ -25,9 +25,6 @@ type fastEngine struct{ tensor.StdEng }
 
 var fast = fastEngine{}
 
-// smallKernel is the size below which a Go loop beats a call into C.
-const smallKernel = 256
-
 // workers is how many goroutines share an elementwise operation of at least
 // parallelMin elements (SetWorkers); 0 or 1: the caller's alone.
 var workers atomic.Int32
@@ -181,8 +178,9 @@ func scalarOf(s interface{}, dt tensor.Dtype) (float64, bool) {
 	return 0, false
 }
 
-// binaryGo is the kernels in Go, for small slices, float64 and machines
-// without AVX.
+// binaryGo is the kernels in Go: for the vector kernels' tails, float64,
+// machines without AVX and builds with -tags nosimd or for other
+// architectures.
 func binaryGo[T float32 | float64](k binaryKernel, dst, a, b []T) {
 	a, b = a[:len(dst)], b[:len(dst)]
 	switch k {

@@ -1,4 +1,4 @@
-//go:build !cgo || !amd64 || nosimd
+//go:build !amd64 || nosimd
 
 package engine
 

@@ -51,7 +51,7 @@ func sameBitsAs(t *testing.T, what string, got, want tensor.Tensor) {
 
 // The vectorised kernels give the standard engine's bits, for every way
 // of returning the result, at sizes on both sides of the vector width and
-// of smallKernel.
+// with every length of tail the Go loop finishes.
 func TestFastEngineMatchesStandardEngine(t *testing.T) {
 	for _, w := range []int{1, 3} { // one goroutine, and large operations shared by three
 		SetWorkers(w)
@@ -64,7 +64,7 @@ func fastMatchesStandard(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	std := tensor.StdEng{}
 	for _, dt := range []tensor.Dtype{tensor.Float32, tensor.Float64} {
-		for _, n := range []int{1, 7, 8, 9, smallKernel - 1, smallKernel, smallKernel + 13, 4099, parallelMin + 13} {
+		for _, n := range []int{1, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 255, 256, 269, 4099, parallelMin + 13} {
 			a, b := randomWithSpecials(r, dt, n), randomWithSpecials(r, dt, n)
 			for _, op := range []struct {
 				name      string

@@ -106,13 +106,29 @@ func BenchmarkExp32Slice(b *testing.B) {
 }
 
 // TestFusedKernelsMatchGoLoops: the float32 kernels of the fused ops (vector
-// ones where built) give the Go loops' bits, on odd widths and lengths.
+// ones where built) give the Go loops' bits, on odd widths and lengths, with
+// special values (NaN, ±Inf, ±0, GELU's tanh saturated) among the inputs,
+// and into outputs holding garbage.
 func TestFusedKernelsMatchGoLoops(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
+	// NaNs of several payloads, so that where both operands of an
+	// operation are NaNs the result tells which one came first.
+	specials := []float32{float32(math.NaN()), math.Float32frombits(0x7fc00123), math.Float32frombits(0xffc00456),
+		float32(math.Inf(1)), float32(math.Inf(-1)), 0, float32(math.Copysign(0, -1)), 1e-40, 30, -30, 1e20, -1e20}
 	vec := func(n int, sd float64) []float32 {
 		v := make([]float32, n)
 		for i := range v {
 			v[i] = float32(r.NormFloat64() * sd)
+			if r.IntN(4) == 0 {
+				v[i] = specials[r.IntN(len(specials))]
+			}
+		}
+		return v
+	}
+	garbage := func(n int) []float32 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(math.NaN())
 		}
 		return v
 	}
@@ -120,18 +136,18 @@ func TestFusedKernelsMatchGoLoops(t *testing.T) {
 		t.Helper()
 		for i := range want {
 			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-				t.Fatalf("%s: element %d is %v, the Go loop's %v", name, i, got[i], want[i])
+				t.Fatalf("%s: element %d is %v (%#x), the Go loop's %v (%#x)", name, i, got[i], math.Float32bits(got[i]), want[i], math.Float32bits(want[i]))
 			}
 		}
 	}
-	for _, shape := range [][2]int{{1, 1}, {3, 7}, {9, 64}, {33, 13}, {128, 256}} {
+	for _, shape := range [][2]int{{1, 1}, {3, 7}, {2, 8}, {9, 64}, {33, 13}, {5, 17}, {128, 256}, {0, 5}} {
 		n, d := shape[0], shape[1]
 		x, b, dy := vec(n*d, 4), vec(d, 1), vec(n*d, 1)
-		got, want := make([]float32, n*d), make([]float32, n*d)
+		got, want := garbage(n*d), garbage(n*d)
 		addRows32(got, x, b, d)
 		addRowsGo(want, x, b, d)
 		same("add rows", got, want)
-		gs, ws := make([]float32, d), make([]float32, d)
+		gs, ws := garbage(d), garbage(d)
 		colSum32(gs, x, d)
 		colSumGo(ws, x, d)
 		same("column sums", gs, ws)
@@ -145,20 +161,37 @@ func TestFusedKernelsMatchGoLoops(t *testing.T) {
 }
 
 // TestCausalSoftmaxMatchesGoLoop: the float32 causal softmax (vector where
-// built) gives the Go loop's bits, for block sizes with and without a tail.
+// built) gives the Go loop's bits, for block sizes with and without a tail,
+// and on rows holding the values its maximum, exp and sum could get wrong:
+// NaN (whose bits depend on the order of the maximum), ±0, ±Inf, and scores
+// far enough apart for exp to underflow.
 func TestCausalSoftmaxMatchesGoLoop(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 8))
-	for _, n := range []int{1, 3, 5, 16, 64} {
-		p := make([]float32, n*n)
-		for i := range p {
-			p[i] = float32(r.NormFloat64() * 5)
-		}
-		got, want := append([]float32(nil), p...), append([]float32(nil), p...)
-		causalSoftmax32(got, n)
-		causalSoftmaxGo(want, n)
-		for i := range want {
-			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-				t.Fatalf("t=%d element %d: %v, the Go loop's %v", n, i, got[i], want[i])
+	nan := math.Float32frombits(0x7fc00001)
+	specials := []float32{float32(math.NaN()), nan, -nan, 0, float32(math.Copysign(0, -1)),
+		float32(math.Inf(1)), float32(math.Inf(-1)), 1e4, -1e4, 1e-40}
+	for _, n := range []int{1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 33, 64, 65} {
+		for _, special := range []bool{false, true} {
+			p := make([]float32, n*n)
+			for i := range p {
+				p[i] = float32(r.NormFloat64() * 5)
+				if special && r.IntN(8) == 0 {
+					p[i] = specials[r.IntN(len(specials))]
+				}
+			}
+			if special && n > 2 {
+				// Rows of zeros of both signs, their maximum ±0.
+				for j := range n {
+					p[2*n+j] = float32(math.Copysign(0, float64(j%2)-0.5))
+				}
+			}
+			got, want := append([]float32(nil), p...), append([]float32(nil), p...)
+			causalSoftmax32(got, n)
+			causalSoftmaxGo(want, n)
+			for i := range want {
+				if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+					t.Fatalf("t=%d element %d (%v in): %v (%#x), the Go loop's %v (%#x)", n, i, p[i], got[i], math.Float32bits(got[i]), want[i], math.Float32bits(want[i]))
+				}
 			}
 		}
 	}

@@ -402,7 +402,7 @@ func (o *ops) gelu(x *G.Node) *G.Node {
 }
 
 // The fused ops' loops in Go: for float64, and for float32 where the
-// vector kernels (simd_amd64.go) are not built or the CPU lacks AVX2; those
+// vector kernels (simd_amd64.s) are not built or the CPU lacks AVX2; those
 // compute these loops' bits.
 
 // addRowsGo sets out[r·d+j] = x[r·d+j] + b[j].

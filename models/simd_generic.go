@@ -1,4 +1,4 @@
-//go:build !cgo || !amd64 || nosimd
+//go:build !amd64 || nosimd
 
 package models
 
@@ -23,5 +23,5 @@ func geluGrad32(out, x, dy []float32)      { geluGradGo(out, x, dy) }
 func causalSoftmax32(p []float32, t int)   { causalSoftmaxGo(p, t) }
 
 // Kernels names the float32 loops this process runs: the Go loops, this
-// build having no vector kernels (cgo off, not amd64, or -tags nosimd).
+// build having no vector kernels (not amd64, or -tags nosimd).
 func Kernels() string { return "go (built without the vector kernels)" }

@@ -96,8 +96,8 @@ func (t *Tensor) Widen() error {
 	return nil
 }
 
-// encodeHalves is the Go cast of vals to dt (BFloat16 or Float16), for small
-// tensors and for builds or CPUs without the vector casts.
+// encodeHalves is the Go cast of vals to dt (BFloat16 or Float16), for builds
+// or CPUs without the vector casts.
 func encodeHalves(dt DType, vals []float32, halves []uint16) {
 	if dt == BFloat16 {
 		for i, v := range vals {

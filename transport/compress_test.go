@@ -166,11 +166,9 @@ func BenchmarkCast(b *testing.B) {
 
 // TestSIMDCastsMatchGo: the vector casts give the Go conversions' bits, NaNs
 // included, for float32s of every sign and exponent with the mantissa patterns
-// around each rounding boundary, and for every 16-bit value decoded.
+// around each rounding boundary, and for every 16-bit value decoded; and so do
+// their one-at-a-time tails, at every length and alignment of a tail.
 func TestSIMDCastsMatchGo(t *testing.T) {
-	if !simdCasts {
-		t.Skipf("this build or CPU has no vector casts (%s)", CastsUsed())
-	}
 	r := rand.New(rand.NewPCG(7, 8))
 	var vals []float32
 	for sign := uint32(0); sign < 2; sign++ {
@@ -182,33 +180,65 @@ func TestSIMDCastsMatchGo(t *testing.T) {
 			}
 		}
 	}
-	halves := make([]uint16, len(vals))
+	all := make([]uint16, 1<<16)
+	for h := range all {
+		all[h] = uint16(h)
+	}
+	ran := false
 	for _, c := range []struct {
 		dt  DType
 		enc func(float32) uint16
 		dec func(uint16) float32
 	}{{Float16, toFloat16, fromFloat16}, {BFloat16, toBFloat16, fromBFloat16}} {
-		if !encodeHalvesSIMD(c.dt, vals, halves) {
-			t.Fatal("vector encode not taken")
+		if !vectorCasts(c.dt) {
+			t.Logf("%s: no vector casts in this build or on this CPU (%s)", c.dt, CastsUsed())
+			continue
 		}
-		for i, v := range vals {
-			if want := c.enc(v); halves[i] != want {
-				t.Fatalf("%s: %#08x encoded %#04x, Go %#04x", c.dt, math.Float32bits(v), halves[i], want)
+		ran = true
+		encode := func(vals []float32) {
+			t.Helper()
+			halves := make([]uint16, len(vals))
+			if !encodeHalvesSIMD(c.dt, vals, halves) {
+				t.Fatalf("%s: vector encode of %d values not taken", c.dt, len(vals))
+			}
+			for i, v := range vals {
+				if want := c.enc(v); halves[i] != want {
+					t.Fatalf("%s: %#08x (%d of %d) encoded %#04x, Go %#04x", c.dt, math.Float32bits(v), i, len(vals), halves[i], want)
+				}
 			}
 		}
-		all := make([]uint16, 1<<16)
-		for h := range all {
-			all[h] = uint16(h)
-		}
-		got := make([]float32, len(all))
-		if !decodeHalvesSIMD(c.dt, all, got) {
-			t.Fatal("vector decode not taken")
-		}
-		for h, g := range got {
-			if want := c.dec(uint16(h)); math.Float32bits(g) != math.Float32bits(want) {
-				t.Fatalf("%s: %#04x decoded %#08x, Go %#08x", c.dt, h, math.Float32bits(g), math.Float32bits(want))
+		decode := func(halves []uint16) {
+			t.Helper()
+			got := make([]float32, len(halves))
+			if !decodeHalvesSIMD(c.dt, halves, got) {
+				t.Fatalf("%s: vector decode of %d values not taken", c.dt, len(halves))
+			}
+			for i, g := range got {
+				if want := c.dec(halves[i]); math.Float32bits(g) != math.Float32bits(want) {
+					t.Fatalf("%s: %#04x (%d of %d) decoded %#08x, Go %#08x", c.dt, halves[i], i, len(halves), math.Float32bits(g), math.Float32bits(want))
+				}
 			}
 		}
+		encode(vals)
+		decode(all)
+		// Tails: zeros, subnormals, the edges of float16's range, infinities
+		// and NaNs of both signs, from every start within a block of 8.
+		for off := range 9 {
+			for n := 1; n <= 25; n++ {
+				for _, exp := range []int{0, 1, 102, 103, 112, 113, 142, 143, 254, 255} {
+					for sign := range 2 {
+						from := (sign*256+exp)*7*1024 + off
+						encode(vals[from : from+n])
+					}
+				}
+				for _, h := range []int{0, 0x0400, 0x7c00, 0x7f80, 0x8000, 0xfc00, 0xff80} {
+					decode(all[h+off : h+off+n])
+				}
+			}
+		}
+	}
+	if !ran {
+		t.Skipf("this build or CPU has no vector casts (%s)", CastsUsed())
 	}
 }
 

@@ -1,10 +1,11 @@
-//go:build !cgo || !amd64 || nosimd
+//go:build !amd64 || nosimd
 
 package transport
 
-// Without cgo on amd64 the casts are the Go loops of compress.go.
+// Without the amd64 assembly (another architecture, or -tags nosimd) the
+// casts are the Go loops of compress.go.
 
-const simdCasts = false
+func vectorCasts(DType) bool { return false }
 
 // CastsUsed names the casts this binary uses: the Go loops.
 func CastsUsed() string { return "go" }

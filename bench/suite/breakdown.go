@@ -462,7 +462,7 @@ func frameCat(f string) int {
 		return false
 	}
 	switch {
-	case has("cblas_", "netlib.Implementation.", "gonum.org/v1/gonum/blas", "tensor.StdEng.MatMul", "tensor.StdEng.MatVecMul", "tensor.StdEng.Outer", "tensor.StdEng.Inner"):
+	case has("cblas_", "sgemm_", "dgemm_", "pipetrain/internal/blas.", "gonum.org/v1/gonum/blas", "tensor.StdEng.MatMul", "tensor.StdEng.MatVecMul", "tensor.StdEng.Outer", "tensor.StdEng.Inner"):
 		return catProducts
 	case prefix("gorgonia.org/tensor/internal/execution.") && has("Reduce", ".Sum", "Max", "Min"),
 		prefix("gorgonia.org/vecf32.Sum", "gorgonia.org/vecf64.Sum", "gorgonia.org/vecf32.Max", "gorgonia.org/vecf64.Max"):
@@ -516,7 +516,7 @@ func writeBreakdown(o *options, b *bytes.Buffer, rows []*bdRow, target float64) 
 		"CPU / step is the process's step samples over its steps: more than the step where the garbage collector works on the other core, "+
 		"less where a stage waits for its peer.\n\n", bdStageMB, target, profileHz)
 	fmt.Fprintf(b, "`go tool pprof -traces` gives each sample's stack; the first frame from the leaf upward that names a category decides. "+
-		"**products**: the sgemm calls (`cblas_sgemm` under `tensor.StdEng.MatMul`, the C time under `runtime.cgocall` included); "+
+		"**products**: the sgemm calls (OpenBLAS's `sgemm_` under `tensor.StdEng.MatMul`, called through purego, the C time under `runtime.cgocall` included); "+
 		"**elementwise**: gorgonia's kernels (`tensor/internal/execution`, `vecf32`: bias adds, ReLU and its mask, the adds that sum each micro-batch's weight gradients into the parameters'), "+
 		"softmax, and pipetrain's own kernels where the engine has them; "+
 		"**reductions**: sums (an elementwise kernel under `StdEng.Sum`/`reduce` counts here); "+

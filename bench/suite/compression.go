@@ -191,5 +191,5 @@ func castsText() string {
 	if c := transport.CastsUsed(); c != "go" {
 		return c + " vector instructions, chosen at run time, the Go loops giving the same bits elsewhere"
 	}
-	return "the Go loops (no cgo, or a CPU without AVX2 and F16C)"
+	return "the Go loops (-tags nosimd, not amd64, or a CPU without AVX2 and F16C)"
 }
