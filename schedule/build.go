@@ -10,12 +10,14 @@ import (
 // (Grid, WriteCSV, WriteYAML), read back (ParseGrid, Load), checked (Check)
 // and simulated (Simulate) the same way whether it came from Build or from a
 // user's file. Chunks is the number of chunks (virtual stages) per stage, 1
-// unless the schedule interleaves.
+// unless the schedule interleaves, and Placement says which model stage each
+// chunk holds (Loop, the zero value, unless the schedule is V-shaped).
 type Schedule struct {
 	Name         string
 	Stages       int
 	MicroBatches int
 	Chunks       int
+	Placement    Placement
 	Actions      [][]Action
 }
 

@@ -1266,7 +1266,7 @@ func TestLoadErrors(t *testing.T) {
 		{"yaml", "- 0F0\n", `yaml line 1, column 1: want a mapping with a "stages" key`},
 		{"yaml", "name: x\n", `yaml line 1, column 1: missing key "stages"`},
 		{"yaml", "name: [x]\nstages: []\n", `yaml line 1, column 7: want the schedule's name as a string`},
-		{"yaml", "stage: [[0F0]]\n", `yaml line 1, column 1: unknown key "stage" (want name, stages)`},
+		{"yaml", "stage: [[0F0]]\n", `yaml line 1, column 1: unknown key "stage" (want name, placement, stages)`},
 		{"yaml", "stages: 3\n", `yaml line 1, column 9: want "stages" to be a list of lists of actions, one per stage`},
 		{"yaml", "stages: []\n", `yaml line 1, column 9: no stages found`},
 		{"yaml", "stages:\n  - 0F0\n", `yaml line 2, column 5: want stage 0's list of actions`},

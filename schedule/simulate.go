@@ -181,12 +181,12 @@ func nonNegative(x float64) bool { return x >= 0 && !math.IsInf(x, 1) }
 // forward, or its input-gradient pass), then the input from the neighbouring
 // model stage.
 func (x *index) deps(a Action) []Action {
-	ms, last := a.ModelStage(x.p), x.p*x.v-1
+	ms, last := x.t.ModelStageOf(a), x.p*x.v-1
 	var out []Action
 	switch a.Kind {
 	case Forward:
 		if ms > 0 {
-			out = append(out, a.onModelStage(Forward, ms-1, x.p))
+			out = append(out, x.t.on(a, Forward, ms-1))
 		}
 	case Backward, Input:
 		f := a
