@@ -190,3 +190,24 @@ func (t *Timeline) Text(slot float64) string {
 	}
 	return b.String()
 }
+
+// GridPlacement returns the placement a grid (compute-only or lowered)
+// names, Loop when it names none, reading no further than its first stage
+// line.
+func GridPlacement(text string) (Placement, error) {
+	for n, line := range strings.Split(text, "\n") {
+		trimmed := strings.TrimSpace(line)
+		if trimmed == "" || strings.HasPrefix(trimmed, "#") {
+			continue
+		}
+		pl, ok, err := parsePlacementLine(line)
+		if err != nil {
+			return Loop, fmt.Errorf("line %d: %w", n+1, err)
+		}
+		if !ok {
+			break
+		}
+		return pl, nil
+	}
+	return Loop, nil
+}
