@@ -1,0 +1,182 @@
+package stages
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pipetrain/pipetrain/checkpoint"
+	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/profile"
+	"github.com/pipetrain/pipetrain/schedule"
+)
+
+// zbvLayers places layers [0, 2p) in a V: stage s holds layer s on chunk 0
+// and layer 2p-1-s on chunk 1.
+func zbvLayers(p int) [][]string {
+	out := make([][]string, p)
+	for s := range out {
+		out[s] = []string{fmt.Sprint(s), fmt.Sprint(2*p - 1 - s)}
+	}
+	return out
+}
+
+// TestZBVEqualsReference: zb-v, whose forward runs down the stages and back
+// up, hands each micro-batch from chunk to chunk on the last stage and
+// computes the loss on stage 0, trains bit for bit the model one runtime
+// trains, for p = 2, 3, 4 and several m, with both optimizers; its
+// evaluation passes down and up the V too.
+func TestZBVEqualsReference(t *testing.T) {
+	cases := []struct {
+		layers [][]string
+		micro  []int
+	}{
+		{zbvLayers(2), []int{3, 4, 6}},
+		{[][]string{{"0-1", "5"}, {"2", "3-4"}}, []int{3}}, // uneven chunks
+		{zbvLayers(3), []int{4, 5, 6}},
+		{zbvLayers(4), []int{6, 8}},
+	}
+	for _, c := range cases {
+		for _, micro := range c.micro {
+			for _, opt := range []string{"adam", "sgd"} {
+				t.Run(fmt.Sprintf("p%d/m%d/%v/%s", len(c.layers), micro, c.layers, opt), func(t *testing.T) {
+					cfg := testConfig("zb-v", c.layers, micro, "float64", opt)
+					ref := runInProcess(t, cfg, true)
+					pipe := runInProcess(t, cfg, false)
+					sameZBVRun(t, cfg, ref, pipe)
+				})
+			}
+		}
+	}
+}
+
+// sameZBVRun compares a zb-v run with the reference's: evaluation, weights
+// and every step's loss, which stage 0 logs.
+func sameZBVRun(t *testing.T, cfg *configs.Config, ref, pipe string) {
+	t.Helper()
+	sameFile(t, filepath.Join(ref, "eval.json"), filepath.Join(pipe, "eval.json"))
+	wr, wp := readWeights(t, ref), readWeights(t, pipe)
+	if want := 2 * (len(cfg.Model.Hidden) + 1); len(wr) != want || len(wp) != len(wr) {
+		t.Fatalf("reference has %d tensors, pipeline %d, model %d", len(wr), len(wp), want)
+	}
+	if err := checkpoint.Diff(wr, wp); err != nil {
+		t.Fatalf("reference and pipeline weights differ: %v", err)
+	}
+	lr, lp := readLosses(t, ref), readLosses(t, pipe)
+	if len(lr) != cfg.Train.Steps || fmt.Sprint(lr) != fmt.Sprint(lp) {
+		t.Errorf("losses differ:\nreference %v\npipeline  %v", lr, lp)
+	}
+	for _, f := range Outputs(cfg, 0, 0) {
+		if _, err := os.Stat(filepath.Join(pipe, f)); err != nil {
+			t.Errorf("stage 0 computes the loss, but %v", err)
+		}
+	}
+}
+
+// TestZBVStashAndLinks: each zb-v stage holds what the schedule's
+// PeakInFlight says (its two chunks together), every stage's activations
+// leave on the link the V takes, and no stage but stage 0 logs losses.
+func TestZBVStashAndLinks(t *testing.T) {
+	cfg := testConfig("zb-v", zbvLayers(4), 8, "float32", "adam")
+	dir, rts := runStages(t, cfg, false)
+	_, events, err := profile.ReadRun(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sched, err := schedule.Build("zb-v", 4, 8, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := sched.PeakInFlight()
+	for s, evs := range events {
+		peak := 0
+		for _, e := range evs {
+			peak = max(peak, e.Stashed)
+		}
+		if peak != want[s] || peak != 2*4 {
+			t.Errorf("stage %d: peak stash %d chunks, schedule says %d", s, peak, want[s])
+		}
+	}
+	for s, rt := range rts {
+		if (rt.prev != nil) != (s > 0) || (rt.next != nil) != (s < 3) {
+			t.Errorf("stage %d: links prev %v next %v; a V links neighbours only", s, rt.prev != nil, rt.next != nil)
+		}
+		if rt.holdsLoss() != (s == 0) || rt.holdsFirst() != (s == 0) {
+			t.Errorf("stage %d: holds the loss %v, the data %v", s, rt.holdsLoss(), rt.holdsFirst())
+		}
+	}
+	if NeedsRing(cfg, rts[0].layout.Model) {
+		t.Error("a V needs no ring")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "metrics.jsonl")); err != nil {
+		t.Errorf("stage 0 logs the losses: %v", err)
+	}
+	for s := range 4 {
+		if got, wantAt := len(LinkShapes(cfg, rts[s].layout.Model, s)), map[bool]int{true: 2, false: 0}[s < 3]; got != wantAt {
+			t.Errorf("the link stage %d dials carries %d tags, want %d (chunk 0 down, chunk 1 up)", s, got, wantAt)
+		}
+	}
+}
+
+// TestZBVOverGRPC runs zb-v's stages in this process over gRPC links on
+// 127.0.0.1, connected as pipetrain stage connects them (handshakes
+// included): the V's two directions share each link, and the run equals the
+// reference bit for bit.
+func TestZBVOverGRPC(t *testing.T) {
+	cfg := testConfig("zb-v", zbvLayers(3), 5, "float64", "adam")
+	p := len(cfg.Stages)
+	listeners := make([]net.Listener, p)
+	for i := range listeners {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		listeners[i] = lis
+		cfg.Stages[i].Address = lis.Addr().String()
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	pipe := t.TempDir()
+	train, test := synthetic(96, 8, 3, 1), synthetic(30, 8, 3, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	errs := make([]error, p)
+	var wg sync.WaitGroup
+	for i := range p {
+		wg.Go(func() {
+			errs[i] = func() error {
+				l, err := NewLayout(cfg, i)
+				if err != nil {
+					return err
+				}
+				l.Listener = listeners[i]
+				links, err := Connect(ctx, l)
+				if err != nil {
+					return err
+				}
+				defer links.Close()
+				rt, err := New(Options{Layout: l, Config: cfg, Stage: i, RunDir: pipe, Prev: links.Prev, Next: links.Next, Train: train, Test: test})
+				if err != nil {
+					return err
+				}
+				return rt.Run(ctx)
+			}()
+			if errs[i] != nil {
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("stage %d: %v", i, err)
+		}
+	}
+	sameZBVRun(t, cfg, runInProcess(t, cfg, true), pipe)
+}
