@@ -84,9 +84,28 @@ func sameZBVRun(t *testing.T, cfg *configs.Config, ref, pipe string) {
 func TestZBVStashAndLinks(t *testing.T) {
 	cfg := testConfig("zb-v", zbvLayers(4), 8, "float32", "adam")
 	dir, rts := runStages(t, cfg, false)
-	_, events, err := profile.ReadRun(dir)
+	info, events, err := profile.ReadRun(dir)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if info.Placement != "v" || profile.RunPlacement(info) != schedule.V {
+		t.Errorf("run.json placement %q", info.Placement)
+	}
+	// The profile pairs the V's messages: three links, no ring, each
+	// carrying chunk 0's activations and chunk 1's gradients down, the
+	// others up, m of each a step; the turn's hand-offs use no link.
+	rep, err := profile.Analyse(info, events, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Links) != 3 {
+		t.Fatalf("%d links, want 3", len(rep.Links))
+	}
+	for i, l := range rep.Links {
+		want := 2 * 8 * rep.StepsAnalysed
+		if l.Ring || l.From != i || l.To != i+1 || l.Down.Messages != want || l.Up.Messages != want {
+			t.Errorf("link %d: %+v, want %d messages each way", i, l, want)
+		}
 	}
 	sched, err := schedule.Build("zb-v", 4, 8, 2)
 	if err != nil {

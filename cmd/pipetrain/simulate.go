@@ -182,7 +182,7 @@ func runSimulate(w io.Writer, o simulateOptions) error {
 			fmt.Fprintf(w, "\n%s: not applicable here: %s\n", p.name, p.skip)
 			continue
 		}
-		tl, err := simulateOne(w, p.sched, repl.costs(costs.Costs, p.sched.Chunks), stash, o.svg, o.lowered, len(model.Tied), repl)
+		tl, err := simulateOne(w, p.sched, repl.costs(costs.Costs, p.sched.Chunks), chunkStash(stash, cfg.VirtualStages, p.sched.Chunks), o.svg, o.lowered, len(model.Tied), repl)
 		if err != nil {
 			return err
 		}
@@ -207,6 +207,22 @@ func runSimulate(w io.Writer, o simulateOptions) error {
 	}
 	fmt.Fprintf(w, "\n%s\n", zbVerdict(zb, oneF, costs))
 	return nil
+}
+
+// chunkStash turns the config's stash per chunk (engine.StashBytes, each of
+// its stages' layers over its chunks) into a schedule's: a schedule with
+// other chunks than the config's (interleaved or zb-v as a what-if) spreads a
+// stage's layers, and so its activations, over its own chunks. Without that a
+// what-if on two chunks would count each chunk a whole stage's activations.
+func chunkStash(stash []int64, configChunks, chunks int) []int64 {
+	if configChunks == chunks {
+		return stash
+	}
+	out := make([]int64, len(stash))
+	for s, b := range stash {
+		out[s] = b * int64(configChunks) / int64(chunks)
+	}
+	return out
 }
 
 // simulationPlan resolves --schedule and --schedule-file into the schedules to
@@ -248,8 +264,11 @@ func simulationPlan(cfg *configs.Config, model *models.Model, o simulateOptions)
 	var out []planned
 	for _, name := range names {
 		v := 1
-		if name == "interleaved" {
+		switch name {
+		case "interleaved":
 			v = max(2, cfg.VirtualStages)
+		case "zb-v":
+			v = 2
 		}
 		s, err := schedule.Build(name, p, m, v)
 		if err == nil {
