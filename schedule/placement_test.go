@@ -441,3 +441,56 @@ func TestGoldenZBV(t *testing.T) {
 		t.Errorf("bubble %v, want %v", got, want)
 	}
 }
+
+// TestChunkCosts: per-chunk costs replace the stage's v-th share chunk by
+// chunk: halves of the stage's costs play exactly as the stage's costs do,
+// uneven chunks make each stage as busy as its chunks add up to, and
+// malformed entries are refused.
+func TestChunkCosts(t *testing.T) {
+	s := mustBuild(t, "zb-v", 3, 5, 2)
+	even := UniformCosts(3, 1, 2, 0.25)
+	even.Chunks = make([][]ChunkCost, 3)
+	for st := range even.Chunks {
+		even.Chunks[st] = []ChunkCost{{0.5, 1, 0.5, 0.5}, {0.5, 1, 0.5, 0.5}}
+	}
+	want, err := Simulate(s, UniformCosts(3, 1, 2, 0.25))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Simulate(s, even)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("halves: makespan %v, the stage's costs give %v", got.Makespan, want.Makespan)
+	}
+	uneven := even
+	uneven.Chunks = [][]ChunkCost{{{1, 2, 1, 1}, {0.25, 0.5, 0.25, 0.25}}, {{0.5, 1, 0.5, 0.5}, {0.5, 1, 0.5, 0.5}}, {{0.1, 0.2, 0.1, 0.1}, {2, 4, 2, 2}}}
+	tl, err := Simulate(s, uneven)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for st, chunks := range uneven.Chunks {
+		busy := 5 * (chunks[0].F + chunks[0].I + chunks[0].W + chunks[1].F + chunks[1].I + chunks[1].W)
+		if math.Abs(tl.Busy[st]-busy) > 1e-9 {
+			t.Errorf("stage %d busy %v, want %v", st, tl.Busy[st], busy)
+		}
+	}
+	if tl.Makespan <= want.Makespan {
+		t.Errorf("uneven chunks (stage 2's second three times a half) take %v, no longer than even ones' %v", tl.Makespan, want.Makespan)
+	}
+	for _, tc := range []struct {
+		chunks [][]ChunkCost
+		want   string
+	}{
+		{uneven.Chunks[:2], "costs have 2 per-chunk entries, want 3 (one per stage, or none)"},
+		{[][]ChunkCost{uneven.Chunks[0], uneven.Chunks[1], uneven.Chunks[2][:1]}, "stage 2: costs have 1 per-chunk entries, want one per chunk, 2"},
+		{[][]ChunkCost{uneven.Chunks[0], {{-1, 1, 1, 1}, {1, 1, 1, 1}}, uneven.Chunks[2]}, "stage 1 chunk 0: costs must be finite and >= 0"},
+	} {
+		bad := even
+		bad.Chunks = tc.chunks
+		if _, err := Simulate(s, bad); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Simulate: %v, want %q", err, tc.want)
+		}
+	}
+}
