@@ -50,3 +50,48 @@ func TestSimulateZBV(t *testing.T) {
 		t.Errorf("stage 0's peak stash: zb-v %v chunks, 1f1b %v micro-batches; want the same bytes\n%s", got["zb-v"], got["1f1b"], plain)
 	}
 }
+
+// planZBV is a six-layer MLP under zb-v on two stages: stage 0 holds layer
+// 0 and layer 5, stage 1 layers 1-2 and 3-4.
+const planZBV = `
+name: tinyv
+model: {name: mlp, input: 8, hidden: [6, 5, 4, 6, 5], classes: 3}
+data: {batch_size: 16, micro_batches: 4}
+train: {steps: 5, optimizer: {name: sgd, lr: 0.1}}
+schedule: zb-v
+virtual_stages: 2
+stages:
+  - {layers: ["0", "5"], address: 127.0.0.1:7001}
+  - {layers: ["1-2", "3-4"], address: 127.0.0.1:7002}
+`
+
+// TestPlanZBV: plan takes a zb-v config, evaluates its V split, and when
+// asked for zb-v alone writes a V: each stage's two ranges in V order and
+// virtual_stages 2, a config that loads; asked for a one-chunk schedule it
+// writes one range per stage and drops virtual_stages.
+func TestPlanZBV(t *testing.T) {
+	out, c, err := runPlanned(t, planZBV, "--schedules", "zb-v", "--micro-batches", "4")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if !strings.Contains(out, "\nnow:  layers [0, 5] | [1-2, 3-4], zb-v, 4 micro-batches: ") {
+		t.Errorf("no evaluation of the config's V:\n%s", out)
+	}
+	if !regexp.MustCompile(`\nplan: layers \[\d+(-\d+)?, \d+(-\d+)?\] \| \[\d+(-\d+)?, \d+(-\d+)?\], zb-v, 4 micro-batches: `).MatchString(out) {
+		t.Errorf("the plan is not a V:\n%s", out)
+	}
+	if c.Schedule != "zb-v" || c.VirtualStages != 2 || len(c.Stages) != 2 || len(c.Stages[0].Layers) != 2 || c.LossStage() != 0 {
+		t.Fatalf("planned config: schedule %s, virtual_stages %d, stages %+v", c.Schedule, c.VirtualStages, c.Stages)
+	}
+	out, c, err = runPlanned(t, planZBV, "--schedules", "1f1b", "--micro-batches", "4")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if c.Schedule != "1f1b" || c.VirtualStages != 1 || len(c.Stages[0].Layers) != 1 {
+		t.Errorf("planned config: schedule %s, virtual_stages %d, stages %+v", c.Schedule, c.VirtualStages, c.Stages)
+	}
+	interleaved := strings.NewReplacer("schedule: zb-v", "schedule: interleaved", `["0", "5"]`, `["0", "3"]`, `["1-2", "3-4"]`, `["1-2", "4-5"]`).Replace(planZBV)
+	if out, _, err := runPlanned(t, interleaved); err == nil || !strings.Contains(err.Error(), "this config interleaves virtual stages") {
+		t.Errorf("an interleaved config: %v\n%s", err, out)
+	}
+}
