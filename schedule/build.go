@@ -382,10 +382,11 @@ func zbH1(p, m, v int) ([][]Action, error) {
 //     each followed by chunk 0's oldest deferred weight pass; then chunk 1's
 //     deferred weight passes and chunk 0's last ones.
 //
-// Forwards of chunk 0 run ahead of chunk 1's by 2p-s-1 micro-batches at the
-// start, so chunk 0 holds at most min(m, 2p-1-s) micro-batches and chunk 1
-// min(m, s+1) (each released by its weight pass): min(m, 2p-1-s) + min(m,
-// s+1) chunks, 2p on every stage once m >= 2p-1.
+// Chunk 0's forwards run ahead of chunk 1's by up to 2p-1-s micro-batches,
+// and each is held until its weight pass: the stage holds at most
+// min(m, 2p-1-s) + min(m, s+1) micro-batch chunks at once, 2p on every stage
+// once m >= 2p-1 (chunk 0 alone reaches min(m, 2p-s), chunk 1 min(m, s+1),
+// but not at the same time).
 func zbVStage(s, p, m, v int) []Action {
 	n := max(m, 2*p-1)
 	out := make([]Action, 0, 6*m)

@@ -384,25 +384,26 @@ func TestZBVBeatsZBH1(t *testing.T) {
 }
 
 // TestZBVBelowMinimum: the sizes Build refuses are those where the
-// construction cannot meet the bound: one micro-batch fewer than the
-// minimum makes the step longer than 3m + (p-1)/2.
+// construction cannot meet the bound: with m below 3p/2 (rounded down) its
+// step is 3p-1-2m half-units longer than 3m + (p-1)/2.
 func TestZBVBelowMinimum(t *testing.T) {
 	for p := 2; p <= 16; p++ {
-		m := 3*p/2 - 1
-		actions, err := perStage(zbVStage)(p, m, 2)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s := &Schedule{Stages: p, MicroBatches: m, Chunks: 2, Placement: V, Actions: actions}
-		tl, err := Simulate(s, UniformCosts(p, 1, 2, 0))
-		if err != nil {
-			t.Fatalf("p=%d m=%d: %v", p, m, err)
-		}
-		if bound := float64(3*m) + float64(p-1)/2; !(tl.Makespan > bound) {
-			t.Errorf("p=%d m=%d: makespan %v meets the bound %v; the minimum could be lower", p, m, tl.Makespan, bound)
-		}
-		if _, err := Build("zb-v", p, m, 2); err == nil {
-			t.Errorf("p=%d m=%d: Build accepts it", p, m)
+		for m := 1; m < 3*p/2; m++ {
+			actions, err := perStage(zbVStage)(p, m, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := &Schedule{Stages: p, MicroBatches: m, Chunks: 2, Placement: V, Actions: actions}
+			tl, err := Simulate(s, UniformCosts(p, 1, 2, 0))
+			if err != nil {
+				t.Fatalf("p=%d m=%d: %v", p, m, err)
+			}
+			if bound := float64(3*m) + float64(p-1)/2; tl.Makespan != bound+float64(3*p-1-2*m)/2 {
+				t.Errorf("p=%d m=%d: makespan %v, want the bound %v and %d half-units", p, m, tl.Makespan, bound, 3*p-1-2*m)
+			}
+			if _, err := Build("zb-v", p, m, 2); err == nil {
+				t.Errorf("p=%d m=%d: Build accepts it", p, m)
+			}
 		}
 	}
 }
