@@ -194,7 +194,7 @@ func TestLaunchEqualsReference(t *testing.T) {
 		sched string
 		micro int // 0: the config's 8
 	}
-	runs := []variant{{"1f1b", 16}, {"zb-h1", 4}, {"interleaved", 4}, {"zb-v", 6}}
+	runs := []variant{{"1f1b", 16}, {"zb-h1", 4}, {"interleaved", 4}, {"zb-v", 16}}
 	for _, sched := range schedule.Names() {
 		runs = append(runs, variant{sched, 0})
 	}

@@ -586,7 +586,12 @@ func (r *Report) Write(w io.Writer, opts ...Options) error {
 
 	if len(r.Links) > 0 {
 		row, flush = table(w)
-		row("link", "act MiB", "msgs", "delay ms", "grad MiB", "msgs", "delay ms")
+		if RunPlacement(r.Info) == schedule.V {
+			// Each way carries one chunk's activations and the other's gradients.
+			row("link", "down MiB", "msgs", "delay ms", "up MiB", "msgs", "delay ms")
+		} else {
+			row("link", "act MiB", "msgs", "delay ms", "grad MiB", "msgs", "delay ms")
+		}
 		traffic := func(t LinkTraffic) (string, string, string) {
 			delay := "-"
 			if t.Timed > 0 {

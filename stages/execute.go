@@ -300,5 +300,6 @@ func (r *Runtime) weight(a schedule.Action) error {
 func (r *Runtime) record(ev runlog.Event, start time.Time) error {
 	r.live.action(ev.Kind, time.Since(start), time.Duration(ev.SendNS), r.inFlight())
 	ev.EndNS, ev.Stashed, ev.Replica = time.Now().UnixNano(), r.inFlight(), r.replica
+	r.peakStash = max(r.peakStash, ev.Stashed)
 	return r.events.add(ev)
 }

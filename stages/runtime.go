@@ -98,6 +98,10 @@ type Runtime struct {
 	metrics    *os.File
 
 	losses []float64 // this step's micro-batch losses (on the stage that computes the loss)
+	// peakStash is the most micro-batch chunks the stage held at once, over
+	// all its chunks together: their own peaks need not coincide (zb-v's
+	// chunk 0 holds most while chunk 1 holds least).
+	peakStash int
 	// held keeps each unfinished micro-batch's received tensors, by chunk and
 	// micro-batch, until its backward (or weight) pass is done with them.
 	held map[[2]int]held
@@ -444,11 +448,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 		return err
 	}
 	r.awaitCommits(ctx)
-	peak := 0
-	for _, e := range r.engines {
-		peak += e.PeakInFlight()
-	}
-	fmt.Fprintf(r.log, "%s: done in %.1fs, peak %s stashed\n", r.name(), time.Since(start).Seconds(), words.Count(peak, "micro-batch"))
+	fmt.Fprintf(r.log, "%s: done in %.1fs, peak %s stashed\n", r.name(), time.Since(start).Seconds(), words.Count(r.peakStash, "micro-batch"))
 	return nil
 }
 

@@ -122,6 +122,11 @@ func TestZBVStashAndLinks(t *testing.T) {
 		}
 	}
 	for s, rt := range rts {
+		// What the stage logs at the end is its two chunks' peak together,
+		// not the sum of each chunk's own (chunk 0 reaches 8-s, chunk 1 s+1).
+		if rt.peakStash != want[s] {
+			t.Errorf("stage %d logs a peak of %d, the schedule says %d", s, rt.peakStash, want[s])
+		}
 		if (rt.prev != nil) != (s > 0) || (rt.next != nil) != (s < 3) {
 			t.Errorf("stage %d: links prev %v next %v; a V links neighbours only", s, rt.prev != nil, rt.next != nil)
 		}
