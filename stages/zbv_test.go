@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -203,4 +204,55 @@ func TestZBVOverGRPC(t *testing.T) {
 		}
 	}
 	sameZBVRun(t, cfg, runInProcess(t, cfg, true), pipe)
+}
+
+// TestTiedUnderV: the GPT cannot split its backward, so zb-v is refused for
+// it, but a V-shaped schedule with whole backwards runs it: stage 0 holds
+// both the embedding and the head, sums the tied gradients alone (no ring,
+// no exchange) and trains exactly the reference's model.
+func TestTiedUnderV(t *testing.T) {
+	if err := gptConfig("zb-v", [][]string{{"0", "4"}, {"1", "2-3"}}, true).Validate(); err == nil || !strings.Contains(err.Error(), "zb-v splits the backward into input and weight gradients") {
+		t.Fatalf("zb-v with the GPT: %v", err)
+	}
+	// zb-v's order with each input-gradient pass made whole and the weight
+	// passes dropped.
+	zbv, err := schedule.Build("zb-v", 2, 4, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for st, list := range zbv.Actions {
+		var whole []schedule.Action
+		for _, a := range list {
+			switch a.Kind {
+			case schedule.Input:
+				a.Kind = schedule.Backward
+			case schedule.Weight:
+				continue
+			}
+			whole = append(whole, a)
+		}
+		zbv.Actions[st] = whole
+	}
+	file := filepath.Join(t.TempDir(), "v.txt")
+	if err := os.WriteFile(file, []byte(zbv.Grid()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := gptConfig("custom", [][]string{{"0", "4"}, {"1", "2-3"}}, true)
+	cfg.ScheduleFile = file
+	ref := runInProcess(t, cfg, true)
+	pipe, rts := runStages(t, cfg, false)
+	sameRun(t, ref, pipe)
+	var tied []string
+	for _, o := range rts[0].ops {
+		if o.Kind == schedule.SyncTied {
+			tied = append(tied, o.String())
+		}
+	}
+	if fmt.Sprint(tied) != "[0T0]" || NeedsRing(cfg, rts[0].layout.Model) || rts[1].next != nil {
+		t.Errorf("stage 0's tied ops %v, ring %v: the sum is stage 0's alone", tied, NeedsRing(cfg, rts[0].layout.Model))
+	}
+	w := readWeights(t, pipe)
+	if err := checkpoint.DiffTensor(w["embed.tok"], w["head.tok"]); err != nil {
+		t.Fatalf("tied copies differ after training: %v", err)
+	}
 }
