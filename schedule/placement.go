@@ -77,7 +77,7 @@ func (l *Lowered) Topology() Topology {
 // ModelStages is the number of pieces the model is cut into.
 func (t Topology) ModelStages() int { return t.Stages * t.Chunks }
 
-// ModelStage returns the model stage chunk of stage holds.
+// ModelStage returns the model stage that chunk `chunk` of stage `stage` holds.
 func (t Topology) ModelStage(stage, chunk int) int {
 	if t.Placement == V && chunk%2 == 1 {
 		return chunk*t.Stages + t.Stages - 1 - stage

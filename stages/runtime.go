@@ -222,6 +222,7 @@ func (r *Runtime) attach(o Options, model *models.Model) error {
 		r.prev.metrics, r.prev.side, r.prev.act = r.live, "prev", &r.act
 		r.live.addLink("prev", o.Prev)
 		r.prev.microBatches = r.cfg.Data.MicroBatches
+		r.prev.vshape = top.Placement == schedule.V
 	}
 	if needNext {
 		if o.Next == nil {
@@ -231,6 +232,7 @@ func (r *Runtime) attach(o Options, model *models.Model) error {
 		r.next.metrics, r.next.side, r.next.act = r.live, "next", &r.act
 		r.live.addLink("next", o.Next)
 		r.next.microBatches = r.cfg.Data.MicroBatches
+		r.next.vshape = top.Placement == schedule.V
 	}
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/profile"
 	"github.com/pipetrain/pipetrain/schedule"
+	"github.com/pipetrain/pipetrain/transport"
 )
 
 // zbvLayers places layers [0, 2p) in a V: stage s holds layer s on chunk 0
@@ -254,5 +255,34 @@ func TestTiedUnderV(t *testing.T) {
 	w := readWeights(t, pipe)
 	if err := checkpoint.DiffTensor(w["embed.tok"], w["head.tok"]); err != nil {
 		t.Fatalf("tied copies differ after training: %v", err)
+	}
+}
+
+// TestZBVStalledNeighbourNamesWhatItWaitsFor: stage 0 of a zb-v waits first
+// for micro-batch 0 to come back up the V on chunk 1; it arrives on the link
+// stage 0 dials, the way gradients come, but the error calls it what it is.
+func TestZBVStalledNeighbourNamesWhatItWaitsFor(t *testing.T) {
+	c := testConfig("zb-v", zbvLayers(2), 3, "float32", "sgd")
+	c.Transport.RecvTimeout = 200 * time.Millisecond
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	_, down, err := Hellos(c, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	up, _, err := Hellos(c, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	link, silent := transport.Pipe(down, up, 16) // room for every forward stage 0 sends before it waits
+	defer silent.Close()
+	rt, err := New(Options{Config: c, Stage: 0, RunDir: t.TempDir(), Next: link, Train: synthetic(96, 8, 3, 1), Test: synthetic(30, 8, 3, 2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = rt.Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "waiting for activation of step 1 micro-batch 0 chunk 1 from stage 1") {
+		t.Errorf("error %v, want the wait for chunk 1's activation named", err)
 	}
 }
