@@ -34,8 +34,8 @@ type Config struct {
 	// ScheduleText is the loaded custom schedule (see readScheduleFile), so
 	// the digest covers its contents, not just its path.
 	ScheduleText string `mapstructure:"-" json:"schedule_text,omitempty"`
-	// VirtualStages is the number of model chunks each stage holds (interleaved
-	// schedules); 1 otherwise.
+	// VirtualStages is the number of model chunks each stage holds (2 or more
+	// with interleaved, 2 with zb-v); 1 otherwise.
 	VirtualStages int       `mapstructure:"virtual_stages" json:"virtual_stages"`
 	Compute       Compute   `mapstructure:"compute" json:"compute"`
 	Transport     Transport `mapstructure:"transport" json:"transport"`
@@ -175,8 +175,9 @@ type AllReduce struct {
 
 // Stage places contiguous ranges of layers on one process: one range, or with
 // virtual_stages v, one per chunk. Chunk c of stage s is model stage c*p + s (p
-// stages), as in Megatron-LM's interleaved placement, and the model stages cover
-// the layers in order.
+// stages), as in Megatron-LM's interleaved placement, or with schedule zb-v
+// (a V placement) chunk 0 is model stage s and chunk 1 model stage 2p-1-s; the
+// model stages cover the layers in order.
 type Stage struct {
 	// Layers holds inclusive ranges "first-last" or single layers "n", one per chunk.
 	// YAML may give a single range as a plain string.
@@ -412,17 +413,22 @@ func (c *Config) validateSchedule(p *Problems, model *models.Model) {
 		return
 	}
 	if !custom {
-		if interleaved := c.Schedule == "interleaved"; interleaved != (c.VirtualStages > 1) {
-			if interleaved {
-				p.add("virtual_stages", "the interleaved schedule needs at least 2 chunks per stage, got %d", c.VirtualStages)
-			} else {
-				p.add("virtual_stages", "%d chunks per stage need schedule: interleaved (schedule is %s)", c.VirtualStages, c.Schedule)
-			}
+		if msg := chunkRule(c.Schedule, c.VirtualStages); msg != "" {
+			p.add("virtual_stages", "%s", msg)
 			return
 		}
 	}
+	placement := c.Placement()
+	if placement == schedule.V && c.VirtualStages != 2 {
+		p.add("virtual_stages", "a V-shaped schedule needs 2 chunks per stage (chunk 0 down the stages, chunk 1 back up), got %d", c.VirtualStages)
+		return
+	}
 	if c.VirtualStages > 1 && len(c.Stages) < 2 {
-		p.add("virtual_stages", "chunks need at least 2 stages (the last stage feeds the first), got %d", len(c.Stages))
+		if placement == schedule.V {
+			p.add("virtual_stages", "a V-shaped schedule needs at least 2 stages (it turns on the last), got %d", len(c.Stages))
+		} else {
+			p.add("virtual_stages", "chunks need at least 2 stages (the last stage feeds the first), got %d", len(c.Stages))
+		}
 		return
 	}
 	// Validation builds the whole schedule in memory: bound its size, so that a
@@ -444,6 +450,46 @@ func (c *Config) validateSchedule(p *Problems, model *models.Model) {
 	if err := c.CheckScheduleRuns(sched, model); err != nil {
 		p.add("schedule", "%v", err)
 	}
+}
+
+// chunkRule says what is wrong with v chunks per stage for the built-in
+// schedule name, or "" when they fit.
+func chunkRule(name string, v int) string {
+	switch {
+	case name == "interleaved" && v < 2:
+		return fmt.Sprintf("the interleaved schedule needs at least 2 chunks per stage, got %d", v)
+	case name == "zb-v" && v != 2:
+		return fmt.Sprintf("the zb-v schedule needs exactly 2 chunks per stage (each stage's layers listed as [chunk 0, chunk 1]), got %d", v)
+	case name != "interleaved" && name != "zb-v" && v > 1:
+		return fmt.Sprintf("%d chunks per stage need schedule: interleaved or zb-v (schedule is %s)", v, name)
+	}
+	return ""
+}
+
+// Placement returns where the run's schedule puts the chunks: the built-in
+// schedule's placement, or the one schedule_file names (Loop when it names
+// none, or cannot be read: validation reports that).
+func (c *Config) Placement() schedule.Placement {
+	if c.Schedule != "custom" {
+		pl, _ := schedule.PlacementOf(c.Schedule)
+		return pl
+	}
+	if c.ScheduleText != "" {
+		pl, _ := schedule.GridPlacement(c.ScheduleText)
+		return pl
+	}
+	if c.ScheduleFile == "" {
+		return schedule.Loop
+	}
+	if l, err := schedule.ReadLowered(c.resolve(c.ScheduleFile)); err == nil {
+		return l.Placement
+	}
+	return schedule.Loop
+}
+
+// Topology returns the run's stages, chunks per stage and placement.
+func (c *Config) Topology() schedule.Topology {
+	return schedule.Topology{Stages: len(c.Stages), Chunks: c.VirtualStages, Placement: c.Placement()}
 }
 
 // BuildSchedule returns the run's schedule, checked: the named one, or for
@@ -601,15 +647,22 @@ func (c *Config) rangesPerChunk() bool {
 }
 
 // validateCoverage walks the model stages in order (chunk 0 of every stage, then
-// chunk 1, ...) and checks they cover the model's layers once, in order.
+// chunk 1, ..., chunk 1 from the last stage back under V placement) and checks
+// they cover the model's layers once, in order.
 func (c *Config) validateCoverage(p *Problems, model *models.Model) {
 	// placed holds disjoint layer ranges and who holds them: ranges, not one
 	// entry per layer, so that a range like "0-4000000000" costs no memory.
 	type span struct{ first, last, stage, chunk int }
 	var placed []span
 	next := 0 // the layer the next model stage should start at
+	order, layerOrder := "in order", "layer order"
+	if c.Placement() == schedule.V {
+		order = "in V order: stage s's chunk 0 is model stage s and its chunk 1 model stage 2p-1-s"
+		layerOrder = "layer order, in V order: stage s's chunk 0 is model stage s and its chunk 1 model stage 2p-1-s"
+	}
+	top := c.Topology()
 	for k := 0; k < len(c.Stages)*c.VirtualStages; k++ {
-		i, ch := k%len(c.Stages), k/len(c.Stages)
+		i, ch := top.Locate(k)
 		field := c.layersField(i, ch)
 		first, last, err := ParseLayers(c.Stages[i].Layers[ch])
 		if err != nil {
@@ -639,9 +692,9 @@ func (c *Config) validateCoverage(p *Problems, model *models.Model) {
 			placed = append(placed, span{first, end, i, ch})
 		}
 		if first > next && (model == nil || first < len(model.Layers)) {
-			p.add(field, "%s on no stage (stages must cover the model in order)", layersText(next, first-1))
+			p.add(field, "%s on no stage (stages must cover the model %s)", layersText(next, first-1), order)
 		} else if first < next && !overlap {
-			p.add(field, "%q starts before the previous model stage ends; stages must be in layer order", text)
+			p.add(field, "%q starts before the previous model stage ends; stages must be in %s", text, layerOrder)
 		}
 		next = max(next, last+1)
 	}
@@ -750,7 +803,11 @@ func (c *Config) ChunkLayers(stage, chunk int) (first, last int) {
 func (c *Config) ModelStages() int { return len(c.Stages) * c.VirtualStages }
 
 // Place returns the stage and chunk that hold model stage k.
-func (c *Config) Place(k int) (stage, chunk int) { return k % len(c.Stages), k / len(c.Stages) }
+func (c *Config) Place(k int) (stage, chunk int) { return c.Topology().Locate(k) }
+
+// LossStage returns the stage that holds the model's last layers and
+// computes the loss: the last stage, or stage 0 under a V placement.
+func (c *Config) LossStage() int { return c.Topology().LossStage() }
 
 // MicroBatchSize is the number of examples in one micro-batch: a replica's
 // share of the batch, cut into micro_batches.

@@ -180,19 +180,21 @@ func weights(t *testing.T, runDir string) map[string]checkpoint.Tensor {
 }
 
 // TestLaunchEqualsReference trains the default 4-stage config for 30 steps with each
-// schedule (the interleaved one on the 8-layer interleaved config, over the ring) in
-// separate processes over gRPC, and requires every step's loss and the final weights
-// to equal the one-process reference's bit for bit.
+// schedule (the interleaved one on the 8-layer interleaved config, over the ring;
+// zb-v on the 8-layer V config, whose stage 0 computes the loss) in separate
+// processes over gRPC, and requires every step's loss and the final weights to
+// equal the one-process reference's bit for bit.
 func TestLaunchEqualsReference(t *testing.T) {
 	needData(t)
 	const steps = "30"
 	cfg := withFreshAddresses(t, defaultConfig)
 	interleaved := withFreshAddresses(t, "../configs/fmnist-mlp-interleaved.yaml")
+	zbv := withFreshAddresses(t, "../configs/fmnist-mlp-zbv.yaml")
 	type variant struct {
 		sched string
 		micro int // 0: the config's 8
 	}
-	runs := []variant{{"1f1b", 16}, {"zb-h1", 4}, {"interleaved", 4}}
+	runs := []variant{{"1f1b", 16}, {"zb-h1", 4}, {"interleaved", 4}, {"zb-v", 16}}
 	for _, sched := range schedule.Names() {
 		runs = append(runs, variant{sched, 0})
 	}
@@ -204,8 +206,11 @@ func TestLaunchEqualsReference(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			cfg := cfg
-			if sched == "interleaved" {
+			switch sched {
+			case "interleaved":
 				cfg = interleaved
+			case "zb-v":
+				cfg = zbv
 			}
 			env := []string{"PIPETRAIN_SCHEDULE=" + sched, "PIPETRAIN_TRAIN_EVALUATE=false"}
 			if r.micro > 0 {

@@ -53,6 +53,16 @@
 // a relative 1e-12 in the step time, among all contiguous splits for the cost
 // model above; on large ones (16 stages of 64 layers, say) it stops after a
 // fixed amount of work (a few seconds) with the fastest split found.
+//
+// # V-shaped schedules
+//
+// zb-v cuts the model into 2p model stages, stage s holding model stages s
+// and 2p-1-s. Each chunk is charged its own layers (schedule.Costs.Chunks),
+// the turn of the V (model stages p-1 and p, on one stage) no transfer, and a
+// stage's memory is its fullest moment under the schedule's order, its two
+// chunks' activations weighed apart. Its splits are searched by simulation,
+// without the bounds above (see vshape.go): exact on small problems, the
+// fastest found on large ones.
 package plan
 
 import (
@@ -99,7 +109,7 @@ type Problem struct {
 	Batch      int
 	MicroBatch int      // micro-batch size the layer costs were measured at
 	OverheadMS float64  // fixed cost per action, not scaling with size (e.g. 0.05)
-	Schedules  []string // schedule names to consider (gpipe, 1f1b, zb-h1); empty = {"1f1b"}
+	Schedules  []string // schedule names to consider (gpipe, 1f1b, zb-h1, zb-v); empty = {"1f1b"}
 	// MemoryLimit is the per-stage limit in bytes; 0 = none. Stage memory =
 	// sum ParamBytes + PeakInFlight(stage) * sum (scaled ActBytes + FixedActBytes),
 	// or sum scaled SplitActBytes under a schedule that splits the backward.
@@ -129,7 +139,10 @@ func (p Problem) ring() schedule.RingAllReduce {
 
 // Plan is a split with its schedule and simulated numbers.
 type Plan struct {
-	Boundaries   []int // first layer of each stage, Boundaries[0] == 0, len == Stages
+	// Boundaries holds the first layer of each model stage, in model order,
+	// Boundaries[0] == 0: one per stage (len == Stages), or for zb-v two
+	// (len == 2·Stages: stage s holds model stages s and 2·Stages-1-s).
+	Boundaries   []int
 	Schedule     string
 	MicroBatches int       // per replica
 	StepMS       float64   // simulated makespan of one step, all-reduces included
@@ -142,9 +155,26 @@ type Plan struct {
 	SamplesPerSecond float64   // the whole batch, all replicas' samples, over StepMS
 }
 
-// Schedules lists the schedule names the planner accepts: the built-in
-// schedules with one chunk per stage.
+// Stages returns the number of stages the plan has: one per boundary, or one
+// per two under a V.
+func (pl *Plan) Stages() int { return len(pl.Boundaries) / pl.Topology().Chunks }
+
+// Topology returns the plan's stages, chunks per stage and placement, which
+// say which stage holds each of its model stages (Boundaries).
+func (pl *Plan) Topology() schedule.Topology {
+	if slices.Contains(VSchedules(), pl.Schedule) {
+		return schedule.Topology{Stages: len(pl.Boundaries) / 2, Chunks: 2, Placement: schedule.V}
+	}
+	return schedule.Topology{Stages: len(pl.Boundaries), Chunks: 1}
+}
+
+// Schedules lists the built-in schedules with one chunk per stage, which the
+// planner searches exactly (see Solve). It also accepts zb-v (VSchedules).
 func Schedules() []string { return []string{"gpipe", "1f1b", "zb-h1"} }
+
+// VSchedules lists the V-shaped schedules the planner accepts: two chunks per
+// stage, searched by simulation alone (see vshape.go).
+func VSchedules() []string { return []string{"zb-v"} }
 
 // Solve returns the best plan. For each candidate (micro-batch count, in
 // increasing order, then schedule, in the order given) it searches the
@@ -219,10 +249,15 @@ func Solve(p Problem) (*Plan, error) {
 	// Every candidate's seed first: the fastest of them is the time to beat,
 	// so that hopeless candidates are pruned at once.
 	var cands []*candidate
+	var skipped error // why a V schedule left out a micro-batch count
 	beat := math.Inf(1)
 	for _, m := range counts {
 		for _, name := range names {
 			c, err := mdl.candidate(name, m)
+			if err != nil && slices.Contains(VSchedules(), name) {
+				skipped = err // too few micro-batches for it: the others may do
+				continue
+			}
 			if err != nil {
 				return nil, err
 			}
@@ -235,10 +270,17 @@ func Solve(p Problem) (*Plan, error) {
 			}
 		}
 	}
+	if len(cands) == 0 {
+		return nil, skipped
+	}
 	if math.IsInf(beat, 1) {
 		fit := slices.MinFunc(cands, func(a, b *candidate) int { return cmp.Compare(a.need, b.need) })
-		return nil, fmt.Errorf("plan: no split of %d layers into %d stages fits the memory limit of %d bytes per stage; the smallest limit that fits is %d bytes (%s, %d micro-batches)",
-			len(p.Layers), p.Stages, p.MemoryLimit, int64(fit.need), fit.name, fit.m)
+		smallest := "the smallest limit that fits"
+		if fit.vshape && !fit.needExact { // found by a descent, not proven smallest
+			smallest = "a limit that fits"
+		}
+		return nil, fmt.Errorf("plan: no split of %d layers into %d stages fits the memory limit of %d bytes per stage; %s is %d bytes (%s, %d micro-batches)",
+			len(p.Layers), p.Stages, p.MemoryLimit, smallest, int64(fit.need), fit.name, fit.m)
 	}
 	// Then each candidate's own search, for a split that could tie or beat
 	// the best so far, the most promising first, while the budget lasts: a
@@ -302,7 +344,14 @@ func Evaluate(p Problem, boundaries []int, sched string, microBatches int) (*Pla
 	if err := checkMicroBatches(p, microBatches); err != nil {
 		return nil, err
 	}
-	if len(boundaries) != p.Stages {
+	c, err := mdl.candidate(sched, microBatches)
+	if err != nil {
+		return nil, err
+	}
+	if len(boundaries) != c.vPieces() {
+		if c.vshape {
+			return nil, fmt.Errorf("plan: %d boundaries for %d stages of 2 model stages each under %s", len(boundaries), p.Stages, sched)
+		}
 		return nil, fmt.Errorf("plan: %d boundaries for %d stages", len(boundaries), p.Stages)
 	}
 	if boundaries[0] != 0 {
@@ -314,16 +363,12 @@ func Evaluate(p Problem, boundaries []int, sched string, microBatches int) (*Pla
 				boundaries, s, mdl.n, mdl.n)
 		}
 	}
-	c, err := mdl.candidate(sched, microBatches)
-	if err != nil {
-		return nil, err
-	}
 	return c.simulate(boundaries)
 }
 
 func checkSchedule(name string) error {
-	if !slices.Contains(Schedules(), name) {
-		return fmt.Errorf("plan: schedule %q not supported (one chunk per stage: %s)", name, strings.Join(Schedules(), ", "))
+	if !slices.Contains(Schedules(), name) && !slices.Contains(VSchedules(), name) {
+		return fmt.Errorf("plan: schedule %q not supported (one chunk per stage: %s; two in a V: %s)", name, strings.Join(Schedules(), ", "), strings.Join(VSchedules(), ", "))
 	}
 	return nil
 }
@@ -431,6 +476,12 @@ type candidate struct {
 	scale   float64 // micro-batch size / measured size
 	mbs     float64 // micro-batch size
 	actions int     // in the schedule, all stages
+	// vshape marks a V-shaped schedule (see vshape.go), whose stages' chunks
+	// hold at most the counts of one of chunkStates[stage] at once; with
+	// needExact, need is the smallest limit that fits, not only one.
+	vshape      bool
+	chunkStates [][][]int
+	needExact   bool
 
 	// Set by prepare, see there and bnb.
 	shape   []shape
@@ -447,13 +498,24 @@ type candidate struct {
 }
 
 func (d *model) candidate(name string, m int) (*candidate, error) {
-	s, err := schedule.Build(name, d.p.Stages, m, 1)
+	chunks := 1
+	vshape := slices.Contains(VSchedules(), name)
+	if vshape {
+		chunks = 2
+		if d.n < 2*d.p.Stages {
+			return nil, fmt.Errorf("plan: %d layers cannot fill the %d model stages of %s on %d stages (every model stage needs a layer)", d.n, 2*d.p.Stages, name, d.p.Stages)
+		}
+	}
+	s, err := schedule.Build(name, d.p.Stages, m, chunks)
 	if err != nil {
 		return nil, fmt.Errorf("plan: %w", err)
 	}
 	mbs := float64(d.p.Batch / d.p.replicas() / m)
 	c := &candidate{model: d, name: name, m: m, sched: s, peak: s.PeakInFlight(),
-		split: s.SplitsBackward(), scale: mbs / float64(d.p.MicroBatch), mbs: mbs}
+		split: s.SplitsBackward(), scale: mbs / float64(d.p.MicroBatch), mbs: mbs, vshape: vshape}
+	if vshape {
+		c.chunkStates = chunkStates(s)
+	}
 	for _, list := range s.Actions {
 		c.actions += len(list)
 	}
@@ -511,6 +573,13 @@ func (c *candidate) transfer(j int) float64 {
 
 // simulate builds the simulator's costs for the split and plays it.
 func (c *candidate) simulate(bounds []int) (*Plan, error) {
+	if c.vshape {
+		pl, err := c.simulateV(bounds)
+		if err != nil {
+			return nil, fmt.Errorf("plan: %w", err)
+		}
+		return pl, nil
+	}
 	p := len(bounds)
 	costs := schedule.Costs{F: make([]float64, p), B: make([]float64, p), I: make([]float64, p), W: make([]float64, p)}
 	replicated := c.p.replicas() > 1

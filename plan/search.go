@@ -65,6 +65,9 @@ func (c *candidate) minMax(cost func(s, i, j int) float64, ok func(s, i, j int) 
 // tables the bounds use; or, when nothing fits the memory limit, the smallest
 // limit that would (c.need).
 func (c *candidate) prepare() error {
+	if c.vshape {
+		return c.prepareV()
+	}
 	p, n := c.p.Stages, c.n
 	c.shape, c.back, c.fk = shapes(c.sched), c.b, c.fwdBack
 	if c.split {
@@ -449,6 +452,10 @@ func (b *bnb) simulate(cuts []int) *Plan {
 // split are simulated. It finds a good split quickly, so that the branch and
 // bound starts with a tight limit.
 func (b *bnb) descend() {
+	if b.c.vshape {
+		b.descendV()
+		return
+	}
 	c := b.c
 	cur := c.seed
 	for *b.left > 0 && b.err == nil {
@@ -483,7 +490,13 @@ func (b *bnb) descend() {
 }
 
 // exhaust runs the branch and bound over all splits.
-func (b *bnb) exhaust() { b.dfs(0, 0, node{down: math.Inf(-1)}) }
+func (b *bnb) exhaust() {
+	if b.c.vshape {
+		b.exhaustV()
+		return
+	}
+	b.dfs(0, 0, node{down: math.Inf(-1)})
+}
 
 // dfs places stage s, starting at layer i, after the stages summed in n.
 func (b *bnb) dfs(s, i int, n node) {

@@ -3,6 +3,8 @@ package profile
 import (
 	"slices"
 	"time"
+
+	"github.com/pipetrain/pipetrain/schedule"
 )
 
 // AlignThreshold is how long before its send a message may appear to arrive,
@@ -27,13 +29,19 @@ const noiseShare = 50
 // receiver's event is not in the log.
 type message struct {
 	grad bool
-	// link indexes the run's links: s for the link from stage s to s+1, and
-	// p-1 for the ring from the last stage to the first (chunks > 1). It is the
-	// activation sender's stage either way.
+	// link indexes the run's links: s for the link stage s dials, to s+1, and
+	// p-1 for the ring from the last stage to the first (Loop placement with
+	// chunks > 1). Under Loop placement it is the activation sender's stage;
+	// under V the upper of the two stages, whichever way the tensor goes.
 	link       int
-	from, to   int // stages
+	from, to   int // stages; equal for a hand-off between a stage's chunks
 	send, recv [2]int
 }
+
+// down reports whether m crosses its link from the dialing end (From) to the
+// listening one (To): always an activation under Loop placement; under V
+// chunk 0's activations and chunk 1's gradients.
+func (m message) down() bool { return m.from == m.link }
 
 // topology returns the number of stages and chunks per stage of a run's logs:
 // the chunks are one more than the largest chunk logged.
@@ -47,21 +55,41 @@ func topology(events [][]Event) (p, v int) {
 	return len(events), v
 }
 
-// numLinks is how many links a run with p stages and v chunks has: one per
-// pair of neighbours, plus the ring when chunks > 1.
-func numLinks(p, v int) int {
-	if v > 1 {
-		return p
-	}
-	return max(p-1, 0)
+// placed is the run's topology: its logs' stages and chunks, and the
+// placement the run says it used.
+func placed(events [][]Event, pl schedule.Placement) schedule.Topology {
+	p, v := topology(events)
+	return schedule.Topology{Stages: p, Chunks: v, Placement: pl}
 }
 
-// messages pairs every send in the logs with its receive. A forward on model
-// stage k = chunk*p + stage (not the last) sends to model stage k+1's forward
-// of the same micro-batch and step; a backward or input-gradient pass on model
-// stage k > 0 sends to model stage k-1's backward or input-gradient pass.
-func messages(events [][]Event) []message {
-	p, v := topology(events)
+// RunPlacement returns where a run placed its chunks: the placement run.json
+// names, else the built-in schedule's (Loop for runs logged before the field
+// existed, and for a name it does not know).
+func RunPlacement(info RunInfo) schedule.Placement {
+	if pl, err := schedule.ParsePlacement(info.Placement); err == nil && info.Placement != "" {
+		return pl
+	}
+	pl, _ := schedule.PlacementOf(info.Schedule)
+	return pl
+}
+
+// numLinks is how many links a run of topology t has: one per pair of
+// neighbours, plus the ring when the chunks wrap round it.
+func numLinks(t schedule.Topology) int {
+	if t.Ring(false) {
+		return t.Stages
+	}
+	return max(t.Stages-1, 0)
+}
+
+// messages pairs every send in the logs with its receive under placement pl.
+// A forward on model stage k (not the last) sends to model stage k+1's
+// forward of the same micro-batch and step; a backward or input-gradient pass
+// on model stage k > 0 sends to model stage k-1's backward or input-gradient
+// pass. Hand-offs between a stage's chunks (the turn of a V) are included,
+// with from == to.
+func messages(events [][]Event, pl schedule.Placement) []message {
+	top := placed(events, pl)
 	type key struct {
 		stage, step, mb, chunk int
 		back                   bool
@@ -77,24 +105,34 @@ func messages(events [][]Event) []message {
 			}
 		}
 	}
-	last := p*v - 1
+	last := top.ModelStages() - 1
 	var out []message
 	for s, stage := range events {
 		for i, e := range stage {
-			k := e.Chunk*p + s
+			k := top.ModelStage(s, e.Chunk)
 			var m message
 			switch {
 			case e.Kind == Forward && k < last:
-				m = message{link: s, from: s, to: (k + 1) % p}
+				m = message{from: s}
 				k++
 			case (e.Kind == Backward || e.Kind == Input) && k > 0:
-				m = message{grad: true, link: (k - 1) % p, from: s, to: (k - 1) % p}
+				m = message{grad: true, from: s}
 				k--
 			default:
 				continue
 			}
+			to, chunk := top.Locate(k)
+			m.to = to
+			switch {
+			case pl == schedule.V:
+				m.link = min(m.from, m.to)
+			case m.grad:
+				m.link = m.to
+			default:
+				m.link = m.from
+			}
 			m.send, m.recv = [2]int{s, i}, [2]int{-1, -1}
-			if r, ok := idx[key{m.to, e.Step, e.MB, k / p, m.grad}]; ok {
+			if r, ok := idx[key{m.to, e.Step, e.MB, chunk, m.grad}]; ok {
 				m.recv = r
 			}
 			out = append(out, m)
@@ -118,8 +156,8 @@ func messages(events [][]Event) []message {
 // messages say: SharedClock is set, and its offset is 0 exactly.
 type ClockLink struct {
 	From, To  int // To = From + 1
-	DownPairs int // activations From -> To with both ends logged
-	UpPairs   int // gradients To -> From with both ends logged
+	DownPairs int // tensors From -> To with both ends logged: activations (under a V, also chunk 1's gradients)
+	UpPairs   int // tensors To -> From with both ends logged: gradients (under a V, also chunk 1's activations)
 	// MinDown and MinUp are the smallest apparent delay each way on the
 	// logged clocks, after setting aside the earliest 1 in 50 of each way's
 	// messages (none below 50) as timing noise.
@@ -213,6 +251,12 @@ func fastest(ds []time.Duration) time.Duration {
 // clocks, nil included, have none, and their links are judged by their
 // messages alone.
 func Align(events [][]Event, clocks []Clock) (Alignment, [][]Event) {
+	return AlignPlaced(events, clocks, schedule.Loop)
+}
+
+// AlignPlaced is Align for a run whose chunks sit as pl says (RunPlacement),
+// which decides which events send to which.
+func AlignPlaced(events [][]Event, clocks []Clock, pl schedule.Placement) (Alignment, [][]Event) {
 	p := len(events)
 	a := Alignment{Offsets: make([]time.Duration, p), Errors: make([]time.Duration, p), Clocks: clocks,
 		estimated: make([]bool, p)}
@@ -220,16 +264,16 @@ func Align(events [][]Event, clocks []Clock) (Alignment, [][]Event) {
 		a.Links = make([]ClockLink, p-1)
 	}
 	down, up := make([][]time.Duration, len(a.Links)), make([][]time.Duration, len(a.Links))
-	for _, m := range messages(events) {
+	for _, m := range messages(events, pl) {
 		if m.recv[0] < 0 || m.from == m.to || m.link >= p-1 { // unlogged, local, or the ring
 			continue
 		}
 		send, recv := &events[m.send[0]][m.send[1]], &events[m.recv[0]][m.recv[1]]
 		d := time.Duration(recv.StartNS - (send.EndNS - send.SendNS))
-		if m.grad {
-			up[m.link] = append(up[m.link], d)
-		} else {
+		if m.down() {
 			down[m.link] = append(down[m.link], d)
+		} else {
+			up[m.link] = append(up[m.link], d)
 		}
 	}
 	for s := range a.Links {

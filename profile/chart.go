@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/pipetrain/pipetrain/internal/words"
+	"github.com/pipetrain/pipetrain/schedule"
 	"github.com/pipetrain/pipetrain/timeline"
 )
 
@@ -20,7 +21,7 @@ import (
 // between one step's drain and the next one's fill.
 const DefaultChartSteps = 3
 
-// ChartOptions tune Chart (and, Clocks only, WriteTrace).
+// ChartOptions tune Chart (and, Clocks and Placement only, WriteTrace).
 type ChartOptions struct {
 	// Waits draws each action's wait for its input (wait_ns before start_ns)
 	// as a WAIT span.
@@ -32,9 +33,13 @@ type ChartOptions struct {
 	// Clocks are the clocks the stages recorded (RunInfo.Clocks), for Align:
 	// stages that share one are never shifted apart.
 	Clocks []Clock
+	// Placement is where the run placed its chunks (RunPlacement), which
+	// decides which action sends to which: Loop unless set.
+	Placement schedule.Placement
 }
 
-// chartOptions merges opts: the last one's ArrowSteps and non-nil Clocks.
+// chartOptions merges opts: the last one's ArrowSteps, non-nil Clocks and
+// non-Loop Placement.
 func chartOptions(opts []ChartOptions) ChartOptions {
 	var opt ChartOptions
 	for _, o := range opts {
@@ -42,6 +47,9 @@ func chartOptions(opts []ChartOptions) ChartOptions {
 		opt.ArrowSteps = o.ArrowSteps
 		if o.Clocks != nil {
 			opt.Clocks = o.Clocks
+		}
+		if o.Placement != schedule.Loop {
+			opt.Placement = o.Placement
 		}
 	}
 	return opt
@@ -73,11 +81,11 @@ func ShownSteps(events [][]Event, firstStep, steps int) (first, last int, err er
 // reports whether an event's step (its index, Event.Step) is shown, and t0 is
 // the earliest start among the shown actions (the earliest wait's start, with
 // waits).
-func shownSteps(events [][]Event, clocks []Clock, firstStep, steps int, waits bool) (clock Alignment, aligned [][]Event, first, last int, in func(*Event) bool, t0 int64, err error) {
+func shownSteps(events [][]Event, clocks []Clock, pl schedule.Placement, firstStep, steps int, waits bool) (clock Alignment, aligned [][]Event, first, last int, in func(*Event) bool, t0 int64, err error) {
 	if first, last, err = ShownSteps(events, firstStep, steps); err != nil {
 		return clock, nil, 0, 0, nil, 0, err
 	}
-	clock, aligned = Align(events, clocks)
+	clock, aligned = AlignPlaced(events, clocks, pl)
 	in = func(e *Event) bool { return e.StepNumber() >= first && e.StepNumber() <= last }
 	t0 = math.MaxInt64
 	for _, stage := range aligned {
@@ -120,7 +128,7 @@ func chartKind(k string) timeline.Kind {
 // lie outside the run.
 func Chart(events [][]Event, firstStep, steps int, opts ...ChartOptions) (*timeline.Chart, error) {
 	opt := chartOptions(opts)
-	clock, aligned, first, last, in, t0, err := shownSteps(events, opt.Clocks, firstStep, steps, opt.Waits)
+	clock, aligned, first, last, in, t0, err := shownSteps(events, opt.Clocks, opt.Placement, firstStep, steps, opt.Waits)
 	if err != nil {
 		return nil, err
 	}
@@ -192,7 +200,7 @@ func Chart(events [][]Event, firstStep, steps int, opts ...ChartOptions) (*timel
 	if arrowSteps == 0 {
 		arrowSteps = 1
 	}
-	for _, m := range messages(aligned) {
+	for _, m := range messages(aligned, opt.Placement) {
 		send := &aligned[m.send[0]][m.send[1]]
 		if m.recv[0] < 0 || !in(send) || send.StepNumber()-first >= arrowSteps {
 			continue
@@ -252,7 +260,8 @@ func traceName(e *Event) string {
 // stages' recorded clocks when opts give them; the rest of opts is Chart's). It
 // is an error for firstStep to lie outside the run; nothing is written then.
 func WriteTrace(w io.Writer, events [][]Event, firstStep, steps int, opts ...ChartOptions) error {
-	clock, aligned, first, last, in, t0, err := shownSteps(events, chartOptions(opts).Clocks, firstStep, steps, false)
+	opt := chartOptions(opts)
+	clock, aligned, first, last, in, t0, err := shownSteps(events, opt.Clocks, opt.Placement, firstStep, steps, false)
 	if err != nil {
 		return err
 	}
@@ -306,7 +315,7 @@ func WriteTrace(w io.Writer, events [][]Event, firstStep, steps int, opts ...Cha
 		}
 	}
 	id := 0
-	for _, m := range messages(aligned) {
+	for _, m := range messages(aligned, opt.Placement) {
 		send := &aligned[m.send[0]][m.send[1]]
 		if m.recv[0] < 0 || !in(send) {
 			continue

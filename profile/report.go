@@ -94,9 +94,11 @@ type LinkReport struct {
 	// Activations go From -> To and gradients To -> From: To = From+1, or on
 	// the ring (chunks > 1) From is the last stage and To = 0, carrying model
 	// stage k's output to model stage k+1 on the first stage's next chunk.
+	// Under a V placement chunk 1's activations go To -> From and its
+	// gradients From -> To, on the same link as chunk 0's.
 	From, To int
 	Ring     bool
-	Down, Up LinkTraffic // activations From -> To, gradients To -> From
+	Down, Up LinkTraffic // tensors From -> To (activations under Loop), and To -> From
 }
 
 // LinkTraffic is one direction of a link.
@@ -194,7 +196,7 @@ func Analyse(info RunInfo, events [][]Event, skip int) (*Report, error) {
 	if info.Stages != 0 && info.Stages != len(events) {
 		return nil, fmt.Errorf("profile: run has %d stages but events for %d", info.Stages, len(events))
 	}
-	clock, aligned := Align(events, info.Clocks)
+	clock, aligned := AlignPlaced(events, info.Clocks, RunPlacement(info))
 
 	// Each step's pipeline window across all stages.
 	type span struct{ start, end int64 }
@@ -299,7 +301,7 @@ func Analyse(info RunInfo, events [][]Event, skip int) (*Report, error) {
 	}
 
 	r.analyseSteps(busy)
-	r.Links = links(aligned, analysed)
+	r.Links = links(aligned, analysed, RunPlacement(info))
 	if r.Theory, r.TheorySimulated, r.TheoryErr = theory(info, events); r.Theory != nil {
 		for i := range r.Stages {
 			r.Stages[i].TheoryBubble = r.Theory[i]
@@ -366,9 +368,9 @@ func (r *Report) analyseSteps(busy [][]time.Duration) {
 
 // links sums the traffic of each link over the analysed steps from aligned
 // events.
-func links(events [][]Event, analysed map[int]int) []LinkReport {
-	p, v := topology(events)
-	out := make([]LinkReport, numLinks(p, v))
+func links(events [][]Event, analysed map[int]int, pl schedule.Placement) []LinkReport {
+	p := len(events)
+	out := make([]LinkReport, numLinks(placed(events, pl)))
 	for i := range out {
 		out[i] = LinkReport{From: i, To: i + 1}
 		if i == p-1 {
@@ -376,13 +378,13 @@ func links(events [][]Event, analysed map[int]int) []LinkReport {
 		}
 	}
 	delays := make([][2]time.Duration, len(out)) // summed delays of timed messages, down and up
-	for _, m := range messages(events) {
+	for _, m := range messages(events, pl) {
 		send := &events[m.send[0]][m.send[1]]
-		if _, ok := analysed[send.Step]; !ok {
+		if _, ok := analysed[send.Step]; !ok || m.from == m.to { // a hand-off within a stage uses no link
 			continue
 		}
 		t, dir := &out[m.link].Down, 0
-		if m.grad {
+		if !m.down() {
 			t, dir = &out[m.link].Up, 1
 		}
 		t.Messages++
@@ -597,7 +599,12 @@ func (r *Report) Write(w io.Writer, opts ...Options) error {
 
 	if len(r.Links) > 0 {
 		row, flush = table(w)
-		row("link", "act MiB", "msgs", "delay ms", "grad MiB", "msgs", "delay ms")
+		if RunPlacement(r.Info) == schedule.V {
+			// Each way carries one chunk's activations and the other's gradients.
+			row("link", "down MiB", "msgs", "delay ms", "up MiB", "msgs", "delay ms")
+		} else {
+			row("link", "act MiB", "msgs", "delay ms", "grad MiB", "msgs", "delay ms")
+		}
 		traffic := func(t LinkTraffic) (string, string, string) {
 			delay := "-"
 			if t.Timed > 0 {

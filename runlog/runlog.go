@@ -86,6 +86,9 @@ type RunInfo struct {
 	MicroBatches int    `json:"micro_batches"`
 	Steps        int    `json:"steps"`
 	Chunks       int    `json:"chunks,omitempty"` // virtual stages per stage; 0 or 1 without interleaving
+	// Placement is where the chunks sit (schedule.Placement's name): "v"
+	// for a V-shaped schedule, empty for the loop every other one uses.
+	Placement string `json:"placement,omitempty"`
 	// Replicas is the run's data_parallel: each stage ran this many
 	// processes, replica r's events in ReplicaEventsFile (0 or 1: none).
 	Replicas int `json:"replicas,omitempty"`

@@ -12,15 +12,20 @@
 // it.
 //
 // Model: p stages (devices, one process each), m micro-batches, and v chunks
-// (virtual stages) per device. The model is cut into p*v model stages; model
+// (virtual stages) per device. The model is cut into p*v model stages, and
+// the schedule's Placement says which device holds which: under Loop, model
 // stage k = chunk*p + stage lives on device k%p as chunk k/p (Megatron-LM's
-// interleaved placement: device d holds model stages d, d+p, d+2p, ...). With
-// v = 1 a chunk is the whole stage and model stage k is device k.
+// interleaved placement: device d holds model stages d, d+p, d+2p, ...);
+// under V, device d holds model stages d and 2p-1-d (ZB-V's). With v = 1 a
+// chunk is the whole stage and model stage k is device k. Topology answers
+// every question of placement: which model stage a chunk holds, and which
+// device a tensor comes from or goes to.
 //
 // Forward of micro-batch i at model stage k reads its input from model stage
 // k-1 (model stage 0 reads data) and sends to k+1 (the last model stage
-// computes the loss); so the last device's chunk c feeds the first device's
-// chunk c+1. The backward either runs whole (Backward, "B") or split in two:
+// computes the loss); so under Loop the last device's chunk c feeds the first
+// device's chunk c+1, and under V the last device's chunk 0 feeds its own
+// chunk 1. The backward either runs whole (Backward, "B") or split in two:
 // Input ("I") computes the gradient with respect to the stage input, which is
 // what the previous model stage waits for, and Weight ("W") computes the
 // weight gradients from what Input left behind and sends nothing. A backward
@@ -151,59 +156,18 @@ func leadingInt(s string) (n int, rest string, ok bool) {
 	return n, s[i:], true
 }
 
-// ModelStage returns the index of the model stage the action runs, Chunk *
-// stages + Stage, in [0, stages*chunks).
+// ModelStage returns the model stage the action runs under Loop placement,
+// Chunk * stages + Stage; Topology.ModelStageOf takes any placement.
 func (a Action) ModelStage(stages int) int { return a.Chunk*stages + a.Stage }
 
-// onModelStage returns the action of kind k and the same micro-batch at model
-// stage ms.
-func (a Action) onModelStage(k Kind, ms, stages int) Action {
-	return Action{Stage: ms % stages, Kind: k, MicroBatch: a.MicroBatch, Chunk: ms / stages}
-}
-
-// RecvFrom returns the stage (device) this action takes its input from, or
-// -1 when the input is local: data for a forward on model stage 0, the loss
-// for a backward or input-gradient pass on the last model stage, and the
-// stashed results of the same device's input-gradient pass for a weight pass.
-// With several chunks the previous model stage of chunk 0 on stage 0 is the
-// last stage's chunk c-1 (and so on round the ring); the result is a.Stage
-// itself only when stages == 1 and the neighbour is another chunk of the same
-// device.
+// RecvFrom is Topology.RecvFrom under Loop placement: with several chunks the
+// previous model stage of chunk c on stage 0 is the last stage's chunk c-1
+// (round the ring).
 func (a Action) RecvFrom(stages, chunks int) int {
-	ms := a.ModelStage(stages)
-	switch a.Kind {
-	case Forward:
-		if ms == 0 {
-			return -1
-		}
-		return (ms - 1) % stages
-	case Backward, Input:
-		if ms == stages*chunks-1 {
-			return -1
-		}
-		return (ms + 1) % stages
-	}
-	return -1
+	return Topology{Stages: stages, Chunks: chunks}.RecvFrom(a)
 }
 
-// SendTo returns the stage (device) this action sends its output to, or -1
-// when none: a forward on the last model stage feeds the local loss, a
-// backward or input-gradient pass on model stage 0 has no one upstream, and a
-// weight pass never sends. As for RecvFrom, the result is a.Stage itself only
-// when stages == 1 and chunks > 1.
+// SendTo is Topology.SendTo under Loop placement.
 func (a Action) SendTo(stages, chunks int) int {
-	ms := a.ModelStage(stages)
-	switch a.Kind {
-	case Forward:
-		if ms == stages*chunks-1 {
-			return -1
-		}
-		return (ms + 1) % stages
-	case Backward, Input:
-		if ms == 0 {
-			return -1
-		}
-		return (ms - 1) % stages
-	}
-	return -1
+	return Topology{Stages: stages, Chunks: chunks}.SendTo(a)
 }

@@ -10,12 +10,14 @@ import (
 // (Grid, WriteCSV, WriteYAML), read back (ParseGrid, Load), checked (Check)
 // and simulated (Simulate) the same way whether it came from Build or from a
 // user's file. Chunks is the number of chunks (virtual stages) per stage, 1
-// unless the schedule interleaves.
+// unless the schedule interleaves, and Placement says which model stage each
+// chunk holds (Loop, the zero value, unless the schedule is V-shaped).
 type Schedule struct {
 	Name         string
 	Stages       int
 	MicroBatches int
 	Chunks       int
+	Placement    Placement
 	Actions      [][]Action
 }
 
@@ -45,22 +47,24 @@ func SplitsChunk(actions []Action, chunk int) bool {
 	return false
 }
 
-// builtin describes one named schedule: its size rules, how to build it and
-// its closed-form bubble, kept side by side so the three cannot drift apart
-// silently (the tests compare them against the simulator).
+// builtin describes one named schedule: its size rules, how to build it, its
+// placement and its closed-form bubble, kept side by side so that they cannot
+// drift apart silently (the tests compare them against the simulator).
 type builtin struct {
-	name   string
-	sizes  func(p, m, v int) error // rules beyond checkSize; the error omits the name
-	build  func(p, m, v int) ([][]Action, error)
-	bubble func(p, m, v int) float64
+	name      string
+	sizes     func(p, m, v int) error // rules beyond checkSize; the error omits the name
+	build     func(p, m, v int) ([][]Action, error)
+	placement Placement
+	bubble    func(p, m, v int) float64
 }
 
 // builtins is ordered; Names reports this order.
 var builtins = []builtin{
-	{"gpipe", oneChunk, perStage(gpipeStage), fillDrainBubble},
-	{"1f1b", oneChunk, perStage(oneFOneBStage), fillDrainBubble},
-	{"interleaved", interleavedSizes, perStage(interleavedStage), interleavedBubble},
-	{"zb-h1", oneChunk, zbH1, zbH1Bubble},
+	{"gpipe", oneChunk, perStage(gpipeStage), Loop, fillDrainBubble},
+	{"1f1b", oneChunk, perStage(oneFOneBStage), Loop, fillDrainBubble},
+	{"interleaved", interleavedSizes, perStage(interleavedStage), Loop, interleavedBubble},
+	{"zb-h1", oneChunk, zbH1, Loop, zbH1Bubble},
+	{"zb-v", zbVSizes, perStage(zbVStage), V, zbVBubble},
 }
 
 func lookup(name string) (builtin, bool) {
@@ -120,6 +124,21 @@ func Names() []string {
 // within 1F1B's min(p-s, m) and reach ZB-H1's bubble: with the last stage
 // holding one micro-batch, the first stage cannot finish before
 // (p-1)(F+I) + m(F+I+W). chunks must be 1.
+//
+// zb-v (Zero Bubble's ZB-V, Qi et al.; torch.distributed.pipelining's
+// ScheduleZBVZeroBubble): the backward is split into I and W, and each stage
+// holds two chunks placed in a V (Placement V): stage s holds model stages s
+// and 2p-1-s, so the forward runs down the stages on chunk 0, turns on the
+// last stage (its chunk 0 hands the activation to its chunk 1 locally) and
+// comes back up to stage 0, which computes the loss; the backward runs the V
+// the other way. Each stage's order is the paper's hand-crafted one (see
+// zbVStage), built for F = I = W: the only idle time is the start-up skew,
+// half a forward for each stage the first micro-batch passes before reaching
+// a stage (see zbVBubble). Stage s stashes at most min(m, 2p-1-s) +
+// min(m, s+1) micro-batch chunks, each half a stage's activations: never more
+// than 1F1B's first stage, and as much on every stage once m >= 2p-1. It
+// sends twice as many tensors as 1F1B (two boundaries per link, each way).
+// chunks must be 2 and micro-batches at least 3p/2, rounded down.
 func Build(name string, stages, microBatches, chunks int) (*Schedule, error) {
 	b, ok := lookup(name)
 	if !ok {
@@ -132,7 +151,14 @@ func Build(name string, stages, microBatches, chunks int) (*Schedule, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	return &Schedule{Name: name, Stages: stages, MicroBatches: microBatches, Chunks: chunks, Actions: actions}, nil
+	return &Schedule{Name: name, Stages: stages, MicroBatches: microBatches, Chunks: chunks, Placement: b.placement, Actions: actions}, nil
+}
+
+// PlacementOf returns the placement of the named built-in schedule; ok is
+// false for an unknown name.
+func PlacementOf(name string) (pl Placement, ok bool) {
+	b, ok := lookup(name)
+	return b.placement, ok
 }
 
 // check applies checkSize and then b's own rules.
@@ -174,6 +200,21 @@ func interleavedSizes(p, m, v int) error {
 		return fmt.Errorf("stages >= 2, got %d", p)
 	case m%p != 0:
 		return fmt.Errorf("micro_batches to be a multiple of stages (%d micro-batches, %d stages)", m, p)
+	}
+	return nil
+}
+
+// zbVMinMicroBatches is the fewest micro-batches zb-v accepts on p stages:
+// from there on its makespan meets the lower bound zbVBubble describes.
+func zbVMinMicroBatches(p int) int { return 3 * p / 2 }
+
+func zbVSizes(p, m, v int) error {
+	switch {
+	case v != 2:
+		return fmt.Errorf("chunks == 2 (one model stage on the way down the V and one on the way up), got %d", v)
+	case m < zbVMinMicroBatches(p):
+		return fmt.Errorf("micro_batches >= %d for %d stages (3*stages/2, rounded down: with fewer it cannot hide the first micro-batch's trip down and up the V), got %d",
+			zbVMinMicroBatches(p), p, m)
 	}
 	return nil
 }
@@ -336,6 +377,84 @@ func zbH1(p, m, v int) ([][]Action, error) {
 	return out, nil
 }
 
+// zbVStage is stage s's ZB-V list (Qi et al.'s hand-crafted schedule, as
+// torch.distributed.pipelining's ScheduleZBVZeroBubble orders it), built for
+// n = max(m, 2p-1) micro-batches with those past m left out: chunk 0 is model
+// stage s, chunk 1 model stage 2p-1-s. In order:
+//
+//  1. 2(p-s)-1 forwards of chunk 0: stage s is busy until the first
+//     micro-batch has come down the V and back up to it;
+//  2. s pairs: a forward of chunk 1, then one of chunk 0;
+//  3. p-s triples on chunk 1: forward, input gradient, weight;
+//  4. the steady state, until every forward has run: a forward of chunk 0
+//     (while any are left), then chunk 0's next input-gradient and weight
+//     passes, then chunk 1's forward, input-gradient and weight passes;
+//  5. the cool-down: s pairs of input-gradient passes, chunk 0 then chunk 1,
+//     their weight passes deferred; p-s of chunk 0's input-gradient passes,
+//     each followed by chunk 0's oldest deferred weight pass; then chunk 1's
+//     deferred weight passes and chunk 0's last ones.
+//
+// Chunk 0's forwards run ahead of chunk 1's by up to 2p-1-s micro-batches,
+// and each is held until its weight pass: the stage holds at most
+// min(m, 2p-1-s) + min(m, s+1) micro-batch chunks at once, 2p on every stage
+// once m >= 2p-1 (chunk 0 alone reaches min(m, 2p-s), chunk 1 min(m, s+1),
+// but not at the same time).
+func zbVStage(s, p, m, v int) []Action {
+	n := max(m, 2*p-1)
+	out := make([]Action, 0, 6*m)
+	var f, b, w [2]int // the next forward, input-gradient and weight pass of each chunk
+	add := func(k Kind, c int) {
+		next := &f[c]
+		switch k {
+		case Input:
+			next = &b[c]
+		case Weight:
+			next = &w[c]
+		}
+		if *next < m {
+			out = append(out, Action{Stage: s, Kind: k, MicroBatch: *next, Chunk: c})
+		}
+		*next++
+	}
+	for range 2*(p-s) - 1 {
+		add(Forward, 0)
+	}
+	for range s {
+		add(Forward, 1)
+		add(Forward, 0)
+	}
+	for range p - s {
+		add(Forward, 1)
+		add(Input, 1)
+		add(Weight, 1)
+	}
+	for f[1] < f[0] || f[0] < n {
+		if f[0] < n {
+			add(Forward, 0)
+		}
+		add(Input, 0)
+		add(Weight, 0)
+		add(Forward, 1)
+		add(Input, 1)
+		add(Weight, 1)
+	}
+	for range s {
+		add(Input, 0)
+		add(Input, 1)
+	}
+	for range p - s {
+		add(Input, 0)
+		add(Weight, 0)
+	}
+	for w[1] < b[1] {
+		add(Weight, 1)
+	}
+	for w[0] < b[0] {
+		add(Weight, 0)
+	}
+	return out
+}
+
 // The closed forms below are the idle fraction of the makespan, the same on
 // every stage, for uniform costs F = B/2 = I = W on every stage and free
 // transfers: a forward costs one unit, a full backward two, an input-gradient
@@ -372,6 +491,21 @@ func zbH1Bubble(p, m, v int) float64 {
 	return float64(p-1) / float64(3*m+p-1)
 }
 
+// zbVBubble: with F = I = W per stage, each of zb-v's chunk actions takes
+// half a unit (a chunk holds half a stage), and each stage works 3m units.
+// The forward of the first micro-batch reaches stage s after s half-units, so
+// stage p-1 cannot start before (p-1)/2 and the makespan is at least
+// 3m + (p-1)/2; the construction meets that bound for every m >= 3p/2
+// (rounded down; Build refuses fewer): stage s is busy without a gap from
+// s/2 to 3m + s/2, idle (p-1)/2 units in all, which gives (p-1)/(6m+p-1).
+// The paper counts ZB-V's bubble as zero: it measures each stage from its
+// first pass to its last, a parallelogram whose skew successive steps
+// overlap, while the simulator starts a step on an empty pipeline and so
+// charges the skew, (p-1)F/2 per stage, to every step.
+func zbVBubble(p, m, v int) float64 {
+	return float64(p-1) / float64(6*m+p-1)
+}
+
 // TheoreticalBubble returns the closed-form idle fraction of each stage for
 // the named schedule with v chunks per stage, for uniform costs F = B/2 = I =
 // W on every stage (a forward one unit, a full backward two, an input-gradient
@@ -381,10 +515,12 @@ func zbH1Bubble(p, m, v int) float64 {
 //	interleaved:  (p-1)/(v*m+p-1), i.e. Megatron's (p-1)/(v*m) of the ideal time
 //	zb-h1:        (p-1)(F+I-W) / (m(F+I+W) + (p-1)(F+I-W)) = (p-1)/(3m+p-1) for m >= p,
 //	              (2p-1-m)/(2m+2p-1) for m < p (see zbH1Bubble)
+//	zb-v:         (p-1)(F/2) / (m(F+I+W) + (p-1)(F/2)) = (p-1)/(6m+p-1) (see zbVBubble)
 //
 // The first two hold for any uniform forward and backward costs (the idle
-// time scales with F+B); zb-h1's needs F = I = W, since its order is built for
-// those costs. ok is false for an unknown name or sizes Build rejects.
+// time scales with F+B); zb-h1's and zb-v's need F = I = W, since their orders
+// are built for those costs. ok is false for an unknown name or sizes Build
+// rejects.
 func TheoreticalBubble(name string, stages, microBatches, chunks int) (frac float64, ok bool) {
 	b, ok := lookup(name)
 	if !ok || b.check(stages, microBatches, chunks) != nil {

@@ -28,11 +28,13 @@ func (s *Schedule) Check() error {
 // index records where each possible action sits on its stage's list.
 type index struct {
 	p, m, v int
+	t       Topology
 	pos     []int // position on the stage's list, -1 if absent; see slot
 }
 
-func newIndex(p, m, v int) *index {
-	x := &index{p: p, m: m, v: v, pos: make([]int, int(numKinds)*p*v*m)}
+func newIndex(t Topology, m int) *index {
+	p, v := t.Stages, t.Chunks
+	x := &index{p: p, m: m, v: v, t: t, pos: make([]int, int(numKinds)*p*v*m)}
 	for i := range x.pos {
 		x.pos[i] = -1
 	}
@@ -50,7 +52,7 @@ func (x *index) at(a Action) int { return x.pos[x.slot(a)] }
 // input gradient there: the full backward or, where the backward is split,
 // the input-gradient pass.
 func (x *index) gradient(a Action, ms int) Action {
-	g := a.onModelStage(Backward, ms, x.p)
+	g := x.t.on(a, Backward, ms)
 	if x.at(g) < 0 {
 		g.Kind = Input
 	}
@@ -67,7 +69,10 @@ func (s *Schedule) validate() (*index, error) {
 	if len(s.Actions) != p {
 		return nil, fmt.Errorf("schedule has %d stage lists, want %d", len(s.Actions), p)
 	}
-	x := newIndex(p, m, v)
+	if s.Placement >= numPlacements {
+		return nil, fmt.Errorf("unknown placement %v", s.Placement)
+	}
+	x := newIndex(s.Topology(), m)
 	for st, list := range s.Actions {
 		for j, a := range list {
 			bad := func(why string, args ...any) error {

@@ -19,11 +19,16 @@ func Formats() []string { return []string{"csv", "grid", "yaml"} }
 //   - "csv": torch.distributed.pipelining's layout, one row per stage and one
 //     action per cell ("0F0", "0I3", "1W2c1"); empty cells are ignored. The
 //     number before the kind is the stage (the row), and a chunk other than 0
-//     is written as the "c<chunk>" suffix. WriteCSV writes it.
+//     is written as the "c<chunk>" suffix. A row holding only the cell
+//     "placement: v" gives the placement. WriteCSV writes it.
 //   - "grid": what Grid prints, read by ParseGrid.
 //   - "yaml": a mapping with a "stages" key holding one list of actions per
-//     stage, and optionally a "name": `stages: [[0F0, 0F1, 0B0, 0B1], [...]]`.
-//     WriteYAML writes it.
+//     stage, and optionally a "name" and a "placement":
+//     `stages: [[0F0, 0F1, 0B0, 0B1], [...]]`. WriteYAML writes it.
+//
+// The placement (see Placement) is Loop unless the file names another: the
+// same lists of actions mean other traffic under V, so a V-shaped schedule
+// must say so.
 //
 // Stages is the number of rows (stage lists), MicroBatches one more than the
 // largest micro-batch mentioned and Chunks one more than the largest chunk
@@ -50,13 +55,26 @@ func loadCSV(data []byte) (*Schedule, error) {
 	cr := csv.NewReader(bytes.NewReader(data))
 	cr.FieldsPerRecord = -1 // stages may run different numbers of actions
 	var rows [][]Action
-	for {
+	pl, placed := Loop, false
+	for line := 1; ; line++ {
 		rec, err := cr.Read()
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
 			return nil, fmt.Errorf("csv: %w", err)
+		}
+		if cells := nonEmpty(rec); len(cells) == 1 {
+			if p, ok, err := parsePlacementLine(cells[0]); ok {
+				switch {
+				case err != nil:
+					return nil, fmt.Errorf("csv line %d: %w", line, err)
+				case placed:
+					return nil, fmt.Errorf("csv line %d: a second placement row", line)
+				}
+				pl, placed = p, true
+				continue
+			}
 		}
 		list := []Action{}
 		for col, cell := range rec {
@@ -75,7 +93,20 @@ func loadCSV(data []byte) (*Schedule, error) {
 	if len(rows) == 0 {
 		return nil, fmt.Errorf("csv: no rows found")
 	}
-	return fromRows(rows), nil
+	s := fromRows(rows)
+	s.Placement = pl
+	return s, nil
+}
+
+// nonEmpty returns the cells of rec that hold more than spaces.
+func nonEmpty(rec []string) []string {
+	var out []string
+	for _, c := range rec {
+		if strings.TrimSpace(c) != "" {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 func loadYAML(data []byte) (*Schedule, error) {
@@ -95,6 +126,7 @@ func loadYAML(data []byte) (*Schedule, error) {
 	}
 	var name string
 	var stages *yaml.Node
+	pl := Loop
 	for i := 0; i+1 < len(top.Content); i += 2 {
 		k, v := top.Content[i], top.Content[i+1]
 		switch k.Value {
@@ -103,10 +135,20 @@ func loadYAML(data []byte) (*Schedule, error) {
 				return nil, at(v, "want the schedule's name as a string")
 			}
 			name = v.Value
+		case placementKey:
+			var err error
+			if v.Kind != yaml.ScalarNode {
+				err = fmt.Errorf("want the placement's name (%s)", strings.Join(Placements(), ", "))
+			} else {
+				pl, err = ParsePlacement(v.Value)
+			}
+			if err != nil {
+				return nil, at(v, "%v", err)
+			}
 		case "stages":
 			stages = v
 		default:
-			return nil, at(k, "unknown key %q (want name, stages)", k.Value)
+			return nil, at(k, "unknown key %q (want name, placement, stages)", k.Value)
 		}
 	}
 	if stages == nil {
@@ -143,17 +185,23 @@ func loadYAML(data []byte) (*Schedule, error) {
 		rows = append(rows, list)
 	}
 	s := fromRows(rows)
-	s.Name = name
+	s.Name, s.Placement = name, pl
 	return s, nil
 }
 
 func isNull(n *yaml.Node) bool { return n.Kind == yaml.ScalarNode && n.Tag == "!!null" }
 
 // WriteCSV writes the schedule as Load reads it with format "csv": one row
-// per stage, one action per cell. An empty stage list is written as a single
-// empty quoted cell so that the row is not lost.
+// per stage, one action per cell, after a placement row when the placement is
+// not Loop. An empty stage list is written as a single empty quoted cell so
+// that the row is not lost.
 func (s *Schedule) WriteCSV(w io.Writer) error {
 	cw := csv.NewWriter(w)
+	if line := placementLine(s.Placement); line != "" {
+		if err := cw.Write([]string{strings.TrimSuffix(line, "\n")}); err != nil {
+			return err
+		}
+	}
 	for _, list := range s.Actions {
 		if len(list) == 0 {
 			cw.Flush()
@@ -175,12 +223,14 @@ func (s *Schedule) WriteCSV(w io.Writer) error {
 }
 
 // WriteYAML writes the schedule as Load reads it with format "yaml": its name
-// (when set) and one flow list of actions per stage.
+// (when set), its placement (when not Loop) and one flow list of actions per
+// stage.
 func (s *Schedule) WriteYAML(w io.Writer) error {
 	var b strings.Builder
 	if s.Name != "" {
 		b.WriteString("name: " + strconv.Quote(s.Name) + "\n")
 	}
+	b.WriteString(placementLine(s.Placement))
 	b.WriteString("stages:\n")
 	for _, list := range s.Actions {
 		b.WriteString("  - [")

@@ -146,36 +146,14 @@ func ParseOp(s string) (Op, error) {
 	return Op{Kind: Compute, Action: a, Peer: -1}, nil
 }
 
-// Tag is the chunk a tensor of this send or receive is tagged with on the
-// wire: the chunk of the upstream model stage of the boundary it crosses, so
-// that the two ends agree whichever of them names it. It is -1 for other ops.
-func (o Op) Tag(stages int) int {
-	ms := o.Action.ModelStage(stages)
-	switch o.Kind {
-	case RecvAct, SendGrad:
-		return (ms - 1) / stages
-	case SendAct, RecvGrad:
-		return ms / stages
-	}
-	return -1
-}
+// Tag is Topology.Tag under Loop placement: the chunk of the upstream model
+// stage of the boundary the op's tensor crosses.
+func (o Op) Tag(stages int) int { return Topology{Stages: stages}.Tag(o) }
 
 // TiedTag is the chunk tag a SyncTied op's gradient carries on the ring link
 // between the last stage and stage 0: after the chunks-1 activation tags
 // that link carries, one per tied weight.
 func (o Op) TiedTag(chunks int) int { return chunks - 1 + o.Index }
-
-// matches reports whether o and r are the two ends of one message: a send
-// and the receive it feeds.
-func (o Op) matches(r Op, stages int) bool {
-	switch {
-	case o.Kind == SendAct && r.Kind == RecvAct:
-		return r.Action.MicroBatch == o.Action.MicroBatch && r.Action.ModelStage(stages) == o.Action.ModelStage(stages)+1
-	case o.Kind == SendGrad && r.Kind == RecvGrad:
-		return r.Action.MicroBatch == o.Action.MicroBatch && r.Action.ModelStage(stages) == o.Action.ModelStage(stages)-1
-	}
-	return false
-}
 
 // Lowered is a schedule with its communication: Ops[s] is everything stage s
 // does in one training step, in order.
@@ -184,6 +162,7 @@ type Lowered struct {
 	Stages       int
 	MicroBatches int
 	Chunks       int
+	Placement    Placement
 	Ops          [][]Op
 }
 
@@ -199,7 +178,7 @@ func Lower(s *Schedule, passes ...Pass) (*Lowered, error) {
 	if len(passes) == 0 {
 		passes = []Pass{AddSendRecv, AddReduceGrad}
 	}
-	l := &Lowered{Name: s.Name, Stages: s.Stages, MicroBatches: s.MicroBatches, Chunks: s.Chunks, Ops: make([][]Op, s.Stages)}
+	l := &Lowered{Name: s.Name, Stages: s.Stages, MicroBatches: s.MicroBatches, Chunks: s.Chunks, Placement: s.Placement, Ops: make([][]Op, s.Stages)}
 	for st, list := range s.Actions {
 		for _, a := range list {
 			l.Ops[st] = append(l.Ops[st], Op{Kind: Compute, Action: a, Peer: -1})
@@ -218,9 +197,11 @@ func Lower(s *Schedule, passes ...Pass) (*Lowered, error) {
 // input-gradient backward receives its output gradient from the next model
 // stage's device (none on the last) and sends its input gradient to the
 // previous one (none on model stage 0); a weight pass neither sends nor
-// receives.
+// receives. Where two neighbouring model stages are chunks of one stage (the
+// turn of a V) the send and the receive name that stage itself: a local
+// hand-off, which costs no transfer.
 func AddSendRecv(l *Lowered) {
-	p, v := l.Stages, l.Chunks
+	t := l.Topology()
 	for st, ops := range l.Ops {
 		var out []Op
 		for _, o := range ops {
@@ -234,13 +215,13 @@ func AddSendRecv(l *Lowered) {
 				recv, send = RecvGrad, SendGrad
 			}
 			if a.Kind != Weight {
-				if from := a.RecvFrom(p, v); from >= 0 {
+				if from := t.RecvFrom(a); from >= 0 {
 					out = append(out, Op{Kind: recv, Action: a, Peer: from})
 				}
 			}
 			out = append(out, o)
 			if a.Kind != Weight {
-				if to := a.SendTo(p, v); to >= 0 {
+				if to := t.SendTo(a); to >= 0 {
 					out = append(out, Op{Kind: send, Action: a, Peer: to})
 				}
 			}
@@ -281,17 +262,18 @@ func AddReduceGrad(l *Lowered) {
 }
 
 // AddTiedSync returns the pass for a model with n tied weights, each held
-// twice, by its first model stage (stage 0) and its last (the last stage):
-// it ends both stages' lists with one SyncTied per weight, which exchanges
-// the two halves' gradients over the ring link and sums them, so both copies
-// take the same step (on a one-stage schedule the sum is local). A list that
-// already has a weight's op keeps it.
+// twice, by its first model stage and its last: it ends the lists of the
+// stages holding them (stage 0 and the last stage under Loop placement) with
+// one SyncTied per weight, which exchanges the two halves' gradients over the
+// ring link and sums them, so both copies take the same step. When one stage
+// holds both (a one-stage schedule, or stage 0 under V) the sum is local. A
+// list that already has a weight's op keeps it.
 func AddTiedSync(n int) Pass {
 	return func(l *Lowered) {
-		last := l.Stages - 1
-		for _, st := range []int{0, last} {
-			peer := last - st
-			if last == 0 {
+		first, last := l.Topology().TiedStages()
+		for _, st := range []int{first, last} {
+			peer := first + last - st
+			if first == last {
 				peer = -1
 			}
 			for i := range n {
@@ -303,7 +285,7 @@ func AddTiedSync(n int) Pass {
 					l.Ops[st] = append(l.Ops[st], Op{Kind: SyncTied, Action: Action{Stage: st}, Peer: peer, Index: i})
 				}
 			}
-			if last == 0 {
+			if first == last {
 				break
 			}
 		}
@@ -312,7 +294,7 @@ func AddTiedSync(n int) Pass {
 
 // Compute returns the compute-only schedule inside a lowered one.
 func (l *Lowered) Compute() *Schedule {
-	s := &Schedule{Name: l.Name, Stages: l.Stages, MicroBatches: l.MicroBatches, Chunks: l.Chunks, Actions: make([][]Action, len(l.Ops))}
+	s := &Schedule{Name: l.Name, Stages: l.Stages, MicroBatches: l.MicroBatches, Chunks: l.Chunks, Placement: l.Placement, Actions: make([][]Action, len(l.Ops))}
 	for st, ops := range l.Ops {
 		for _, o := range ops {
 			if o.Kind == Compute {
@@ -324,9 +306,11 @@ func (l *Lowered) Compute() *Schedule {
 }
 
 // Grid prints a lowered schedule one stage per line, as Schedule.Grid prints
-// a compute-only one: "stage 0: 0F0 0F0>1 0F1 0F1>1 0B0<1 0B0 0R".
+// a compute-only one: "stage 0: 0F0 0F0>1 0F1 0F1>1 0B0<1 0B0 0R", after
+// its placement line when the placement is not Loop.
 func (l *Lowered) Grid() string {
 	var b strings.Builder
+	b.WriteString(placementLine(l.Placement))
 	for st, ops := range l.Ops {
 		b.WriteString(stageLabel(st, len(l.Ops)))
 		for _, o := range ops {
@@ -340,11 +324,11 @@ func (l *Lowered) Grid() string {
 // ParseLoweredGrid reads what Lowered.Grid prints; the sizes are those of its
 // compute ops. The result is not checked: call Check.
 func ParseLoweredGrid(text string) (*Lowered, error) {
-	rows, err := gridRows(text, ParseOp)
+	rows, pl, err := gridRows(text, ParseOp)
 	if err != nil {
 		return nil, err
 	}
-	l := &Lowered{Stages: len(rows), Chunks: 1, Ops: rows}
+	l := &Lowered{Stages: len(rows), Chunks: 1, Placement: pl, Ops: rows}
 	for _, ops := range rows {
 		for _, o := range ops {
 			if o.Kind == Compute {
@@ -356,16 +340,22 @@ func ParseLoweredGrid(text string) (*Lowered, error) {
 	return l, nil
 }
 
+// LowerEvaluation is an evaluation pass lowered under Loop placement; see
+// Topology.LowerEvaluation.
+func LowerEvaluation(stages, microBatches, chunks int) *Lowered {
+	return Topology{Stages: stages, Chunks: chunks}.LowerEvaluation(microBatches)
+}
+
 // LowerEvaluation is an evaluation pass lowered: each micro-batch's forward
 // through every chunk of every stage, micro-batch by micro-batch, with the
 // receives and sends AddSendRecv gives forwards. Having no backward it is
 // not a training schedule, so Check does not apply; it plays in the
 // simulator's order without deadlock (the tests check).
-func LowerEvaluation(stages, microBatches, chunks int) *Lowered {
-	l := &Lowered{Name: "evaluation", Stages: stages, MicroBatches: microBatches, Chunks: chunks, Ops: make([][]Op, stages)}
-	for st := range stages {
+func (t Topology) LowerEvaluation(microBatches int) *Lowered {
+	l := &Lowered{Name: "evaluation", Stages: t.Stages, MicroBatches: microBatches, Chunks: t.Chunks, Placement: t.Placement, Ops: make([][]Op, t.Stages)}
+	for st := range t.Stages {
 		for k := range microBatches {
-			for c := range chunks {
+			for c := range t.Chunks {
 				l.Ops[st] = append(l.Ops[st], Op{Kind: Compute, Action: Action{Stage: st, Kind: Forward, MicroBatch: k, Chunk: c}, Peer: -1})
 			}
 		}

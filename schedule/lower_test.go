@@ -61,6 +61,14 @@ func randomCosts(rng *rand.Rand, p int, split bool) Costs {
 	return c
 }
 
+// placedModelStage restates the placements, independently of placement.go.
+func placedModelStage(pl Placement, p int, a Action) int {
+	if pl == V && a.Chunk%2 == 1 {
+		return a.Chunk*p + p - 1 - a.Stage
+	}
+	return a.Chunk*p + a.Stage
+}
+
 func checkLowered(t *testing.T, what string, s *Schedule, l *Lowered) {
 	t.Helper()
 	if !sameSchedule(l.Compute(), s) {
@@ -80,7 +88,7 @@ func checkLowered(t *testing.T, what string, s *Schedule, l *Lowered) {
 		for j, o := range ops {
 			switch o.Kind {
 			case Compute:
-				ms := o.Action.ModelStage(p)
+				ms := placedModelStage(s.Placement, p, o.Action)
 				needsRecv := o.Action.Kind == Forward && ms > 0 || (o.Action.Kind == Backward || o.Action.Kind == Input) && ms < p*v-1
 				if needsRecv && (j == 0 || !ops[j-1].isRecv() || ops[j-1].Action != o.Action) {
 					t.Fatalf("%s: stage %d: %v is not right after its receive", what, st, o)
@@ -97,21 +105,29 @@ func checkLowered(t *testing.T, what string, s *Schedule, l *Lowered) {
 				}
 			case RecvAct, RecvGrad, SendAct, SendGrad:
 				// The runtime's rule for the tag: a stage's chunk c, on its
-				// upstream boundary, is tagged c, but stage 0 (fed over the
-				// ring by the last stage) tags it c-1.
+				// upstream boundary, is tagged c, but under Loop stage 0 (fed
+				// over the ring by the last stage) tags it c-1, and under V
+				// the last stage's chunk 1 (fed by its own chunk 0) tags it 0.
 				up := o.Kind == RecvAct || o.Kind == SendGrad
 				want := o.Action.Chunk
-				if up && st == 0 {
+				switch {
+				case up && s.Placement == Loop && st == 0:
 					want = o.Action.Chunk - 1
+				case up && s.Placement == V && st == p-1 && o.Action.Chunk == 1:
+					want = 0
 				}
-				if o.Tag(p) != want {
-					t.Fatalf("%s: %v has tag %d, the runtime uses %d", what, o, o.Tag(p), want)
+				tag := l.Topology().Tag(o)
+				if tag != want {
+					t.Fatalf("%s: %v has tag %d, the runtime uses %d", what, o, tag, want)
+				}
+				if s.Placement == Loop && o.Tag(p) != tag {
+					t.Fatalf("%s: %v: Op.Tag %d, Topology.Tag %d", what, o, o.Tag(p), tag)
 				}
 				from, to := st, o.Peer
 				if o.isRecv() {
 					from, to = o.Peer, st
 				}
-				key := fmt.Sprintf("grad=%v mb%d %d->%d tag%d", o.Kind == SendGrad || o.Kind == RecvGrad, o.Action.MicroBatch, from, to, o.Tag(p))
+				key := fmt.Sprintf("grad=%v mb%d %d->%d tag%d", o.Kind == SendGrad || o.Kind == RecvGrad, o.Action.MicroBatch, from, to, tag)
 				if o.isSend() {
 					sends[key]++
 				} else {

@@ -13,12 +13,14 @@ type message struct {
 	from       int // model stage of the sender
 }
 
-func (o Op) message(stages int) message {
-	return message{grad: o.Kind == SendGrad || o.Kind == RecvGrad, microBatch: o.Action.MicroBatch, from: o.senderModelStage(stages)}
+func (o Op) message(stages int) message { return Topology{Stages: stages}.message(o) }
+
+func (t Topology) message(o Op) message {
+	return message{grad: o.Kind == SendGrad || o.Kind == RecvGrad, microBatch: o.Action.MicroBatch, from: t.senderModelStage(o)}
 }
 
-func (o Op) senderModelStage(stages int) int {
-	ms := o.Action.ModelStage(stages)
+func (t Topology) senderModelStage(o Op) int {
+	ms := t.ModelStageOf(o.Action)
 	switch o.Kind {
 	case RecvAct:
 		return ms - 1
@@ -74,7 +76,8 @@ func (l *Lowered) validate() error {
 	if err := l.Compute().Check(); err != nil {
 		return err
 	}
-	p, v := l.Stages, l.Chunks
+	t, v := l.Topology(), l.Chunks
+	first, last := t.TiedStages()
 	sends, recvs := map[message]Op{}, map[message]Op{}
 	tied := map[[2]int]bool{} // (stage, weight) of each SyncTied
 	for st, ops := range l.Ops {
@@ -89,9 +92,9 @@ func (l *Lowered) validate() error {
 					return bad("%v", err)
 				}
 			case o.isSend() || o.isRecv():
-				want := o.Action.SendTo(p, v)
+				want := t.SendTo(o.Action)
 				if o.isRecv() {
-					want = o.Action.RecvFrom(p, v)
+					want = t.RecvFrom(o.Action)
 				}
 				if want < 0 || (o.Kind == SendAct || o.Kind == RecvAct) != (o.Action.Kind == Forward) || o.Action.Kind == Weight {
 					return bad("%v carries nothing of this kind", o.Action)
@@ -103,17 +106,20 @@ func (l *Lowered) validate() error {
 				if o.isRecv() {
 					set = recvs
 				}
-				if _, dup := set[o.message(p)]; dup {
+				if _, dup := set[t.message(o)]; dup {
 					return bad("appears twice")
 				}
-				set[o.message(p)] = o
+				set[t.message(o)] = o
 			case o.Kind == SyncTied:
-				want := l.Stages - 1 - st
-				if l.Stages == 1 {
+				want := first + last - st
+				if first == last {
 					want = -1
 				}
-				if (st != 0 && st != l.Stages-1) || o.Peer != want {
-					return bad("tied weights are held by stages 0 and %d, exchanging with each other", l.Stages-1)
+				if (st != first && st != last) || o.Peer != want {
+					if first == last {
+						return bad("tied weights are both held by stage %d, which sums them alone", first)
+					}
+					return bad("tied weights are held by stages %d and %d, exchanging with each other", first, last)
 				}
 				if _, dup := tied[[2]int{st, o.Index}]; dup {
 					return bad("appears twice")
@@ -146,7 +152,7 @@ func (l *Lowered) validate() error {
 		}
 	}
 	for k := range tied {
-		if other := (l.Stages - 1 - k[0]); !tied[[2]int{other, k[1]}] {
+		if other := first + last - k[0]; !tied[[2]int{other, k[1]}] {
 			return fmt.Errorf("stage %d exchanges tied weight %d's gradient, but stage %d does not", k[0], k[1], other)
 		}
 	}
@@ -157,7 +163,7 @@ func (l *Lowered) validate() error {
 // before it and the send it owes after it, each exactly once on this list.
 func (l *Lowered) checkComm(ops []Op, j int) error {
 	a := ops[j].Action
-	p, v := l.Stages, l.Chunks
+	t := l.Topology()
 	if a.Kind == Weight {
 		return nil
 	}
@@ -174,11 +180,11 @@ func (l *Lowered) checkComm(ops []Op, j int) error {
 		}
 		return n
 	}
-	if a.RecvFrom(p, v) >= 0 && count(recv, 0, j) != 1 {
-		return fmt.Errorf("needs exactly one %s before it (%v<%d), found %d", recv, a, a.RecvFrom(p, v), count(recv, 0, j))
+	if t.RecvFrom(a) >= 0 && count(recv, 0, j) != 1 {
+		return fmt.Errorf("needs exactly one %s before it (%v<%d), found %d", recv, a, t.RecvFrom(a), count(recv, 0, j))
 	}
-	if a.SendTo(p, v) >= 0 && count(send, j+1, len(ops)) != 1 {
-		return fmt.Errorf("needs exactly one %s after it (%v>%d), found %d", send, a, a.SendTo(p, v), count(send, j+1, len(ops)))
+	if t.SendTo(a) >= 0 && count(send, j+1, len(ops)) != 1 {
+		return fmt.Errorf("needs exactly one %s after it (%v>%d), found %d", send, a, t.SendTo(a), count(send, j+1, len(ops)))
 	}
 	return nil
 }
@@ -209,16 +215,20 @@ func (l *Lowered) simulate(c Costs) (*Timeline, error) {
 // play is the simulation of a lowered schedule assumed well formed.
 func (l *Lowered) play(c Costs) (*Timeline, error) { return l.playDepth(c, 0) }
 
-// link is one direction of traffic between two stages.
+// link is one direction of one link between two stages: from the end that
+// dials to the one that listens (down) or back. Under Loop placement two
+// stages may share two links (the ring's, with two stages), told apart by
+// the direction; under V one link carries chunk 0's activations and chunk
+// 1's gradients the same way.
 type link struct {
 	from, to int
-	grad     bool
+	down     bool
 }
 
 // playDepth is play with links of bounded room (see CheckDepth); the times
 // it gives are those of unbounded links, so use it for deadlocks only.
 func (l *Lowered) playDepth(c Costs, depth int) (*Timeline, error) {
-	p, v := l.Stages, l.Chunks
+	p, v, t := l.Stages, l.Chunks, l.Topology()
 	sent := map[message]float64{} // when each message left its sender
 	seq := map[message]int{}      // its place on its link
 	queued := map[link]int{}      // messages sent on each link
@@ -246,25 +256,26 @@ func (l *Lowered) playDepth(c Costs, depth int) (*Timeline, error) {
 					tl.Busy[st] += d
 					clock[st] += d
 				case o.isSend():
-					ln := link{from: st, to: o.Peer, grad: o.Kind == SendGrad}
-					if depth > 0 && queued[ln]-taken[ln] >= 2*depth {
+					ln := link{from: st, to: o.Peer, down: t.Downstream(o)}
+					// A local hand-off waits for no room: it is no link.
+					if depth > 0 && o.Peer != st && queued[ln]-taken[ln] >= 2*depth {
 						break run // the link is full until the other side receives
 					}
-					m := o.message(p)
+					m := t.message(o)
 					sent[m], seq[m] = clock[st], queued[ln]
 					queued[ln]++
 				case o.isRecv():
-					m := o.message(p)
-					t, ok := sent[m]
+					m := t.message(o)
+					at, ok := sent[m]
 					if !ok {
 						break run
 					}
-					ln := link{from: o.Peer, to: st, grad: o.Kind == RecvGrad}
+					ln := link{from: o.Peer, to: st, down: t.Downstream(o)}
 					taken[ln] = max(taken[ln], seq[m]+1)
 					if o.Peer != st {
-						t += c.Transfer
+						at += c.Transfer
 					}
-					clock[st] = max(clock[st], t)
+					clock[st] = max(clock[st], at)
 				case o.Kind == ReduceGrad && c.AllReduce != nil:
 					rings[st].reduce(o.Action.Chunk, clock[st], c.AllReduce[st][o.Action.Chunk])
 				case o.Kind == SyncTied:
@@ -280,11 +291,11 @@ func (l *Lowered) playDepth(c Costs, depth int) (*Timeline, error) {
 					if _, ok := sent[mine]; !ok {
 						sent[mine] = clock[st]
 					}
-					t, ok := sent[message{grad: true, microBatch: -1 - o.Index, from: -1 - o.Peer}]
+					at, ok := sent[message{grad: true, microBatch: -1 - o.Index, from: -1 - o.Peer}]
 					if !ok {
 						break run
 					}
-					clock[st] = max(clock[st], t+c.Transfer)
+					clock[st] = max(clock[st], at+c.Transfer)
 				}
 				moved = true
 			}

@@ -39,6 +39,8 @@ func allowed(name string, p, m, v int) bool {
 		return p >= 1 && m >= 1 && v == 1
 	case "interleaved":
 		return p >= 2 && m >= 1 && v >= 2 && m%p == 0
+	case "zb-v":
+		return p >= 1 && 2*m >= 3*p-1 && v == 2
 	}
 	return false
 }
@@ -54,6 +56,9 @@ func wantPeak(t *testing.T, name string, st, p, m, v int) int {
 		return min(2*(p-st-1)+(v-1)*p+1, m*v)
 	case "zb-h1":
 		return min(p, m)
+	case "zb-v":
+		// Chunk 0 runs ahead of chunk 1 by 2p-1-st micro-batches.
+		return min(m, 2*p-1-st) + min(m, st+1)
 	}
 	t.Fatalf("no expected PeakInFlight for %q", name)
 	return 0
@@ -71,6 +76,8 @@ func wantMakespan(t *testing.T, name string, p, m, v int) float64 {
 			return float64(2*m + 2*p - 1)
 		}
 		return float64(3*m + p - 1)
+	case "zb-v":
+		return float64(3*m) + float64(p-1)/2
 	}
 	t.Fatalf("no expected makespan for %q", name)
 	return 0
@@ -114,9 +121,10 @@ func testBuiltin(t *testing.T, name string, p, m, v int) {
 	}
 
 	// Each action exactly once, on its own list, counted independently of
-	// Check: F and B per (chunk, micro-batch), or F, I and W for zb-h1.
+	// Check: F and B per (chunk, micro-batch), or F, I and W for zb-h1 and
+	// zb-v.
 	kinds := []Kind{Forward, Backward}
-	if name == "zb-h1" {
+	if name == "zb-h1" || name == "zb-v" {
 		kinds = []Kind{Forward, Input, Weight}
 	}
 	seen := map[Action]int{}
@@ -157,13 +165,25 @@ func testBuiltin(t *testing.T, name string, p, m, v int) {
 			t.Errorf("PeakInFlight = %v, above 1f1b's peak", got)
 		}
 	}
+	if name == "zb-v" {
+		// A chunk holds half a stage's layers: no stage stashes more than
+		// 1F1B's first stage, two chunks for each of its micro-batches.
+		if peak1F1B := slices.Max(mustBuild(t, "1f1b", p, m, 1).PeakInFlight()); slices.Max(got) > 2*peak1F1B {
+			t.Errorf("PeakInFlight = %v chunks, above twice 1f1b's peak of %d", got, peak1F1B)
+		}
+		if s.Placement != V {
+			t.Errorf("placement %v, want v", s.Placement)
+		}
+	} else if s.Placement != Loop {
+		t.Errorf("placement %v, want loop", s.Placement)
+	}
 
 	bubble, ok := TheoreticalBubble(name, p, m, v)
 	if !ok {
 		t.Fatalf("TheoreticalBubble not ok")
 	}
 	costs := [][2]float64{{1, 2}}
-	if name != "zb-h1" { // the others hold for any uniform f and b
+	if name != "zb-h1" && name != "zb-v" { // the others hold for any uniform f and b
 		costs = append(costs, [2]float64{1, 1}, [2]float64{2, 1})
 	}
 	for _, fb := range costs {
@@ -238,8 +258,8 @@ func TestBuildErrors(t *testing.T) {
 		p, m, v int
 		want    string
 	}{
-		{"zb", 2, 2, 1, `unknown schedule "zb" (known: gpipe, 1f1b, interleaved, zb-h1)`},
-		{"", 2, 2, 1, `unknown schedule "" (known: gpipe, 1f1b, interleaved, zb-h1)`},
+		{"zb", 2, 2, 1, `unknown schedule "zb" (known: gpipe, 1f1b, interleaved, zb-h1, zb-v)`},
+		{"", 2, 2, 1, `unknown schedule "" (known: gpipe, 1f1b, interleaved, zb-h1, zb-v)`},
 		{"gpipe", 0, 2, 1, "stages must be >= 1, got 0"},
 		{"1f1b", -3, 2, 1, "stages must be >= 1, got -3"},
 		{"1f1b", 2, 0, 1, "micro-batches must be >= 1, got 0"},
@@ -252,6 +272,10 @@ func TestBuildErrors(t *testing.T) {
 		{"interleaved", 3, 8, 2, "interleaved needs micro_batches to be a multiple of stages (8 micro-batches, 3 stages)"},
 		{"interleaved", 4, 2, 2, "interleaved needs micro_batches to be a multiple of stages (2 micro-batches, 4 stages)"},
 		{"interleaved", 4, 0, 2, "micro-batches must be >= 1, got 0"},
+		{"zb-v", 4, 8, 1, "zb-v needs chunks == 2 (one model stage on the way down the V and one on the way up), got 1"},
+		{"zb-v", 4, 8, 3, "zb-v needs chunks == 2 (one model stage on the way down the V and one on the way up), got 3"},
+		{"zb-v", 4, 5, 2, "zb-v needs micro_batches >= 6 for 4 stages (3*stages/2, rounded down: with fewer it cannot hide the first micro-batch's trip down and up the V), got 5"},
+		{"zb-v", 3, 3, 2, "zb-v needs micro_batches >= 4 for 3 stages (3*stages/2, rounded down: with fewer it cannot hide the first micro-batch's trip down and up the V), got 3"},
 	}
 	for _, tt := range tests {
 		s, err := Build(tt.name, tt.p, tt.m, tt.v)
@@ -281,6 +305,12 @@ func TestTheoreticalBubble(t *testing.T) {
 		{"zb-h1", 4, 4, 1, 3.0 / 15, true},
 		{"zb-h1", 4, 2, 1, 5.0 / 11, true}, // m < p: (2p-1-m)/(2m+2p-1)
 		{"zb-h1", 1, 3, 1, 0, true},
+		{"zb-v", 4, 8, 2, 3.0 / 51, true}, // 3/(6*8+3): the start-up skew of 3 half-forwards
+		{"zb-v", 4, 6, 2, 3.0 / 39, true},
+		{"zb-v", 2, 3, 2, 1.0 / 19, true},
+		{"zb-v", 1, 1, 2, 0, true},
+		{"zb-v", 4, 5, 2, 0, false},
+		{"zb-v", 4, 8, 1, 0, false},
 		{"nope", 4, 8, 1, 0, false},
 		{"gpipe", 0, 8, 1, 0, false},
 		{"gpipe", 4, 0, 1, 0, false},
@@ -297,7 +327,7 @@ func TestTheoreticalBubble(t *testing.T) {
 
 func TestNames(t *testing.T) {
 	got := Names()
-	if want := []string{"gpipe", "1f1b", "interleaved", "zb-h1"}; !reflect.DeepEqual(got, want) {
+	if want := []string{"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("Names() = %v, want %v", got, want)
 	}
 	got[0] = "mutated"
@@ -1266,7 +1296,7 @@ func TestLoadErrors(t *testing.T) {
 		{"yaml", "- 0F0\n", `yaml line 1, column 1: want a mapping with a "stages" key`},
 		{"yaml", "name: x\n", `yaml line 1, column 1: missing key "stages"`},
 		{"yaml", "name: [x]\nstages: []\n", `yaml line 1, column 7: want the schedule's name as a string`},
-		{"yaml", "stage: [[0F0]]\n", `yaml line 1, column 1: unknown key "stage" (want name, stages)`},
+		{"yaml", "stage: [[0F0]]\n", `yaml line 1, column 1: unknown key "stage" (want name, placement, stages)`},
 		{"yaml", "stages: 3\n", `yaml line 1, column 9: want "stages" to be a list of lists of actions, one per stage`},
 		{"yaml", "stages: []\n", `yaml line 1, column 9: no stages found`},
 		{"yaml", "stages:\n  - 0F0\n", `yaml line 2, column 5: want stage 0's list of actions`},
@@ -1311,11 +1341,11 @@ func TestLoadThenCheck(t *testing.T) {
 func TestSplitsBackward(t *testing.T) {
 	for _, name := range Names() {
 		v := 1
-		if name == "interleaved" {
+		if name == "interleaved" || name == "zb-v" {
 			v = 2
 		}
 		s := mustBuild(t, name, 4, 8, v)
-		if got, want := s.SplitsBackward(), name == "zb-h1"; got != want {
+		if got, want := s.SplitsBackward(), name == "zb-h1" || name == "zb-v"; got != want {
 			t.Errorf("%s: SplitsBackward() = %v, want %v", name, got, want)
 		}
 	}

@@ -21,12 +21,22 @@ import (
 // moment the chunk's gradients are final for the step (its last B or W), so
 // it costs the step only what the stage's remaining work and the other
 // stages do not cover. nil means one replica: nothing to reduce.
+//
+// Chunks, when given, replaces F, B, I and W chunk by chunk: Chunks[s][c] is
+// what chunk c of stage s costs, its own layers' passes rather than a v-th of
+// the stage's, for chunks that hold unequal shares of a stage's layers (a
+// planner weighing uneven splits). F and B must still be given.
 type Costs struct {
 	F, B      []float64 // len == Stages
 	I, W      []float64 // len == Stages, or nil for B/2
 	Transfer  float64
-	AllReduce [][]float64 // len == Stages, each len == Chunks; or nil
+	AllReduce [][]float64   // len == Stages, each len == Chunks; or nil
+	Chunks    [][]ChunkCost // len == Stages, each len == Chunks; or nil
 }
+
+// ChunkCost is one chunk's passes of one micro-batch: forward, full
+// backward, input-gradient and weight pass.
+type ChunkCost struct{ F, B, I, W float64 }
 
 // UniformCosts returns Costs with the same forward and full backward duration
 // on every stage, and I = W = b/2 (I and W left nil).
@@ -40,6 +50,18 @@ func UniformCosts(stages int, f, b, transfer float64) Costs {
 
 // duration returns how long a runs on its stage under c with v chunks.
 func (c Costs) duration(a Action, v int) float64 {
+	if c.Chunks != nil {
+		x := c.Chunks[a.Stage][a.Chunk]
+		switch a.Kind {
+		case Forward:
+			return x.F
+		case Backward:
+			return x.B
+		case Input:
+			return x.I
+		}
+		return x.W
+	}
 	var d float64
 	switch a.Kind {
 	case Forward:
@@ -156,6 +178,21 @@ func (c Costs) check(p, v int) error {
 	if !nonNegative(c.Transfer) {
 		return fmt.Errorf("transfer cost must be finite and >= 0, got %v", c.Transfer)
 	}
+	if c.Chunks != nil {
+		if len(c.Chunks) != p {
+			return fmt.Errorf("costs have %d per-chunk entries, want %d (one per stage, or none)", len(c.Chunks), p)
+		}
+		for st, chunks := range c.Chunks {
+			if len(chunks) != v {
+				return fmt.Errorf("stage %d: costs have %d per-chunk entries, want one per chunk, %d", st, len(chunks), v)
+			}
+			for ch, x := range chunks {
+				if !nonNegative(x.F) || !nonNegative(x.B) || !nonNegative(x.I) || !nonNegative(x.W) {
+					return fmt.Errorf("stage %d chunk %d: costs must be finite and >= 0, got %+v", st, ch, x)
+				}
+			}
+		}
+	}
 	if c.AllReduce == nil {
 		return nil
 	}
@@ -181,12 +218,12 @@ func nonNegative(x float64) bool { return x >= 0 && !math.IsInf(x, 1) }
 // forward, or its input-gradient pass), then the input from the neighbouring
 // model stage.
 func (x *index) deps(a Action) []Action {
-	ms, last := a.ModelStage(x.p), x.p*x.v-1
+	ms, last := x.t.ModelStageOf(a), x.p*x.v-1
 	var out []Action
 	switch a.Kind {
 	case Forward:
 		if ms > 0 {
-			out = append(out, a.onModelStage(Forward, ms-1, x.p))
+			out = append(out, x.t.on(a, Forward, ms-1))
 		}
 	case Backward, Input:
 		f := a

@@ -9,6 +9,7 @@ import (
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/internal/certs"
 	"github.com/pipetrain/pipetrain/models"
+	"github.com/pipetrain/pipetrain/schedule"
 	"github.com/pipetrain/pipetrain/transport"
 )
 
@@ -39,8 +40,8 @@ func (l *Links) Close() error {
 // and dials the next one at the same time, each bounded by
 // transport.connect_timeout, and runs the handshake that checks both sides agree on
 // the config digest and the shapes and dtype of the tensors between them. With
-// virtual stages the last stage also feeds stage 0 (the ring), so every stage
-// listens and dials.
+// virtual stages placed in a loop the last stage also feeds stage 0 (the
+// ring), so every stage listens and dials; a V links neighbours only.
 //
 // With replicas, the stage also joins its replicas' ring: it dials replica
 // r+1 of the same stage and accepts replica r-1 on the same address.
@@ -163,32 +164,57 @@ func LinkOptions(c *configs.Config, i int) (transport.Options, error) {
 	return opts, nil
 }
 
-// LinkShapes lists, by chunk tag, the activation shapes on the link from stage
-// `from` to the next stage: tag c is the boundary after model stage c*p + from, for
-// as long as that is not the model's last stage. Gradients have the same shapes.
+// LinkShapes lists, by chunk tag, the activation shapes on the link stage
+// `from` dials, to its next stage: tag c is the boundary whose upstream model
+// stage is a chunk c the link carries. Under Loop placement that is the
+// boundary after model stage c*p + from, for as long as that is not the
+// model's last stage; under V the link from stage s to s+1 carries chunk 0's
+// boundary down (tag 0) and chunk 1's back up (tag 1). Gradients have the
+// same shapes.
 func LinkShapes(c *configs.Config, model *models.Model, from int) [][]int {
-	var out [][]int
-	for ch := 0; ch < c.VirtualStages; ch++ {
-		k := ch*len(c.Stages) + from
-		if k+1 >= c.ModelStages() {
-			break
+	top := c.Topology()
+	byTag := map[int][]int{}
+	for k := 0; k+1 < c.ModelStages(); k++ {
+		sa, ca := top.Locate(k)
+		sb, _ := top.Locate(k + 1)
+		if dialer, ok := linkDialer(top, sa, sb); ok && dialer == from {
+			stage, chunk := top.Locate(k + 1)
+			first, _ := c.ChunkLayers(stage, chunk)
+			byTag[ca] = []int(model.ShapeAt(first, c.MicroBatchSize()))
 		}
-		stage, chunk := c.Place(k + 1)
-		first, _ := c.ChunkLayers(stage, chunk)
-		out = append(out, []int(model.ShapeAt(first, c.MicroBatchSize())))
 	}
-	// The ring link also carries the gradients of weights tied between the first
-	// and the last stage, tagged after the activation chunks.
-	if p := len(c.Stages); from == p-1 && p > 1 {
+	var out [][]int
+	for tag := 0; byTag[tag] != nil; tag++ {
+		out = append(out, byTag[tag])
+	}
+	// The ring link also carries the gradients of weights tied between the
+	// first and the last stage, tagged after the activation chunks.
+	if p := len(c.Stages); from == p-1 && top.Ring(len(model.Tied) > 0) {
 		out = append(out, model.TiedShapes...)
 	}
 	return out
 }
 
+// linkDialer returns the stage that dials the link an activation from stage
+// a to stage b travels on; ok is false when a and b are one stage (a
+// hand-off between its chunks). Under Loop placement activations go from the
+// dialer (the ring's last stage dials stage 0); under V both ways share the
+// link the upper stage dials.
+func linkDialer(top schedule.Topology, a, b int) (dialer int, ok bool) {
+	switch {
+	case a == b:
+		return 0, false
+	case top.Placement == schedule.V:
+		return min(a, b), true
+	}
+	return a, true
+}
+
 // NeedsRing reports whether the last stage also links to stage 0: interleaved
-// schedules send activations that way, and tied weights their gradients.
+// schedules send activations that way, and tied weights their gradients
+// when two stages hold them (not under a V, whose stage 0 holds both ends).
 func NeedsRing(c *configs.Config, model *models.Model) bool {
-	return len(c.Stages) > 1 && (c.VirtualStages > 1 || len(model.Tied) > 0)
+	return c.Topology().Ring(len(model.Tied) > 0)
 }
 
 // WireDType is the dtype tensors have on the links: the model's, or 16 bits with

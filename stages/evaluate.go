@@ -28,24 +28,29 @@ type EvalResult struct {
 func evalTag(done int) int { return -1 - done }
 
 // evaluate runs the feed's evaluation micro-batches forward through the pipeline,
-// chunk by chunk, and on the last stage scores the predictions; other stages
-// return nil.
+// chunk by chunk, and on the stage that computes the loss scores the
+// predictions; other stages return nil.
 func (r *Runtime) evaluate(ctx context.Context, tag int) (*EvalResult, error) {
 	if r.replica > 0 {
 		return nil, nil // the replicas hold replica 0's weights: it evaluates for all
 	}
 	var res EvalResult
-	var input, out *tensor.Dense
+	var input, out, handed *tensor.Dense
 	var msg *transport.Tensor
+	top := r.layout.Schedule.Topology()
 	for _, o := range r.evalOps {
 		a := o.Action
 		var err error
-		switch o.Kind {
-		case schedule.RecvAct:
-			input, msg, err = r.prev.recvHeld(ctx, int64(tag), a.MicroBatch, o.Tag(r.stages))
-		case schedule.SendAct:
-			_, _, err = r.next.sendOwned(ctx, transport.Activation, int64(tag), a.MicroBatch, o.Tag(r.stages), out)
-		case schedule.Compute:
+		switch rt := routeOf(top, r.stage, o); {
+		case o.Kind == schedule.RecvAct && rt == routeLocal:
+			input, msg, handed = handed, nil, nil
+		case o.Kind == schedule.RecvAct:
+			input, msg, err = r.link(rt).recvHeld(ctx, int64(tag), a.MicroBatch, top.Tag(o))
+		case o.Kind == schedule.SendAct && rt == routeLocal:
+			handed = out
+		case o.Kind == schedule.SendAct:
+			_, _, err = r.link(rt).sendOwned(ctx, sendKind(rt), int64(tag), a.MicroBatch, top.Tag(o), out)
+		case o.Kind == schedule.Compute:
 			out, err = r.evalForward(a, input, msg, &res)
 			input, msg = nil, nil
 		}
@@ -53,7 +58,7 @@ func (r *Runtime) evaluate(ctx context.Context, tag int) (*EvalResult, error) {
 			return nil, err
 		}
 	}
-	if !r.last().IsLast() || res.Examples == 0 {
+	if !r.holdsLoss() || res.Examples == 0 {
 		return nil, nil
 	}
 	res.Accuracy = float64(res.Correct) / float64(res.Examples)

@@ -16,8 +16,10 @@ import (
 // The executor runs a stage's lowered schedule (schedule.Lower): its ops in
 // order, each receive, compute and send as the op names it. Where a tensor
 // comes from and goes to, and how it is tagged on the wire, is the lowered
-// schedule's to say; the executor only checks, when the stage is set up, that
-// each op's peer is the neighbour at the end of the link it uses. What a
+// schedule's to say (with its topology); the executor only checks, when the
+// stage is set up, that each op's peer is the neighbour at the end of the
+// link it uses. A send and receive naming the stage itself hand the tensor
+// from one chunk to another in memory. What a
 // compute op computes is its Computer's business (the stage's engines, or a
 // test's fake), so the executor can be tested by feeding messages in and
 // checking the messages and actions that come out.
@@ -43,6 +45,7 @@ type received struct {
 // executor runs one stage's ops. It is used by one goroutine.
 type executor struct {
 	stage, stages int
+	top           schedule.Topology // routes and tags the ops; Loop unless set
 	ops           []schedule.Op
 	prev, next    *peer // nil where the stage has no such link
 	compute       Computer
@@ -57,39 +60,38 @@ type executor struct {
 	// follows it (an action's event spans its send, as the profile expects).
 	inbox      map[schedule.Action]received
 	outbox     map[schedule.Action]*tensor.Dense
-	pending    runlog.Event // valid when hasPending
+	local      map[handoff]*tensor.Dense // handed from one chunk to another, not yet received
+	pending    runlog.Event              // valid when hasPending
 	hasPending bool
 	start      time.Time // of the pending event's compute
 }
 
 func newExecutor(stage, stages int, ops []schedule.Op, prev, next *peer, c Computer, act *activity) *executor {
-	return &executor{stage: stage, stages: stages, ops: ops, prev: prev, next: next, compute: c, act: act,
-		inbox: map[schedule.Action]received{}, outbox: map[schedule.Action]*tensor.Dense{}}
+	return &executor{stage: stage, stages: stages, top: schedule.Topology{Stages: stages}, ops: ops, prev: prev, next: next, compute: c, act: act,
+		inbox: map[schedule.Action]received{}, outbox: map[schedule.Action]*tensor.Dense{}, local: map[handoff]*tensor.Dense{}}
+}
+
+// link returns the peer at the end of route r (nil for none, or local).
+func (x *executor) link(r route) *peer {
+	switch r {
+	case routePrev:
+		return x.prev
+	case routeNext:
+		return x.next
+	}
+	return nil
 }
 
 // check verifies that every send and receive of ops names the neighbour at
-// the end of the link it travels on: activations arrive from the previous
-// stage and leave for the next, gradients the other way round.
+// the end of the link it travels on (see routeOf), or the stage itself for a
+// hand-off between its chunks.
 func (x *executor) check(ops []schedule.Op) error {
 	for _, o := range ops {
-		var p *peer
-		switch o.Kind {
-		case schedule.RecvAct, schedule.SendGrad:
-			p = x.prev
-		case schedule.SendAct, schedule.RecvGrad:
-			p = x.next
-		case schedule.SyncTied:
-			// Over the ring: stage 0 hears the last stage on its previous
-			// link, the last stage talks to stage 0 on its next.
-			if o.Peer < 0 {
-				continue
-			}
-			if p = x.next; x.stage == 0 {
-				p = x.prev
-			}
-		default:
+		r := routeOf(x.top, x.stage, o)
+		if r == routeNone || r == routeLocal {
 			continue
 		}
+		p := x.link(r)
 		if p == nil {
 			return fmt.Errorf("stage %d: %v: this stage has no link for it", x.stage, o)
 		}
@@ -119,14 +121,10 @@ func (x *executor) run(ctx context.Context, step int) error {
 func (x *executor) runOp(ctx context.Context, step int, o schedule.Op, i int) error {
 	a := o.Action
 	switch o.Kind {
-	case schedule.RecvAct:
-		return x.receive(ctx, x.prev, step, o)
-	case schedule.RecvGrad:
-		return x.receive(ctx, x.next, step, o)
-	case schedule.SendAct:
-		return x.send(ctx, x.next, transport.Activation, step, o)
-	case schedule.SendGrad:
-		return x.send(ctx, x.prev, transport.Gradient, step, o)
+	case schedule.RecvAct, schedule.RecvGrad:
+		return x.receive(ctx, step, o)
+	case schedule.SendAct, schedule.SendGrad:
+		return x.send(ctx, step, o)
 	case schedule.ReduceGrad:
 		return x.compute.ReduceGrad(ctx, step, a.Chunk)
 	case schedule.SyncTied:
@@ -153,9 +151,20 @@ func (x *executor) runOp(ctx context.Context, step int, o schedule.Op, i int) er
 }
 
 // receive takes the tensor o names for a later compute op.
-func (x *executor) receive(ctx context.Context, p *peer, step int, o schedule.Op) error {
+func (x *executor) receive(ctx context.Context, step int, o schedule.Op) error {
+	r := routeOf(x.top, x.stage, o)
+	if r == routeLocal {
+		k := handoffOf(x.top, o)
+		v, ok := x.local[k]
+		if !ok {
+			return fmt.Errorf("nothing handed over for it: its sender on this stage has not run")
+		}
+		delete(x.local, k)
+		x.inbox[o.Action] = received{v: v}
+		return nil
+	}
 	t0 := time.Now()
-	v, msg, err := p.recvHeld(ctx, int64(step), o.Action.MicroBatch, o.Tag(x.stages))
+	v, msg, err := x.link(r).recvHeld(ctx, int64(step), o.Action.MicroBatch, x.top.Tag(o))
 	if err != nil {
 		return err
 	}
@@ -166,16 +175,26 @@ func (x *executor) receive(ctx context.Context, p *peer, step int, o schedule.Op
 	return nil
 }
 
-// send hands the output of o's compute op to the neighbour, uncopied.
-func (x *executor) send(ctx context.Context, p *peer, kind transport.Kind, step int, o schedule.Op) error {
+// send hands the output of o's compute op to the neighbour, uncopied, or to
+// another of the stage's chunks.
+func (x *executor) send(ctx context.Context, step int, o schedule.Op) error {
 	out, ok := x.outbox[o.Action]
 	if !ok {
 		return fmt.Errorf("nothing to send: %v has not run", o.Action)
 	}
 	delete(x.outbox, o.Action)
-	sent, blocked, err := p.sendOwned(ctx, kind, int64(step), o.Action.MicroBatch, o.Tag(x.stages), out)
-	if err != nil {
-		return err
+	var sent int64
+	var blocked time.Duration
+	if r := routeOf(x.top, x.stage, o); r == routeLocal {
+		// The compute made out for this send alone, so the receiving chunk
+		// may keep it as the wire's receiver would.
+		x.local[handoffOf(x.top, o)] = out
+	} else {
+		var err error
+		sent, blocked, err = x.link(r).sendOwned(ctx, sendKind(r), int64(step), o.Action.MicroBatch, x.top.Tag(o), out)
+		if err != nil {
+			return err
+		}
 	}
 	if ev := x.pending; x.hasPending && ev.MB == o.Action.MicroBatch && ev.Chunk == o.Action.Chunk {
 		x.hasPending = false
@@ -281,6 +300,7 @@ func (r *Runtime) weight(a schedule.Action) error {
 func (r *Runtime) record(ev runlog.Event, start time.Time) error {
 	r.live.action(ev.Kind, time.Since(start), time.Duration(ev.SendNS), r.inFlight())
 	ev.EndNS, ev.Stashed, ev.Replica = time.Now().UnixNano(), r.inFlight(), r.replica
+	r.peakStash = max(r.peakStash, ev.Stashed)
 	ev.StashBytes, ev.HeapBytes = r.heldBytes(), heapBytes()
 	return r.events.add(ev)
 }

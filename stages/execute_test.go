@@ -21,6 +21,7 @@ import (
 // gradValue(i, k).
 type fakeCompute struct {
 	p, v  int
+	top   schedule.Topology // Loop unless set
 	ran   []schedule.Action
 	wrong []string // actions that got another tensor than their own
 	// reduced lists, per ReduceGrad op, the chunk and how many of its
@@ -33,7 +34,11 @@ func gradValue(mb, ms int) float32 { return float32(10000 + 100*mb + ms) }
 
 func (f *fakeCompute) Compute(step int, a schedule.Action, in *tensor.Dense) (*tensor.Dense, string, error) {
 	f.ran = append(f.ran, a)
-	ms, last := a.ModelStage(f.p), f.p*f.v-1
+	top := f.top
+	if top.Stages == 0 {
+		top = schedule.Topology{Stages: f.p, Chunks: f.v}
+	}
+	ms, last := top.ModelStageOf(a), f.p*f.v-1
 	expect := func(want float32) {
 		if in == nil || in.Data().([]float32)[0] != want {
 			f.wrong = append(f.wrong, fmt.Sprintf("step %d %v got %v, want %v", step, a, in, want))
@@ -79,17 +84,26 @@ func (f *fakeCompute) ReduceGrad(_ context.Context, _, chunk int) error {
 // fakeHellos are the handshakes of stage s's links in a p-stage, v-chunk
 // pipeline whose tensors are all of shape [1].
 func fakeHellos(p, v, s int) (up, down transport.Hello) {
+	return fakeHellosIn(schedule.Topology{Stages: p, Chunks: v}, s)
+}
+
+// fakeHellosIn is fakeHellos under any placement: a link carries one tag
+// per boundary whose activation crosses it (see LinkShapes).
+func fakeHellosIn(top schedule.Topology, s int) (up, down transport.Hello) {
+	p := top.Stages
 	tags := func(from int) [][]int {
 		var out [][]int
-		for c := range v {
-			if c*p+from+1 < p*v {
+		for k := 0; k+1 < top.ModelStages(); k++ {
+			a, _ := top.Locate(k)
+			b, _ := top.Locate(k + 1)
+			if d, ok := linkDialer(top, a, b); ok && d == from {
 				out = append(out, []int{1})
 			}
 		}
 		return out
 	}
 	hello := func(from int) transport.Hello {
-		return transport.Hello{Stage: s, Stages: p, ConfigDigest: "fake", DType: transport.Float32, Shapes: tags(from), Ring: v > 1}
+		return transport.Hello{Stage: s, Stages: p, ConfigDigest: "fake", DType: transport.Float32, Shapes: tags(from), Ring: top.Ring(false)}
 	}
 	return hello((s + p - 1) % p), hello(s)
 }
@@ -98,14 +112,14 @@ func fakeHellos(p, v, s int) (up, down transport.Hello) {
 // each with a fakeCompute.
 func fakePipeline(t *testing.T, l *schedule.Lowered) ([]*executor, []*fakeCompute) {
 	t.Helper()
-	p, v := l.Stages, l.Chunks
+	p, v, top := l.Stages, l.Chunks, l.Topology()
 	prev, next := make([]*peer, p), make([]*peer, p)
 	for s := range p {
-		if s+1 == p && v == 1 {
+		if s+1 == p && !top.Ring(false) {
 			break
 		}
-		_, down := fakeHellos(p, v, s)
-		up, _ := fakeHellos(p, v, (s+1)%p)
+		_, down := fakeHellosIn(top, s)
+		up, _ := fakeHellosIn(top, (s+1)%p)
 		a, b := transport.Pipe(down, up, 2)
 		t.Cleanup(func() { a.Close(); b.Close() })
 		next[s] = newPeer(a, transport.Gradient, 10*time.Second)
@@ -115,8 +129,9 @@ func fakePipeline(t *testing.T, l *schedule.Lowered) ([]*executor, []*fakeComput
 	var xs []*executor
 	var fakes []*fakeCompute
 	for s := range p {
-		f := &fakeCompute{p: p, v: v}
+		f := &fakeCompute{p: p, v: v, top: top}
 		x := newExecutor(s, p, l.Ops[s], prev[s], next[s], f, nil)
+		x.top = top
 		if err := x.check(l.Ops[s]); err != nil {
 			t.Fatal(err)
 		}

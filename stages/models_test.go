@@ -93,6 +93,8 @@ func TestGPTPipelineEqualsReference(t *testing.T) {
 		// input passes, from what those kept.
 		{"zb-h1", plain("0-1", "2-4")},
 		{"zb-h1", plain("0", "1-2", "3", "4")},
+		// The V: embedding and head both on stage 0 (their tie is local).
+		{"zb-v", [][]string{{"0", "4"}, {"1", "2-3"}}},
 	}
 	for _, tied := range []bool{false, true} {
 		for _, tc := range cases {
@@ -103,7 +105,7 @@ func TestGPTPipelineEqualsReference(t *testing.T) {
 				sameRun(t, ref, pipe)
 				for i, rt := range rts {
 					for _, e := range rt.engines {
-						if e.Split != (tc.sched == "zb-h1") {
+						if e.Split != strings.HasPrefix(tc.sched, "zb-") {
 							t.Errorf("stage %d's engine for layers [%d, %d): split %v under %s", i, e.First, e.Last, e.Split, tc.sched)
 						}
 					}

@@ -31,6 +31,22 @@ type peer struct {
 	// act, when set, is told of every wait on this neighbour (stage), so a
 	// status query names the stage this one waits for.
 	act *activity
+	// vshape says that the link joins two stages of a V, whose chunk 1
+	// (odd tags) sends its activations the way chunk 0 sends gradients.
+	vshape bool
+}
+
+// meaning is what a tensor sent as kind k (the direction it crosses the
+// link) with tag chunk carries, for messages: under a V, odd tags carry the
+// other kind.
+func (p *peer) meaning(k transport.Kind, chunk int) transport.Kind {
+	if !p.vshape || chunk%2 == 0 {
+		return k
+	}
+	if k == transport.Activation {
+		return transport.Gradient
+	}
+	return transport.Activation
 }
 
 type slot struct {
@@ -76,7 +92,7 @@ func (p *peer) recvHeld(ctx context.Context, step int64, mb, chunk int) (v *tens
 			if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
 				err = cause
 			}
-			return nil, nil, fmt.Errorf("waiting for %s of %s micro-batch %d%s from %s: %w", p.kind, stepText(step), mb, chunkText(chunk), p.name, err)
+			return nil, nil, fmt.Errorf("waiting for %s of %s micro-batch %d%s from %s: %w", p.meaning(p.kind, chunk), stepText(step), mb, chunkText(chunk), p.name, err)
 		}
 		if err := p.checkTag(got, step); err != nil {
 			return nil, nil, err
@@ -88,7 +104,7 @@ func (p *peer) recvHeld(ctx context.Context, step int64, mb, chunk int) (v *tens
 		}
 		if _, dup := p.held[s]; dup || len(p.held) >= maxHeld {
 			return nil, nil, fmt.Errorf("%s sent %s for %s micro-batch %d%s while this stage waits for %s micro-batch %d%s: the stages disagree on the schedule",
-				p.name, got.Kind, stepText(got.Step), got.MicroBatch, chunkText(int(got.Chunk)), stepText(step), mb, chunkText(chunk))
+				p.name, p.meaning(got.Kind, int(got.Chunk)), stepText(got.Step), got.MicroBatch, chunkText(int(got.Chunk)), stepText(step), mb, chunkText(chunk))
 		}
 		p.held[s] = got
 	}
@@ -200,7 +216,7 @@ func (p *peer) sendAs(ctx context.Context, kind transport.Kind, step int64, mb, 
 		if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
 			err = cause
 		}
-		return 0, 0, fmt.Errorf("sending %s of %s micro-batch %d%s to %s: %w", kind, stepText(step), mb, chunkText(chunk), p.name, err)
+		return 0, 0, fmt.Errorf("sending %s of %s micro-batch %d%s to %s: %w", p.meaning(kind, chunk), stepText(step), mb, chunkText(chunk), p.name, err)
 	}
 	if p.act != nil {
 		p.act.resumed()

@@ -280,7 +280,7 @@ func sharesOf[T float32 | float64](shares []any, lo, hi int) [][]T {
 // gatherLosses makes r.losses every replica's micro-batch losses, in
 // replica order (the global batch's micro-batch order), on the last stage.
 func (r *Runtime) gatherLosses(ctx context.Context, step int) error {
-	if r.ring == nil || !r.last().IsLast() {
+	if r.ring == nil || !r.holdsLoss() {
 		return nil
 	}
 	mine := make([]byte, 8*len(r.losses))

@@ -27,7 +27,8 @@ import (
 // Outputs lists the files of a run directory (relative paths) that the
 // process of stage, replica writes, checkpoints aside: its event log and
 // clock, and for replica 0 its final weights, run.json (stage 0) and the
-// metrics and evaluation (the last stage). These are what the process
+// metrics and evaluation (the stage that computes the loss: the last, or
+// stage 0 under a V). These are what the process
 // sends to rank 0 when the ranks do not share a run directory: processes
 // that share another folder each send their own, never a neighbour's that
 // may still be being written.
@@ -41,7 +42,7 @@ func Outputs(c *configs.Config, stage, replica int) []string {
 	if stage == 0 {
 		out = append(out, "run.json")
 	}
-	if stage == len(c.Stages)-1 {
+	if stage == c.LossStage() {
 		out = append(out, "metrics.jsonl", "eval.json")
 	}
 	return out
@@ -54,6 +55,9 @@ func (r *Runtime) writeRunInfo() error {
 		BatchSize: r.cfg.Data.BatchSize, Compute: &runlog.Compute{BLAS: blas.Name(), BLASThreads: r.threads, Kernels: models.Kernels()}}
 	if n := r.cfg.Replicas(); n > 1 {
 		info.Replicas = n
+	}
+	if pl := r.layout.Schedule.Placement; pl != schedule.Loop {
+		info.Placement = pl.String()
 	}
 	if sched := r.layout.Schedule.Compute(); sched.Stages == len(r.cfg.Stages) {
 		// A prediction that cannot be made leaves the profile without one;

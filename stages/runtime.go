@@ -97,7 +97,11 @@ type Runtime struct {
 	events     *eventLog
 	metrics    *os.File
 
-	losses []float64 // this step's micro-batch losses (last stage)
+	losses []float64 // this step's micro-batch losses (on the stage that computes the loss)
+	// peakStash is the most micro-batch chunks the stage held at once, over
+	// all its chunks together: their own peaks need not coincide (zb-v's
+	// chunk 0 holds most while chunk 1 holds least).
+	peakStash int
 	// held keeps each unfinished micro-batch's received tensors, by chunk and
 	// micro-batch, until its backward (or weight) pass is done with them.
 	held map[[2]int]held
@@ -162,9 +166,9 @@ func New(o Options) (*Runtime, error) {
 	if err := r.loadData(o, model); err != nil {
 		return nil, err
 	}
-	r.evalOps = schedule.LowerEvaluation(r.stages, r.feed.evalBatches(), len(r.engines)).Ops[r.stage]
+	r.evalOps = lowered.Topology().LowerEvaluation(r.feed.evalBatches()).Ops[r.stage]
 	r.exec = newExecutor(r.stage, r.stages, r.ops, r.prev, r.next, r, &r.act)
-	r.exec.hold, r.exec.record = r.hold, r.record
+	r.exec.top, r.exec.hold, r.exec.record = lowered.Topology(), r.hold, r.record
 	if err := r.exec.check(slices.Concat(r.ops, r.evalOps)); err != nil {
 		return nil, err
 	}
@@ -182,20 +186,23 @@ func (o Options) layout() (*Layout, error) {
 	return NewLayout(o.Config, o.Stage)
 }
 
-// attach wraps the links the stage needs: from the previous stage unless every
-// chunk is the model's first, to the next unless every chunk is its last; with
-// chunks, stage 0 and the last stage are linked too (the ring).
+// attach wraps the links the stage's ops travel on (see routeOf): under Loop
+// placement from the previous stage unless every chunk is the model's first,
+// to the next unless every chunk is its last, and with chunks or tied weights
+// stage 0 and the last stage are linked too (the ring); under V, only the
+// neighbours the V passes through.
 func (r *Runtime) attach(o Options, model *models.Model) error {
 	needPrev, needNext := false, false
-	for _, e := range r.engines {
-		needPrev = needPrev || !e.IsFirst()
-		needNext = needNext || !e.IsLast()
+	top := r.layout.Schedule.Topology()
+	for _, op := range r.ops {
+		switch routeOf(top, r.stage, op) {
+		case routePrev:
+			needPrev = true
+		case routeNext:
+			needNext = true
+		}
 	}
 	r.tied = model.Tied
-	if r.stages > 1 && len(model.Tied) > 0 { // the ring carries tied gradients
-		needPrev = needPrev || r.stage == 0
-		needNext = needNext || r.stage == r.stages-1
-	}
 	if needPrev {
 		if o.Prev == nil {
 			return fmt.Errorf("stage %d: no link to the previous stage", r.stage)
@@ -204,6 +211,7 @@ func (r *Runtime) attach(o Options, model *models.Model) error {
 		r.prev.metrics, r.prev.side, r.prev.act = r.live, "prev", &r.act
 		r.live.addLink("prev", o.Prev)
 		r.prev.microBatches = r.cfg.Data.MicroBatches
+		r.prev.vshape = top.Placement == schedule.V
 	}
 	if needNext {
 		if o.Next == nil {
@@ -213,6 +221,7 @@ func (r *Runtime) attach(o Options, model *models.Model) error {
 		r.next.metrics, r.next.side, r.next.act = r.live, "next", &r.act
 		r.live.addLink("next", o.Next)
 		r.next.microBatches = r.cfg.Data.MicroBatches
+		r.next.vshape = top.Placement == schedule.V
 	}
 	return nil
 }
@@ -240,12 +249,21 @@ func (r *Runtime) joinReplicas(o Options) error {
 	return nil
 }
 
-func (r *Runtime) first() *engine.Engine { return r.engines[0] }
-func (r *Runtime) last() *engine.Engine  { return r.engines[len(r.engines)-1] }
+// holdsFirst and holdsLoss report whether one of the stage's chunks is the
+// model's first model stage, which reads the data, or its last, which draws
+// the targets and computes the loss: stage 0 and the last stage under Loop
+// placement, stage 0 for both under V.
+func (r *Runtime) holdsFirst() bool {
+	return slices.ContainsFunc(r.engines, (*engine.Engine).IsFirst)
+}
+
+func (r *Runtime) holdsLoss() bool {
+	return slices.ContainsFunc(r.engines, (*engine.Engine).IsLast)
+}
 
 func (r *Runtime) loadData(o Options, model *models.Model) error {
 	c := r.cfg
-	first, last := r.first().IsFirst(), r.last().IsLast()
+	first, last := r.holdsFirst(), r.holdsLoss()
 	if c.Data.Dataset == "text" {
 		text := o.Text
 		if text == nil {
@@ -379,7 +397,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 			}
 			final, finalDone = val, true
 		}
-		if r.last().IsLast() && r.replica == 0 {
+		if r.holdsLoss() && r.replica == 0 {
 			loss := r.stepLoss()
 			rate := float64(r.cfg.Data.BatchSize) / now.Sub(stepStart).Seconds()
 			if err := r.writeMetric(done, loss, rate, now.Sub(start), val); err != nil {
@@ -421,11 +439,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 		return err
 	}
 	r.awaitCommits(ctx)
-	peak := 0
-	for _, e := range r.engines {
-		peak += e.PeakInFlight()
-	}
-	fmt.Fprintf(r.log, "%s: done in %.1fs, peak %s stashed\n", r.name(), time.Since(start).Seconds(), words.Count(peak, "micro-batch"))
+	fmt.Fprintf(r.log, "%s: done in %.1fs, peak %s stashed\n", r.name(), time.Since(start).Seconds(), words.Count(r.peakStash, "micro-batch"))
 	return nil
 }
 
@@ -447,7 +461,7 @@ func (r *Runtime) open() error {
 			return err
 		}
 	}
-	if r.last().IsLast() {
+	if r.holdsLoss() {
 		if r.metrics, err = openLog(filepath.Join(r.runDir, "metrics.jsonl"), r.resume); err != nil {
 			return err
 		}

@@ -65,7 +65,7 @@ func launchCmd() *cobra.Command {
 			stopLive := make(chan struct{})
 			go live.Follow(500*time.Millisecond, stopLive)
 			defer close(stopLive)
-			last := len(cfg.Stages) - 1
+			last := cfg.LossStage() // the stage that logs the steps' losses
 			opts := launcher.Options{
 				Binary: exe, ConfigPath: cfg.Path, Stages: len(cfg.Stages), Replicas: cfg.Replicas(), RunDir: f.runDir,
 				ExtraArgs: extra, Out: os.Stdout, Resume: resumeDir != "",

@@ -21,6 +21,7 @@ import (
 	"github.com/pipetrain/pipetrain/internal/words"
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/plan"
+	"github.com/pipetrain/pipetrain/schedule"
 )
 
 // planOptions are plan's flags.
@@ -70,7 +71,7 @@ func planCmd() *cobra.Command {
 	c.Flags().IntVar(&o.stages, "stages", 0, "number of stages (default: as many as the config has)")
 	c.Flags().IntVar(&o.processes, "processes", 0, "choose the grid too: stages × data-parallel replicas = N processes (default: the config's stages and replicas)")
 	c.Flags().StringVar(&o.memory, "memory-limit", "", "bytes per stage for parameters, optimizer state and stashed activations (e.g. 512MiB); default none")
-	c.Flags().StringVar(&o.schedules, "schedules", "1f1b,zb-h1,gpipe", "schedules to consider")
+	c.Flags().StringVar(&o.schedules, "schedules", "1f1b,zb-h1,gpipe", "schedules to consider: "+strings.Join(append(plan.Schedules(), plan.VSchedules()...), ", ")+" (zb-v cuts each stage's layers in two, placed in a V)")
 	c.Flags().StringVar(&o.out, "out", "", "where to write the new config (default: CONFIG-planned.yaml)")
 	c.Flags().BoolVar(&o.force, "force", false, "replace the output file if it exists")
 	c.Flags().IntVar(&o.reps, "reps", 5, "measurements per layer (the median is used)")
@@ -86,8 +87,8 @@ func runPlan(w io.Writer, o planOptions) error {
 	if err != nil {
 		return err
 	}
-	if cfg.VirtualStages > 1 {
-		return fmt.Errorf("%s: plan splits plain pipelines; this config uses virtual stages", cfg.Path)
+	if cfg.VirtualStages > 1 && cfg.Placement() != schedule.V {
+		return fmt.Errorf("%s: plan splits plain pipelines and V-shaped ones (zb-v); this config interleaves virtual stages", cfg.Path)
 	}
 	limit, err := parseBytes(o.memory)
 	if err != nil {
@@ -131,7 +132,7 @@ func runPlan(w io.Writer, o planOptions) error {
 	names := strings.Split(o.schedules, ",")
 	if !splittable(model) {
 		// Zero-bubble schedules need layers that split their backward.
-		names = slices.DeleteFunc(names, func(n string) bool { return n == "zb-h1" })
+		names = slices.DeleteFunc(names, func(n string) bool { return n == "zb-h1" || n == "zb-v" })
 	}
 	prob := plan.Problem{
 		Stages: nStages, Batch: cfg.Data.BatchSize, MicroBatch: cfg.MicroBatchSize(), OverheadMS: 0.05,
@@ -194,10 +195,12 @@ func runPlan(w io.Writer, o planOptions) error {
 	}
 	fmt.Fprintf(w, "\nplan: %s\n", describe(best, len(prob.Layers)))
 	// The config's own grid, when it is one of those planned.
-	if len(cfg.Stages) == len(best.Boundaries) && o.processes == 0 || o.processes > 0 && len(cfg.Stages)*cfg.Replicas() == o.processes {
+	if len(cfg.Stages) == best.Stages() && o.processes == 0 || o.processes > 0 && len(cfg.Stages)*cfg.Replicas() == o.processes {
+		// The first layer of each model stage, in model order: one per
+		// stage, or two under a V.
 		var bounds []int
-		for i := range cfg.Stages {
-			first, _ := cfg.ChunkLayers(i, 0)
+		for k := range cfg.ModelStages() {
+			first, _ := cfg.ChunkLayers(cfg.Place(k))
 			bounds = append(bounds, first)
 		}
 		now := prob
@@ -244,12 +247,12 @@ func printGrids(w io.Writer, processes int, grids []plan.Grid, best *plan.Plan) 
 
 func describe(p *plan.Plan, layers int) string {
 	var ranges []string
-	for i, b := range p.Boundaries {
-		end := layers
-		if i+1 < len(p.Boundaries) {
-			end = p.Boundaries[i+1]
+	for _, chunks := range stageRanges(p, layers) {
+		if len(chunks) == 1 {
+			ranges = append(ranges, chunks[0])
+		} else {
+			ranges = append(ranges, "["+strings.Join(chunks, ", ")+"]")
 		}
-		ranges = append(ranges, layerRange(b, end-1))
 	}
 	var mean float64
 	for _, b := range p.Bubble {
@@ -260,6 +263,25 @@ func describe(p *plan.Plan, layers int) string {
 		d += fmt.Sprintf("; %d replicas: %.0f samples/s, all-reduce exposed %.2f ms", p.Replicas, p.SamplesPerSecond, slices.Max(p.ExposedMS))
 	}
 	return d
+}
+
+// stageRanges returns each stage's layer ranges, one per chunk: a plan's
+// model stages in model order, placed as its schedule places them.
+func stageRanges(p *plan.Plan, layers int) [][]string {
+	out := make([][]string, p.Stages())
+	top := p.Topology()
+	for k, b := range p.Boundaries {
+		end := layers
+		if k+1 < len(p.Boundaries) {
+			end = p.Boundaries[k+1]
+		}
+		st, ch := top.Locate(k)
+		for len(out[st]) <= ch {
+			out[st] = append(out[st], "")
+		}
+		out[st][ch] = layerRange(b, end-1)
+	}
+	return out
 }
 
 func layerRange(a, b int) string {
@@ -284,14 +306,11 @@ func writePlannedConfig(cfg *configs.Config, p *plan.Plan, layers int, out strin
 		return nil, fmt.Errorf("%s: %w", cfg.Path, err)
 	}
 	r := max(1, p.Replicas)
-	addrs := plannedAddresses(cfg, len(p.Boundaries), r)
+	ranges := stageRanges(p, layers)
+	addrs := plannedAddresses(cfg, len(ranges), r)
 	old, _ := doc["stages"].([]any)
 	var stagesOut []map[string]any
-	for i, b := range p.Boundaries {
-		end := layers
-		if i+1 < len(p.Boundaries) {
-			end = p.Boundaries[i+1]
-		}
+	for i, chunks := range ranges {
 		st := map[string]any{}
 		if i < len(old) {
 			// Keep the stage's other settings (device, cpus, metrics address).
@@ -316,11 +335,20 @@ func writePlannedConfig(cfg *configs.Config, p *plan.Plan, layers int, out strin
 				}
 			}
 		}
-		st["layers"] = layerRange(b, end-1)
+		if len(chunks) == 1 {
+			st["layers"] = chunks[0]
+		} else {
+			st["layers"] = chunks
+		}
 		stagesOut = append(stagesOut, st)
 	}
 	doc["stages"] = stagesOut
 	doc["schedule"] = p.Schedule
+	if v := p.Topology().Chunks; v > 1 {
+		doc["virtual_stages"] = v
+	} else {
+		delete(doc, "virtual_stages")
+	}
 	if r > 1 {
 		doc["data_parallel"] = r
 	} else {

@@ -118,7 +118,7 @@ summary of every replica's stages names the straggler replicas.`,
 				}
 				return nil
 			}
-			clocks := profile.ChartOptions{Clocks: info.Clocks} // aligned as the report's
+			clocks := profile.ChartOptions{Clocks: info.Clocks, Placement: profile.RunPlacement(info)} // aligned and paired as the report's
 			chart, err := profile.Chart(events, from, to-from+1, clocks)
 			if err != nil {
 				return err

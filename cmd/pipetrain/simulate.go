@@ -248,8 +248,11 @@ func simulationPlan(cfg *configs.Config, model *models.Model, o simulateOptions)
 	var out []planned
 	for _, name := range names {
 		v := 1
-		if name == "interleaved" {
+		switch name {
+		case "interleaved":
 			v = max(2, cfg.VirtualStages)
+		case "zb-v":
+			v = 2
 		}
 		s, err := schedule.Build(name, p, m, v)
 		if err == nil {

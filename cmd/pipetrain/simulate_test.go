@@ -66,8 +66,15 @@ func writeSimConfig(t *testing.T, text string) string {
 
 var gridComment = regexp.MustCompile(`^\s*# (\S+)(?: \(\d+ chunks per stage\))?: actions per stage`)
 
+// isPlacementLine reports whether a printed line is a grid's placement line
+// (zb-v's "placement: v"), part of the grid it heads.
+func isPlacementLine(line string) bool {
+	return strings.HasPrefix(strings.TrimSpace(line), "placement: ")
+}
+
 // printedGrids cuts each schedule's grid block (its comment line and the
-// "stage N:" lines after it) out of simulate's output, by schedule name.
+// placement and "stage N:" lines after it) out of simulate's output, by
+// schedule name.
 func printedGrids(out string) map[string]string {
 	grids := map[string]string{}
 	lines := strings.Split(out, "\n")
@@ -77,7 +84,7 @@ func printedGrids(out string) map[string]string {
 			continue
 		}
 		block := []string{lines[i]}
-		for i+1 < len(lines) && strings.HasPrefix(strings.TrimSpace(lines[i+1]), "stage ") && strings.Contains(lines[i+1], ":") {
+		for i+1 < len(lines) && (strings.HasPrefix(strings.TrimSpace(lines[i+1]), "stage ") && strings.Contains(lines[i+1], ":") || isPlacementLine(lines[i+1])) {
 			i++
 			block = append(block, lines[i])
 		}
@@ -103,7 +110,7 @@ func TestSimulateGridRoundTrips(t *testing.T) {
 			continue
 		}
 		v := 1
-		if name == "interleaved" {
+		if name == "interleaved" || name == "zb-v" {
 			v = 2
 		}
 		want, err := schedule.Build(name, 2, 4, v)
@@ -343,7 +350,7 @@ func TestSimulateBadRequests(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{[]string{"--schedule", "bogus"}, []string{`--schedule: unknown schedule "bogus" (known: gpipe, 1f1b, interleaved, zb-h1; or all)`}},
+		{[]string{"--schedule", "bogus"}, []string{`--schedule: unknown schedule "bogus" (known: gpipe, 1f1b, interleaved, zb-h1, zb-v; or all)`}},
 		{[]string{"--schedule", "1f1b,"}, []string{`unknown schedule ""`}},
 		{[]string{"--costs", "foo"}, []string{"--costs foo: no such file or directory", want}},
 		{[]string{"--costs", noRun}, []string{"--costs " + noRun + ": not a run directory (it has no run.json)", want}},
@@ -455,7 +462,7 @@ func TestSimulateLowered(t *testing.T) {
 		name, _, _ = strings.Cut(name, " (")
 		var block []string
 		for _, l := range lines[i+1:] {
-			if !strings.HasPrefix(strings.TrimSpace(l), "stage ") {
+			if !strings.HasPrefix(strings.TrimSpace(l), "stage ") && !isPlacementLine(l) {
 				break
 			}
 			block = append(block, l)

@@ -1,0 +1,103 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// TestSimulateZBV: simulate predicts zb-v on the shipped V config at its
+// closed form (3 idle half-units of 51 with F = I = W), prints its grid with
+// the placement line that --schedule-file needs to read it back as the same
+// schedule, and on a plain config counts each chunk half a stage's
+// activations, so that zb-v's peak is 1f1b's first stage's.
+func TestSimulateZBV(t *testing.T) {
+	out, err := runCommand(t, simulateCmd(), "--config", "../../configs/fmnist-mlp-zbv.yaml", "--schedule", "zb-v", "--costs", "f=1,b=2,w=1", "--transfer", "0")
+	if err != nil {
+		t.Fatalf("simulate: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "\nzb-v (2 chunks per stage): makespan 25.50 ms, mean bubble 5.9%, equal-stage theory 5.9%\n") {
+		t.Fatalf("no zb-v summary at its closed form:\n%s", out)
+	}
+	grid := printedGrids(out)["zb-v"]
+	if !strings.Contains(grid, "\n  placement: v\n  stage 0: 0F0 ") {
+		t.Fatalf("the printed grid lacks its placement:\n%s", grid)
+	}
+	path := filepath.Join(t.TempDir(), "zbv.txt")
+	if err := os.WriteFile(path, []byte(grid), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	again, err := runCommand(t, simulateCmd(), "--config", "../../configs/fmnist-mlp-zbv.yaml", "--schedule-file", path, "--costs", "f=1,b=2,w=1", "--transfer", "0")
+	if err != nil {
+		t.Fatalf("simulate --schedule-file: %v\n%s", err, again)
+	}
+	if !strings.Contains(again, "\nschedule from file (2 chunks per stage): makespan 25.50 ms, mean bubble 5.9%\n") {
+		t.Errorf("the printed grid does not simulate as zb-v:\n%s", again)
+	}
+
+	// On its own config the V's activation memory is predicted per stage; as
+	// a what-if on a config of one chunk per stage, where the layers would
+	// be placed otherwise, it is not.
+	own, err := runCommand(t, simulateCmd(), "--config", "../../configs/fmnist-mlp-zbv.yaml", "--schedule", "zb-v", "--costs", "f=1,b=2,w=1")
+	if err != nil {
+		t.Fatalf("simulate: %v\n%s", err, own)
+	}
+	if n := len(regexp.MustCompile(`\n  stage \d [^\n]*peak stash \d+ micro-batch(?:es)?, activations [1-9][\d.]* MiB`).FindAllString(own, -1)); n != 4 {
+		t.Errorf("%d of 4 stages with a predicted activation memory:\n%s", n, own)
+	}
+	whatIf, err := runCommand(t, simulateCmd(), "--config", "../../configs/fmnist-mlp-4stage.yaml", "--schedule", "zb-v,1f1b", "--costs", "f=1,b=2,w=1")
+	if err != nil {
+		t.Fatalf("simulate: %v\n%s", err, whatIf)
+	}
+	zbv := whatIf[strings.Index(whatIf, "\nzb-v"):strings.Index(whatIf, "\n1f1b")]
+	if strings.Contains(zbv, "activations") || !strings.Contains(whatIf[strings.Index(whatIf, "\n1f1b"):], "activations") {
+		t.Errorf("zb-v as a what-if predicted memory for layers placed otherwise, or 1f1b did not:\n%s", whatIf)
+	}
+}
+
+// planZBV is a six-layer MLP under zb-v on two stages: stage 0 holds layer
+// 0 and layer 5, stage 1 layers 1-2 and 3-4.
+const planZBV = `
+name: tinyv
+model: {name: mlp, input: 8, hidden: [6, 5, 4, 6, 5], classes: 3}
+data: {batch_size: 16, micro_batches: 4}
+train: {steps: 5, optimizer: {name: sgd, lr: 0.1}}
+schedule: zb-v
+virtual_stages: 2
+stages:
+  - {layers: ["0", "5"], address: 127.0.0.1:7001}
+  - {layers: ["1-2", "3-4"], address: 127.0.0.1:7002}
+`
+
+// TestPlanZBV: plan takes a zb-v config, evaluates its V split, and when
+// asked for zb-v alone writes a V: each stage's two ranges in V order and
+// virtual_stages 2, a config that loads; asked for a one-chunk schedule it
+// writes one range per stage and drops virtual_stages.
+func TestPlanZBV(t *testing.T) {
+	out, c, err := runPlanned(t, planZBV, "--schedules", "zb-v", "--micro-batches", "4")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if !strings.Contains(out, "\nnow:  layers [0, 5] | [1-2, 3-4], zb-v, 4 micro-batches: ") {
+		t.Errorf("no evaluation of the config's V:\n%s", out)
+	}
+	if !regexp.MustCompile(`\nplan: layers \[\d+(-\d+)?, \d+(-\d+)?\] \| \[\d+(-\d+)?, \d+(-\d+)?\], zb-v, 4 micro-batches: `).MatchString(out) {
+		t.Errorf("the plan is not a V:\n%s", out)
+	}
+	if c.Schedule != "zb-v" || c.VirtualStages != 2 || len(c.Stages) != 2 || len(c.Stages[0].Layers) != 2 || c.LossStage() != 0 {
+		t.Fatalf("planned config: schedule %s, virtual_stages %d, stages %+v", c.Schedule, c.VirtualStages, c.Stages)
+	}
+	out, c, err = runPlanned(t, planZBV, "--schedules", "1f1b", "--micro-batches", "4")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if c.Schedule != "1f1b" || c.VirtualStages != 1 || len(c.Stages[0].Layers) != 1 {
+		t.Errorf("planned config: schedule %s, virtual_stages %d, stages %+v", c.Schedule, c.VirtualStages, c.Stages)
+	}
+	interleaved := strings.NewReplacer("schedule: zb-v", "schedule: interleaved", `["0", "5"]`, `["0", "3"]`, `["1-2", "3-4"]`, `["1-2", "4-5"]`).Replace(planZBV)
+	if out, _, err := runPlanned(t, interleaved); err == nil || !strings.Contains(err.Error(), "this config interleaves virtual stages") {
+		t.Errorf("an interleaved config: %v\n%s", err, out)
+	}
+}
