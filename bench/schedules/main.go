@@ -11,6 +11,7 @@ import (
 	"bytes"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,12 +31,12 @@ import (
 )
 
 type result struct {
-	measured, simulated, stepMS []float64
+	measured, simulated, stepMS, memory []float64
 }
 
 // setup is one placement of the benchmark model.
 type setup struct {
-	title, plain, interleaved string
+	title, plain, interleaved, zbv string
 }
 
 func main() {
@@ -47,8 +48,8 @@ func main() {
 	flag.Parse()
 
 	setups := []setup{
-		{"4 stages sharing this machine's cores", "configs/bench-mlp-4stage.yaml", "configs/bench-mlp-interleaved.yaml"},
-		{"2 stages, each pinned to its own core", "configs/bench-mlp-2stage-pinned.yaml", "configs/bench-mlp-2stage-pinned-interleaved.yaml"},
+		{"4 stages sharing this machine's cores", "configs/bench-mlp-4stage.yaml", "configs/bench-mlp-interleaved.yaml", "configs/bench-mlp-zbv.yaml"},
+		{"2 stages, each pinned to its own core", "configs/bench-mlp-2stage-pinned.yaml", "configs/bench-mlp-2stage-pinned-interleaved.yaml", "configs/bench-mlp-2stage-pinned-zbv.yaml"},
 	}
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "# Schedules measured on this machine\n\n")
@@ -57,7 +58,8 @@ func main() {
 	fmt.Fprintf(&b, "Each row: %d runs of %d steps of `pipetrain launch` (one process per stage, gRPC on loopback), the first %d steps of each left out; medians. Global batch 512.\n\n", *reps, *steps, *skip)
 	fmt.Fprintf(&b, "- measured bubble: `pipetrain profile`'s mean over stages of idle / step window, the window running from a step's first forward to its last backward on any stage;\n")
 	fmt.Fprintf(&b, "- simulated bubble: `schedule.Simulate` with that run's own mean action costs per stage and its measured mean link delay as the transfer time;\n")
-	fmt.Fprintf(&b, "- step time: median of the last stage's per-step wall time; throughput relative to 1F1B at the same micro-batch count, from the same sweep.\n")
+	fmt.Fprintf(&b, "- step time: median of the last stage's per-step wall time; throughput relative to 1F1B at the same micro-batch count, from the same sweep;\n")
+	fmt.Fprintf(&b, "- activations: each stage's peak activation memory in the run's events over run.json's prediction from the chunks' shapes (see docs/profiling.md), for the stage furthest from it.\n")
 	for _, su := range setups {
 		if err := bench(&b, su, *bin, *reps, *steps, *skip); err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -76,7 +78,7 @@ func main() {
 }
 
 func bench(b *bytes.Buffer, su setup, bin string, reps, steps, skip int) error {
-	names := []string{"gpipe", "1f1b", "interleaved", "zb-h1"}
+	names := []string{"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"}
 	micros := []int{8, 16}
 	results := map[string]*result{}
 	key := func(name string, m int) string { return fmt.Sprintf("%s/%d", name, m) }
@@ -86,10 +88,13 @@ func bench(b *bytes.Buffer, su setup, bin string, reps, steps, skip int) error {
 		for _, m := range micros {
 			for _, name := range names {
 				cfgPath := su.plain
-				if name == "interleaved" {
+				switch name {
+				case "interleaved":
 					cfgPath = su.interleaved
+				case "zb-v":
+					cfgPath = su.zbv
 				}
-				meas, sim, step, err := run(bin, cfgPath, name, m, steps, skip)
+				meas, sim, step, mem, err := run(bin, cfgPath, name, m, steps, skip)
 				if err != nil {
 					return fmt.Errorf("%s, %s m=%d: %v", su.title, name, m, err)
 				}
@@ -98,46 +103,48 @@ func bench(b *bytes.Buffer, su setup, bin string, reps, steps, skip int) error {
 					r = &result{}
 					results[key(name, m)] = r
 				}
-				r.measured, r.simulated, r.stepMS = append(r.measured, meas), append(r.simulated, sim), append(r.stepMS, step)
+				r.measured, r.simulated, r.stepMS, r.memory = append(r.measured, meas), append(r.simulated, sim), append(r.stepMS, step), append(r.memory, mem)
 				fmt.Fprintf(os.Stderr, "%s, rep %d  %-12s m=%-2d  measured bubble %5.1f%%  simulated %5.1f%%  step %.2f ms\n", su.title, rep+1, name, m, 100*meas, 100*sim, step)
 			}
 		}
 	}
-	fmt.Fprintf(b, "\n## %s\n\nConfigs: `%s` (gpipe, 1f1b, zb-h1) and `%s` (interleaved, 2 chunks per stage).\n\n", su.title, su.plain, su.interleaved)
-	fmt.Fprintf(b, "| schedule | micro-batches | measured bubble | simulated bubble | difference | step time | throughput vs 1F1B |\n")
-	fmt.Fprintf(b, "|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(b, "\n## %s\n\nConfigs: `%s` (gpipe, 1f1b, zb-h1), `%s` (interleaved, 2 chunks per stage) and `%s` (zb-v, 2 chunks per stage in a V).\n\n", su.title, su.plain, su.interleaved, su.zbv)
+	fmt.Fprintf(b, "| schedule | micro-batches | measured bubble | simulated bubble | difference | step time | throughput vs 1F1B | activations measured / predicted |\n")
+	fmt.Fprintf(b, "|---|---|---|---|---|---|---|---|\n")
 	for _, m := range micros {
 		base := median(results[key("1f1b", m)].stepMS)
 		for _, name := range names {
 			r := results[key(name, m)]
 			meas, sim, step := median(r.measured), median(r.simulated), median(r.stepMS)
-			fmt.Fprintf(b, "| %s | %d | %.1f%% | %.1f%% | %+.1f pp | %.2f ms | %.2fx |\n", name, m, 100*meas, 100*sim, 100*(meas-sim), step, base/step)
+			fmt.Fprintf(b, "| %s | %d | %.1f%% | %.1f%% | %+.1f pp | %.2f ms | %.2fx | %.0f%% |\n", name, m, 100*meas, 100*sim, 100*(meas-sim), step, base/step, 100*median(r.memory))
 		}
 	}
 	return nil
 }
 
 // run launches one training run and returns its measured mean bubble, the
-// simulated one from its own costs, and its median step time in ms.
-func run(bin, cfgPath, name string, micro, steps, skip int) (measured, simulated, stepMS float64, err error) {
+// simulated one from its own costs, its median step time in ms, and the
+// stage whose peak activation memory is furthest from run.json's prediction,
+// as measured over predicted.
+func run(bin, cfgPath, name string, micro, steps, skip int) (measured, simulated, stepMS, memory float64, err error) {
 	dir, err := os.MkdirTemp("", "pipetrain-bench")
 	if err != nil {
-		return 0, 0, 0, err
+		return 0, 0, 0, 0, err
 	}
 	defer os.RemoveAll(dir)
 	env := []string{"PIPETRAIN_SCHEDULE=" + name, fmt.Sprintf("PIPETRAIN_DATA_MICRO_BATCHES=%d", micro), fmt.Sprintf("PIPETRAIN_TRAIN_STEPS=%d", steps)}
 	cmd := exec.Command(bin, "launch", "--config", cfgPath, "--run-dir", dir)
 	cmd.Env = append(os.Environ(), env...)
 	if outb, err := cmd.CombinedOutput(); err != nil {
-		return 0, 0, 0, fmt.Errorf("%v\n%s", err, outb)
+		return 0, 0, 0, 0, fmt.Errorf("%v\n%s", err, outb)
 	}
 	info, events, err := profile.ReadRun(dir)
 	if err != nil {
-		return 0, 0, 0, err
+		return 0, 0, 0, 0, err
 	}
 	rep, err := profile.Analyse(info, events, skip)
 	if err != nil {
-		return 0, 0, 0, err
+		return 0, 0, 0, 0, err
 	}
 	for _, k := range env {
 		kv := strings.SplitN(k, "=", 2)
@@ -145,15 +152,15 @@ func run(bin, cfgPath, name string, micro, steps, skip int) (measured, simulated
 	}
 	cfg, err := configs.Load(cfgPath)
 	if err != nil {
-		return 0, 0, 0, err
+		return 0, 0, 0, 0, err
 	}
 	model, err := models.Build(cfg.Model)
 	if err != nil {
-		return 0, 0, 0, err
+		return 0, 0, 0, 0, err
 	}
 	sched, err := cfg.BuildSchedule()
 	if err != nil {
-		return 0, 0, 0, err
+		return 0, 0, 0, 0, err
 	}
 	// The run's own measured link delay, as for every other cost; the size-based
 	// estimate only when no message was timed.
@@ -163,20 +170,29 @@ func run(bin, cfgPath, name string, micro, steps, skip int) (measured, simulated
 	}
 	tl, err := schedule.Simulate(sched, profile.ScheduleCosts(profile.MeanCosts(events, skip), info.Chunks, transfer))
 	if err != nil {
-		return 0, 0, 0, err
+		return 0, 0, 0, 0, err
 	}
 	for _, x := range tl.Bubble {
 		simulated += x / float64(len(tl.Bubble))
 	}
 	ms, err := stages.ReadMetrics(filepath.Join(dir, "metrics.jsonl"))
 	if err != nil {
-		return 0, 0, 0, err
+		return 0, 0, 0, 0, err
 	}
 	var steptimes []float64
 	for _, m := range ms[min(skip, len(ms)-1):] {
 		steptimes = append(steptimes, float64(cfg.Data.BatchSize)/m.SamplesPerSec*1e3)
 	}
-	return rep.MeanBubble, simulated, median(steptimes), nil
+	memory = 1
+	for _, st := range rep.Stages {
+		if st.PredictedStashBytes > 0 {
+			r := float64(st.PeakStashBytes) / float64(st.PredictedStashBytes)
+			if math.Abs(r-1) > math.Abs(memory-1) {
+				memory = r
+			}
+		}
+	}
+	return rep.MeanBubble, simulated, median(steptimes), memory, nil
 }
 
 func median(xs []float64) float64 {
