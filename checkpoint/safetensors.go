@@ -212,13 +212,32 @@ func Read(path string) ([]Tensor, map[string]string, error) {
 	if n > maxHeader || n > uint64(len(b)-8) {
 		return nil, nil, bad("header length %d does not fit the %d-byte file", n, len(b))
 	}
-	var raw map[string]json.RawMessage
-	if err := json.Unmarshal(b[8:8+n], &raw); err != nil {
-		return nil, nil, bad("header: %v", err)
+	entries, meta, err := parseHeader(b[8:8+n], bad)
+	if err != nil {
+		return nil, nil, err
 	}
 	data := b[8+n:]
-	var meta map[string]string
 	var out []Tensor
+	for name, e := range entries {
+		t, err := decode(name, e, data)
+		if err != nil {
+			return nil, nil, bad("%v", err)
+		}
+		out = append(out, t)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, meta, nil
+}
+
+// parseHeader splits a safetensors header into its tensors' entries and its
+// metadata; bad makes an error that names the file.
+func parseHeader(hdr []byte, bad func(format string, args ...any) error) (map[string]entry, map[string]string, error) {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(hdr, &raw); err != nil {
+		return nil, nil, bad("header: %v", err)
+	}
+	entries := map[string]entry{}
+	var meta map[string]string
 	for name, msg := range raw {
 		if name == "__metadata__" {
 			if err := json.Unmarshal(msg, &meta); err != nil {
@@ -230,14 +249,9 @@ func Read(path string) ([]Tensor, map[string]string, error) {
 		if err := json.Unmarshal(msg, &e); err != nil {
 			return nil, nil, bad("tensor %s: %v", name, err)
 		}
-		t, err := decode(name, e, data)
-		if err != nil {
-			return nil, nil, bad("%v", err)
-		}
-		out = append(out, t)
+		entries[name] = e
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out, meta, nil
+	return entries, meta, nil
 }
 
 func decode(name string, e entry, data []byte) (Tensor, error) {

@@ -2,7 +2,6 @@ package checkpoint
 
 import (
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -164,24 +163,12 @@ func readHeader(path string) (map[string]entry, map[string]string, error) {
 	if _, err := io.ReadFull(f, hdr); err != nil {
 		return nil, nil, bad("header: %v", err)
 	}
-	var raw map[string]json.RawMessage
-	if err := json.Unmarshal(hdr, &raw); err != nil {
-		return nil, nil, bad("header: %v", err)
+	entries, meta, err := parseHeader(hdr, bad)
+	if err != nil {
+		return nil, nil, err
 	}
 	data := st.Size() - 8 - int64(n)
-	entries := map[string]entry{}
-	var meta map[string]string
-	for name, msg := range raw {
-		if name == "__metadata__" {
-			if err := json.Unmarshal(msg, &meta); err != nil {
-				return nil, nil, bad("metadata: %v", err)
-			}
-			continue
-		}
-		var e entry
-		if err := json.Unmarshal(msg, &e); err != nil {
-			return nil, nil, bad("tensor %s: %v", name, err)
-		}
+	for name, e := range entries {
 		size := map[string]int64{"F32": 4, "F64": 8}[e.DType]
 		if size == 0 {
 			return nil, nil, bad("tensor %s is %s; only F32 and F64 are read (in PyTorch, .float() before saving)", name, e.DType)
@@ -196,7 +183,6 @@ func readHeader(path string) (map[string]entry, map[string]string, error) {
 		if lo, hi := int64(e.Offsets[0]), int64(e.Offsets[1]); lo < 0 || hi-lo != count*size || hi > data {
 			return nil, nil, bad("tensor %s: bytes [%d, %d) do not hold %s %v within the file's %d data bytes (truncated?)", name, lo, hi, e.DType, e.Shape, data)
 		}
-		entries[name] = e
 	}
 	return entries, meta, nil
 }

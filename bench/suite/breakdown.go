@@ -470,7 +470,9 @@ func frameCat(f string) int {
 	case prefix("gorgonia.org/tensor/internal/execution.", "gorgonia.org/vecf32.", "gorgonia.org/vecf64.", "github.com/chewxy/math32."),
 		has("tensor.StdEng.softMax", "tensor.StdEng.logSoftMax", "tensor.StdEng.SoftMax", "tensor.StdEng.LogSoftMax"),
 		// pipetrain's own vectorised kernels, where the engine has them.
-		has("pipetrain/engine.binary32", "pipetrain/engine.gteScalar32", "pipetrain/engine._Cfunc_pt_", "pipetrain/engine.fastEngine"):
+		has("pipetrain/engine.binary32", "pipetrain/engine.gteScalar32", "pipetrain/engine.addAVX", "pipetrain/engine.mulAVX", "pipetrain/engine.gteAVX", "pipetrain/engine.fastEngine"),
+		// The fused ops and their kernels (their products are sgemm_ frames, found first).
+		prefix("github.com/pipetrain/pipetrain/models."):
 		return catElementwise
 	case prefix("runtime.memmove", "runtime.typedmemmove", "runtime.typedslicecopy", "runtime.memclrNoHeapPointers", "runtime.memclr"),
 		has("storage.CopySliced", "storage.Copy", "tensor.copyDense", "tensor.copyArray", "tensor.array.Zero", "tensor.(*Dense).Zero",

@@ -91,8 +91,7 @@ type args struct {
 	tA, tB                 byte
 	m, n, k, lda, ldb, ldc int32
 	incX, incY             int32
-	alpha32, beta32        float32
-	alpha64, beta64        float64
+	alpha, beta            float64 // or a float32 in their first half
 	// call is the argument list: a variadic call would allocate its own.
 	call [15]uintptr
 }
@@ -150,32 +149,25 @@ func flip(t blas.Transpose) byte {
 // The trailing 1s are the hidden lengths of the character arguments that
 // Fortran compilers append; OpenBLAS's C-written entry points ignore them.
 
-func (o *openBLAS) Sgemm(tA, tB blas.Transpose, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
-	checkGemm(tA, tB, m, n, k, len(a), lda, len(b), ldb, len(c), ldc)
-	if m == 0 || n == 0 {
-		return
-	}
-	p := argPool.Get().(*args)
-	p.tA, p.tB, p.m, p.n, p.k = flag(tB), flag(tA), dim(n), dim(m), dim(k)
-	p.lda, p.ldb, p.ldc, p.alpha32, p.beta32 = dim(ldb), dim(lda), dim(ldc), alpha, beta
-	p.do(o.fn.sgemm, ptr(&p.tA), ptr(&p.tB), ptr(&p.m), ptr(&p.n), ptr(&p.k), ptr(&p.alpha32),
-		first(b), ptr(&p.lda), first(a), ptr(&p.ldb), ptr(&p.beta32), first(c), ptr(&p.ldc), 1, 1)
-	runtime.KeepAlive(a)
-	runtime.KeepAlive(b)
-	runtime.KeepAlive(c)
-	argPool.Put(p)
+// scalars stores alpha and beta in p as T, for their addresses: a float32
+// occupies the first half of the float64 slot.
+func scalars[T float32 | float64](p *args, alpha, beta T) (uintptr, uintptr) {
+	*(*T)(unsafe.Pointer(&p.alpha)) = alpha
+	*(*T)(unsafe.Pointer(&p.beta)) = beta
+	return ptr(&p.alpha), ptr(&p.beta)
 }
 
-func (o *openBLAS) Dgemm(tA, tB blas.Transpose, m, n, k int, alpha float64, a []float64, lda int, b []float64, ldb int, beta float64, c []float64, ldc int) {
+func gemm[T float32 | float64](fn uintptr, tA, tB blas.Transpose, m, n, k int, alpha T, a []T, lda int, b []T, ldb int, beta T, c []T, ldc int) {
 	checkGemm(tA, tB, m, n, k, len(a), lda, len(b), ldb, len(c), ldc)
 	if m == 0 || n == 0 {
 		return
 	}
 	p := argPool.Get().(*args)
 	p.tA, p.tB, p.m, p.n, p.k = flag(tB), flag(tA), dim(n), dim(m), dim(k)
-	p.lda, p.ldb, p.ldc, p.alpha64, p.beta64 = dim(ldb), dim(lda), dim(ldc), alpha, beta
-	p.do(o.fn.dgemm, ptr(&p.tA), ptr(&p.tB), ptr(&p.m), ptr(&p.n), ptr(&p.k), ptr(&p.alpha64),
-		first(b), ptr(&p.lda), first(a), ptr(&p.ldb), ptr(&p.beta64), first(c), ptr(&p.ldc), 1, 1)
+	p.lda, p.ldb, p.ldc = dim(ldb), dim(lda), dim(ldc)
+	pa, pb := scalars(p, alpha, beta)
+	p.do(fn, ptr(&p.tA), ptr(&p.tB), ptr(&p.m), ptr(&p.n), ptr(&p.k), pa,
+		first(b), ptr(&p.lda), first(a), ptr(&p.ldb), pb, first(c), ptr(&p.ldc), 1, 1)
 	runtime.KeepAlive(a)
 	runtime.KeepAlive(b)
 	runtime.KeepAlive(c)
@@ -184,31 +176,15 @@ func (o *openBLAS) Dgemm(tA, tB blas.Transpose, m, n, k int, alpha float64, a []
 
 // Row-major y = alpha·op(A)·x + beta·y is, on the column-major transpose of
 // A (n×m), the opposite transpose.
-
-func (o *openBLAS) Sgemv(tA blas.Transpose, m, n int, alpha float32, a []float32, lda int, x []float32, incX int, beta float32, y []float32, incY int) {
+func gemv[T float32 | float64](fn uintptr, tA blas.Transpose, m, n int, alpha T, a []T, lda int, x []T, incX int, beta T, y []T, incY int) {
 	checkGemv(tA, m, n, len(a), lda, len(x), incX, len(y), incY)
 	if m == 0 || n == 0 {
 		return
 	}
 	p := argPool.Get().(*args)
-	p.tA, p.m, p.n, p.lda, p.incX, p.incY, p.alpha32, p.beta32 = flip(tA), dim(n), dim(m), dim(lda), int32(incX), int32(incY), alpha, beta
-	p.do(o.fn.sgemv, ptr(&p.tA), ptr(&p.m), ptr(&p.n), ptr(&p.alpha32), first(a), ptr(&p.lda),
-		first(x), ptr(&p.incX), ptr(&p.beta32), first(y), ptr(&p.incY), 1)
-	runtime.KeepAlive(a)
-	runtime.KeepAlive(x)
-	runtime.KeepAlive(y)
-	argPool.Put(p)
-}
-
-func (o *openBLAS) Dgemv(tA blas.Transpose, m, n int, alpha float64, a []float64, lda int, x []float64, incX int, beta float64, y []float64, incY int) {
-	checkGemv(tA, m, n, len(a), lda, len(x), incX, len(y), incY)
-	if m == 0 || n == 0 {
-		return
-	}
-	p := argPool.Get().(*args)
-	p.tA, p.m, p.n, p.lda, p.incX, p.incY, p.alpha64, p.beta64 = flip(tA), dim(n), dim(m), dim(lda), int32(incX), int32(incY), alpha, beta
-	p.do(o.fn.dgemv, ptr(&p.tA), ptr(&p.m), ptr(&p.n), ptr(&p.alpha64), first(a), ptr(&p.lda),
-		first(x), ptr(&p.incX), ptr(&p.beta64), first(y), ptr(&p.incY), 1)
+	p.tA, p.m, p.n, p.lda, p.incX, p.incY = flip(tA), dim(n), dim(m), dim(lda), int32(incX), int32(incY)
+	pa, pb := scalars(p, alpha, beta)
+	p.do(fn, ptr(&p.tA), ptr(&p.m), ptr(&p.n), pa, first(a), ptr(&p.lda), first(x), ptr(&p.incX), pb, first(y), ptr(&p.incY), 1)
 	runtime.KeepAlive(a)
 	runtime.KeepAlive(x)
 	runtime.KeepAlive(y)
@@ -216,75 +192,88 @@ func (o *openBLAS) Dgemv(tA blas.Transpose, m, n int, alpha float64, a []float64
 }
 
 // Row-major A += alpha·x·yᵀ is column-major Aᵀ += alpha·y·xᵀ.
-
-func (o *openBLAS) Sger(m, n int, alpha float32, x []float32, incX int, y []float32, incY int, a []float32, lda int) {
+func ger[T float32 | float64](fn uintptr, m, n int, alpha T, x []T, incX int, y []T, incY int, a []T, lda int) {
 	checkGer(m, n, len(x), incX, len(y), incY, len(a), lda)
 	if m == 0 || n == 0 {
 		return
 	}
 	p := argPool.Get().(*args)
-	p.m, p.n, p.alpha32, p.incX, p.incY, p.lda = dim(n), dim(m), alpha, int32(incY), int32(incX), dim(lda)
-	p.do(o.fn.sger, ptr(&p.m), ptr(&p.n), ptr(&p.alpha32), first(y), ptr(&p.incX), first(x), ptr(&p.incY), first(a), ptr(&p.lda))
+	p.m, p.n, p.incX, p.incY, p.lda = dim(n), dim(m), int32(incY), int32(incX), dim(lda)
+	pa, _ := scalars(p, alpha, 0)
+	p.do(fn, ptr(&p.m), ptr(&p.n), pa, first(y), ptr(&p.incX), first(x), ptr(&p.incY), first(a), ptr(&p.lda))
 	runtime.KeepAlive(x)
 	runtime.KeepAlive(y)
 	runtime.KeepAlive(a)
 	argPool.Put(p)
 }
 
-func (o *openBLAS) Dger(m, n int, alpha float64, x []float64, incX int, y []float64, incY int, a []float64, lda int) {
-	checkGer(m, n, len(x), incX, len(y), incY, len(a), lda)
-	if m == 0 || n == 0 {
-		return
-	}
-	p := argPool.Get().(*args)
-	p.m, p.n, p.alpha64, p.incX, p.incY, p.lda = dim(n), dim(m), alpha, int32(incY), int32(incX), dim(lda)
-	p.do(o.fn.dger, ptr(&p.m), ptr(&p.n), ptr(&p.alpha64), first(y), ptr(&p.incX), first(x), ptr(&p.incY), first(a), ptr(&p.lda))
-	runtime.KeepAlive(x)
-	runtime.KeepAlive(y)
-	runtime.KeepAlive(a)
-	argPool.Put(p)
-}
-
-func (o *openBLAS) Saxpy(n int, alpha float32, x []float32, incX int, y []float32, incY int) {
+func axpy[T float32 | float64](fn uintptr, n int, alpha T, x []T, incX int, y []T, incY int) {
 	checkVecs(n, len(x), incX, len(y), incY)
 	if n == 0 {
 		return
 	}
 	p := argPool.Get().(*args)
-	p.n, p.alpha32, p.incX, p.incY = dim(n), alpha, int32(incX), int32(incY)
-	p.do(o.fn.saxpy, ptr(&p.n), ptr(&p.alpha32), first(x), ptr(&p.incX), first(y), ptr(&p.incY))
+	p.n, p.incX, p.incY = dim(n), int32(incX), int32(incY)
+	pa, _ := scalars(p, alpha, 0)
+	p.do(fn, ptr(&p.n), pa, first(x), ptr(&p.incX), first(y), ptr(&p.incY))
 	runtime.KeepAlive(x)
 	runtime.KeepAlive(y)
 	argPool.Put(p)
 }
 
-func (o *openBLAS) Daxpy(n int, alpha float64, x []float64, incX int, y []float64, incY int) {
-	checkVecs(n, len(x), incX, len(y), incY)
-	if n == 0 {
-		return
-	}
-	p := argPool.Get().(*args)
-	p.n, p.alpha64, p.incX, p.incY = dim(n), alpha, int32(incX), int32(incY)
-	p.do(o.fn.daxpy, ptr(&p.n), ptr(&p.alpha64), first(x), ptr(&p.incX), first(y), ptr(&p.incY))
-	runtime.KeepAlive(x)
-	runtime.KeepAlive(y)
-	argPool.Put(p)
-}
-
-func (o *openBLAS) Sscal(n int, alpha float32, x []float32, incX int) {
-	if incX <= 0 {
-		o.Implementation.Sscal(n, alpha, x, incX) // gonum's checks and its no-op
-		return
-	}
+// scal takes positive increments only: gonum answers the others (its
+// checks, and a no-op), which the Fortran interface would not.
+func scal[T float32 | float64](fn uintptr, n int, alpha T, x []T, incX int) {
 	checkVecs(n, len(x), incX, len(x), incX)
 	if n == 0 {
 		return
 	}
 	p := argPool.Get().(*args)
-	p.n, p.alpha32, p.incX = dim(n), alpha, int32(incX)
-	p.do(o.fn.sscal, ptr(&p.n), ptr(&p.alpha32), first(x), ptr(&p.incX))
+	p.n, p.incX = dim(n), int32(incX)
+	pa, _ := scalars(p, alpha, 0)
+	p.do(fn, ptr(&p.n), pa, first(x), ptr(&p.incX))
 	runtime.KeepAlive(x)
 	argPool.Put(p)
+}
+
+func (o *openBLAS) Sgemm(tA, tB blas.Transpose, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	gemm(o.fn.sgemm, tA, tB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+}
+
+func (o *openBLAS) Dgemm(tA, tB blas.Transpose, m, n, k int, alpha float64, a []float64, lda int, b []float64, ldb int, beta float64, c []float64, ldc int) {
+	gemm(o.fn.dgemm, tA, tB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+}
+
+func (o *openBLAS) Sgemv(tA blas.Transpose, m, n int, alpha float32, a []float32, lda int, x []float32, incX int, beta float32, y []float32, incY int) {
+	gemv(o.fn.sgemv, tA, m, n, alpha, a, lda, x, incX, beta, y, incY)
+}
+
+func (o *openBLAS) Dgemv(tA blas.Transpose, m, n int, alpha float64, a []float64, lda int, x []float64, incX int, beta float64, y []float64, incY int) {
+	gemv(o.fn.dgemv, tA, m, n, alpha, a, lda, x, incX, beta, y, incY)
+}
+
+func (o *openBLAS) Sger(m, n int, alpha float32, x []float32, incX int, y []float32, incY int, a []float32, lda int) {
+	ger(o.fn.sger, m, n, alpha, x, incX, y, incY, a, lda)
+}
+
+func (o *openBLAS) Dger(m, n int, alpha float64, x []float64, incX int, y []float64, incY int, a []float64, lda int) {
+	ger(o.fn.dger, m, n, alpha, x, incX, y, incY, a, lda)
+}
+
+func (o *openBLAS) Saxpy(n int, alpha float32, x []float32, incX int, y []float32, incY int) {
+	axpy(o.fn.saxpy, n, alpha, x, incX, y, incY)
+}
+
+func (o *openBLAS) Daxpy(n int, alpha float64, x []float64, incX int, y []float64, incY int) {
+	axpy(o.fn.daxpy, n, alpha, x, incX, y, incY)
+}
+
+func (o *openBLAS) Sscal(n int, alpha float32, x []float32, incX int) {
+	if incX <= 0 {
+		o.Implementation.Sscal(n, alpha, x, incX)
+		return
+	}
+	scal(o.fn.sscal, n, alpha, x, incX)
 }
 
 func (o *openBLAS) Dscal(n int, alpha float64, x []float64, incX int) {
@@ -292,15 +281,7 @@ func (o *openBLAS) Dscal(n int, alpha float64, x []float64, incX int) {
 		o.Implementation.Dscal(n, alpha, x, incX)
 		return
 	}
-	checkVecs(n, len(x), incX, len(x), incX)
-	if n == 0 {
-		return
-	}
-	p := argPool.Get().(*args)
-	p.n, p.alpha64, p.incX = dim(n), alpha, int32(incX)
-	p.do(o.fn.dscal, ptr(&p.n), ptr(&p.alpha64), first(x), ptr(&p.incX))
-	runtime.KeepAlive(x)
-	argPool.Put(p)
+	scal(o.fn.dscal, n, alpha, x, incX)
 }
 
 func (o *openBLAS) Sdot(n int, x []float32, incX int, y []float32, incY int) float32 {
