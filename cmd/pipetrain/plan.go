@@ -291,6 +291,29 @@ func layerRange(a, b int) string {
 	return fmt.Sprintf("%d-%d", a, b)
 }
 
+// schemaModeline is the source config's yaml-language-server line, which
+// must stay the file's first for editors to find the schema, with a relative
+// schema path made relative to out's folder; "" when the source has none.
+func schemaModeline(src string, raw []byte, out string) string {
+	const prefix = "# yaml-language-server: $schema="
+	first, _, _ := strings.Cut(string(raw), "\n")
+	ref, ok := strings.CutPrefix(strings.TrimSpace(first), prefix)
+	if !ok {
+		return ""
+	}
+	if !strings.Contains(ref, "://") && !filepath.IsAbs(ref) {
+		from, err1 := filepath.Abs(filepath.Dir(out))
+		to, err2 := filepath.Abs(filepath.Join(filepath.Dir(src), ref))
+		if rel, err := filepath.Rel(from, to); err1 == nil && err2 == nil && err == nil {
+			ref = filepath.ToSlash(rel)
+			if !strings.HasPrefix(ref, ".") {
+				ref = "./" + ref
+			}
+		}
+	}
+	return prefix + ref + "\n"
+}
+
 // writePlannedConfig rewrites the config's YAML with the plan's stages, schedule,
 // micro-batches and replicas, keeping everything else. Stages beyond the config's
 // get the last stage's host with the following ports; replicas beyond a stage's
@@ -364,6 +387,7 @@ func writePlannedConfig(cfg *configs.Config, p *plan.Plan, layers int, out strin
 		doc["name"] = name + "-planned"
 	}
 	var buf bytes.Buffer
+	buf.WriteString(schemaModeline(cfg.Path, raw, out))
 	fmt.Fprintf(&buf, "# Written by pipetrain plan from %s on %s: %s\n", cfg.Path, time.Now().Format("2006-01-02"), describe(p, layers))
 	enc := yaml.NewEncoder(&buf)
 	enc.SetIndent(2)

@@ -205,3 +205,42 @@ func TestPlannedAddresses(t *testing.T) {
 		t.Errorf("got %v, want %v", got, want)
 	}
 }
+
+// TestPlannedConfigKeepsTheSchemaLine: a planned config names the schema the
+// source named, as its first line, with a relative path that still points at
+// the schema from where the planned file is written.
+func TestPlannedConfigKeepsTheSchemaLine(t *testing.T) {
+	for _, tc := range []struct{ src, out, want string }{
+		{"configs/a.yaml", "configs/a-planned.yaml", "# yaml-language-server: $schema=./pipetrain.schema.json\n"},
+		{"configs/a.yaml", "runs/x/planned.yaml", "# yaml-language-server: $schema=../../configs/pipetrain.schema.json\n"},
+		{"configs/a.yaml", "planned.yaml", "# yaml-language-server: $schema=./configs/pipetrain.schema.json\n"},
+		{"/srv/run/configs/a.yaml", "/srv/out/b.yaml", "# yaml-language-server: $schema=../run/configs/pipetrain.schema.json\n"},
+		{"configs/a.yaml", "/srv/out/b.yaml", "# yaml-language-server: $schema=" + relFromSrvOut(t) + "\n"},
+	} {
+		raw := []byte("# yaml-language-server: $schema=./pipetrain.schema.json\nname: a\n")
+		if got := schemaModeline(tc.src, raw, tc.out); got != tc.want {
+			t.Errorf("%s -> %s: %q, want %q", tc.src, tc.out, got, tc.want)
+		}
+	}
+	if got := schemaModeline("a.yaml", []byte("name: a\n# yaml-language-server: $schema=x.json\n"), "b.yaml"); got != "" {
+		t.Errorf("a modeline not on the first line was kept: %q", got)
+	}
+	if got := schemaModeline("configs/a.yaml", []byte("# yaml-language-server: $schema=https://example.org/s.json\n"), "x/b.yaml"); got != "# yaml-language-server: $schema=https://example.org/s.json\n" {
+		t.Errorf("a URL was rewritten: %q", got)
+	}
+}
+
+// relFromSrvOut is the path from /srv/out to configs/pipetrain.schema.json
+// under the test's working directory.
+func relFromSrvOut(t *testing.T) string {
+	t.Helper()
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel("/srv/out", filepath.Join(wd, "configs", "pipetrain.schema.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rel
+}
