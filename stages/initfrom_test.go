@@ -12,7 +12,6 @@ import (
 	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/data"
-	"github.com/pipetrain/pipetrain/transport"
 )
 
 // startingParams builds c's stages (or its reference) without running them
@@ -31,24 +30,16 @@ func startingParams(t *testing.T, c *configs.Config, reference bool) map[string]
 		text = testText(t)
 	}
 	// New wants its links, though nothing is sent here.
-	links := make([][2]transport.Link, n) // [prev, next]
-	for i := 0; i < n && n > 1; i++ {
-		j := (i + 1) % n
-		_, down, err := Hellos(c, i)
-		if err != nil {
-			t.Fatal(err)
+	links := pipeLinks(t, c, n)
+	t.Cleanup(func() {
+		for _, l := range links {
+			for _, x := range l {
+				if x != nil {
+					x.Close()
+				}
+			}
 		}
-		up, _, err := Hellos(c, j)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if j == 0 && !down.Ring {
-			break
-		}
-		a, b := transport.Pipe(down, up, c.Transport.QueueDepth)
-		links[i][1], links[j][0] = a, b
-		t.Cleanup(func() { a.Close(); b.Close() })
-	}
+	})
 	out := map[string]checkpoint.Tensor{}
 	for i := range n {
 		rt, err := New(Options{Config: c, Stage: i, Reference: reference, RunDir: t.TempDir(), Prev: links[i][0], Next: links[i][1],

@@ -91,23 +91,12 @@ func runStages(t *testing.T, c *configs.Config, reference bool) (string, []*Runt
 }
 
 // runStagesIn runs the stages in dir, resuming from its checkpoints if asked.
-func runStagesIn(t *testing.T, c *configs.Config, reference bool, dir string, resume bool) (string, []*Runtime) {
+// pipeLinks joins n stages of c (1: none) by in-memory pipes, each stage to
+// the next and, where the hellos ask for the ring, the last to the first;
+// links[i] is stage i's [prev, next].
+func pipeLinks(t *testing.T, c *configs.Config, n int) [][2]transport.Link {
 	t.Helper()
-	if err := c.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	train, test := synthetic(96, 8, 3, 1), synthetic(30, 8, 3, 2)
-	var text *data.Text
-	if c.Data.Dataset == "text" {
-		text = testText(t)
-	} else if c.Model.Name == "cnn" {
-		train, test = synthetic(96, c.Model.Input, c.Model.Classes, 1), synthetic(30, c.Model.Input, c.Model.Classes, 2)
-	}
-	n := len(c.Stages)
-	if reference {
-		n = 1
-	}
-	links := make([][2]transport.Link, n) // [prev, next]
+	links := make([][2]transport.Link, n)
 	for i := 0; i < n && n > 1; i++ {
 		j := (i + 1) % n
 		_, down, err := Hellos(c, i)
@@ -124,6 +113,44 @@ func runStagesIn(t *testing.T, c *configs.Config, reference bool, dir string, re
 		a, b := transport.Pipe(down, up, c.Transport.QueueDepth)
 		links[i][1], links[j][0] = a, b
 	}
+	return links
+}
+
+// sameMLPRun compares a pipelined MLP run with its reference: evaluation,
+// every weight and every step's loss, bit for bit.
+func sameMLPRun(t *testing.T, cfg *configs.Config, ref, pipe string) {
+	t.Helper()
+	sameFile(t, filepath.Join(ref, "eval.json"), filepath.Join(pipe, "eval.json"))
+	wr, wp := readWeights(t, ref), readWeights(t, pipe)
+	if want := 2 * (len(cfg.Model.Hidden) + 1); len(wr) != want || len(wp) != len(wr) {
+		t.Fatalf("reference has %d tensors, pipeline %d, model %d", len(wr), len(wp), want)
+	}
+	if err := checkpoint.Diff(wr, wp); err != nil {
+		t.Fatalf("reference and pipeline weights differ: %v", err)
+	}
+	lr, lp := readLosses(t, ref), readLosses(t, pipe)
+	if len(lr) != cfg.Train.Steps || fmt.Sprint(lr) != fmt.Sprint(lp) {
+		t.Errorf("losses differ:\nreference %v\npipeline  %v", lr, lp)
+	}
+}
+
+func runStagesIn(t *testing.T, c *configs.Config, reference bool, dir string, resume bool) (string, []*Runtime) {
+	t.Helper()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	train, test := synthetic(96, 8, 3, 1), synthetic(30, 8, 3, 2)
+	var text *data.Text
+	if c.Data.Dataset == "text" {
+		text = testText(t)
+	} else if c.Model.Name == "cnn" {
+		train, test = synthetic(96, c.Model.Input, c.Model.Classes, 1), synthetic(30, c.Model.Input, c.Model.Classes, 2)
+	}
+	n := len(c.Stages)
+	if reference {
+		n = 1
+	}
+	links := pipeLinks(t, c, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	var rts []*Runtime
@@ -206,20 +233,7 @@ func TestPipelineEqualsReference(t *testing.T) {
 				name := fmt.Sprintf("%s/p%d/v%d/m%d/%s", c.sched, len(c.layers), len(c.layers[0]), micro, opt)
 				t.Run(name, func(t *testing.T) {
 					cfg := testConfig(c.sched, c.layers, micro, "float64", opt)
-					ref := runInProcess(t, cfg, true)
-					pipe := runInProcess(t, cfg, false)
-					sameFile(t, filepath.Join(ref, "eval.json"), filepath.Join(pipe, "eval.json"))
-					wr, wp := readWeights(t, ref), readWeights(t, pipe)
-					if want := 2 * (len(cfg.Model.Hidden) + 1); len(wr) != want || len(wp) != len(wr) {
-						t.Fatalf("reference has %d tensors, pipeline %d, model %d", len(wr), len(wp), want)
-					}
-					if err := checkpoint.Diff(wr, wp); err != nil {
-						t.Fatalf("reference and pipeline weights differ: %v", err)
-					}
-					lr, lp := readLosses(t, ref), readLosses(t, pipe)
-					if len(lr) != cfg.Train.Steps || fmt.Sprint(lr) != fmt.Sprint(lp) {
-						t.Errorf("losses differ:\nreference %v\npipeline  %v", lr, lp)
-					}
+					sameMLPRun(t, cfg, runInProcess(t, cfg, true), runInProcess(t, cfg, false))
 				})
 			}
 		}

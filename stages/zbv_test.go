@@ -61,18 +61,7 @@ func TestZBVEqualsReference(t *testing.T) {
 // and every step's loss, which stage 0 logs.
 func sameZBVRun(t *testing.T, cfg *configs.Config, ref, pipe string) {
 	t.Helper()
-	sameFile(t, filepath.Join(ref, "eval.json"), filepath.Join(pipe, "eval.json"))
-	wr, wp := readWeights(t, ref), readWeights(t, pipe)
-	if want := 2 * (len(cfg.Model.Hidden) + 1); len(wr) != want || len(wp) != len(wr) {
-		t.Fatalf("reference has %d tensors, pipeline %d, model %d", len(wr), len(wp), want)
-	}
-	if err := checkpoint.Diff(wr, wp); err != nil {
-		t.Fatalf("reference and pipeline weights differ: %v", err)
-	}
-	lr, lp := readLosses(t, ref), readLosses(t, pipe)
-	if len(lr) != cfg.Train.Steps || fmt.Sprint(lr) != fmt.Sprint(lp) {
-		t.Errorf("losses differ:\nreference %v\npipeline  %v", lr, lp)
-	}
+	sameMLPRun(t, cfg, ref, pipe)
 	for _, f := range Outputs(cfg, 0, 0) {
 		if _, err := os.Stat(filepath.Join(pipe, f)); err != nil {
 			t.Errorf("stage 0 computes the loss, but %v", err)
