@@ -87,14 +87,30 @@ func NewTrial(rings []*Ring, p Plan) *Trial {
 
 // Run all-reduces n times and returns the wall time of one.
 func (t *Trial) Run(ctx context.Context, n int) (time.Duration, error) {
+	return t.time(n, func(r int, step int64) error {
+		return AllReduce(ctx, t.rings[r], step, 0, t.plan, t.bufs[r][step%2])
+	})
+}
+
+// RunLinksOnly moves an all-reduce's messages n times, the same sizes in
+// the same order, without the additions and without waiting for a chunk's
+// sum before sending it on, and returns the wall time of one: what the
+// links alone cost, the ceiling of a ring over them.
+func (t *Trial) RunLinksOnly(ctx context.Context, n int) (time.Duration, error) {
+	return t.time(n, func(r int, step int64) error {
+		return moveOnly(ctx, t.rings[r], step, t.plan, t.bufs[r][step%2])
+	})
+}
+
+// time runs one(rank, step) n times on every rank at once.
+func (t *Trial) time(n int, one func(r int, step int64) error) (time.Duration, error) {
 	errs := make([]error, len(t.rings))
 	t0 := time.Now()
 	var wg sync.WaitGroup
 	for r := range t.rings {
 		wg.Go(func() {
 			for i := range n {
-				s := t.step + int64(i)
-				if errs[r] = AllReduce(ctx, t.rings[r], s, 0, t.plan, t.bufs[r][s%2]); errs[r] != nil {
+				if errs[r] = one(r, t.step+int64(i)); errs[r] != nil {
 					return
 				}
 			}

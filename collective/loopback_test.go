@@ -46,3 +46,31 @@ func TestMeasureLoopback(t *testing.T) {
 		t.Fatal("a ring of one rank was measured")
 	}
 }
+
+// TestRunLinksOnlyMovesTheRingsTraffic: the links-only baseline sends
+// exactly the bytes an all-reduce of the same plan sends, on every rank.
+func TestRunLinksOnlyMovesTheRingsTraffic(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p, err := NewPlan(30001, 4000, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rings := grpcRing(t, 3, p)
+	trial := NewTrial(rings, p)
+	if _, err := trial.Run(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	reduced := make([]int64, len(rings))
+	for r, ring := range rings {
+		reduced[r], ring.Sent = ring.Sent, 0
+	}
+	if _, err := trial.RunLinksOnly(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	for r, ring := range rings {
+		if ring.Sent != reduced[r] || ring.Sent == 0 {
+			t.Errorf("rank %d: links only sent %d bytes, the all-reduce %d", r, ring.Sent, reduced[r])
+		}
+	}
+}

@@ -129,6 +129,29 @@ func recvPhase[T float32 | float64](ctx context.Context, r *Ring, step int64, ba
 
 func set[T float32 | float64](dst, v []T) { copy(dst, v) }
 
+// moveOnly sends and receives AllReduce's messages, phase by phase and
+// bucket by bucket, discarding what arrives (Trial.RunLinksOnly).
+func moveOnly(ctx context.Context, r *Ring, step int64, p Plan, vals []float32) error {
+	if r.Size == 1 {
+		return nil
+	}
+	for b := range p.Buckets {
+		for t := range 2 * (r.Size - 1) {
+			v, tag := bucketChunk(r, 0, p, b, r.Rank-t, vals)
+			if err := r.send(ctx, step, t, tag, v); err != nil {
+				return err
+			}
+			_, want := bucketChunk(r, 0, p, b, r.Rank-t-1, vals)
+			m, err := r.recv(ctx, step, t, want)
+			if err != nil {
+				return err
+			}
+			m.Release()
+		}
+	}
+	return nil
+}
+
 // send encodes vals in the wire dtype and queues them for the next rank.
 func (r *Ring) send(ctx context.Context, step int64, phase, tag int, vals any) error {
 	var t *transport.Tensor
