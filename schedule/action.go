@@ -43,6 +43,7 @@ package schedule
 import (
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // Kind is the kind of work an action does.
@@ -53,6 +54,7 @@ const (
 	Backward             // printed "B": the full backward (input and weight gradients)
 	Input                // printed "I": gradient with respect to the stage input only
 	Weight               // printed "W": weight gradients only, after Input
+	Recompute            // printed "RF": the forward run again from the stashed input, right before B or I
 	numKinds
 )
 
@@ -68,9 +70,16 @@ func (k Kind) String() string {
 		return "I"
 	case Weight:
 		return "W"
+	case Recompute:
+		return "RF"
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }
+
+// communicates reports whether an action of kind k receives or sends a
+// tensor: forwards and backwards do; weight passes and recomputations work
+// on what the stage already holds.
+func (k Kind) communicates() bool { return k == Forward || k == Backward || k == Input }
 
 // Action is one unit of work a stage executes: Kind of MicroBatch on the
 // stage's chunk Chunk (always 0 unless the schedule has several chunks per
@@ -99,7 +108,7 @@ func (a Action) String() string {
 // error rather than a silently different action.
 func ParseAction(s string) (Action, error) {
 	fail := func(why string) (Action, error) {
-		return Action{}, fmt.Errorf("parse action %q: %s (want <stage><F|B|I|W><micro-batch>[c<chunk>], e.g. \"2F0\")", s, why)
+		return Action{}, fmt.Errorf("parse action %q: %s (want <stage><F|B|I|W|RF><micro-batch>[c<chunk>], e.g. \"2F0\")", s, why)
 	}
 	rest := s
 	stage, rest, ok := leadingInt(rest)
@@ -120,6 +129,11 @@ func ParseAction(s string) (Action, error) {
 		a.Kind = Input
 	case 'W':
 		a.Kind = Weight
+	case 'R':
+		if !strings.HasPrefix(rest, "RF") {
+			return fail("unknown kind \"R\" (recomputation is \"RF\")")
+		}
+		a.Kind, rest = Recompute, rest[1:]
 	default:
 		return fail(fmt.Sprintf("unknown kind %q", rest[0]))
 	}

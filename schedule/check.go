@@ -7,8 +7,10 @@ import "fmt"
 // either a full backward (B) or both an input-gradient (I) and a weight (W)
 // pass, each exactly once and on its own stage's list, never B together with
 // I or W; a backward or input-gradient pass after the forward of the same
-// micro-batch and chunk, a weight pass after its input-gradient pass; and no
-// deadlock, found by simulating with unit costs. The error names the first
+// micro-batch and chunk, a weight pass after its input-gradient pass; a
+// recomputation (RF) for every micro-batch of a chunk or for none (a chunk
+// either keeps its activations or recomputes them), each after its forward
+// and before its B or I; and no deadlock, found by simulating with unit costs. The error names the first
 // offending action, so a user can fix a hand-written schedule without reading
 // the simulator.
 //
@@ -126,8 +128,17 @@ func (s *Schedule) validate() (*index, error) {
 			}
 		}
 		for c := range v {
+			recomputes := x.at(Action{Stage: st, Kind: Recompute, Chunk: c}) >= 0
 			for i := range m {
 				has := func(k Kind) bool { return x.at(Action{Stage: st, Kind: k, MicroBatch: i, Chunk: c}) >= 0 }
+				if has(Recompute) != recomputes {
+					a := Action{Stage: st, Kind: Recompute, MicroBatch: i, Chunk: c}
+					if recomputes {
+						return nil, fmt.Errorf("stage %d: missing action %v (chunk %d recomputes micro-batch 0, so it must recompute every one)", st, a, c)
+					}
+					return nil, fmt.Errorf("stage %d: action %v at position %d: chunk %d keeps micro-batch 0's activations, so it must keep every one's (recompute all or none)",
+						st, a, x.at(a), c)
+				}
 				switch b, in, w := has(Backward), has(Input), has(Weight); {
 				case b || in && w:
 				case in:
@@ -146,8 +157,13 @@ func (s *Schedule) validate() (*index, error) {
 			switch a.Kind {
 			case Backward, Input:
 				need.Kind = Forward
+				if r := (Action{Stage: st, Kind: Recompute, MicroBatch: a.MicroBatch, Chunk: a.Chunk}); x.at(r) >= 0 {
+					need = r
+				}
 			case Weight:
 				need.Kind = Input
+			case Recompute:
+				need.Kind = Forward
 			default:
 				continue
 			}

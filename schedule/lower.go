@@ -128,7 +128,7 @@ func ParseOp(s string) (Op, error) {
 		}
 		return o, nil
 	}
-	if stage, rest, ok := leadingInt(s); ok && strings.HasPrefix(rest, "R") {
+	if stage, rest, ok := leadingInt(s); ok && strings.HasPrefix(rest, "R") && !strings.HasPrefix(rest, "RF") {
 		o := Op{Kind: ReduceGrad, Action: Action{Stage: stage}, Peer: -1}
 		if rest = rest[1:]; rest != "" {
 			c, tail, ok := leadingInt(strings.TrimPrefix(rest, "c"))
@@ -214,13 +214,13 @@ func AddSendRecv(l *Lowered) {
 			if a.Kind == Backward || a.Kind == Input {
 				recv, send = RecvGrad, SendGrad
 			}
-			if a.Kind != Weight {
+			if a.Kind.communicates() {
 				if from := t.RecvFrom(a); from >= 0 {
 					out = append(out, Op{Kind: recv, Action: a, Peer: from})
 				}
 			}
 			out = append(out, o)
-			if a.Kind != Weight {
+			if a.Kind.communicates() {
 				if to := t.SendTo(a); to >= 0 {
 					out = append(out, Op{Kind: send, Action: a, Peer: to})
 				}

@@ -96,7 +96,7 @@ func (l *Lowered) validate() error {
 				if o.isRecv() {
 					want = t.RecvFrom(o.Action)
 				}
-				if want < 0 || (o.Kind == SendAct || o.Kind == RecvAct) != (o.Action.Kind == Forward) || o.Action.Kind == Weight {
+				if want < 0 || (o.Kind == SendAct || o.Kind == RecvAct) != (o.Action.Kind == Forward) || !o.Action.Kind.communicates() {
 					return bad("%v carries nothing of this kind", o.Action)
 				}
 				if o.Peer != want {
@@ -164,7 +164,7 @@ func (l *Lowered) validate() error {
 func (l *Lowered) checkComm(ops []Op, j int) error {
 	a := ops[j].Action
 	t := l.Topology()
-	if a.Kind == Weight {
+	if !a.Kind.communicates() {
 		return nil
 	}
 	recv, send := RecvAct, SendAct

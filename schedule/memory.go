@@ -4,9 +4,12 @@ package schedule
 // as the runtime keeps it: a machine per micro-batch between its forward and
 // its backward (or input-gradient pass), kept in a pool once made; a stash
 // per micro-batch between its input-gradient and weight passes; and the
-// weight program's registers once it has run.
+// weight program's registers once it has run. A chunk that recomputes (RF)
+// hands its machine back at the end of each forward and keeps only the
+// micro-batch's input, Input bytes, until the recomputation takes a machine
+// again: its pool holds one machine.
 type ChunkMemory struct {
-	Machine, Stash, Weight int64
+	Machine, Stash, Weight, Input int64
 }
 
 // PeakMemory is, per stage, the most activation memory the stage holds at
@@ -20,16 +23,17 @@ func (s *Schedule) PeakMemory(mem func(stage, chunk int) ChunkMemory) []int64 {
 	out := make([]int64, s.Stages)
 	for st, list := range s.Actions {
 		chunks := max(s.Chunks, 1)
-		inUse, pool, stashed := make([]int, chunks), make([]int, chunks), make([]int, chunks)
-		weighed := make([]bool, chunks)
+		inUse, pool, stashed, inputs := make([]int, chunks), make([]int, chunks), make([]int, chunks), make([]int, chunks)
+		weighed, recomputes := make([]bool, chunks), make([]bool, chunks)
 		sizes := make([]ChunkMemory, chunks)
 		for c := range chunks {
 			sizes[c] = mem(st, c)
+			recomputes[c] = RecomputesChunk(list, c)
 		}
 		held := func() int64 {
 			var n int64
 			for c, m := range sizes {
-				n += int64(pool[c])*m.Machine + int64(stashed[c])*m.Stash
+				n += int64(pool[c])*m.Machine + int64(stashed[c])*m.Stash + int64(inputs[c])*m.Input
 				if weighed[c] {
 					n += m.Weight
 				}
@@ -40,6 +44,14 @@ func (s *Schedule) PeakMemory(mem func(stage, chunk int) ChunkMemory) []int64 {
 			c := a.Chunk
 			switch a.Kind {
 			case Forward:
+				pool[c] = max(pool[c], inUse[c]+1)
+				if recomputes[c] {
+					inputs[c]++
+				} else {
+					inUse[c]++
+				}
+			case Recompute:
+				inputs[c]--
 				inUse[c]++
 				pool[c] = max(pool[c], inUse[c])
 			case Backward:

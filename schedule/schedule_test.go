@@ -491,7 +491,7 @@ stage 1: 1F0 1F0c1 1B0c1 1B0`),
 }
 
 func TestKindString(t *testing.T) {
-	for k, want := range map[Kind]string{Forward: "F", Backward: "B", Input: "I", Weight: "W", 4: "Kind(4)", 7: "Kind(7)"} {
+	for k, want := range map[Kind]string{Forward: "F", Backward: "B", Input: "I", Weight: "W", Recompute: "RF", 5: "Kind(5)", 7: "Kind(7)"} {
 		if got := k.String(); got != want {
 			t.Errorf("Kind(%d).String() = %q, want %q", k, got, want)
 		}
@@ -563,7 +563,7 @@ func TestParseActionErrors(t *testing.T) {
 			t.Errorf("ParseAction(%q) = %v, want error", tt.in, a)
 			continue
 		}
-		want := fmt.Sprintf("parse action %q: %s (want <stage><F|B|I|W><micro-batch>[c<chunk>], e.g. \"2F0\")", tt.in, tt.why)
+		want := fmt.Sprintf("parse action %q: %s (want <stage><F|B|I|W|RF><micro-batch>[c<chunk>], e.g. \"2F0\")", tt.in, tt.why)
 		if err.Error() != want {
 			t.Errorf("ParseAction(%q) error\n got %s\nwant %s", tt.in, err, want)
 		}
@@ -667,8 +667,8 @@ func TestParseGridErrors(t *testing.T) {
 		{"stage 1: 1F0", `line 1: want stage 0, got "1"`},
 		{"stage 0: 0F0\nstage 0: 0B0", `line 2: want stage 1, got "0"`},
 		{"stage x: 0F0", `line 1: want stage 0, got "x"`},
-		{"stage 0: 0F0 0Q0", `line 1, column 14: parse action "0Q0": unknown kind 'Q' (want <stage><F|B|I|W><micro-batch>[c<chunk>], e.g. "2F0")`},
-		{"stage 0: 0F0\n\n  stage 1:\t1F0   1F1x 1B0", `line 3, column 18: parse action "1F1x": unexpected "x" after the action (want <stage><F|B|I|W><micro-batch>[c<chunk>], e.g. "2F0")`},
+		{"stage 0: 0F0 0Q0", `line 1, column 14: parse action "0Q0": unknown kind 'Q' (want <stage><F|B|I|W|RF><micro-batch>[c<chunk>], e.g. "2F0")`},
+		{"stage 0: 0F0\n\n  stage 1:\t1F0   1F1x 1B0", `line 3, column 18: parse action "1F1x": unexpected "x" after the action (want <stage><F|B|I|W|RF><micro-batch>[c<chunk>], e.g. "2F0")`},
 	}
 	for _, tt := range tests {
 		s, err := ParseGrid(tt.in)
@@ -1282,7 +1282,7 @@ stages:
 }
 
 func TestLoadErrors(t *testing.T) {
-	const want = ` (want <stage><F|B|I|W><micro-batch>[c<chunk>], e.g. "2F0")`
+	const want = ` (want <stage><F|B|I|W|RF><micro-batch>[c<chunk>], e.g. "2F0")`
 	tests := []struct{ format, in, want string }{
 		{"csv", "0F0,0F1,0B0,0B1\n1F0,1X0\n", `csv row 2, column 2: parse action "1X0": unknown kind 'X'` + want},
 		{"csv", "0F0,,0B0c\n", `csv row 1, column 3: parse action "0B0c": missing or invalid chunk number` + want},

@@ -11,7 +11,7 @@ import (
 // and the message becoming available on another stage. F[s] and B[s] are the
 // forward and full backward of all of stage s's layers; I[s] and W[s] the
 // input-gradient and weight passes, which split B[s]. I or W may be nil,
-// meaning B/2. With v chunks per stage a chunk holds 1/v of the stage's
+// meaning B/2. A recomputation (RF) costs what the forward costs. With v chunks per stage a chunk holds 1/v of the stage's
 // layers, so an action on one chunk costs a v-th of these. A transfer between
 // two chunks of the same stage is free.
 //
@@ -53,7 +53,7 @@ func (c Costs) duration(a Action, v int) float64 {
 	if c.Chunks != nil {
 		x := c.Chunks[a.Stage][a.Chunk]
 		switch a.Kind {
-		case Forward:
+		case Forward, Recompute:
 			return x.F
 		case Backward:
 			return x.B
@@ -64,7 +64,7 @@ func (c Costs) duration(a Action, v int) float64 {
 	}
 	var d float64
 	switch a.Kind {
-	case Forward:
+	case Forward, Recompute:
 		d = c.F[a.Stage]
 	case Backward:
 		d = c.B[a.Stage]
@@ -227,7 +227,10 @@ func (x *index) deps(a Action) []Action {
 		}
 	case Backward, Input:
 		f := a
-		f.Kind = Forward
+		f.Kind = Recompute
+		if x.at(f) < 0 {
+			f.Kind = Forward
+		}
 		out = append(out, f)
 		if ms < last {
 			out = append(out, x.gradient(a, ms+1))
@@ -236,6 +239,10 @@ func (x *index) deps(a Action) []Action {
 		in := a
 		in.Kind = Input
 		out = append(out, in)
+	case Recompute:
+		f := a
+		f.Kind = Forward
+		out = append(out, f)
 	}
 	return out
 }
