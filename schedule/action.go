@@ -50,11 +50,11 @@ import (
 type Kind uint8
 
 const (
-	Forward  Kind = iota // printed "F"
-	Backward             // printed "B": the full backward (input and weight gradients)
-	Input                // printed "I": gradient with respect to the stage input only
-	Weight               // printed "W": weight gradients only, after Input
-	Recompute            // printed "RF": the forward run again from the stashed input, right before B or I
+	Forward   Kind = iota // printed "F"
+	Backward              // printed "B": the full backward (input and weight gradients)
+	Input                 // printed "I": gradient with respect to the stage input only
+	Weight                // printed "W": weight gradients only, after Input
+	Recompute             // printed "RF": the forward run again from the stashed input, right before B or I
 	numKinds
 )
 
