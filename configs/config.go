@@ -193,6 +193,27 @@ type Stage struct {
 	// MetricsAddress optionally serves the stage's Prometheus metrics at
 	// http://ADDRESS/metrics while it trains.
 	MetricsAddress string `mapstructure:"metrics_address" json:"metrics_address,omitempty"`
+	// Recompute trades compute for activation memory (RecomputeModes).
+	Recompute string `mapstructure:"recompute" json:"recompute,omitempty"`
+}
+
+// RecomputeModes are stages[i].recompute's values ("" is none): none keeps
+// every activation from the forward to the backward; full keeps only each
+// micro-batch's input and runs the forward again (RF) right before the
+// backward; selective keeps everything but attention's probabilities, which
+// attention's backward computes again.
+var RecomputeModes = []string{"none", "full", "selective"}
+
+// RecomputesFull reports whether stage runs its forwards again before its
+// backwards (stages[i].recompute: full).
+func (c *Config) RecomputesFull(stage int) bool {
+	return stage >= 0 && stage < len(c.Stages) && c.Stages[stage].Recompute == "full"
+}
+
+// RecomputesSelective reports whether stage's layers recompute their
+// internals in their backward (stages[i].recompute: selective).
+func (c *Config) RecomputesSelective(stage int) bool {
+	return stage >= 0 && stage < len(c.Stages) && c.Stages[stage].Recompute == "selective"
 }
 
 // defaults apply where the file is silent. Keys without a default (the GPT
@@ -496,13 +517,23 @@ func (c *Config) Topology() schedule.Topology {
 // schedule: custom the compute of the one in schedule_file (see BuildLowered).
 func (c *Config) BuildSchedule() (*schedule.Schedule, error) {
 	if c.Schedule != "custom" {
-		return schedule.Build(c.Schedule, max(len(c.Stages), 1), max(c.Data.MicroBatches, 1), c.VirtualStages)
+		return c.buildNamed()
 	}
 	l, err := c.BuildLowered()
 	if err != nil {
 		return nil, err
 	}
 	return l.Compute(), nil
+}
+
+// buildNamed builds the named schedule with the recomputation the stages ask
+// for (stages[i].recompute: full).
+func (c *Config) buildNamed() (*schedule.Schedule, error) {
+	s, err := schedule.Build(c.Schedule, max(len(c.Stages), 1), max(c.Data.MicroBatches, 1), c.VirtualStages)
+	if err != nil {
+		return nil, err
+	}
+	return s.WithRecompute(func(stage, _ int) bool { return c.RecomputesFull(stage) }), nil
 }
 
 // BuildLowered returns the run's schedule lowered, as its stages execute it
@@ -513,7 +544,7 @@ func (c *Config) BuildSchedule() (*schedule.Schedule, error) {
 func (c *Config) BuildLowered() (*schedule.Lowered, error) {
 	p, m := max(len(c.Stages), 1), max(c.Data.MicroBatches, 1)
 	if c.Schedule != "custom" {
-		s, err := schedule.Build(c.Schedule, p, m, c.VirtualStages)
+		s, err := c.buildNamed()
 		if err != nil {
 			return nil, err
 		}
@@ -627,6 +658,7 @@ func (c *Config) validateStages(p *Problems, model *models.Model) {
 		if s.CPUs != "" {
 			c.validateCPUs(p, i)
 		}
+		c.validateRecompute(p, i, model)
 		if c.VirtualStages >= 1 && len(s.Layers) != c.VirtualStages {
 			p.add(field+".layers", "lists %d layer ranges; virtual_stages is %d, so give one range per chunk", len(s.Layers), c.VirtualStages)
 		}
@@ -635,6 +667,53 @@ func (c *Config) validateStages(p *Problems, model *models.Model) {
 		return
 	}
 	c.validateCoverage(p, model)
+}
+
+// validateRecompute checks stages[i].recompute: a known mode; full only
+// where the schedule is built (a custom schedule says where to recompute
+// with its own RF actions); selective only where a layer has internals to
+// recompute.
+func (c *Config) validateRecompute(p *Problems, i int, model *models.Model) {
+	field, mode := fmt.Sprintf("stages[%d].recompute", i), c.Stages[i].Recompute
+	switch {
+	case mode == "" || mode == "none":
+	case !slices.Contains(RecomputeModes, mode):
+		p.add(field, "unknown mode %q (known: %s)", mode, strings.Join(RecomputeModes, ", "))
+	case mode == "full" && c.Schedule == "custom":
+		p.add(field, "full recomputation is added to a named schedule; a custom schedule recomputes where its own RF actions say (remove the key, or add RF actions)")
+	case mode == "selective" && model != nil && !c.hasInternals(i, model):
+		p.add(field, "selective recomputes attention's probabilities, and none of this stage's layers has attention (use full, or none)")
+	}
+}
+
+// ValidateRecompute checks every stage's recompute key alone, as Validate
+// does, for callers that set it after loading (simulate --recompute).
+func (c *Config) ValidateRecompute(model *models.Model) error {
+	var p Problems
+	for i := range c.Stages {
+		c.validateRecompute(&p, i, model)
+	}
+	if len(p.Items) == 0 {
+		return nil
+	}
+	return &p
+}
+
+// hasInternals reports whether any layer of stage i can recompute its
+// internals (models.RecomputingInternals).
+func (c *Config) hasInternals(i int, model *models.Model) bool {
+	for _, r := range c.Stages[i].Layers {
+		first, last, err := ParseLayers(r)
+		if err != nil || first < 0 || last >= len(model.Layers) {
+			continue
+		}
+		for _, l := range model.Layers[first : last+1] {
+			if _, ok := l.(models.RecomputingInternals); ok {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (c *Config) rangesPerChunk() bool {

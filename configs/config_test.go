@@ -88,6 +88,10 @@ func TestValidationRules(t *testing.T) {
 		{"metrics address clash", "address: 127.0.0.1:7002}", "address: 127.0.0.1:7002, metrics_address: \"127.0.0.1:7001\"}", []string{"stages[1].metrics_address: 127.0.0.1:7001 is also used by stages[0].address"}},
 		{"metrics address clashing with a later stage", "address: 127.0.0.1:7001}", "address: 127.0.0.1:7001, metrics_address: \"127.0.0.1:7002\"}", []string{"stages[0].metrics_address: 127.0.0.1:7002 is also used by stages[1].address"}},
 		{"bad cpu list", "address: 127.0.0.1:7002}", "address: 127.0.0.1:7002, cpus: \"3-1\"}", []string{"stages[1].cpus", "not a CPU list"}},
+		{"unknown recomputation", "address: 127.0.0.1:7002}", "address: 127.0.0.1:7002, recompute: all}", []string{`stages[1].recompute: unknown mode "all" (known: none, full, selective)`}},
+		{"full recomputation in a custom schedule", "schedule: gpipe\nstages:\n  - {layers: \"0\", address: 127.0.0.1:7001}", "schedule: custom\nschedule_file: s.csv\nstages:\n  - {layers: \"0\", address: 127.0.0.1:7001, recompute: full}",
+			[]string{"stages[0].recompute: full recomputation is added to a named schedule; a custom schedule recomputes where its own RF actions say"}},
+		{"selective without attention", "address: 127.0.0.1:7001}", "address: 127.0.0.1:7001, recompute: selective}", []string{"stages[0].recompute: selective recomputes attention's probabilities, and none of this stage's layers has attention"}},
 		{"unknown dtype", "name: mlp,", "name: mlp, dtype: float16,", []string{"model.dtype:", `unknown dtype "float16" (known: float32, float64)`}},
 	}
 	for _, tc := range cases {
@@ -223,6 +227,13 @@ func TestCustomScheduleFile(t *testing.T) {
 			t.Fatal(err)
 		}
 		return p
+	}
+	// Recomputation is the file's to say, with RF actions.
+	write("rf.csv", "0F0,0F1,0F2,0B0,0B1,0F3,0B2,0B3\n1F0,1RF0,1B0,1F1,1F2,1RF1,1B1,1RF2,1B2,1F3,1RF3,1B3\n")
+	if c, err := Load(cfg("rf.csv")); err != nil {
+		t.Fatal(err)
+	} else if s, err := c.BuildSchedule(); err != nil || schedule.RecomputesChunk(s.Actions[0], 0) || !schedule.RecomputesChunk(s.Actions[1], 0) {
+		t.Fatalf("custom schedule with RF actions: %v\n%v", err, s.Grid())
 	}
 	// 2 stages, 4 micro-batches: a valid order that is neither gpipe nor 1f1b.
 	write("ok.csv", "0F0,0F1,0F2,0B0,0B1,0F3,0B2,0B3\n1F0,1B0,1F1,1F2,1B1,1B2,1F3,1B3\n")

@@ -23,7 +23,7 @@ func BenchmarkEngineStepAllocs(b *testing.B) {
 	}
 	for _, mb := range []int{64, 256} {
 		b.Run(fmt.Sprintf("mb=%d", mb), func(b *testing.B) {
-			e, err := NewEngine(m, 1, 3, mb, 1, false)
+			e, err := NewEngine(m, 1, 3, mb, 1, Options{})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -61,7 +61,7 @@ func TestSplitBackwardAllocatesLikeFused(t *testing.T) {
 		t.Fatal(err)
 	}
 	perStep := func(split bool) uint64 {
-		e, err := NewEngine(m, 1, 3, 64, 1, split)
+		e, err := NewEngine(m, 1, 3, 64, 1, Options{Split: split})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -35,6 +35,7 @@ type Engine struct {
 	First, Last int // layer range [First, Last)
 	Batch       int // examples per micro-batch
 	Split       bool
+	Recompute   bool // see Options
 
 	g      *G.ExprGraph
 	x      *G.Node // stage input: data on the first stage, else the upstream activation
@@ -58,10 +59,32 @@ type Engine struct {
 	grads  []*tensor.Dense // summed weight gradients, in params order
 }
 
+// Options choose how an engine keeps what a micro-batch's backward needs;
+// the zero value is the fused backward from activations kept since the
+// forward.
+type Options struct {
+	// Split builds the backward as two passes, Input then Weight, for
+	// zero-bubble schedules.
+	Split bool
+	// Recompute keeps only a micro-batch's input (and targets) after its
+	// forward, handing its machine back: Recomputation must run the forward
+	// again before the backward or input-gradient pass (full activation
+	// recomputation, the schedule's RF).
+	Recompute bool
+	// Selective builds every layer that can (models.RecomputingInternals) to
+	// recompute its memory-heavy internals inside its backward instead of
+	// keeping them; a range with no such layer is an error.
+	Selective bool
+}
+
 // flight is one micro-batch between its forward and the end of its backward.
 type flight struct {
-	vm    G.VM      // paused tape; nil once the input gradient is done (split mode)
+	vm    G.VM      // paused tape; nil once the input gradient is done (split mode), or until recomputed
 	stash []G.Value // split mode, after Input: what Weight needs, in reads' order
+	// Recompute mode, from the forward to the recomputation: what the
+	// forward ran on.
+	input   *tensor.Dense
+	targets []int
 }
 
 // part is one parameterised part of a split engine's layers (models.Part).
@@ -74,7 +97,7 @@ type part struct {
 }
 
 // NewEngine builds and compiles the stage programs once; nothing is rebuilt per step.
-func NewEngine(m *models.Model, first, last, batch int, seed uint64, split bool) (e *Engine, err error) {
+func NewEngine(m *models.Model, first, last, batch int, seed uint64, o Options) (e *Engine, err error) {
 	if first < 0 || last > len(m.Layers) || first >= last {
 		return nil, fmt.Errorf("layer range [%d, %d) is not within the model's %d layers", first, last, len(m.Layers))
 	}
@@ -84,13 +107,18 @@ func NewEngine(m *models.Model, first, last, batch int, seed uint64, split bool)
 			err = fmt.Errorf("building layers [%d, %d): %v", first, last, r)
 		}
 	}()
-	e = &Engine{Model: m, First: first, Last: last, Batch: batch, Split: split, g: G.NewGraph(), gate: &gate{}, flights: map[int]*flight{}}
+	split := o.Split
+	e = &Engine{Model: m, First: first, Last: last, Batch: batch, Split: split, Recompute: o.Recompute, g: G.NewGraph(), gate: &gate{}, flights: map[int]*flight{}}
+	layers, err := layersFor(m.Layers[first:last], o.Selective)
+	if err != nil {
+		return nil, fmt.Errorf("layers [%d, %d): %w", first, last, err)
+	}
 	inShape := m.ShapeAt(first, batch)
 	e.x = G.NewTensor(e.g, m.DType, len(inShape), G.WithShape(inShape...), G.WithName("input"))
 	h := e.x
 	var parts []part
 	var ins []*G.Node // the parts' distinct inputs, each kept once
-	for _, l := range m.Layers[first:last] {
+	for _, l := range layers {
 		sl, ok := l.(models.Splittable)
 		if split && !ok {
 			return nil, fmt.Errorf("layer %s cannot split its backward into input and weight gradients, which zero-bubble schedules need", l.Name())
@@ -189,6 +217,25 @@ func NewEngine(m *models.Model, first, last, batch int, seed uint64, split bool)
 	return e, nil
 }
 
+// layersFor is layers as the engine builds them: with selective, every
+// layer that can recompute its internals does.
+func layersFor(layers []models.Layer, selective bool) ([]models.Layer, error) {
+	if !selective {
+		return layers, nil
+	}
+	out, n := make([]models.Layer, len(layers)), 0
+	for i, l := range layers {
+		out[i] = l
+		if r, ok := l.(models.RecomputingInternals); ok {
+			out[i], n = r.RecomputingInternals(), n+1
+		}
+	}
+	if n == 0 {
+		return nil, errors.New("selective recomputation recomputes attention's internals, and none of these layers has any (use full, or none)")
+	}
+	return out, nil
+}
+
 // IsFirst reports whether the stage reads data (it computes no input gradient).
 func (e *Engine) IsFirst() bool { return e.First == 0 }
 
@@ -224,6 +271,29 @@ func (e *Engine) Forward(key int, input *tensor.Dense, targets []int) (*tensor.D
 			return nil, fmt.Errorf("micro-batch %d targets: %w", key, err)
 		}
 	}
+	vm, err := e.runForward()
+	if err != nil {
+		return nil, fmt.Errorf("micro-batch %d forward: %w", key, err)
+	}
+	f := &flight{vm: vm}
+	e.flights[key] = f
+	e.peak = max(e.peak, len(e.flights))
+	if !e.Recompute {
+		e.harvest(f)
+		return copyDense(e.out.Value())
+	}
+	// Keep what the forward ran on, not what it made: the machine goes
+	// back to the pool until Recomputation.
+	defer func() {
+		clear(e.reads)
+		e.release(vm)
+	}()
+	f.vm, f.input, f.targets = nil, input, slices.Clone(targets)
+	return copyDense(e.out.Value())
+}
+
+// runForward runs the bound input through a machine to the backward pause.
+func (e *Engine) runForward() (G.VM, error) {
 	vm := e.machine()
 	e.gate.open, e.gate.hit = false, false
 	err := vm.RunAll()
@@ -232,13 +302,38 @@ func (e *Engine) Forward(key int, input *tensor.Dense, targets []int) (*tensor.D
 		if err == nil {
 			err = errors.New("program finished without reaching the backward pause")
 		}
-		return nil, fmt.Errorf("micro-batch %d forward: %w", key, err)
+		return nil, err
 	}
-	f := &flight{vm: vm}
+	return vm, nil
+}
+
+// Recomputation (Recompute mode) runs micro-batch key's forward again, from
+// the input and targets its forward kept, so that its backward or
+// input-gradient pass can follow: the same program on the same values and
+// weights, so the same bits as the forward that was not kept.
+func (e *Engine) Recomputation(key int) error {
+	f, ok := e.flights[key]
+	switch {
+	case !e.Recompute:
+		return fmt.Errorf("micro-batch %d: recomputation in an engine that keeps its activations", key)
+	case !ok || f.input == nil:
+		return fmt.Errorf("micro-batch %d: recomputation without a forward, or twice", key)
+	}
+	if err := G.Let(e.x, f.input); err != nil {
+		return fmt.Errorf("micro-batch %d input: %w", key, err)
+	}
+	if e.IsLast() {
+		if err := G.Let(e.onehot, e.oneHot(f.targets)); err != nil {
+			return fmt.Errorf("micro-batch %d targets: %w", key, err)
+		}
+	}
+	vm, err := e.runForward()
+	if err != nil {
+		return fmt.Errorf("micro-batch %d recomputation: %w", key, err)
+	}
+	f.vm, f.input, f.targets = vm, nil, nil
 	e.harvest(f)
-	e.flights[key] = f
-	e.peak = max(e.peak, len(e.flights))
-	return copyDense(e.out.Value())
+	return nil
 }
 
 // Logits returns a copy of the last forward's logits (last stage only), for evaluation.
@@ -264,6 +359,9 @@ func (e *Engine) Backward(key int, grad G.Value) (*tensor.Dense, error) {
 	if !ok {
 		return nil, fmt.Errorf("micro-batch %d: backward without a forward", key)
 	}
+	if f.vm == nil {
+		return nil, fmt.Errorf("micro-batch %d: backward before its recomputation", key)
+	}
 	delete(e.flights, key)
 	defer e.release(f.vm)
 	return e.resume(key, f.vm, grad)
@@ -273,6 +371,9 @@ func (e *Engine) Backward(key int, grad G.Value) (*tensor.Dense, error) {
 // w.r.t. the stage input, keeping what Weight needs.
 func (e *Engine) Input(key int, grad G.Value) (*tensor.Dense, error) {
 	f, ok := e.flights[key]
+	if ok && f.input != nil {
+		return nil, fmt.Errorf("micro-batch %d: input gradient before its recomputation", key)
+	}
 	if !ok || f.vm == nil {
 		return nil, fmt.Errorf("micro-batch %d: input gradient without a forward, or twice", key)
 	}
@@ -295,7 +396,7 @@ func (e *Engine) Input(key int, grad G.Value) (*tensor.Dense, error) {
 // kept, adds them to the summed gradients and releases the micro-batch.
 func (e *Engine) Weight(key int) error {
 	f, ok := e.flights[key]
-	if !ok || f.vm != nil {
+	if !ok || f.vm != nil || f.input != nil {
 		return fmt.Errorf("micro-batch %d: weight gradient before its input gradient", key)
 	}
 	delete(e.flights, key)

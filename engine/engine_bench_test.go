@@ -15,7 +15,7 @@ func benchStage(b *testing.B, split bool) (*Engine, func()) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	e, err := NewEngine(m, 1, 3, 64, 1, split)
+	e, err := NewEngine(m, 1, 3, 64, 1, Options{Split: split})
 	if err != nil {
 		b.Fatal(err)
 	}

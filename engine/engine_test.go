@@ -101,7 +101,7 @@ func runPipeline(t *testing.T, m *models.Model, cuts []int, xs []*tensor.Dense, 
 	t.Helper()
 	var es []*Engine
 	for i := 0; i+1 < len(cuts); i++ {
-		e, err := NewEngine(m, cuts[i], cuts[i+1], xs[0].Shape()[0], seed, split)
+		e, err := NewEngine(m, cuts[i], cuts[i+1], xs[0].Shape()[0], seed, Options{Split: split})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -251,7 +251,7 @@ func TestSplitGPTFiniteDifferences(t *testing.T) {
 		}
 		var es []*Engine
 		for _, c := range [][2]int{{0, 2}, {2, 4}} {
-			e, err := NewEngine(m, c[0], c[1], 2, seed, true)
+			e, err := NewEngine(m, c[0], c[1], 2, seed, Options{Split: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -333,7 +333,7 @@ func TestSplitGPTFiniteDifferences(t *testing.T) {
 
 func TestEngineRejectsMisuse(t *testing.T) {
 	m := smallMLP(t, "float32")
-	e, err := NewEngine(m, 1, 3, 2, 1, false)
+	e, err := NewEngine(m, 1, 3, 2, 1, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -354,7 +354,7 @@ func TestEngineRejectsMisuse(t *testing.T) {
 	if err := e.Step(sgd); err == nil {
 		t.Error("optimizer step with a micro-batch in flight accepted")
 	}
-	if _, err := NewEngine(m, 2, 2, 2, 1, false); err == nil {
+	if _, err := NewEngine(m, 2, 2, 2, 1, Options{}); err == nil {
 		t.Error("empty layer range accepted")
 	}
 }
@@ -435,7 +435,7 @@ func checkSplitBitIdentical(t *testing.T, m *models.Model, cuts [][2]int, xs []*
 	build := func(split bool) []*Engine {
 		var es []*Engine
 		for _, c := range cuts {
-			e, err := NewEngine(m, c[0], c[1], batch, seed, split)
+			e, err := NewEngine(m, c[0], c[1], batch, seed, Options{Split: split})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -632,7 +632,7 @@ func TestInputPassSkipsWeightGradients(t *testing.T) {
 		{mlp, 1, 3, x, y, weightOps[:1]},
 		{gpt, 0, 4, ids, next, weightOps},
 	} {
-		e, err := NewEngine(c.m, c.first, c.last, 4, 1, true)
+		e, err := NewEngine(c.m, c.first, c.last, 4, 1, Options{Split: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -670,7 +670,7 @@ func TestInputPassSkipsWeightGradients(t *testing.T) {
 // nodes for both operands.
 func TestFirstStageSkipsDataGradient(t *testing.T) {
 	m := smallMLP(t, "float64")
-	e, err := NewEngine(m, 0, len(m.Layers), 4, 1, false)
+	e, err := NewEngine(m, 0, len(m.Layers), 4, 1, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

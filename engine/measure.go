@@ -75,11 +75,11 @@ func MeasureLayers(spec models.Spec, batch int, seed uint64, reps int) ([]Cost, 
 }
 
 func measureRange(model *models.Model, first, last, batch int, seed uint64, reps int) (Cost, error) {
-	fused, err := NewEngine(model, first, last, batch, seed, false)
+	fused, err := NewEngine(model, first, last, batch, seed, Options{})
 	if err != nil {
 		return Cost{}, err
 	}
-	split, err := NewEngine(model, first, last, batch, seed, true)
+	split, err := NewEngine(model, first, last, batch, seed, Options{Split: true})
 	if err != nil {
 		split = nil // a model whose layers cannot split: I and W stay unmeasured
 	}
@@ -135,11 +135,11 @@ func measureRange(model *models.Model, first, last, batch int, seed uint64, reps
 	// A machine holds tensors that grow with the micro-batch and some that do
 	// not (each layer's weight-gradient product); twice the micro-batch tells
 	// them apart.
-	mem, err := MeasureMemory(model, first, last, batch, seed, false)
+	mem, err := MeasureMemory(model, first, last, batch, seed, Options{})
 	if err != nil {
 		return Cost{}, err
 	}
-	mem2, err := MeasureMemory(model, first, last, 2*batch, seed, false)
+	mem2, err := MeasureMemory(model, first, last, 2*batch, seed, Options{})
 	if err != nil {
 		return Cost{}, err
 	}
@@ -149,7 +149,7 @@ func measureRange(model *models.Model, first, last, batch int, seed uint64, reps
 	if split == nil {
 		cost.I, cost.W = cost.B/2, cost.B/2
 	} else {
-		m, err := MeasureMemory(model, first, last, batch, seed, true)
+		m, err := MeasureMemory(model, first, last, batch, seed, Options{Split: true})
 		if err != nil {
 			return Cost{}, err
 		}

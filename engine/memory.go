@@ -42,6 +42,9 @@ func (e *Engine) HeldBytes() int64 {
 		if f.vm != nil {
 			machine(f.vm)
 		}
+		if f.input != nil {
+			total += valueBytes(f.input, seen)
+		}
 		for _, v := range f.stash {
 			total += valueBytes(v, seen)
 		}
@@ -94,11 +97,13 @@ func valueBytes(v G.Value, seen map[uintptr]int64) int64 {
 }
 
 // MeasureMemory runs one micro-batch through fresh engines for layers
-// [first, last) and reports the bytes its programs hold: Machine from the
-// fused program (or the split input program when split), Stash and Weight
-// when split. They depend only on the shapes, which fix every register.
-func MeasureMemory(model *models.Model, first, last, batch int, seed uint64, split bool) (schedule.ChunkMemory, error) {
-	e, err := NewEngine(model, first, last, batch, seed, split)
+// [first, last) built with o and reports the bytes its programs hold:
+// Machine from the fused program (or the split input program when split),
+// Stash and Weight when split, and Input, the input a recomputing engine
+// keeps between forward and recomputation. They depend only on the shapes,
+// which fix every register.
+func MeasureMemory(model *models.Model, first, last, batch int, seed uint64, o Options) (schedule.ChunkMemory, error) {
+	e, err := NewEngine(model, first, last, batch, seed, o)
 	if err != nil {
 		return schedule.ChunkMemory{}, err
 	}
@@ -116,7 +121,13 @@ func MeasureMemory(model *models.Model, first, last, batch int, seed uint64, spl
 		return schedule.ChunkMemory{}, err
 	}
 	var m schedule.ChunkMemory
-	if !split {
+	if o.Recompute {
+		m.Input = int64(input.MemSize())
+		if err := e.Recomputation(0); err != nil {
+			return schedule.ChunkMemory{}, err
+		}
+	}
+	if !o.Split {
 		if _, err := e.Backward(0, grad); err != nil {
 			return schedule.ChunkMemory{}, err
 		}
@@ -142,6 +153,18 @@ func MeasureMemory(model *models.Model, first, last, batch int, seed uint64, spl
 	return m, nil
 }
 
+// OptionsFor is how stage's engine for chunk is built to run actions, the
+// stage's share of the schedule, under config c: split where the schedule
+// splits the chunk's backward, recomputing where it recomputes the chunk's
+// forwards, and selective where the stage asks for it.
+func OptionsFor(c *configs.Config, actions []schedule.Action, stage, chunk int) Options {
+	return Options{
+		Split:     schedule.SplitsChunk(actions, chunk),
+		Recompute: schedule.RecomputesChunk(actions, chunk),
+		Selective: c.RecomputesSelective(stage),
+	}
+}
+
 // PredictMemory is, per stage, the peak activation memory the schedule s
 // makes each stage of config c hold: every chunk's sizes measured once
 // (MeasureMemory), multiplied out along the stage's actions
@@ -152,7 +175,7 @@ func PredictMemory(c *configs.Config, m *models.Model, s *schedule.Schedule) ([]
 		sizes[st] = make([]schedule.ChunkMemory, max(s.Chunks, 1))
 		for ch := range sizes[st] {
 			first, last := c.ChunkLayers(st, ch)
-			mem, err := MeasureMemory(m, first, last, c.MicroBatchSize(), c.Train.Seed, schedule.SplitsChunk(s.Actions[st], ch))
+			mem, err := MeasureMemory(m, first, last, c.MicroBatchSize(), c.Train.Seed, OptionsFor(c, s.Actions[st], st, ch))
 			if err != nil {
 				return nil, nil, fmt.Errorf("stage %d chunk %d: %w", st, ch, err)
 			}

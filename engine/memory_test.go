@@ -33,7 +33,7 @@ func TestHeldBytesFollowsThePool(t *testing.T) {
 				t.Fatal(err)
 			}
 			split := s.SplitsBackward()
-			mem, err := MeasureMemory(model, 1, 2, batch, 7, split)
+			mem, err := MeasureMemory(model, 1, 2, batch, 7, Options{Split: split})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -42,7 +42,7 @@ func TestHeldBytesFollowsThePool(t *testing.T) {
 			}
 			want := s.PeakMemory(func(int, int) schedule.ChunkMemory { return mem })
 			// Stage 0's actions, run on an engine for the same layers.
-			e, err := NewEngine(model, 1, 2, batch, 7, split)
+			e, err := NewEngine(model, 1, 2, batch, 7, Options{Split: split})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -39,7 +39,7 @@ func TestReleasedBuffersAreNeverTouched(t *testing.T) {
 			const batch, micro, steps = 4, 6, 3
 			var a, b *Engine
 			for _, e := range []**Engine{&a, &b} {
-				if *e, err = NewEngine(m, c.first, c.last, batch, 7, c.split); err != nil {
+				if *e, err = NewEngine(m, c.first, c.last, batch, 7, Options{Split: c.split}); err != nil {
 					t.Fatal(err)
 				}
 			}

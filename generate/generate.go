@@ -45,7 +45,7 @@ func New(c *configs.Config, runDir string) (*Generator, error) {
 	if err != nil {
 		return nil, err
 	}
-	e, err := engine.NewEngine(model, 0, len(model.Layers), 1, c.Train.Seed, false)
+	e, err := engine.NewEngine(model, 0, len(model.Layers), 1, c.Train.Seed, engine.Options{})
 	if err != nil {
 		return nil, err
 	}

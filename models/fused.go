@@ -502,7 +502,9 @@ func geluGradOp[T float32 | float64]() *fusedOp[T] {
 // ready for the output projection. Each head of each sequence is two
 // products on strided blocks of the inputs (BLAS reads them in place) and a
 // softmax over the keys a query may see, j <= i; the others get exactly 0.
-func (o *ops) causalAttention(q, k, v *G.Node, batch, context, heads int) *G.Node {
+// With keep, the forward keeps each head's probabilities for the backward;
+// without, the backward computes them again from q and k, the same bits.
+func (o *ops) causalAttention(q, k, v *G.Node, batch, context, heads int, keep bool) *G.Node {
 	if o.err != nil {
 		return nil
 	}
@@ -511,20 +513,37 @@ func (o *ops) causalAttention(q, k, v *G.Node, batch, context, heads int) *G.Nod
 		o.err = fmt.Errorf("attention: q %v does not hold %d sequences of %d tokens in %d heads", q.Shape(), batch, context, heads)
 		return nil
 	}
-	a := attention{context: context, heads: heads}
+	a := attention{context: context, heads: heads, keep: keep}
 	packed := o.fused(attentionOp[float32](a), attentionOp[float64](a), q, k, v)
+	if !keep {
+		return packed
+	}
 	return o.columns(packed, 0, width)
 }
 
 // attention is the shape of a causal attention op: tokens per sequence and
-// heads; the width and the number of sequences come from its inputs.
-type attention struct{ context, heads int }
+// heads, and whether the forward keeps the probabilities; the width and the
+// number of sequences come from its inputs.
+type attention struct {
+	context, heads int
+	keep           bool
+}
 
-func (a attention) String() string { return fmt.Sprintf("{context %d, heads %d}", a.context, a.heads) }
+func (a attention) String() string {
+	if !a.keep {
+		return fmt.Sprintf("{context %d, heads %d, recomputed}", a.context, a.heads)
+	}
+	return fmt.Sprintf("{context %d, heads %d}", a.context, a.heads)
+}
 
 // packedWidth is the width of the forward's output rows: the token's
-// output (w), then its row of each head's probabilities (t each).
-func (a attention) packedWidth(w int) int { return w + a.heads*a.context }
+// output (w), then, when kept, its row of each head's probabilities (t each).
+func (a attention) packedWidth(w int) int {
+	if !a.keep {
+		return w
+	}
+	return w + a.heads*a.context
+}
 
 // check is the shape function of the attention ops: the first three inputs
 // (q, k, v) are (n, w), with n a whole number of sequences and w of heads;
@@ -565,8 +584,10 @@ func attentionOp[T float32 | float64](a attention) *fusedOp[T] {
 					probabilities(p, q[at:], k[at:], t, dh, w)
 					// O = P V, into the head's columns of the output.
 					gemm(false, false, t, dh, t, 1, p, t, v[at:], w, 0, out[seq*pw+h*dh:], pw)
-					for i := range t {
-						copy(out[(seq+i)*pw+w+h*t:(seq+i)*pw+w+h*t+t], p[i*t:i*t+t])
+					if a.keep {
+						for i := range t {
+							copy(out[(seq+i)*pw+w+h*t:(seq+i)*pw+w+h*t+t], p[i*t:i*t+t])
+						}
 					}
 				}
 			}
@@ -635,7 +656,8 @@ func expInPlace[T float32 | float64](v []T) {
 // | dv], (n, 3w). Per head, with P the forward's: dV = Pᵀ dO; dP = dO Vᵀ;
 // dS = P ∘ (dP − rowsum(dP ∘ P)); dQ = dS K/√dh; dK = dSᵀ Q/√dh. dO is the
 // first w columns of the output's gradient (the rest, the probabilities'
-// columns, gets none).
+// columns, gets none). P is the forward's, or computed again from q and k
+// when the forward did not keep it.
 func attentionGradOp[T float32 | float64](a attention) *fusedOp[T] {
 	return &fusedOp[T]{name: "CausalAttentionGrad" + a.String(), inDims: []int{2, 2, 2, 2, 2}, outDims: 2,
 		shape: a.check("attention gradient", func(n, w int) tensor.Shape { return tensor.Shape{n, 3 * w} }),
@@ -647,8 +669,12 @@ func attentionGradOp[T float32 | float64](a attention) *fusedOp[T] {
 			for seq := 0; seq < s[0][0]; seq += t {
 				for h := range a.heads {
 					at, o, g := seq*w+h*dh, seq*3*w+h*dh, seq*pw+h*dh
-					for i := range t {
-						copy(p[i*t:i*t+t], fwd[(seq+i)*pw+w+h*t:(seq+i)*pw+w+h*t+t])
+					if a.keep {
+						for i := range t {
+							copy(p[i*t:i*t+t], fwd[(seq+i)*pw+w+h*t:(seq+i)*pw+w+h*t+t])
+						}
+					} else {
+						probabilities(p, q[at:], k[at:], t, dh, w)
 					}
 					gemm(true, false, t, dh, t, 1, p, t, dO[g:], pw, 0, out[o+2*w:], 3*w)
 					gemm(false, true, t, t, dh, 1, dO[g:], pw, v[at:], w, 0, dp, t)

@@ -86,7 +86,14 @@ func TestFusedMatchComposed(t *testing.T) {
 			func(o *ops, in []*G.Node) *G.Node { return o.bcastAdd(in[0], in[1], 0) }},
 		{"causal attention", []*tensor.Dense{randDense(r, 1, batch*context, width), randDense(r, 1, batch*context, width), randDense(r, 1, batch*context, width)}, 0,
 			func(o *ops, in []*G.Node) *G.Node {
-				return o.causalAttention(in[0], in[1], in[2], batch, context, heads)
+				return o.causalAttention(in[0], in[1], in[2], batch, context, heads, true)
+			},
+			func(o *ops, in []*G.Node) *G.Node {
+				return o.composedAttention(in[0], in[1], in[2], batch, context, heads)
+			}},
+		{"causal attention, probabilities recomputed", []*tensor.Dense{randDense(r, 1, batch*context, width), randDense(r, 1, batch*context, width), randDense(r, 1, batch*context, width)}, 0,
+			func(o *ops, in []*G.Node) *G.Node {
+				return o.causalAttention(in[0], in[1], in[2], batch, context, heads, false)
 			},
 			func(o *ops, in []*G.Node) *G.Node {
 				return o.composedAttention(in[0], in[1], in[2], batch, context, heads)
@@ -132,7 +139,7 @@ func TestAttentionIsCausal(t *testing.T) {
 	q, k, v := randDense(r, 1, context, width), randDense(r, 1, context, width), randDense(r, 1, context, width)
 	run := func() []float64 {
 		got, err := runNode(t, []*tensor.Dense{q, k, v}, func(o *ops, in []*G.Node) *G.Node {
-			return o.causalAttention(in[0], in[1], in[2], 1, context, heads)
+			return o.causalAttention(in[0], in[1], in[2], 1, context, heads, true)
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -162,7 +169,7 @@ func TestFusedFloat32MatchesFloat64(t *testing.T) {
 	const batch, context, heads, width = 2, 8, 2, 8
 	ins := []*tensor.Dense{randDense(r, 1, batch*context, width), randDense(r, 1, batch*context, width), randDense(r, 1, batch*context, width), randDense(r, 1, width), randDense(r, 1, width)}
 	layer := func(o *ops, in []*G.Node) *G.Node {
-		a := o.causalAttention(o.layerNorm(in[0], in[3], in[4]), in[1], in[2], batch, context, heads)
+		a := o.causalAttention(o.layerNorm(in[0], in[3], in[4]), in[1], in[2], batch, context, heads, true)
 		return o.gelu(o.biasAdd(a, in[4]))
 	}
 	want, err := runNode(t, ins, layer)

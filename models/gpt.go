@@ -142,9 +142,20 @@ func tokenTable(sz gptSizes, seed uint64) *tensor.Dense {
 type gptBlock struct {
 	name string
 	sz   gptSizes
+	// recompute: attention keeps no probabilities for its backward, which
+	// computes them again (selective recomputation, RecomputingInternals).
+	recompute bool
 }
 
 func (l *gptBlock) Name() string { return l.name }
+
+// RecomputingInternals is the block with attention's probabilities, context
+// × context per head and token, recomputed in the backward instead of kept.
+func (l *gptBlock) RecomputingInternals() Layer {
+	c := *l
+	c.recompute = true
+	return &c
+}
 
 func (l *gptBlock) OutShape(in tensor.Shape) tensor.Shape { return in.Clone() }
 
@@ -226,7 +237,7 @@ func (l *gptBlock) Build(g *G.ExprGraph, x *G.Node, seed uint64) (Built, error) 
 		return tap
 	}
 	a := part(partLN1, x)
-	att := o.causalAttention(part(partQ, a), part(partK, a), part(partV, a), batch, l.sz.context, l.sz.heads)
+	att := o.causalAttention(part(partQ, a), part(partK, a), part(partV, a), batch, l.sz.context, l.sz.heads, !l.recompute)
 	x = o.add(x, part(partAttnProj, att))
 	m := part(partLN2, x)
 	x = o.add(x, part(partMLPProj, o.gelu(part(partFC, m))))

@@ -179,11 +179,15 @@ func TestGradCausalAttention(t *testing.T) {
 	r := rand.New(rand.NewPCG(4, 4))
 	const batch, context, heads, width = 2, 4, 2, 6
 	q, k, v := randDense(r, 1, batch*context, width), randDense(r, 1, batch*context, width), randDense(r, 1, batch*context, width)
-	checkGrads(t, []*tensor.Dense{q, k, v}, func(g *G.ExprGraph, in []*G.Node) (*G.Node, error) {
-		o := newOps(tensor.Float64)
-		y := o.causalAttention(in[0], in[1], in[2], batch, context, heads)
-		return y, o.err
-	})
+	for _, keep := range []bool{true, false} {
+		t.Run(fmt.Sprintf("keep=%v", keep), func(t *testing.T) {
+			checkGrads(t, []*tensor.Dense{q, k, v}, func(g *G.ExprGraph, in []*G.Node) (*G.Node, error) {
+				o := newOps(tensor.Float64)
+				y := o.causalAttention(in[0], in[1], in[2], batch, context, heads, keep)
+				return y, o.err
+			})
+		})
+	}
 }
 
 // TestGradInvSqrt covers the replacement for gorgonia's InverseSqrt, whose

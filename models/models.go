@@ -50,6 +50,16 @@ type Layer interface {
 	Build(g *G.ExprGraph, x *G.Node, seed uint64) (Built, error)
 }
 
+// RecomputingInternals is a layer that can keep less for its backward:
+// RecomputingInternals returns the same layer, with the same parameters and
+// the same results bit for bit, whose backward computes again the internals
+// that take the most memory (attention's probabilities) instead of keeping
+// them from the forward: selective activation recomputation.
+type RecomputingInternals interface {
+	Layer
+	RecomputingInternals() Layer
+}
+
 // Built is what a layer added to a graph.
 type Built struct {
 	Out    *G.Node

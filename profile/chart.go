@@ -111,6 +111,8 @@ func chartKind(k string) timeline.Kind {
 		return timeline.InputGrad
 	case Weight:
 		return timeline.WeightGrad
+	case Recompute:
+		return timeline.Recompute
 	case Optimizer:
 		return timeline.Optimizer
 	}

@@ -35,6 +35,7 @@ const (
 	Backward  = runlog.Backward
 	Input     = runlog.Input
 	Weight    = runlog.Weight
+	Recompute = runlog.Recompute
 	Optimizer = runlog.Optimizer
 	AllReduce = runlog.AllReduce
 )

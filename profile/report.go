@@ -23,13 +23,14 @@ type StageReport struct {
 	Steps int // analysed steps in which the stage executed any action
 	// Sums over the analysed steps.
 	// Backward counts full backwards and input-gradient passes; Weight the
-	// weight-gradient passes of a split backward. Wait is the time spent
-	// waiting for an input before an action started.
-	Forward, Backward, Weight, Optimizer, Wait time.Duration
+	// weight-gradient passes of a split backward; Recompute the forwards run
+	// again before their backwards (stages[i].recompute: full). Wait is the
+	// time spent waiting for an input before an action started.
+	Forward, Backward, Weight, Recompute, Optimizer, Wait time.Duration
 	// SendBlocked is the time actions spent blocked in Send because the
 	// link's queue was full (send_ns); it is part of Forward and Backward.
 	SendBlocked time.Duration
-	// Busy = Forward+Backward+Weight; Idle = Window - Busy: the stage's share of
+	// Busy = Forward+Backward+Weight+Recompute; Idle = Window - Busy: the stage's share of
 	// the pipeline window spent not computing.
 	Busy, Idle time.Duration
 	Bubble     float64 // Idle / Window
@@ -267,6 +268,8 @@ func Analyse(info RunInfo, events [][]Event, skip int) (*Report, error) {
 				sr.Backward += d
 			case Weight:
 				sr.Weight += d
+			case Recompute:
+				sr.Recompute += d
 			case Optimizer:
 				sr.Optimizer += d
 			}
@@ -288,7 +291,7 @@ func Analyse(info RunInfo, events [][]Event, skip int) (*Report, error) {
 		if sr.AllReduce > 0 {
 			sr.BusBandwidth = float64(sr.AllReduceBytes) / sr.AllReduce.Seconds()
 		}
-		sr.Busy = sr.Forward + sr.Backward + sr.Weight
+		sr.Busy = sr.Forward + sr.Backward + sr.Weight + sr.Recompute
 		sr.Idle = r.Window - sr.Busy
 		if r.Window > 0 {
 			sr.Bubble = float64(sr.Idle) / float64(r.Window)
@@ -557,10 +560,19 @@ func (r *Report) Write(w io.Writer, opts ...Options) error {
 
 	row, flush := table(w)
 	h := func(s string) string { return s + " " + unit }
-	row("stage", h("F"), h("B"), h("W"), h("opt"), h("wait"), h("send wait"), h("busy"), h("idle"))
+	// The recomputation column appears only in runs that recompute.
+	recomputed := slices.ContainsFunc(r.Stages, func(s StageReport) bool { return s.Recompute > 0 })
+	head := []string{"stage", h("F"), h("B"), h("W")}
+	if recomputed {
+		head = append(head, h("RF"))
+	}
+	row(append(head, h("opt"), h("wait"), h("send wait"), h("busy"), h("idle"))...)
 	for _, s := range r.Stages {
-		row(fmt.Sprint(s.Stage), tf(s.Forward), tf(s.Backward), tf(s.Weight), tf(s.Optimizer), tf(s.Wait),
-			tf(s.SendBlocked), tf(s.Busy), tf(s.Idle))
+		cells := []string{fmt.Sprint(s.Stage), tf(s.Forward), tf(s.Backward), tf(s.Weight)}
+		if recomputed {
+			cells = append(cells, tf(s.Recompute))
+		}
+		row(append(cells, tf(s.Optimizer), tf(s.Wait), tf(s.SendBlocked), tf(s.Busy), tf(s.Idle))...)
 	}
 	if err := flush(); err != nil {
 		return err

@@ -19,6 +19,7 @@ const (
 	Backward  = "B"   // full backward, or the input-gradient part (I) of a split one
 	Input     = "I"   // input gradient of a split backward (zero-bubble schedules)
 	Weight    = "W"   // weight gradient of a split backward
+	Recompute = "RF"  // forward run again before a backward (stages[i].recompute: full)
 	Optimizer = "OPT" // optimizer step after the pipeline flush
 	// AllReduce is a chunk's gradient all-reduce among the stage's
 	// replicas: from its schedule's reduction op until the sum is in.
@@ -33,7 +34,7 @@ type Event struct {
 	// checkpoints call it step Step+1 (StepNumber), and so does everything
 	// this package prints.
 	Step int    `json:"step"`
-	Kind string `json:"kind"` // Forward, Backward, Input, Weight, Optimizer or AllReduce
+	Kind string `json:"kind"` // Forward, Backward, Input, Weight, Recompute, Optimizer or AllReduce
 	// Replica is the stage's replica (data_parallel > 1); 0 otherwise.
 	Replica int `json:"replica,omitempty"`
 	MB      int `json:"mb"` // micro-batch; meaningless for Optimizer
@@ -103,7 +104,8 @@ type RunInfo struct {
 	// nil in logs written before the field existed or when it could not be
 	// predicted.
 	PredictedStashBytes []int64 `json:"predicted_stash_bytes,omitempty"`
-	// ScheduleCSV is, for a user-written ("custom") schedule, the schedule in
+	// ScheduleCSV is, for a user-written ("custom") schedule or one with
+	// recomputations (RF) its name does not say, the schedule in
 	// schedule.Load's "csv" format, so that the profiler can simulate it.
 	ScheduleCSV string `json:"schedule_csv,omitempty"`
 	// Clocks are the clocks the stages recorded beside their event logs
@@ -200,8 +202,8 @@ func (e *Event) Check(stage int) error {
 	switch {
 	case e.Stage != stage:
 		return fmt.Errorf("event of stage %d in stage %d's log", e.Stage, stage)
-	case e.Kind != Forward && e.Kind != Backward && e.Kind != Input && e.Kind != Weight && e.Kind != Optimizer && e.Kind != AllReduce:
-		return fmt.Errorf("unknown kind %q: want F, B, I, W, OPT or AR", e.Kind)
+	case e.Kind != Forward && e.Kind != Backward && e.Kind != Input && e.Kind != Weight && e.Kind != Recompute && e.Kind != Optimizer && e.Kind != AllReduce:
+		return fmt.Errorf("unknown kind %q: want F, B, I, W, RF, OPT or AR", e.Kind)
 	case e.EndNS < e.StartNS:
 		return fmt.Errorf("end_ns %d before start_ns %d", e.EndNS, e.StartNS)
 	case e.Step < 0:

@@ -7,7 +7,10 @@ package schedule
 // weight program's registers once it has run. A chunk that recomputes (RF)
 // hands its machine back at the end of each forward and keeps only the
 // micro-batch's input, Input bytes, until the recomputation takes a machine
-// again: its pool holds one machine.
+// again: its pool holds one machine, and that machine, which counts its
+// input in Machine, still points at the input of the last forward it ran,
+// so the newest stashed input costs nothing more until a recomputation
+// takes the machine.
 type ChunkMemory struct {
 	Machine, Stash, Weight, Input int64
 }
@@ -24,7 +27,7 @@ func (s *Schedule) PeakMemory(mem func(stage, chunk int) ChunkMemory) []int64 {
 	for st, list := range s.Actions {
 		chunks := max(s.Chunks, 1)
 		inUse, pool, stashed, inputs := make([]int, chunks), make([]int, chunks), make([]int, chunks), make([]int, chunks)
-		weighed, recomputes := make([]bool, chunks), make([]bool, chunks)
+		weighed, recomputes, shared := make([]bool, chunks), make([]bool, chunks), make([]bool, chunks)
 		sizes := make([]ChunkMemory, chunks)
 		for c := range chunks {
 			sizes[c] = mem(st, c)
@@ -34,6 +37,9 @@ func (s *Schedule) PeakMemory(mem func(stage, chunk int) ChunkMemory) []int64 {
 			var n int64
 			for c, m := range sizes {
 				n += int64(pool[c])*m.Machine + int64(stashed[c])*m.Stash + int64(inputs[c])*m.Input
+				if shared[c] && inputs[c] > 0 {
+					n -= m.Input
+				}
 				if weighed[c] {
 					n += m.Weight
 				}
@@ -47,12 +53,14 @@ func (s *Schedule) PeakMemory(mem func(stage, chunk int) ChunkMemory) []int64 {
 				pool[c] = max(pool[c], inUse[c]+1)
 				if recomputes[c] {
 					inputs[c]++
+					shared[c] = true
 				} else {
 					inUse[c]++
 				}
 			case Recompute:
 				inputs[c]--
 				inUse[c]++
+				shared[c] = false
 				pool[c] = max(pool[c], inUse[c])
 			case Backward:
 				inUse[c]--

@@ -1,5 +1,7 @@
 package schedule
 
+import "slices"
+
 // Activation recomputation trades compute for memory: a chunk that
 // recomputes keeps only each micro-batch's input between its forward and its
 // backward, and runs the forward again (RF) right before the backward or
@@ -39,6 +41,16 @@ func (s *Schedule) WithRecompute(recomputes func(stage, chunk int) bool) *Schedu
 func RecomputesChunk(actions []Action, chunk int) bool {
 	for _, a := range actions {
 		if a.Chunk == chunk && a.Kind == Recompute {
+			return true
+		}
+	}
+	return false
+}
+
+// Recomputes reports whether any stage recomputes a forward (RF).
+func (s *Schedule) Recomputes() bool {
+	for _, list := range s.Actions {
+		if slices.ContainsFunc(list, func(a Action) bool { return a.Kind == Recompute }) {
 			return true
 		}
 	}

@@ -163,8 +163,9 @@ func TestRecomputeParses(t *testing.T) {
 	}
 }
 
-// TestPeakMemoryWithRecompute: 1F1B's first stage keeps p machines' worth
-// of activations, or with recomputation one machine and p inputs.
+// TestPeakMemoryWithRecompute: 1F1B's stage s keeps p-s machines' worth of
+// activations, or with recomputation one machine and p-s inputs, of which
+// the machine holds one.
 func TestPeakMemoryWithRecompute(t *testing.T) {
 	const p, machine, input = 4, 100, 1
 	s, err := Build("1f1b", p, 8, 1)
@@ -178,7 +179,7 @@ func TestPeakMemoryWithRecompute(t *testing.T) {
 	for st := range p {
 		want := int64(machine * (p - st))
 		if st < 2 {
-			want = machine + int64(input*(p-st))
+			want = machine + int64(input*(p-st-1))
 		}
 		if recomputed[st] != want {
 			t.Errorf("stage %d: %d bytes with recomputation, want %d (kept: %d)", st, recomputed[st], want, kept[st])
@@ -196,5 +197,15 @@ func TestPeakMemoryWithRecompute(t *testing.T) {
 		if got > zk[st] || st == 0 && got >= zk[st] || got < machine+5 {
 			t.Errorf("zb-h1 stage %d: %d bytes recomputing, %d keeping", st, got, zk[st])
 		}
+	}
+}
+
+func TestRecomputes(t *testing.T) {
+	s, err := Build("1f1b", 3, 4, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Recomputes() || !s.WithRecompute(func(st, _ int) bool { return st == 2 }).Recomputes() || s.WithRecompute(func(int, int) bool { return false }).Recomputes() {
+		t.Error("Recomputes does not say whether a stage recomputes")
 	}
 }

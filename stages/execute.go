@@ -224,6 +224,8 @@ func (r *Runtime) Compute(step int, a schedule.Action, in *tensor.Dense) (*tenso
 		out, err = r.backward(a, in)
 	case schedule.Weight:
 		err = r.weight(a)
+	case schedule.Recompute:
+		err = r.engines[a.Chunk].Recomputation(a.MicroBatch)
 	default:
 		err = fmt.Errorf("kind %v not supported by this runtime", a.Kind)
 	}

@@ -73,7 +73,7 @@ func (m *Metrics) action(kind string, d, blocked time.Duration, stashed int) {
 	m.actionCount[kind]++
 	m.stashed = stashed
 	switch kind {
-	case runlog.Forward, runlog.Backward, runlog.Input, runlog.Weight:
+	case runlog.Forward, runlog.Backward, runlog.Input, runlog.Weight, runlog.Recompute:
 		m.stepBusy += max(d-blocked, 0)
 	case runlog.Optimizer:
 		m.stepOther += d

@@ -66,12 +66,9 @@ func (r *Runtime) writeRunInfo() error {
 			info.PredictedStashBytes = peak
 		}
 	}
-	if r.schedName == "custom" {
-		// The schedule itself, so profile can simulate what ran.
-		sched, err := r.cfg.BuildSchedule()
-		if err != nil {
-			return err
-		}
+	if sched := r.layout.Schedule.Compute(); r.schedName == "custom" || sched.Recomputes() {
+		// The schedule itself, so profile can simulate what ran: a custom
+		// one, or a named one with recomputations that its name omits.
 		var csv strings.Builder
 		if err := sched.WriteCSV(&csv); err != nil {
 			return err

@@ -142,7 +142,11 @@ func New(o Options) (*Runtime, error) {
 	sched := lowered.Compute()
 	r.actions, r.ops, r.schedName = sched.Actions[r.stage], lowered.Ops[r.stage], sched.Name
 	for chunk, lr := range ranges {
-		e, err := engine.NewEngine(model, lr[0], lr[1], c.MicroBatchSize(), c.Train.Seed, schedule.SplitsChunk(r.actions, chunk))
+		opts := engine.OptionsFor(c, r.actions, r.stage, chunk)
+		if l.Reference {
+			opts.Selective = false // the reference keeps every activation: recomputation is checked against it
+		}
+		e, err := engine.NewEngine(model, lr[0], lr[1], c.MicroBatchSize(), c.Train.Seed, opts)
 		if err != nil {
 			return nil, fmt.Errorf("stage %d chunk %d: %w", r.stage, chunk, err)
 		}

@@ -67,7 +67,7 @@ func pipetrainLogits(t *testing.T, c *configs.Config, dir string, x *tensor.Dens
 		t.Fatal(err)
 	}
 	batch := x.Shape()[0]
-	e, err := engine.NewEngine(m, 0, len(m.Layers), batch, c.Train.Seed, false)
+	e, err := engine.NewEngine(m, 0, len(m.Layers), batch, c.Train.Seed, engine.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

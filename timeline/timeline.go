@@ -32,6 +32,7 @@ const (
 	Backward   Kind = "B"    // full backward (input and weight gradients)
 	InputGrad  Kind = "I"    // input-gradient half of a split backward
 	WeightGrad Kind = "W"    // weight-gradient half of a split backward
+	Recompute  Kind = "RF"   // forward run again before its backward (activation recomputation)
 	Optimizer  Kind = "OPT"  // optimizer step
 	Wait       Kind = "WAIT" // explicit waiting (optional)
 	Send       Kind = "SEND" // sending activations or gradients (optional)
@@ -99,13 +100,14 @@ type kindStyle struct {
 }
 
 // known kinds in legend order.
-var knownKinds = []Kind{Forward, Backward, InputGrad, WeightGrad, Optimizer, AllReduce, Send, Wait}
+var knownKinds = []Kind{Forward, Backward, InputGrad, WeightGrad, Recompute, Optimizer, AllReduce, Send, Wait}
 
 var styles = map[Kind]kindStyle{
 	Forward:    {"#3b78c2", 'F', "forward"},
 	Backward:   {"#3a9a5b", 'B', "backward"},
 	InputGrad:  {"#d9731f", 'I', "input-grad backward"},
 	WeightGrad: {"#8a63c0", 'W', "weight-grad backward"},
+	Recompute:  {"#86b3e3", 'R', "recomputed forward"},
 	Optimizer:  {"#cf4b48", 'O', "optimizer"},
 	AllReduce:  {"#b8860b", 'A', "all-reduce (lane under its row)"},
 	Send:       {"#2aa6a6", 'S', "sending"},

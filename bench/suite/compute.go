@@ -169,7 +169,7 @@ func maxRatio(rows []*computeRow) float64 {
 }
 
 func measureCompute(o *options, m *models.Model, mb int) (*computeRow, error) {
-	e, err := engine.NewEngine(m, computeFirst, computeLast, mb, 1, false)
+	e, err := engine.NewEngine(m, computeFirst, computeLast, mb, 1, engine.Options{})
 	if err != nil {
 		return nil, err
 	}

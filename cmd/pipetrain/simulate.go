@@ -83,8 +83,9 @@ type simulateOptions struct {
 	reps         int
 	lowered      bool
 
-	replicas int // --replicas; 0 when not given
-	ring     ringFlags
+	replicas  int // --replicas; 0 when not given
+	ring      ringFlags
+	recompute string // --recompute: every stage's mode; "" keeps the config's
 }
 
 func simulateCmd() *cobra.Command {
@@ -121,6 +122,7 @@ func simulateCmd() *cobra.Command {
 	c.Flags().IntVar(&o.reps, "reps", 5, "measurements per action when --costs measure (the median is used)")
 	c.Flags().StringVar(&o.svg, "svg", "", "write each schedule's timeline as an SVG: FILE.svg gets the schedule name added before .svg")
 	c.Flags().IntVar(&o.replicas, "replicas", 0, "data-parallel replicas of the pipeline, on the same global batch (default: the config's data_parallel)")
+	c.Flags().StringVar(&o.recompute, "recompute", "", "simulate every stage with this activation recomputation ("+strings.Join(configs.RecomputeModes, ", ")+"; default: each stage's stages[i].recompute)")
 	c.Flags().StringVar(&o.ring.bandwidth, "allreduce-bandwidth", "", ringBandwidthUsage+"; an assumed figure is marked *")
 	c.Flags().DurationVar(&o.ring.latency, "allreduce-latency", defaultAllReduceLatency, "cost of each message of the all-reduce ring (default as the transfer estimate takes it, marked *)")
 	c.MarkFlagRequired("config")
@@ -150,6 +152,9 @@ func runSimulate(w io.Writer, o simulateOptions) error {
 	}
 	configured := cfg.Replicas()
 	if err := setReplicas(cfg, o); err != nil {
+		return err
+	}
+	if err := setRecompute(cfg, model, o.recompute); err != nil {
 		return err
 	}
 	repl, err := newReplication(cfg, model, o, configured)
@@ -209,6 +214,21 @@ func runSimulate(w io.Writer, o simulateOptions) error {
 	return nil
 }
 
+// setRecompute gives every stage of cfg the recomputation mode --recompute
+// names, validated as the config's own key is.
+func setRecompute(cfg *configs.Config, model *models.Model, mode string) error {
+	if mode == "" {
+		return nil
+	}
+	for i := range cfg.Stages {
+		cfg.Stages[i].Recompute = mode
+	}
+	if err := cfg.ValidateRecompute(model); err != nil {
+		return fmt.Errorf("--recompute %s: %w", mode, err)
+	}
+	return nil
+}
+
 // simulationPlan resolves --schedule and --schedule-file into the schedules to
 // simulate. A schedule named with --schedule that is unknown, does not fit the
 // config or that the model cannot run is an error; under "all", the last two
@@ -256,6 +276,7 @@ func simulationPlan(cfg *configs.Config, model *models.Model, o simulateOptions)
 		}
 		s, err := schedule.Build(name, p, m, v)
 		if err == nil {
+			s = s.WithRecompute(func(st, _ int) bool { return cfg.RecomputesFull(st) })
 			if err = cfg.CheckScheduleRuns(s, model); err != nil {
 				err = fmt.Errorf("%w; pipetrain launch refuses it too", err)
 			}
@@ -815,30 +836,31 @@ func decimal(b float64) string {
 func memoryPredictor(cfg *configs.Config, model *models.Model) func(*schedule.Schedule) []int64 {
 	type key struct {
 		stage, chunk int
-		split        bool
+		opts         engine.Options
 	}
 	measured := map[key]schedule.ChunkMemory{}
+	keyOf := func(s *schedule.Schedule, st, ch int) key {
+		return key{st, ch, engine.OptionsFor(cfg, s.Actions[st], st, ch)}
+	}
 	return func(s *schedule.Schedule) []int64 {
 		if s.Stages != len(cfg.Stages) || max(s.Chunks, 1) != max(cfg.VirtualStages, 1) {
 			return nil
 		}
 		for st := range s.Stages {
 			for ch := range max(s.Chunks, 1) {
-				k := key{st, ch, schedule.SplitsChunk(s.Actions[st], ch)}
+				k := keyOf(s, st, ch)
 				if _, ok := measured[k]; ok {
 					continue
 				}
 				first, last := cfg.ChunkLayers(st, ch)
-				m, err := engine.MeasureMemory(model, first, last, cfg.MicroBatchSize(), cfg.Train.Seed, k.split)
+				m, err := engine.MeasureMemory(model, first, last, cfg.MicroBatchSize(), cfg.Train.Seed, k.opts)
 				if err != nil {
 					return nil
 				}
 				measured[k] = m
 			}
 		}
-		return s.PeakMemory(func(st, ch int) schedule.ChunkMemory {
-			return measured[key{st, ch, schedule.SplitsChunk(s.Actions[st], ch)}]
-		})
+		return s.PeakMemory(func(st, ch int) schedule.ChunkMemory { return measured[keyOf(s, st, ch)] })
 	}
 }
 
