@@ -56,7 +56,7 @@ func TestSolveWithReplicasMatchesBruteForce(t *testing.T) {
 		if math.Abs(got.StepMS-want) > 1e-9 {
 			t.Fatalf("%s: step %v with %v (%s, m=%d), brute force finds %v", name, got.StepMS, got.Boundaries, got.Schedule, got.MicroBatches, want)
 		}
-		again, err := Evaluate(p, got.Boundaries, got.Schedule, got.MicroBatches)
+		again, err := Evaluate(p, got.Boundaries, got.Schedule, got.MicroBatches, got.Recompute)
 		if err != nil || again.StepMS != got.StepMS || !slices.Equal(again.AllReduceMS, got.AllReduceMS) {
 			t.Fatalf("%s: Evaluate gives %+v (%v), Solve %+v", name, again, err, got)
 		}
@@ -88,7 +88,7 @@ func TestBoundsWithAllReduce(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			c, err := d.candidate(name, m)
+			c, err := d.candidate(name, m, false)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -182,7 +182,7 @@ func TestAllReduceMovesTheSplit(t *testing.T) {
 	if !slices.Equal(pl.Boundaries, []int{0, 1}) || !slices.Equal(pl.AllReduceMS, []float64{0, 1.5}) || !slices.Equal(pl.ExposedMS, []float64{0, 0}) {
 		t.Fatalf("got %v, all-reduce %v, exposed %v; want layer 1 on stage 1, hidden", pl.Boundaries, pl.AllReduceMS, pl.ExposedMS)
 	}
-	other, err := Evaluate(p, []int{0, 2}, "1f1b", 4)
+	other, err := Evaluate(p, []int{0, 2}, "1f1b", 4, false)
 	if err != nil {
 		t.Fatal(err)
 	}

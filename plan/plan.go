@@ -32,6 +32,18 @@
 // all m. A schedule that splits the backward (zb-h1) counts SplitActBytes
 // instead, what a micro-batch keeps until its weight pass.
 //
+// # Recomputation
+//
+// With Problem.Recompute, gpipe and 1f1b are also weighed with every stage
+// recomputing its forwards (stages[i].recompute: full): each micro-batch
+// costs one forward more (an RF before its backward), and a stage keeps one
+// micro-batch's activations plus the inputs of the others in flight, the
+// newest of which that micro-batch's machine holds (PeakInFlight-1 inputs:
+// the model's InputBytes on stage 0, the previous layer's OutBytes after).
+// The search's bounds are those of the schedule without the RFs: adding
+// work to a fixed order never shortens the simulated step, so they stay
+// lower bounds and the plan stays exact.
+//
 // # Data-parallel replicas
 //
 // With Problem.Replicas R > 1 the pipeline runs R times side by side, each
@@ -127,6 +139,15 @@ type Problem struct {
 	AllReduceBytesPerMS float64
 	AllReduceLatencyMS  float64
 	BucketBytes         int64
+	// Recompute lets Solve also consider gpipe and 1f1b with every stage
+	// recomputing its forwards (stages[i].recompute: full), which trades a
+	// forward per micro-batch for keeping one micro-batch's activations and
+	// the rest's inputs. InputBytes
+	// is the model's input for one micro-batch of MicroBatch samples, what
+	// stage 0 keeps per micro-batch then (a later stage keeps the previous
+	// layer's OutBytes).
+	Recompute  bool
+	InputBytes int64
 }
 
 // replicas is Replicas with 0 counted as 1.
@@ -144,6 +165,7 @@ type Plan struct {
 	// (len == 2·Stages: stage s holds model stages s and 2·Stages-1-s).
 	Boundaries   []int
 	Schedule     string
+	Recompute    bool      // every stage recomputes its forwards (stages[i].recompute: full)
 	MicroBatches int       // per replica
 	StepMS       float64   // simulated makespan of one step, all-reduces included
 	Bubble       []float64 // per stage, from the simulator
@@ -253,20 +275,22 @@ func Solve(p Problem) (*Plan, error) {
 	beat := math.Inf(1)
 	for _, m := range counts {
 		for _, name := range names {
-			c, err := mdl.candidate(name, m)
-			if err != nil && slices.Contains(VSchedules(), name) {
-				skipped = err // too few micro-batches for it: the others may do
-				continue
-			}
-			if err != nil {
-				return nil, err
-			}
-			if err := c.prepare(); err != nil {
-				return nil, err
-			}
-			cands = append(cands, c)
-			if c.seed != nil {
-				beat = min(beat, c.seed.StepMS)
+			for _, recompute := range recomputeChoices(p, name) {
+				c, err := mdl.candidate(name, m, recompute)
+				if err != nil && slices.Contains(VSchedules(), name) {
+					skipped = err // too few micro-batches for it: the others may do
+					continue
+				}
+				if err != nil {
+					return nil, err
+				}
+				if err := c.prepare(); err != nil {
+					return nil, err
+				}
+				cands = append(cands, c)
+				if c.seed != nil {
+					beat = min(beat, c.seed.StepMS)
+				}
 			}
 		}
 	}
@@ -279,8 +303,12 @@ func Solve(p Problem) (*Plan, error) {
 		if fit.vshape && !fit.needExact { // found by a descent, not proven smallest
 			smallest = "a limit that fits"
 		}
+		how := fit.name
+		if fit.recompute {
+			how += " recomputing"
+		}
 		return nil, fmt.Errorf("plan: no split of %d layers into %d stages fits the memory limit of %d bytes per stage; %s is %d bytes (%s, %d micro-batches)",
-			len(p.Layers), p.Stages, p.MemoryLimit, smallest, int64(fit.need), fit.name, fit.m)
+			len(p.Layers), p.Stages, p.MemoryLimit, smallest, int64(fit.need), how, fit.m)
 	}
 	// Then each candidate's own search, for a split that could tie or beat
 	// the best so far, the most promising first, while the budget lasts: a
@@ -329,11 +357,11 @@ func Solve(p Problem) (*Plan, error) {
 }
 
 // Evaluate simulates the given boundaries with the named schedule and
-// micro-batch count, for reporting a user's current split next to Solve's
+// micro-batch count, every stage recomputing its forwards if asked, for reporting a user's current split next to Solve's
 // plan. Problem.MicroBatches, Candidates and Schedules are ignored, and so is
 // MemoryLimit: a split over the limit is still evaluated (compare its
 // MemoryBytes with the limit).
-func Evaluate(p Problem, boundaries []int, sched string, microBatches int) (*Plan, error) {
+func Evaluate(p Problem, boundaries []int, sched string, microBatches int, recompute bool) (*Plan, error) {
 	mdl, err := newModel(p)
 	if err != nil {
 		return nil, err
@@ -344,7 +372,10 @@ func Evaluate(p Problem, boundaries []int, sched string, microBatches int) (*Pla
 	if err := checkMicroBatches(p, microBatches); err != nil {
 		return nil, err
 	}
-	c, err := mdl.candidate(sched, microBatches)
+	if recompute && !slices.Contains(recomputing, sched) {
+		return nil, fmt.Errorf("plan: recomputation is planned under %s only, not %s", strings.Join(recomputing, " and "), sched)
+	}
+	c, err := mdl.candidate(sched, microBatches, recompute)
 	if err != nil {
 		return nil, err
 	}
@@ -364,6 +395,20 @@ func Evaluate(p Problem, boundaries []int, sched string, microBatches int) (*Pla
 		}
 	}
 	return c.simulate(boundaries)
+}
+
+// recomputing lists the schedules the planner considers with full
+// recomputation: those whose stages keep whole micro-batches from forward
+// to backward; under zb-h1 and zb-v what the weight pass keeps stays.
+var recomputing = []string{"gpipe", "1f1b"}
+
+// recomputeChoices are the recomputation settings Solve tries for a
+// schedule: keeping, and where Problem.Recompute allows, recomputing.
+func recomputeChoices(p Problem, name string) []bool {
+	if p.Recompute && slices.Contains(recomputing, name) {
+		return []bool{false, true}
+	}
+	return []bool{false}
 }
 
 func checkSchedule(name string) error {
@@ -418,6 +463,8 @@ func newModel(p Problem) (*model, error) {
 			p.AllReduceLatencyMS, p.AllReduceBytesPerMS, p.BucketBytes)
 	case p.MemoryLimit < 0:
 		return nil, fmt.Errorf("plan: memory limit must be >= 0, got %d", p.MemoryLimit)
+	case p.InputBytes < 0:
+		return nil, fmt.Errorf("plan: input bytes must be >= 0, got %d", p.InputBytes)
 	}
 	d := &model{p: p, n: n, out: make([]float64, n)}
 	for _, s := range []*[]float64{&d.f, &d.b, &d.i, &d.w, &d.fwdBack, &d.fwdInpt} {
@@ -470,7 +517,13 @@ type candidate struct {
 	*model
 	name    string
 	m       int
-	sched   *schedule.Schedule
+	sched   *schedule.Schedule // without recomputation: what the search's bounds know
+	// recompute: every stage recomputes its forwards, and run is sched
+	// with them, what is simulated. Recomputing only adds work to a fixed
+	// order, and the simulator is monotone in it, so the bounds that hold
+	// for sched hold for run.
+	recompute bool
+	run       *schedule.Schedule
 	peak    []int
 	split   bool    // the schedule runs I and W instead of B
 	scale   float64 // micro-batch size / measured size
@@ -497,7 +550,7 @@ type candidate struct {
 	need    float64
 }
 
-func (d *model) candidate(name string, m int) (*candidate, error) {
+func (d *model) candidate(name string, m int, recompute bool) (*candidate, error) {
 	chunks := 1
 	vshape := slices.Contains(VSchedules(), name)
 	if vshape {
@@ -511,8 +564,11 @@ func (d *model) candidate(name string, m int) (*candidate, error) {
 		return nil, fmt.Errorf("plan: %w", err)
 	}
 	mbs := float64(d.p.Batch / d.p.replicas() / m)
-	c := &candidate{model: d, name: name, m: m, sched: s, peak: s.PeakInFlight(),
+	c := &candidate{model: d, name: name, m: m, sched: s, run: s, recompute: recompute, peak: s.PeakInFlight(),
 		split: s.SplitsBackward(), scale: mbs / float64(d.p.MicroBatch), mbs: mbs, vshape: vshape}
+	if recompute {
+		c.run = s.WithRecompute(func(int, int) bool { return true })
+	}
 	if vshape {
 		c.chunkStates = chunkStates(s)
 	}
@@ -551,10 +607,25 @@ func (c *candidate) memory(s, i, j int) float64 {
 	}
 	act := math.Ceil(float64(sums[j]-sums[i])*c.mbs/float64(c.p.MicroBatch)) + float64(fixed[j]-fixed[i])
 	mem := float64(c.param[j]-c.param[i]) + float64(c.peak[s])*act
+	if c.recompute {
+		// One micro-batch's activations, and the inputs of the others in
+		// flight: the machine holds the newest input (schedule.ChunkMemory).
+		mem = float64(c.param[j]-c.param[i]) + act + float64(c.peak[s]-1)*c.input(i)
+	}
 	if c.p.replicas() > 1 {
 		mem += float64(c.grad[j] - c.grad[i]) // the all-reduce's flat copy
 	}
 	return mem
+}
+
+// input is what a recomputing stage starting at layer i keeps of one
+// micro-batch: its input, the model's or layer i-1's output.
+func (c *candidate) input(i int) float64 {
+	in := float64(c.p.InputBytes)
+	if i > 0 {
+		in = c.out[i-1]
+	}
+	return math.Ceil(in * c.mbs / float64(c.p.MicroBatch))
 }
 
 func (c *candidate) fits(s, i, j int) bool {
@@ -600,11 +671,11 @@ func (c *candidate) simulate(bounds []int) (*Plan, error) {
 		}
 		mem[s] = int64(c.memory(s, bounds[s], end))
 	}
-	tl, err := schedule.Simulate(c.sched, costs)
+	tl, err := schedule.Simulate(c.run, costs)
 	if err != nil {
 		return nil, fmt.Errorf("plan: %w", err)
 	}
-	pl := &Plan{Boundaries: slices.Clone(bounds), Schedule: c.name, MicroBatches: c.m,
+	pl := &Plan{Boundaries: slices.Clone(bounds), Schedule: c.name, Recompute: c.recompute, MicroBatches: c.m,
 		StepMS: tl.Makespan, Bubble: tl.Bubble, MemoryBytes: mem, Replicas: c.p.replicas()}
 	if tl.Makespan > 0 {
 		pl.SamplesPerSecond = 1000 * float64(c.p.Batch) / tl.Makespan

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/pipetrain/pipetrain/schedule"
 )
 
 // splits calls f with every contiguous split of n layers into p stages.
@@ -43,17 +45,19 @@ func brute(t *testing.T, p Problem) (step float64, need int64) {
 	}
 	for _, m := range counts {
 		for _, name := range names {
-			splits(len(p.Layers), p.Stages, func(cuts []int) {
-				pl, err := Evaluate(p, cuts, name, m)
-				if err != nil {
-					t.Fatalf("Evaluate(%v, %s, %d): %v", cuts, name, m, err)
-				}
-				peak := slices.Max(pl.MemoryBytes)
-				need = min(need, peak)
-				if p.MemoryLimit == 0 || peak <= p.MemoryLimit {
-					step = min(step, pl.StepMS)
-				}
-			})
+			for _, recompute := range recomputeChoices(p, name) {
+				splits(len(p.Layers), p.Stages, func(cuts []int) {
+					pl, err := Evaluate(p, cuts, name, m, recompute)
+					if err != nil {
+						t.Fatalf("Evaluate(%v, %s, %d, recompute %v): %v", cuts, name, m, recompute, err)
+					}
+					peak := slices.Max(pl.MemoryBytes)
+					need = min(need, peak)
+					if p.MemoryLimit == 0 || peak <= p.MemoryLimit {
+						step = min(step, pl.StepMS)
+					}
+				})
+			}
 		}
 	}
 	return step, need
@@ -104,12 +108,15 @@ func randomProblem(r *rand.Rand, heavy int) Problem {
 	} else {
 		p.Candidates = []int{16, 2, 4, 8, 1}[:1+r.IntN(5)]
 	}
+	if r.IntN(2) == 0 {
+		p.Recompute, p.InputBytes = true, int64(100+r.IntN(900))
+	}
 	return p
 }
 
 func TestSolveMatchesBruteForce(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
-	var solved, refused int
+	var solved, refused, recomputed int
 	for trial := range 600 {
 		heavy := -1
 		if trial%2 == 0 {
@@ -148,16 +155,25 @@ func TestSolveMatchesBruteForce(t *testing.T) {
 		if p.MemoryLimit > 0 && slices.Max(got.MemoryBytes) > p.MemoryLimit {
 			t.Fatalf("%s: memory %v over the limit", name, got.MemoryBytes)
 		}
-		again, err := Evaluate(p, got.Boundaries, got.Schedule, got.MicroBatches)
+		if got.Recompute && !p.Recompute {
+			t.Fatalf("%s: recomputing, which the problem does not allow", name)
+		}
+		again, err := Evaluate(p, got.Boundaries, got.Schedule, got.MicroBatches, got.Recompute)
 		if err != nil {
 			t.Fatalf("%s: Evaluate: %v", name, err)
 		}
 		if again.StepMS != got.StepMS || !slices.Equal(again.Bubble, got.Bubble) || !slices.Equal(again.MemoryBytes, got.MemoryBytes) {
 			t.Fatalf("%s: Evaluate gives %+v, Solve %+v", name, again, got)
 		}
+		if got.Recompute {
+			recomputed++
+		}
 		solved++
 	}
-	t.Logf("%d plans matched brute force, %d memory errors checked", solved, refused)
+	t.Logf("%d plans matched brute force (%d recomputing), %d memory errors checked", solved, recomputed, refused)
+	if recomputed == 0 {
+		t.Error("no plan recomputed: the trials never needed it to fit")
+	}
 }
 
 // uniform returns n identical layers, with layer heavy (if any) 8x costlier.
@@ -358,11 +374,11 @@ func TestBadInputs(t *testing.T) {
 		}
 	}
 	for _, b := range [][]int{{0}, {1, 2}, {0, 0}, {0, 4}, {0, 3, 2}} {
-		if _, err := Evaluate(ok, b, "1f1b", 4); err == nil {
+		if _, err := Evaluate(ok, b, "1f1b", 4, false); err == nil {
 			t.Errorf("Evaluate accepted boundaries %v", b)
 		}
 	}
-	if _, err := Evaluate(ok, []int{0, 2}, "1f1b", 3); err == nil {
+	if _, err := Evaluate(ok, []int{0, 2}, "1f1b", 3, false); err == nil {
 		t.Error("Evaluate accepted 3 micro-batches for a batch of 8")
 	}
 }
@@ -372,7 +388,7 @@ func TestScalesWithMicroBatchSize(t *testing.T) {
 	// micro-batches of 4: twice the measured costs and activations.
 	p := Problem{Layers: []Layer{{F: 1, B: 2, ActBytes: 3, ParamBytes: 10, OutBytes: 1000}}, Stages: 1,
 		MicroBatches: 2, Batch: 8, MicroBatch: 2, OverheadMS: 0.5}
-	pl, err := Evaluate(p, []int{0}, "gpipe", 2)
+	pl, err := Evaluate(p, []int{0}, "gpipe", 2, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -433,7 +449,7 @@ func TestBoundsNeverExceedTheSimulator(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			c, err := d.candidate(name, m)
+			c, err := d.candidate(name, m, false)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -496,7 +512,7 @@ func TestLargerProblem(t *testing.T) {
 			}
 			best = min(best, q.StepMS)
 			d, _ := newModel(one)
-			c, _ := d.candidate(name, m)
+			c, _ := d.candidate(name, m, false)
 			if err := c.prepare(); err != nil {
 				t.Fatal(err)
 			}
@@ -528,7 +544,7 @@ func TestBudgetRunsOut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	check, err := Evaluate(p, quick.Boundaries, quick.Schedule, quick.MicroBatches)
+	check, err := Evaluate(p, quick.Boundaries, quick.Schedule, quick.MicroBatches, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -549,12 +565,52 @@ func TestFixedActivationsDoNotScale(t *testing.T) {
 		m    int
 		want int64
 	}{{1, 10 + 1*(1600+5000)}, {2, 10 + 2*(800+5000)}, {4, 10 + 4*(400+5000)}} {
-		got, err := Evaluate(p, []int{0}, "gpipe", tc.m)
+		got, err := Evaluate(p, []int{0}, "gpipe", tc.m, false)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if got.MemoryBytes[0] != tc.want {
 			t.Errorf("%d micro-batches: %d bytes, want %d", tc.m, got.MemoryBytes[0], tc.want)
+		}
+	}
+}
+
+// TestRecomputeMemoryIsPeakMemory: a recomputing plan's stage memory is its
+// parameters plus what schedule.PeakMemory says the stage's actions hold,
+// one micro-batch's activations and the inputs of the others in flight, the
+// same walk run.json's prediction takes.
+func TestRecomputeMemoryIsPeakMemory(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 9))
+	for trial := range 50 {
+		p := randomProblem(r, -1)
+		p.Recompute, p.InputBytes, p.Schedules = true, int64(1+r.IntN(1000)), recomputing
+		m := p.MicroBatches
+		if m == 0 {
+			m = p.Candidates[0]
+		}
+		for _, name := range recomputing {
+			splits(len(p.Layers), p.Stages, func(cuts []int) {
+				pl, err := Evaluate(p, cuts, name, m, true)
+				if err != nil {
+					t.Fatal(err)
+				}
+				d, _ := newModel(p)
+				c, _ := d.candidate(name, m, true)
+				sched := c.sched.WithRecompute(func(int, int) bool { return true })
+				for s := range p.Stages {
+					end := len(p.Layers)
+					if s+1 < p.Stages {
+						end = cuts[s+1]
+					}
+					act := math.Ceil(float64(d.act[end]-d.act[cuts[s]])*c.mbs/float64(p.MicroBatch)) + float64(d.fixed[end]-d.fixed[cuts[s]])
+					peak := sched.PeakMemory(func(st, _ int) schedule.ChunkMemory {
+						return schedule.ChunkMemory{Machine: int64(act), Input: int64(c.input(cuts[s]))}
+					})[s]
+					if want := d.param[end] - d.param[cuts[s]] + peak; pl.MemoryBytes[s] != want {
+						t.Fatalf("trial %d %s %v stage %d: %d bytes, PeakMemory gives %d", trial, name, cuts, s, pl.MemoryBytes[s], want)
+					}
+				}
+			})
 		}
 	}
 }

@@ -26,7 +26,7 @@ func TestZBVMatchesBruteForce(t *testing.T) {
 		want, need := math.Inf(1), int64(math.MaxInt64)
 		for _, m := range p.Candidates {
 			splits(len(p.Layers), 2*p.Stages, func(cuts []int) {
-				pl, err := Evaluate(p, cuts, "zb-v", m)
+				pl, err := Evaluate(p, cuts, "zb-v", m, false)
 				if err != nil {
 					t.Fatalf("Evaluate(%v, zb-v, %d): %v", cuts, m, err)
 				}
@@ -41,7 +41,7 @@ func TestZBVMatchesBruteForce(t *testing.T) {
 			want = math.Inf(1)
 			for _, m := range p.Candidates {
 				splits(len(p.Layers), 2*p.Stages, func(cuts []int) {
-					if pl, _ := Evaluate(p, cuts, "zb-v", m); slices.Max(pl.MemoryBytes) <= p.MemoryLimit {
+					if pl, _ := Evaluate(p, cuts, "zb-v", m, false); slices.Max(pl.MemoryBytes) <= p.MemoryLimit {
 						want = min(want, pl.StepMS)
 					}
 				})
@@ -76,7 +76,7 @@ func TestZBVChargesEachChunkItsLayers(t *testing.T) {
 	layers := uniform(6, 4) // layer 4, stage 1's chunk 1 below, is 8x
 	p := Problem{Layers: layers, Stages: 2, Batch: 8, MicroBatch: 2, MicroBatches: 4, LatencyMS: 5}
 	cuts := []int{0, 2, 3, 4} // stage 0: layers 0-1 and 4-5; stage 1: layer 2 and layer 3
-	pl, err := Evaluate(p, cuts, "zb-v", 4)
+	pl, err := Evaluate(p, cuts, "zb-v", 4, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +106,7 @@ func TestZBVChargesEachChunkItsLayers(t *testing.T) {
 	if !slices.Equal(pl.MemoryBytes, want) {
 		t.Errorf("memory %v, want %v", pl.MemoryBytes, want)
 	}
-	if _, err := Evaluate(p, []int{0, 3}, "zb-v", 4); err == nil || !strings.Contains(err.Error(), "2 boundaries for 2 stages of 2 model stages each under zb-v") {
+	if _, err := Evaluate(p, []int{0, 3}, "zb-v", 4, false); err == nil || !strings.Contains(err.Error(), "2 boundaries for 2 stages of 2 model stages each under zb-v") {
 		t.Errorf("one boundary per stage: %v", err)
 	}
 }

@@ -70,7 +70,7 @@ func planCmd() *cobra.Command {
 	c.Flags().StringVarP(&o.path, "config", "c", "", "config to plan for (model, data and addresses come from it)")
 	c.Flags().IntVar(&o.stages, "stages", 0, "number of stages (default: as many as the config has)")
 	c.Flags().IntVar(&o.processes, "processes", 0, "choose the grid too: stages × data-parallel replicas = N processes (default: the config's stages and replicas)")
-	c.Flags().StringVar(&o.memory, "memory-limit", "", "bytes per stage for parameters, optimizer state and stashed activations (e.g. 512MiB); default none")
+	c.Flags().StringVar(&o.memory, "memory-limit", "", "bytes per stage for parameters, optimizer state and stashed activations (e.g. 512MiB); default none. Within a limit the plan may also have every stage recompute its forwards (recompute: full, under gpipe or 1f1b) when that fits or is faster")
 	c.Flags().StringVar(&o.schedules, "schedules", "1f1b,zb-h1,gpipe", "schedules to consider: "+strings.Join(append(plan.Schedules(), plan.VSchedules()...), ", ")+" (zb-v cuts each stage's layers in two, placed in a V)")
 	c.Flags().StringVar(&o.out, "out", "", "where to write the new config (default: CONFIG-planned.yaml)")
 	c.Flags().BoolVar(&o.force, "force", false, "replace the output file if it exists")
@@ -140,6 +140,9 @@ func runPlan(w io.Writer, o planOptions) error {
 		TransferBytesPerMS: 2e6, LatencyMS: 0.1,
 		Replicas: cfg.Replicas(), AllReduceBytesPerMS: ring.bytesPerSecond / 1000, AllReduceLatencyMS: ms(ring.latency),
 		BucketBytes: int64(bucket),
+		// Recomputation costs a forward per micro-batch: worth weighing
+		// only where memory is short.
+		Recompute: limit > 0, InputBytes: int64(model.ShapeAt(0, cfg.MicroBatchSize()).TotalSize() * size),
 	}
 	// The replicas' share of the batch, which the micro-batches divide;
 	// with --processes each grid narrows the candidates to its own.
@@ -205,7 +208,7 @@ func runPlan(w io.Writer, o planOptions) error {
 		}
 		now := prob
 		now.Stages, now.Replicas = len(cfg.Stages), cfg.Replicas()
-		cur, err := plan.Evaluate(now, bounds, cfg.Schedule, cfg.Data.MicroBatches)
+		cur, err := plan.Evaluate(now, bounds, cfg.Schedule, cfg.Data.MicroBatches, allRecompute(cfg) && slices.Contains([]string{"gpipe", "1f1b"}, cfg.Schedule))
 		if err != nil {
 			return fmt.Errorf("evaluating the current split: %w", err)
 		}
@@ -258,11 +261,26 @@ func describe(p *plan.Plan, layers int) string {
 	for _, b := range p.Bubble {
 		mean += b / float64(len(p.Bubble))
 	}
-	d := fmt.Sprintf("layers %s, %s, %d micro-batches: step %.2f ms, mean bubble %.1f%%", strings.Join(ranges, " | "), p.Schedule, p.MicroBatches, p.StepMS, 100*mean)
+	sched := p.Schedule
+	if p.Recompute {
+		sched += " recomputing every forward"
+	}
+	d := fmt.Sprintf("layers %s, %s, %d micro-batches: step %.2f ms, mean bubble %.1f%%", strings.Join(ranges, " | "), sched, p.MicroBatches, p.StepMS, 100*mean)
 	if p.Replicas > 1 {
 		d += fmt.Sprintf("; %d replicas: %.0f samples/s, all-reduce exposed %.2f ms", p.Replicas, p.SamplesPerSecond, slices.Max(p.ExposedMS))
 	}
 	return d
+}
+
+// allRecompute reports whether every stage of cfg recomputes its forwards,
+// the one recomputation the planner weighs.
+func allRecompute(cfg *configs.Config) bool {
+	for i := range cfg.Stages {
+		if !cfg.RecomputesFull(i) {
+			return false
+		}
+	}
+	return len(cfg.Stages) > 0
 }
 
 // stageRanges returns each stage's layer ranges, one per chunk: a plan's
@@ -362,6 +380,12 @@ func writePlannedConfig(cfg *configs.Config, p *plan.Plan, layers int, out strin
 			st["layers"] = chunks[0]
 		} else {
 			st["layers"] = chunks
+		}
+		switch {
+		case p.Recompute:
+			st["recompute"] = "full"
+		case st["recompute"] == "full":
+			delete(st, "recompute") // the plan keeps the activations
 		}
 		stagesOut = append(stagesOut, st)
 	}

@@ -244,3 +244,40 @@ func relFromSrvOut(t *testing.T) string {
 	}
 	return rel
 }
+
+// TestPlanRecomputesToFit: below the memory the leanest plan that keeps its
+// activations needs, plan has every stage recompute its forwards, says so,
+// and writes recompute: full into each stage; without a limit it keeps them.
+// Three stages of one layer each under 1F1B keep 3, 2 and 1 micro-batches:
+// recomputing, stage 0 keeps one micro-batch's activations and two inputs.
+func TestPlanRecomputesToFit(t *testing.T) {
+	wide := strings.Replace(planMLP, "hidden: [6, 5]", "hidden: [64, 64]", 1)
+	wide = strings.Replace(wide, "batch_size: 16", "batch_size: 1024", 1)
+	out, _, err := runPlanned(t, wide, "--memory-limit", "1", "--stages", "3", "--micro-batches", "4", "--schedules", "1f1b")
+	if err == nil {
+		t.Fatalf("a 1-byte limit was met:\n%s", out)
+	}
+	m := regexp.MustCompile(`smallest limit that fits is (\d+) bytes \((1f1b[^,]*), 4 micro-batches\)`).FindStringSubmatch(err.Error())
+	if m == nil || m[2] != "1f1b recomputing" {
+		t.Fatalf("want the smallest limit, recomputing: %v", err)
+	}
+	out, c, err := runPlanned(t, wide, "--memory-limit", m[1], "--stages", "3", "--micro-batches", "4", "--schedules", "1f1b")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if !strings.Contains(out, "plan: ") || !strings.Contains(out, "1f1b recomputing every forward") {
+		t.Errorf("the plan does not say it recomputes:\n%s", out)
+	}
+	for i := range c.Stages {
+		if !c.RecomputesFull(i) {
+			t.Errorf("planned stage %d has recompute %q, want full", i, c.Stages[i].Recompute)
+		}
+	}
+	out, c, err = runPlanned(t, wide, "--stages", "3", "--micro-batches", "4", "--schedules", "1f1b")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if strings.Contains(out, "recomputing") || c.RecomputesFull(0) {
+		t.Errorf("without a limit the plan recomputes:\n%s", out)
+	}
+}
