@@ -515,20 +515,20 @@ func newModel(p Problem) (*model, error) {
 // candidate is one (schedule, micro-batch count) to plan for.
 type candidate struct {
 	*model
-	name    string
-	m       int
-	sched   *schedule.Schedule // without recomputation: what the search's bounds know
+	name  string
+	m     int
+	sched *schedule.Schedule // without recomputation: what the search's bounds know
 	// recompute: every stage recomputes its forwards, and run is sched
 	// with them, what is simulated. Recomputing only adds work to a fixed
 	// order, and the simulator is monotone in it, so the bounds that hold
 	// for sched hold for run.
 	recompute bool
 	run       *schedule.Schedule
-	peak    []int
-	split   bool    // the schedule runs I and W instead of B
-	scale   float64 // micro-batch size / measured size
-	mbs     float64 // micro-batch size
-	actions int     // in the schedule, all stages
+	peak      []int
+	split     bool    // the schedule runs I and W instead of B
+	scale     float64 // micro-batch size / measured size
+	mbs       float64 // micro-batch size
+	actions   int     // in the schedule, all stages
 	// vshape marks a V-shaped schedule (see vshape.go), whose stages' chunks
 	// hold at most the counts of one of chunkStates[stage] at once; with
 	// needExact, need is the smallest limit that fits, not only one.
