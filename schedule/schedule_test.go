@@ -41,6 +41,8 @@ func allowed(name string, p, m, v int) bool {
 		return p >= 2 && m >= 1 && v >= 2 && m%p == 0
 	case "zb-v":
 		return p >= 1 && 2*m >= 3*p-1 && v == 2
+	case "dualpipev":
+		return p >= 1 && m >= 2*p && v == 2
 	}
 	return false
 }
@@ -59,6 +61,9 @@ func wantPeak(t *testing.T, name string, st, p, m, v int) int {
 	case "zb-v":
 		// Chunk 0 runs ahead of chunk 1 by 2p-1-st micro-batches.
 		return min(m, 2*p-1-st) + min(m, st+1)
+	case "dualpipev":
+		// DualPipe's "PP+1" chunks, PP = 2p model stages.
+		return 2*p + 1
 	}
 	t.Fatalf("no expected PeakInFlight for %q", name)
 	return 0
@@ -76,7 +81,7 @@ func wantMakespan(t *testing.T, name string, p, m, v int) float64 {
 			return float64(2*m + 2*p - 1)
 		}
 		return float64(3*m + p - 1)
-	case "zb-v":
+	case "zb-v", "dualpipev":
 		return float64(3*m) + float64(p-1)/2
 	}
 	t.Fatalf("no expected makespan for %q", name)
@@ -122,14 +127,14 @@ func testBuiltin(t *testing.T, name string, p, m, v int) {
 
 	// Each action exactly once, on its own list, counted independently of
 	// Check: F and B per (chunk, micro-batch), or F, I and W for zb-h1 and
-	// zb-v.
+	// zb-v; dualpipev has F and either B or I and W.
 	kinds := []Kind{Forward, Backward}
 	if name == "zb-h1" || name == "zb-v" {
 		kinds = []Kind{Forward, Input, Weight}
 	}
 	seen := map[Action]int{}
 	for st, list := range s.Actions {
-		if want := len(kinds) * m * v; len(list) != want {
+		if want := len(kinds) * m * v; len(list) != want && name != "dualpipev" {
 			t.Errorf("stage %d has %d actions, want %d", st, len(list), want)
 		}
 		for _, a := range list {
@@ -143,7 +148,14 @@ func testBuiltin(t *testing.T, name string, p, m, v int) {
 		for _, k := range kinds {
 			for c := range v {
 				for i := range m {
-					if a := (Action{Stage: st, Kind: k, MicroBatch: i, Chunk: c}); seen[a] != 1 {
+					a := Action{Stage: st, Kind: k, MicroBatch: i, Chunk: c}
+					if name == "dualpipev" && k == Backward && seen[a] == 0 {
+						a.Kind = Input // and its W: a split backward
+						if w := (Action{Stage: st, Kind: Weight, MicroBatch: i, Chunk: c}); seen[w] != 1 {
+							t.Errorf("%v appears %d times", w, seen[w])
+						}
+					}
+					if seen[a] != 1 {
 						t.Errorf("%v appears %d times", a, seen[a])
 					}
 				}
@@ -165,11 +177,17 @@ func testBuiltin(t *testing.T, name string, p, m, v int) {
 			t.Errorf("PeakInFlight = %v, above 1f1b's peak", got)
 		}
 	}
-	if name == "zb-v" {
+	if name == "zb-v" || name == "dualpipev" {
 		// A chunk holds half a stage's layers: no stage stashes more than
-		// 1F1B's first stage, two chunks for each of its micro-batches.
-		if peak1F1B := slices.Max(mustBuild(t, "1f1b", p, m, 1).PeakInFlight()); slices.Max(got) > 2*peak1F1B {
-			t.Errorf("PeakInFlight = %v chunks, above twice 1f1b's peak of %d", got, peak1F1B)
+		// 1F1B's first stage, two chunks for each of its micro-batches (and
+		// one chunk more for dualpipev, DualPipe's PP+1).
+		peak1F1B := slices.Max(mustBuild(t, "1f1b", p, m, 1).PeakInFlight())
+		limit := 2 * peak1F1B
+		if name == "dualpipev" {
+			limit++
+		}
+		if slices.Max(got) > limit {
+			t.Errorf("PeakInFlight = %v chunks, above %d, twice 1f1b's peak of %d (plus one for dualpipev)", got, limit, peak1F1B)
 		}
 		if s.Placement != V {
 			t.Errorf("placement %v, want v", s.Placement)
@@ -183,7 +201,7 @@ func testBuiltin(t *testing.T, name string, p, m, v int) {
 		t.Fatalf("TheoreticalBubble not ok")
 	}
 	costs := [][2]float64{{1, 2}}
-	if name != "zb-h1" && name != "zb-v" { // the others hold for any uniform f and b
+	if name != "zb-h1" && name != "zb-v" && name != "dualpipev" { // the others hold for any uniform f and b
 		costs = append(costs, [2]float64{1, 1}, [2]float64{2, 1})
 	}
 	for _, fb := range costs {
@@ -258,8 +276,8 @@ func TestBuildErrors(t *testing.T) {
 		p, m, v int
 		want    string
 	}{
-		{"zb", 2, 2, 1, `unknown schedule "zb" (known: gpipe, 1f1b, interleaved, zb-h1, zb-v)`},
-		{"", 2, 2, 1, `unknown schedule "" (known: gpipe, 1f1b, interleaved, zb-h1, zb-v)`},
+		{"zb", 2, 2, 1, `unknown schedule "zb" (known: gpipe, 1f1b, interleaved, zb-h1, zb-v, dualpipev)`},
+		{"", 2, 2, 1, `unknown schedule "" (known: gpipe, 1f1b, interleaved, zb-h1, zb-v, dualpipev)`},
 		{"gpipe", 0, 2, 1, "stages must be >= 1, got 0"},
 		{"1f1b", -3, 2, 1, "stages must be >= 1, got -3"},
 		{"1f1b", 2, 0, 1, "micro-batches must be >= 1, got 0"},
@@ -276,6 +294,9 @@ func TestBuildErrors(t *testing.T) {
 		{"zb-v", 4, 8, 3, "zb-v needs chunks == 2 (one model stage on the way down the V and one on the way up), got 3"},
 		{"zb-v", 4, 5, 2, "zb-v needs micro_batches >= 6 for 4 stages (3*stages/2, rounded down: with fewer it cannot hide the first micro-batch's trip down and up the V), got 5"},
 		{"zb-v", 3, 3, 2, "zb-v needs micro_batches >= 4 for 3 stages (3*stages/2, rounded down: with fewer it cannot hide the first micro-batch's trip down and up the V), got 3"},
+		{"dualpipev", 4, 8, 1, "dualpipev needs chunks == 2 (one model stage on the way down the V and one on the way up), got 1"},
+		{"dualpipev", 4, 7, 2, "dualpipev needs micro_batches >= 8 for 4 stages (2*stages, DualPipeV's rule: every stage's steady state must run at least once), got 7"},
+		{"dualpipev", 1, 1, 2, "dualpipev needs micro_batches >= 2 for 1 stages (2*stages, DualPipeV's rule: every stage's steady state must run at least once), got 1"},
 	}
 	for _, tt := range tests {
 		s, err := Build(tt.name, tt.p, tt.m, tt.v)
@@ -311,6 +332,10 @@ func TestTheoreticalBubble(t *testing.T) {
 		{"zb-v", 1, 1, 2, 0, true},
 		{"zb-v", 4, 5, 2, 0, false},
 		{"zb-v", 4, 8, 1, 0, false},
+		{"dualpipev", 4, 8, 2, 3.0 / 51, true}, // zb-v's: the start-up skew of 3 half-forwards
+		{"dualpipev", 4, 10, 2, 3.0 / 63, true},
+		{"dualpipev", 1, 2, 2, 0, true},
+		{"dualpipev", 4, 7, 2, 0, false},
 		{"nope", 4, 8, 1, 0, false},
 		{"gpipe", 0, 8, 1, 0, false},
 		{"gpipe", 4, 0, 1, 0, false},
@@ -327,7 +352,7 @@ func TestTheoreticalBubble(t *testing.T) {
 
 func TestNames(t *testing.T) {
 	got := Names()
-	if want := []string{"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"}; !reflect.DeepEqual(got, want) {
+	if want := []string{"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipev"}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("Names() = %v, want %v", got, want)
 	}
 	got[0] = "mutated"
@@ -1341,11 +1366,11 @@ func TestLoadThenCheck(t *testing.T) {
 func TestSplitsBackward(t *testing.T) {
 	for _, name := range Names() {
 		v := 1
-		if name == "interleaved" || name == "zb-v" {
+		if name == "interleaved" || name == "zb-v" || name == "dualpipev" {
 			v = 2
 		}
 		s := mustBuild(t, name, 4, 8, v)
-		if got, want := s.SplitsBackward(), name == "zb-h1" || name == "zb-v"; got != want {
+		if got, want := s.SplitsBackward(), name == "zb-h1" || name == "zb-v" || name == "dualpipev"; got != want {
 			t.Errorf("%s: SplitsBackward() = %v, want %v", name, got, want)
 		}
 	}
