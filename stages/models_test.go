@@ -95,6 +95,7 @@ func TestGPTPipelineEqualsReference(t *testing.T) {
 		{"zb-h1", plain("0", "1-2", "3", "4")},
 		// The V: embedding and head both on stage 0 (their tie is local).
 		{"zb-v", [][]string{{"0", "4"}, {"1", "2-3"}}},
+		{"dualpipev", [][]string{{"0", "4"}, {"1", "2-3"}}},
 	}
 	for _, tied := range []bool{false, true} {
 		for _, tc := range cases {
@@ -105,7 +106,7 @@ func TestGPTPipelineEqualsReference(t *testing.T) {
 				sameRun(t, ref, pipe)
 				for i, rt := range rts {
 					for _, e := range rt.engines {
-						if e.Split != strings.HasPrefix(tc.sched, "zb-") {
+						if e.Split != (strings.HasPrefix(tc.sched, "zb-") || tc.sched == "dualpipev") {
 							t.Errorf("stage %d's engine for layers [%d, %d): split %v under %s", i, e.First, e.Last, e.Split, tc.sched)
 						}
 					}
