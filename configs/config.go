@@ -35,7 +35,7 @@ type Config struct {
 	// the digest covers its contents, not just its path.
 	ScheduleText string `mapstructure:"-" json:"schedule_text,omitempty"`
 	// VirtualStages is the number of model chunks each stage holds (2 or more
-	// with interleaved, 2 with zb-v and dualpipev); 1 otherwise.
+	// with interleaved and interleaved-zb, 2 with zb-v and dualpipev); 1 otherwise.
 	VirtualStages int       `mapstructure:"virtual_stages" json:"virtual_stages"`
 	Compute       Compute   `mapstructure:"compute" json:"compute"`
 	Transport     Transport `mapstructure:"transport" json:"transport"`
@@ -477,12 +477,12 @@ func (c *Config) validateSchedule(p *Problems, model *models.Model) {
 // schedule name, or "" when they fit.
 func chunkRule(name string, v int) string {
 	switch {
-	case name == "interleaved" && v < 2:
-		return fmt.Sprintf("the interleaved schedule needs at least 2 chunks per stage, got %d", v)
+	case (name == "interleaved" || name == "interleaved-zb") && v < 2:
+		return fmt.Sprintf("the %s schedule needs at least 2 chunks per stage, got %d", name, v)
 	case (name == "zb-v" || name == "dualpipev") && v != 2:
 		return fmt.Sprintf("the %s schedule needs exactly 2 chunks per stage (each stage's layers listed as [chunk 0, chunk 1]), got %d", name, v)
-	case name != "interleaved" && name != "zb-v" && name != "dualpipev" && v > 1:
-		return fmt.Sprintf("%d chunks per stage need schedule: interleaved, zb-v or dualpipev (schedule is %s)", v, name)
+	case name != "interleaved" && name != "interleaved-zb" && name != "zb-v" && name != "dualpipev" && v > 1:
+		return fmt.Sprintf("%d chunks per stage need schedule: interleaved, interleaved-zb, zb-v or dualpipev (schedule is %s)", v, name)
 	}
 	return ""
 }

@@ -73,7 +73,7 @@ func TestValidationRules(t *testing.T) {
 		{"bad layer syntax", `"1-2"`, `"one"`, []string{"stages[1].layers", `"one" is not a layer range`}},
 		{"batch not divisible", "micro_batches: 4", "micro_batches: 5", []string{"data.batch_size", "12 is not divisible by data.micro_batches 5"}},
 		{"zero micro-batches", "micro_batches: 4", "micro_batches: 0", []string{"data.micro_batches", "at least 1"}},
-		{"unknown schedule", "schedule: gpipe", "schedule: pipedream", []string{"schedule:", `unknown schedule "pipedream" (known: gpipe, 1f1b, interleaved, zb-h1, zb-v, dualpipev, custom)`}},
+		{"unknown schedule", "schedule: gpipe", "schedule: pipedream", []string{"schedule:", `unknown schedule "pipedream" (known: gpipe, 1f1b, interleaved, zb-h1, zb-v, interleaved-zb, dualpipev, custom)`}},
 		{"unknown model", "name: mlp", "name: resnet", []string{"model.name:", `unknown model "resnet" (known: cnn, gpt, mlp)`}},
 		{"duplicate address", "127.0.0.1:7002", "127.0.0.1:7001", []string{"stages[1].address: 127.0.0.1:7001 is also used by stages[0].address"}},
 		{"address without port", "127.0.0.1:7002", "localhost", []string{"stages[1].address", "not host:port"}},
@@ -174,8 +174,7 @@ func TestShippedExamplesAreValid(t *testing.T) {
 	}
 }
 
-func TestInterleavedConfig(t *testing.T) {
-	base := `
+const interleavedBase = `
 model: {name: mlp, input: 8, hidden: [6, 5, 4, 6, 5, 4, 3], classes: 3}
 data: {batch_size: 16, micro_batches: 4}
 schedule: interleaved
@@ -186,6 +185,9 @@ stages:
   - {layers: ["2", "6"], address: 127.0.0.1:7003}
   - {layers: ["3", "7"], address: 127.0.0.1:7004}
 `
+
+func TestInterleavedConfig(t *testing.T) {
+	base := interleavedBase
 	c, err := Load(writeConfig(t, base))
 	if err != nil {
 		t.Fatal(err)
@@ -210,6 +212,50 @@ stages:
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s -> %s: error %v, want %q", tc.from, tc.to, err, tc.want)
 		}
+	}
+}
+
+// TestInterleavedZBConfig: interleaved-zb places chunks as interleaved does,
+// takes the same sizes, and splits the backward, so a model whose layers
+// cannot split it is refused.
+func TestInterleavedZBConfig(t *testing.T) {
+	base := strings.Replace(interleavedBase, "schedule: interleaved", "schedule: interleaved-zb", 1)
+	c, err := Load(writeConfig(t, base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, ch := c.Place(5); s != 1 || ch != 1 || c.Placement() != schedule.Loop || c.LossStage() != 3 {
+		t.Errorf("model stage 5 on stage %d chunk %d, placement %v, loss on stage %d", s, ch, c.Placement(), c.LossStage())
+	}
+	s, err := c.BuildSchedule()
+	if err != nil || s.Name != "interleaved-zb" || s.Chunks != 2 || !s.SplitsBackward() {
+		t.Fatalf("BuildSchedule: %v %+v", err, s)
+	}
+	cases := []struct{ from, to, want string }{
+		{"virtual_stages: 2", "virtual_stages: 1", "virtual_stages: the interleaved-zb schedule needs at least 2 chunks per stage, got 1"},
+		{"micro_batches: 4", "micro_batches: 6", "schedule: interleaved-zb needs micro_batches to be a multiple of stages (6 micro-batches, 4 stages)"},
+	}
+	for _, tc := range cases {
+		_, err := Load(writeConfig(t, strings.Replace(base, tc.from, tc.to, 1)))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s -> %s: error %v, want %q", tc.from, tc.to, err, tc.want)
+		}
+	}
+	cnn := `
+model: {name: cnn, input: 64, channels: [2, 2, 2], classes: 3}
+data: {batch_size: 8, micro_batches: 2}
+schedule: interleaved-zb
+virtual_stages: 2
+stages:
+  - {layers: ["0", "2"], address: 127.0.0.1:7001}
+  - {layers: ["1", "3"], address: 127.0.0.1:7002}
+`
+	want := "schedule: interleaved-zb splits the backward into input and weight gradients; layer conv0 of model cnn cannot"
+	if _, err := Load(writeConfig(t, cnn)); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("a CNN under interleaved-zb: error %v, want %q", err, want)
+	}
+	if _, err := Load(writeConfig(t, strings.Replace(cnn, "interleaved-zb", "interleaved", 1))); err != nil {
+		t.Errorf("the same CNN under interleaved: %v", err)
 	}
 }
 

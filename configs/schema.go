@@ -170,9 +170,9 @@ var keyDocs = map[string]string{
 	"train.eval_every":         "Also evaluate every so many steps (0: only after the last).",
 	"train.init_from":          "Start from the weights in this safetensors file (from PyTorch, Hugging Face or pipetrain export) instead of the seed's; relative to the config's folder.",
 
-	"schedule":       "The pipeline schedule (docs/schedules.md): a built-in one, or custom to run schedule_file. interleaved needs virtual_stages of 2 or more, zb-v and dualpipev exactly 2 (placed in a V).",
+	"schedule":       "The pipeline schedule (docs/schedules.md): a built-in one, or custom to run schedule_file. interleaved and interleaved-zb need virtual_stages of 2 or more, zb-v and dualpipev exactly 2 (placed in a V).",
 	"schedule_file":  "With schedule: custom, the schedule to run: CSV, YAML or the grid pipetrain simulate prints; relative to the config's folder.",
-	"virtual_stages": "Model chunks each stage holds: 1, 2 or more with schedule: interleaved, or 2 with schedule: zb-v or dualpipev, each stage's layers then listing one range per chunk.",
+	"virtual_stages": "Model chunks each stage holds: 1, 2 or more with schedule: interleaved or interleaved-zb, or 2 with schedule: zb-v or dualpipev, each stage's layers then listing one range per chunk.",
 	"data_parallel":  "Replicas of the pipeline: the run has stages × replicas processes, each replica trains on its share of every batch, and the replicas of a stage sum their gradients.",
 	"rendezvous":     "host:port where rank 0 serves the table of addresses when stages have address auto; by default MASTER_ADDR:MASTER_PORT, else the first host of SLURM_JOB_NODELIST.",
 

@@ -180,10 +180,10 @@ func weights(t *testing.T, runDir string) map[string]checkpoint.Tensor {
 }
 
 // TestLaunchEqualsReference trains the default 4-stage config for 30 steps with each
-// schedule (the interleaved one on the 8-layer interleaved config, over the ring;
-// zb-v and dualpipev on the 8-layer V configs, whose stage 0 computes the loss) in separate
-// processes over gRPC, and requires every step's loss and the final weights to
-// equal the one-process reference's bit for bit.
+// schedule (interleaved and interleaved-zb on the 8-layer interleaved config, over
+// the ring; zb-v and dualpipev on the 8-layer V configs, whose stage 0 computes
+// the loss) in separate processes over gRPC, and requires every step's loss and
+// the final weights to equal the one-process reference's bit for bit.
 func TestLaunchEqualsReference(t *testing.T) {
 	needData(t)
 	const steps = "30"
@@ -208,7 +208,7 @@ func TestLaunchEqualsReference(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			cfg := cfg
 			switch sched {
-			case "interleaved":
+			case "interleaved", "interleaved-zb":
 				cfg = interleaved
 			case "zb-v":
 				cfg = zbv

@@ -61,6 +61,7 @@ func TestReplicasEqualReference(t *testing.T) {
 		{"zb-h1/2x2", gridMLP + "\nschedule: zb-h1", []string{`"0-1"`, `"2-3"`}, 2},
 		{"interleaved/2x2", gridMLP + "\nschedule: interleaved\nvirtual_stages: 2", []string{`["0", "2"]`, `["1", "3"]`}, 2},
 		{"zb-v/2x2", gridMLP + "\nschedule: zb-v\nvirtual_stages: 2", []string{`["0", "3"]`, `["1", "2"]`}, 2},
+		{"interleaved-zb/2x2", gridMLP + "\nschedule: interleaved-zb\nvirtual_stages: 2", []string{`["0", "2"]`, `["1", "3"]`}, 2},
 		{"dualpipev/2x2", gridMLP + "\nschedule: dualpipev\nvirtual_stages: 2", []string{`["0", "3"]`, `["1", "2"]`}, 2},
 		{"1f1b/1x2", gridMLP + "\nschedule: 1f1b", []string{`"0-3"`}, 2},
 		{"adam/1x3", strings.Replace(gridMLP, "{name: sgd, lr: 0.05, momentum: 0.9}", "{name: adam, lr: 0.001}", 1) + "\nschedule: 1f1b\ndata:\n  batch_size: 192\n  micro_batches: 2",

@@ -65,6 +65,7 @@ var builtins = []builtin{
 	{"interleaved", interleavedSizes, perStage(interleavedStage), Loop, interleavedBubble},
 	{"zb-h1", oneChunk, zbH1, Loop, zbH1Bubble},
 	{"zb-v", zbVSizes, perStage(zbVStage), V, zbVBubble},
+	{"interleaved-zb", interleavedSizes, interleavedZB, Loop, interleavedZBBubble},
 	{"dualpipev", dualPipeVSizes, perStage(dualPipeVStage), V, dualPipeVBubble},
 }
 
@@ -140,6 +141,24 @@ func Names() []string {
 // than 1F1B's first stage, and as much on every stage once m >= 2p-1. It
 // sends twice as many tensors as 1F1B (two boundaries per link, each way).
 // chunks must be 2 and micro-batches at least 3p/2, rounded down.
+//
+// interleaved-zb (interleaved zero bubble; torch.distributed.pipelining's
+// ScheduleInterleavedZeroBubble): interleaved's placement and order with the
+// backward split into I and W, each weight pass deferred to where the stage
+// would otherwise wait. The order is zb-h1's list schedule (F = I = W = 1
+// per chunk) on interleaved's order with input-gradient passes for its
+// backwards: a free stage runs the next forward or input-gradient pass of
+// that order if it is ready (for a forward, while fewer than
+// min((v+1)p-1, m*v) micro-batch chunks are in flight, interleaved 1F1B's
+// peak on its first stage), else its oldest pending W, and drains the
+// remaining Ws at the end. Every stage then stashes exactly
+// min((v+1)p-1, m*v) micro-batch chunks at its peak, each a v-th of a
+// stage's activations: as much as interleaved's first stage, never more (nor
+// could the limit be lower: that stage runs as many forwards before its
+// first input-gradient pass). The only idle time is the start-up skew, one
+// chunk forward for each stage before the last (see interleavedZBBubble).
+// Same sizes as interleaved: chunks >= 2, stages >= 2, micro-batches a
+// multiple of stages.
 //
 // dualpipev (DeepSeek's DualPipeV, DualPipe cut in half onto a V;
 // torch.distributed.pipelining's ScheduleDualPipeV): the same V placement as
@@ -297,6 +316,12 @@ func interleavedUnit(j, s, p, v int, k Kind) Action {
 }
 
 func interleavedStage(s, p, m, v int) []Action {
+	return interleavedOrder(s, p, m, v, Backward)
+}
+
+// interleavedOrder is stage s's interleaved 1F1B order, with backwards of
+// kind back.
+func interleavedOrder(s, p, m, v int, back Kind) []Action {
 	total := m * v
 	warm := interleavedWarmup(s, p, m, v)
 	out := make([]Action, 0, 2*total)
@@ -305,57 +330,82 @@ func interleavedStage(s, p, m, v int) []Action {
 	}
 	for j := range total - warm {
 		out = append(out, interleavedUnit(warm+j, s, p, v, Forward))
-		out = append(out, interleavedUnit(j, s, p, v, Backward))
+		out = append(out, interleavedUnit(j, s, p, v, back))
 	}
 	for j := total - warm; j < total; j++ {
-		out = append(out, interleavedUnit(j, s, p, v, Backward))
+		out = append(out, interleavedUnit(j, s, p, v, back))
 	}
 	return out
 }
 
-// zbH1 builds ZB-H1 by list scheduling on unit costs (F = I = W = 1, free
-// transfers), one time unit at a time, so that every decision is made
-// knowing exactly which inputs have arrived: a free stage runs the next
-// forward or input-gradient pass of its 1F1B order if that is ready (and, for
-// a forward, fewer than min(p, m) micro-batches are in flight), else its
-// oldest pending weight pass, else idles.
+// zbH1 builds ZB-H1 by list scheduling on unit costs (see splitList): each
+// stage's base order is its 1F1B order, and at most min(p, m) micro-batches
+// are in flight on any stage.
 func zbH1(p, m, v int) ([][]Action, error) {
-	limit := min(p, m)
+	return splitList(p, m, v, min(p, m), func(s int) []Action { return oneFOneB(s, p, m, Input) })
+}
+
+// interleavedZB builds interleaved-zb by the same list scheduling, on
+// interleaved 1F1B's order with input-gradient passes for its backwards, and
+// at most as many micro-batch chunks in flight on any stage as interleaved
+// 1F1B holds on its first stage.
+func interleavedZB(p, m, v int) ([][]Action, error) {
+	limit := min(interleavedWarmup(0, p, m, v)+1, m*v)
+	return splitList(p, m, v, limit, func(s int) []Action {
+		return interleavedOrder(s, p, m, v, Input)
+	})
+}
+
+// splitList builds a schedule whose backwards are split into I and W by list
+// scheduling on unit costs (every chunk's F = I = W = 1, free transfers), one
+// time unit at a time, so that every decision is made knowing exactly which
+// inputs have arrived. Model stage k is chunk k/p of stage k%p (Loop). A
+// free stage runs the next forward or input-gradient pass of its base order
+// (order(s)) if that is ready: a forward's input has arrived from the
+// previous model stage and fewer than limit micro-batch chunks are in flight
+// on the stage (forwarded, their weight pass not yet run); an input-gradient
+// pass's forward has run and its gradient has arrived from the next model
+// stage (the last model stage needs only its forward). Otherwise it runs its
+// oldest pending weight pass, else idles. The remaining weight passes drain
+// at the end.
+func splitList(p, m, v, limit int, order func(s int) []Action) ([][]Action, error) {
 	out := make([][]Action, p)
-	order := make([][]Action, p)
-	next := make([]int, p)      // position in order
-	pending := make([][]int, p) // micro-batches whose I is done and W is not, oldest first
+	base := make([][]Action, p)
+	next := make([]int, p)         // position in base
+	pending := make([][]Action, p) // weight passes whose I is done, oldest first
 	inFlight := make([]int, p)
 	free := make([]int, p) // when each stage finishes its last action
-	// done[k][s][i] is the end of stage s's action of kind k (Forward or
-	// Input) on micro-batch i, or -1.
+	last := p*v - 1
+	// done[k][ms][i] is the end of the action of kind k (Forward or Input)
+	// on micro-batch i at model stage ms, or -1.
 	var done [2][][]int
 	for s := range p {
-		order[s] = oneFOneB(s, p, m, Input)
+		base[s] = order(s)
 	}
 	for k := range done {
-		done[k] = make([][]int, p)
-		for s := range p {
-			done[k][s] = make([]int, m)
+		done[k] = make([][]int, p*v)
+		for ms := range p * v {
+			done[k][ms] = make([]int, m)
 			for i := range m {
-				done[k][s][i] = -1
+				done[k][ms][i] = -1
 			}
 		}
 	}
-	arrived := func(k, s, i, t int) bool { return done[k][s][i] >= 0 && done[k][s][i] <= t }
+	arrived := func(k, ms, i, t int) bool { return done[k][ms][i] >= 0 && done[k][ms][i] <= t }
 	ready := func(a Action, t int) bool {
-		s, i := a.Stage, a.MicroBatch
+		ms, i := a.Chunk*p+a.Stage, a.MicroBatch
 		if a.Kind == Forward {
-			return inFlight[s] < limit && (s == 0 || arrived(0, s-1, i, t))
+			return inFlight[a.Stage] < limit && (ms == 0 || arrived(0, ms-1, i, t))
 		}
-		return arrived(0, s, i, t) && (s == p-1 || arrived(1, s+1, i, t))
+		return arrived(0, ms, i, t) && (ms == last || arrived(1, ms+1, i, t))
 	}
-	left := 3 * p * m
+	left := 3 * p * m * v
 	for t := 0; left > 0; t++ {
-		if t > 6*p*m+2*p {
+		if t > 6*p*m*v+2*p*v {
 			// Unreachable for any size Build accepts (the tests build every
-			// size up to p = 8, m = 32); an error rather than a loop or a panic.
-			return nil, fmt.Errorf("list scheduling stalled at time %d (p=%d, m=%d)", t, p, m)
+			// size up to p = 8, m = 32, v = 4); an error rather than a loop
+			// or a panic.
+			return nil, fmt.Errorf("list scheduling stalled at time %d (p=%d, m=%d, v=%d)", t, p, m, v)
 		}
 		for s := range p {
 			if free[s] > t {
@@ -363,11 +413,11 @@ func zbH1(p, m, v int) ([][]Action, error) {
 			}
 			var a Action
 			switch {
-			case next[s] < len(order[s]) && ready(order[s][next[s]], t):
-				a = order[s][next[s]]
+			case next[s] < len(base[s]) && ready(base[s][next[s]], t):
+				a = base[s][next[s]]
 				next[s]++
 			case len(pending[s]) > 0:
-				a = Action{Stage: s, Kind: Weight, MicroBatch: pending[s][0]}
+				a = pending[s][0]
 				pending[s] = pending[s][1:]
 			default:
 				continue
@@ -375,13 +425,16 @@ func zbH1(p, m, v int) ([][]Action, error) {
 			out[s] = append(out[s], a)
 			free[s] = t + 1
 			left--
+			ms := a.Chunk*p + a.Stage
 			switch a.Kind {
 			case Forward:
-				done[0][s][a.MicroBatch] = t + 1
+				done[0][ms][a.MicroBatch] = t + 1
 				inFlight[s]++
 			case Input:
-				done[1][s][a.MicroBatch] = t + 1
-				pending[s] = append(pending[s], a.MicroBatch)
+				done[1][ms][a.MicroBatch] = t + 1
+				w := a
+				w.Kind = Weight
+				pending[s] = append(pending[s], w)
 			case Weight:
 				inFlight[s]--
 			}
@@ -519,22 +572,35 @@ func zbVBubble(p, m, v int) float64 {
 	return float64(p-1) / float64(6*m+p-1)
 }
 
+// interleavedZBBubble: with F = I = W per stage, each chunk action takes a
+// v-th of a unit, and each stage works 3m units, 3mv chunk actions. The
+// forward of the first micro-batch reaches the last stage after p-1 chunk
+// forwards, so the makespan is at least 3m + (p-1)/v; the construction meets
+// that bound for every size Build accepts (the tests check every p <= 8,
+// v <= 4, m <= 32): each stage idles (p-1)/v units in all, which gives
+// (p-1)/(3vm+p-1), a third of interleaved's idle time and a v-th of
+// zb-h1's.
+func interleavedZBBubble(p, m, v int) float64 {
+	return float64(p-1) / float64(3*v*m+p-1)
+}
+
 // TheoreticalBubble returns the closed-form idle fraction of each stage for
 // the named schedule with v chunks per stage, for uniform costs F = B/2 = I =
 // W on every stage (a forward one unit, a full backward two, an input-gradient
 // or weight pass one each) and free transfers:
 //
-//	gpipe, 1f1b:  (p-1)/(m+p-1)
-//	interleaved:  (p-1)/(v*m+p-1), i.e. Megatron's (p-1)/(v*m) of the ideal time
-//	zb-h1:        (p-1)(F+I-W) / (m(F+I+W) + (p-1)(F+I-W)) = (p-1)/(3m+p-1) for m >= p,
-//	              (2p-1-m)/(2m+2p-1) for m < p (see zbH1Bubble)
-//	zb-v:         (p-1)(F/2) / (m(F+I+W) + (p-1)(F/2)) = (p-1)/(6m+p-1) (see zbVBubble)
-//	dualpipev:    (p-1)/(6m+p-1), as zb-v, for m >= 2p; DualPipe's (PP/2-1)(F&B+B-3W)
-//	              counts each overlapped pair as one block (see dualPipeVBubble)
+//	gpipe, 1f1b:    (p-1)/(m+p-1)
+//	interleaved:    (p-1)/(v*m+p-1), i.e. Megatron's (p-1)/(v*m) of the ideal time
+//	zb-h1:          (p-1)(F+I-W) / (m(F+I+W) + (p-1)(F+I-W)) = (p-1)/(3m+p-1) for m >= p,
+//	                (2p-1-m)/(2m+2p-1) for m < p (see zbH1Bubble)
+//	zb-v:           (p-1)(F/2) / (m(F+I+W) + (p-1)(F/2)) = (p-1)/(6m+p-1) (see zbVBubble)
+//	interleaved-zb: (p-1)(F/v) / (m(F+I+W) + (p-1)(F/v)) = (p-1)/(3vm+p-1) (see interleavedZBBubble)
+//	dualpipev:      (p-1)/(6m+p-1), as zb-v, for m >= 2p; DualPipe's (PP/2-1)(F&B+B-3W)
+//	                counts each overlapped pair as one block (see dualPipeVBubble)
 //
 // The first two hold for any uniform forward and backward costs (the idle
-// time scales with F+B); zb-h1's, zb-v's and dualpipev's hold for F = I = W
-// only, the costs zb-h1's and zb-v's orders are built for. ok is false for an unknown name or sizes Build
+// time scales with F+B); zb-h1's, zb-v's, interleaved-zb's and dualpipev's
+// need F = I = W (the first three orders are built for those costs). ok is false for an unknown name or sizes Build
 // rejects.
 func TheoreticalBubble(name string, stages, microBatches, chunks int) (frac float64, ok bool) {
 	b, ok := lookup(name)

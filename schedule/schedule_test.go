@@ -37,7 +37,7 @@ func allowed(name string, p, m, v int) bool {
 	switch name {
 	case "gpipe", "1f1b", "zb-h1":
 		return p >= 1 && m >= 1 && v == 1
-	case "interleaved":
+	case "interleaved", "interleaved-zb":
 		return p >= 2 && m >= 1 && v >= 2 && m%p == 0
 	case "zb-v":
 		return p >= 1 && 2*m >= 3*p-1 && v == 2
@@ -64,6 +64,9 @@ func wantPeak(t *testing.T, name string, st, p, m, v int) int {
 	case "dualpipev":
 		// DualPipe's "PP+1" chunks, PP = 2p model stages.
 		return 2*p + 1
+	case "interleaved-zb":
+		// Interleaved 1F1B's first stage's peak, on every stage.
+		return min((v+1)*p-1, m*v)
 	}
 	t.Fatalf("no expected PeakInFlight for %q", name)
 	return 0
@@ -83,6 +86,8 @@ func wantMakespan(t *testing.T, name string, p, m, v int) float64 {
 		return float64(3*m + p - 1)
 	case "zb-v", "dualpipev":
 		return float64(3*m) + float64(p-1)/2
+	case "interleaved-zb":
+		return float64(3*m) + float64(p-1)/float64(v)
 	}
 	t.Fatalf("no expected makespan for %q", name)
 	return 0
@@ -126,10 +131,11 @@ func testBuiltin(t *testing.T, name string, p, m, v int) {
 	}
 
 	// Each action exactly once, on its own list, counted independently of
-	// Check: F and B per (chunk, micro-batch), or F, I and W for zb-h1 and
-	// zb-v; dualpipev has F and either B or I and W.
+	// Check: F and B per (chunk, micro-batch), or F, I and W for zb-h1, zb-v
+	// and interleaved-zb; dualpipev has F and either B or I and W.
+	split := name == "zb-h1" || name == "zb-v" || name == "interleaved-zb"
 	kinds := []Kind{Forward, Backward}
-	if name == "zb-h1" || name == "zb-v" {
+	if split {
 		kinds = []Kind{Forward, Input, Weight}
 	}
 	seen := map[Action]int{}
@@ -177,6 +183,12 @@ func testBuiltin(t *testing.T, name string, p, m, v int) {
 			t.Errorf("PeakInFlight = %v, above 1f1b's peak", got)
 		}
 	}
+	if name == "interleaved-zb" {
+		// No stage holds more than interleaved's first stage.
+		if peak := slices.Max(mustBuild(t, "interleaved", p, m, v).PeakInFlight()); slices.Max(got) != peak {
+			t.Errorf("PeakInFlight = %v, want at most interleaved's peak of %d, reached", got, peak)
+		}
+	}
 	if name == "zb-v" || name == "dualpipev" {
 		// A chunk holds half a stage's layers: no stage stashes more than
 		// 1F1B's first stage, two chunks for each of its micro-batches (and
@@ -201,7 +213,7 @@ func testBuiltin(t *testing.T, name string, p, m, v int) {
 		t.Fatalf("TheoreticalBubble not ok")
 	}
 	costs := [][2]float64{{1, 2}}
-	if name != "zb-h1" && name != "zb-v" && name != "dualpipev" { // the others hold for any uniform f and b
+	if !split && name != "dualpipev" { // the others hold for any uniform f and b
 		costs = append(costs, [2]float64{1, 1}, [2]float64{2, 1})
 	}
 	for _, fb := range costs {
@@ -276,8 +288,8 @@ func TestBuildErrors(t *testing.T) {
 		p, m, v int
 		want    string
 	}{
-		{"zb", 2, 2, 1, `unknown schedule "zb" (known: gpipe, 1f1b, interleaved, zb-h1, zb-v, dualpipev)`},
-		{"", 2, 2, 1, `unknown schedule "" (known: gpipe, 1f1b, interleaved, zb-h1, zb-v, dualpipev)`},
+		{"zb", 2, 2, 1, `unknown schedule "zb" (known: gpipe, 1f1b, interleaved, zb-h1, zb-v, interleaved-zb, dualpipev)`},
+		{"", 2, 2, 1, `unknown schedule "" (known: gpipe, 1f1b, interleaved, zb-h1, zb-v, interleaved-zb, dualpipev)`},
 		{"gpipe", 0, 2, 1, "stages must be >= 1, got 0"},
 		{"1f1b", -3, 2, 1, "stages must be >= 1, got -3"},
 		{"1f1b", 2, 0, 1, "micro-batches must be >= 1, got 0"},
@@ -294,6 +306,9 @@ func TestBuildErrors(t *testing.T) {
 		{"zb-v", 4, 8, 3, "zb-v needs chunks == 2 (one model stage on the way down the V and one on the way up), got 3"},
 		{"zb-v", 4, 5, 2, "zb-v needs micro_batches >= 6 for 4 stages (3*stages/2, rounded down: with fewer it cannot hide the first micro-batch's trip down and up the V), got 5"},
 		{"zb-v", 3, 3, 2, "zb-v needs micro_batches >= 4 for 3 stages (3*stages/2, rounded down: with fewer it cannot hide the first micro-batch's trip down and up the V), got 3"},
+		{"interleaved-zb", 4, 8, 1, "interleaved-zb needs chunks >= 2, got 1"},
+		{"interleaved-zb", 1, 8, 2, "interleaved-zb needs stages >= 2, got 1"},
+		{"interleaved-zb", 3, 8, 2, "interleaved-zb needs micro_batches to be a multiple of stages (8 micro-batches, 3 stages)"},
 		{"dualpipev", 4, 8, 1, "dualpipev needs chunks == 2 (one model stage on the way down the V and one on the way up), got 1"},
 		{"dualpipev", 4, 7, 2, "dualpipev needs micro_batches >= 8 for 4 stages (2*stages, DualPipeV's rule: every stage's steady state must run at least once), got 7"},
 		{"dualpipev", 1, 1, 2, "dualpipev needs micro_batches >= 2 for 1 stages (2*stages, DualPipeV's rule: every stage's steady state must run at least once), got 1"},
@@ -332,6 +347,11 @@ func TestTheoreticalBubble(t *testing.T) {
 		{"zb-v", 1, 1, 2, 0, true},
 		{"zb-v", 4, 5, 2, 0, false},
 		{"zb-v", 4, 8, 1, 0, false},
+		{"interleaved-zb", 4, 8, 2, 3.0 / 51, true}, // 3/(3*2*8+3): a third of interleaved's idle time
+		{"interleaved-zb", 4, 8, 4, 3.0 / 99, true},
+		{"interleaved-zb", 2, 4, 2, 1.0 / 25, true},
+		{"interleaved-zb", 4, 6, 2, 0, false},
+		{"interleaved-zb", 4, 8, 1, 0, false},
 		{"dualpipev", 4, 8, 2, 3.0 / 51, true}, // zb-v's: the start-up skew of 3 half-forwards
 		{"dualpipev", 4, 10, 2, 3.0 / 63, true},
 		{"dualpipev", 1, 2, 2, 0, true},
@@ -352,7 +372,7 @@ func TestTheoreticalBubble(t *testing.T) {
 
 func TestNames(t *testing.T) {
 	got := Names()
-	if want := []string{"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipev"}; !reflect.DeepEqual(got, want) {
+	if want := []string{"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "interleaved-zb", "dualpipev"}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("Names() = %v, want %v", got, want)
 	}
 	got[0] = "mutated"
@@ -821,10 +841,11 @@ func TestSimulateInvariants(t *testing.T) {
 		{F: []float64{1, 3, 0.5, 2}, B: []float64{2, 1, 4, 2.5}, I: []float64{1.5, 0.25, 1, 2}, W: []float64{0.5, 1, 3, 0.5}, Transfer: 0.3},
 	}
 	sizes := map[string][][3]int{
-		"gpipe":       {{4, 7, 1}},
-		"1f1b":        {{4, 7, 1}, {4, 2, 1}},
-		"interleaved": {{4, 8, 2}, {4, 4, 3}},
-		"zb-h1":       {{4, 7, 1}, {4, 2, 1}},
+		"gpipe":          {{4, 7, 1}},
+		"1f1b":           {{4, 7, 1}, {4, 2, 1}},
+		"interleaved":    {{4, 8, 2}, {4, 4, 3}},
+		"zb-h1":          {{4, 7, 1}, {4, 2, 1}},
+		"interleaved-zb": {{4, 8, 2}, {4, 4, 3}},
 	}
 	for _, name := range Names() {
 		for _, size := range sizes[name] {
@@ -1087,6 +1108,82 @@ func TestGoldenInterleaved(t *testing.T) {
 	}
 }
 
+const goldenInterleavedZBGrid = `stage 0: 0F0 0F1 0F0c1 0F1c1 0F2 0I0c1 0W0c1 0F3 0I1c1 0W1c1 0F2c1 0I0 0W0 0F3c1 0I1 0I2c1 0W1 0W2c1 0I3c1 0I2 0I3 0W3c1 0W2 0W3
+stage 1: 1F0 1F1 1F0c1 1I0c1 1F1c1 1I1c1 1F2 1I0 1W0c1 1F3 1I1 1W1c1 1F2c1 1I2c1 1W0 1F3c1 1I3c1 1I2 1I3 1W1 1W2c1 1W3c1 1W2 1W3
+`
+
+// interleaved's forwards and backwards (as input-gradient passes), with the
+// weight passes where interleaved's stage would wait: each stage idles one
+// chunk forward, (p-1)/v = 0.5 (compare goldenInterleavedText's 1.5).
+const goldenInterleavedZBText = `makespan 12.5, slot 0.5
+         0         5         10
+stage 0: FFffFiwFiwfIWfIiWwiIIwWW.  bubble 4.0%
+stage 1: .FFfifiFIwFIwfiWfiIIWwwWW  bubble 4.0%
+`
+
+func TestGoldenInterleavedZB(t *testing.T) {
+	s := mustBuild(t, "interleaved-zb", 2, 4, 2)
+	if got := s.Grid(); got != goldenInterleavedZBGrid {
+		t.Errorf("Grid:\n%s\nwant:\n%s", got, goldenInterleavedZBGrid)
+	}
+	tl, err := Simulate(s, UniformCosts(2, 1, 2, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := tl.Text(0.5); got != goldenInterleavedZBText {
+		t.Errorf("Text:\n%s\nwant:\n%s", got, goldenInterleavedZBText)
+	}
+}
+
+// TestInterleavedZBKeepsInterleavedOrder: with its weight passes left out,
+// each interleaved-zb stage runs interleaved's list with every B an I.
+func TestInterleavedZBKeepsInterleavedOrder(t *testing.T) {
+	for p := 2; p <= 6; p++ {
+		for m := p; m <= 4*p; m += p {
+			for v := 2; v <= 4; v++ {
+				zb := mustBuild(t, "interleaved-zb", p, m, v)
+				il := mustBuild(t, "interleaved", p, m, v)
+				for st := range p {
+					var got []Action
+					for _, a := range zb.Actions[st] {
+						if a.Kind != Weight {
+							got = append(got, a)
+						}
+					}
+					want := slices.Clone(il.Actions[st])
+					for j := range want {
+						if want[j].Kind == Backward {
+							want[j].Kind = Input
+						}
+					}
+					if !reflect.DeepEqual(got, want) {
+						t.Errorf("p=%d m=%d v=%d stage %d without W:\n got %v\nwant %v", p, m, v, st, got, want)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestInterleavedZBLimitIsLeast: the in-flight limit interleaved-zb keeps,
+// min((v+1)p-1, m*v) micro-batch chunks, is the least that lets interleaved's
+// order run at all: stage 0 runs that many forwards before its first
+// input-gradient pass, so with one fewer the list scheduling stalls, and says
+// so.
+func TestInterleavedZBLimitIsLeast(t *testing.T) {
+	for p := 2; p <= 6; p++ {
+		for m := p; m <= 4*p; m += p {
+			for v := 2; v <= 4; v++ {
+				limit := min((v+1)*p-1, m*v)
+				_, err := splitList(p, m, v, limit-1, func(s int) []Action { return interleavedOrder(s, p, m, v, Input) })
+				if want := fmt.Sprintf("(p=%d, m=%d, v=%d)", p, m, v); err == nil || !strings.Contains(err.Error(), "list scheduling stalled") || !strings.Contains(err.Error(), want) {
+					t.Errorf("p=%d m=%d v=%d: limit %d gave %v, want a stall", p, m, v, limit-1, err)
+				}
+			}
+		}
+	}
+}
+
 // TestSimulateSplitByHand: zb-h1 on two stages, one micro-batch, with explicit
 // I and W costs and a transfer: 0F0 [0,1], transfer to 1.5, 1F0 [1.5,3.5],
 // 1I0 [3.5,6.5], 1W0 [6.5,7.5]; 1I0's gradient reaches stage 0 at 7: 0I0
@@ -1204,6 +1301,7 @@ func roundTripSchedules(t *testing.T) []*Schedule {
 		{"1f1b", 1, 1, 1}, {"1f1b", 1, 3, 1}, {"1f1b", 3, 1, 1}, {"1f1b", 4, 8, 1}, {"1f1b", 12, 5, 1},
 		{"interleaved", 2, 2, 2}, {"interleaved", 4, 8, 2}, {"interleaved", 3, 6, 4}, {"interleaved", 12, 12, 3},
 		{"zb-h1", 1, 1, 1}, {"zb-h1", 1, 3, 1}, {"zb-h1", 3, 1, 1}, {"zb-h1", 4, 8, 1}, {"zb-h1", 12, 5, 1},
+		{"interleaved-zb", 2, 2, 2}, {"interleaved-zb", 4, 8, 2}, {"interleaved-zb", 3, 6, 4}, {"interleaved-zb", 12, 12, 3},
 	} {
 		out = append(out, mustBuild(t, size[0].(string), size[1].(int), size[2].(int), size[3].(int)))
 	}
@@ -1366,11 +1464,11 @@ func TestLoadThenCheck(t *testing.T) {
 func TestSplitsBackward(t *testing.T) {
 	for _, name := range Names() {
 		v := 1
-		if name == "interleaved" || name == "zb-v" || name == "dualpipev" {
+		if name == "interleaved" || name == "zb-v" || name == "interleaved-zb" || name == "dualpipev" {
 			v = 2
 		}
 		s := mustBuild(t, name, 4, 8, v)
-		if got, want := s.SplitsBackward(), name == "zb-h1" || name == "zb-v" || name == "dualpipev"; got != want {
+		if got, want := s.SplitsBackward(), name == "zb-h1" || name == "zb-v" || name == "interleaved-zb" || name == "dualpipev"; got != want {
 			t.Errorf("%s: SplitsBackward() = %v, want %v", name, got, want)
 		}
 	}

@@ -36,6 +36,8 @@ func TestMeasuredMemoryIsPredicted(t *testing.T) {
 		{"1f1b", plain("0-1", "2-4"), 0, true, "full"},
 		{"1f1b", plain("0-1", "2-4"), 0, true, "selective"},
 		{"zb-h1", plain("0-1", "2-4"), 0, true, "selective"},
+		{"interleaved-zb", [][]string{{"0", "2"}, {"1", "3"}}, 4, false, ""},
+		{"interleaved-zb", [][]string{{"0", "2"}, {"1", "3"}}, 4, false, "full"},
 	} {
 		name := tc.sched
 		if tc.gpt {
@@ -71,7 +73,7 @@ func TestMeasuredMemoryIsPredicted(t *testing.T) {
 					t.Errorf("stage %d held at most %d bytes of activations, predicted %d", st, peak, want)
 				}
 				// With one chunk a stage's pool is all in flight at its peak;
-				// with two (interleaved, zb-v) one chunk's idle machines may
+				// with two (interleaved, zb-v, interleaved-zb) one chunk's idle machines may
 				// have let go of their inputs by then.
 				if len(tc.layers[0]) == 1 && peak != want {
 					t.Errorf("stage %d held at most %d bytes of activations, predicted exactly %d", st, peak, want)

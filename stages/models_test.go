@@ -79,8 +79,8 @@ func sameRun(t *testing.T, ref, pipe string) {
 }
 
 // TestGPTPipelineEqualsReference trains the GPT, tied and untied, split at
-// different block boundaries, interleaved and under zero-bubble, against the
-// one-process reference.
+// different block boundaries, interleaved and under zero-bubble (interleaved-zb
+// both), against the one-process reference.
 func TestGPTPipelineEqualsReference(t *testing.T) {
 	cases := []struct {
 		sched  string
@@ -96,6 +96,8 @@ func TestGPTPipelineEqualsReference(t *testing.T) {
 		// The V: embedding and head both on stage 0 (their tie is local).
 		{"zb-v", [][]string{{"0", "4"}, {"1", "2-3"}}},
 		{"dualpipev", [][]string{{"0", "4"}, {"1", "2-3"}}},
+		// Interleaved with the weight passes split off, the tie over the ring.
+		{"interleaved-zb", [][]string{{"0", "2-3"}, {"1", "4"}}},
 	}
 	for _, tied := range []bool{false, true} {
 		for _, tc := range cases {
@@ -106,7 +108,7 @@ func TestGPTPipelineEqualsReference(t *testing.T) {
 				sameRun(t, ref, pipe)
 				for i, rt := range rts {
 					for _, e := range rt.engines {
-						if e.Split != (strings.HasPrefix(tc.sched, "zb-") || tc.sched == "dualpipev") {
+						if split := strings.HasPrefix(tc.sched, "zb-") || strings.HasSuffix(tc.sched, "-zb") || tc.sched == "dualpipev"; e.Split != split {
 							t.Errorf("stage %d's engine for layers [%d, %d): split %v under %s", i, e.First, e.Last, e.Split, tc.sched)
 						}
 					}

@@ -27,6 +27,7 @@ func TestRecomputeEqualsReference(t *testing.T) {
 		{"interleaved", [][]string{{"0", "2"}, {"1", "3"}}, 4, []string{"full", "full"}},
 		{"zb-h1", plain("0", "1-2", "3"), 4, []string{"full", "full", ""}},
 		{"zb-v", [][]string{{"0", "3"}, {"1", "2"}}, 4, []string{"", "full"}},
+		{"interleaved-zb", [][]string{{"0", "2"}, {"1", "3"}}, 4, []string{"full", ""}},
 		{"dualpipev", [][]string{{"0", "3"}, {"1", "2"}}, 4, []string{"full", ""}},
 	}
 	for _, tc := range mlp {

@@ -254,8 +254,8 @@ func readLosses(t *testing.T, dir string) []float64 {
 }
 
 // TestStashFollowsSchedule checks the activations each stage held, as recorded in
-// its events: what the schedule predicts (PeakInFlight), which is p-s under 1F1B and
-// m under GPipe.
+// its events: what the schedule predicts (PeakInFlight), which is p-s under 1F1B,
+// m under GPipe and min((v+1)p-1, mv) micro-batch chunks under interleaved-zb.
 func TestStashFollowsSchedule(t *testing.T) {
 	cases := []struct {
 		sched  string
@@ -266,6 +266,7 @@ func TestStashFollowsSchedule(t *testing.T) {
 		{"1f1b", plain("0", "1", "2", "3"), 6},
 		{"zb-h1", plain("0", "1", "2", "3"), 6},
 		{"interleaved", [][]string{{"0", "2"}, {"1", "3"}}, 4},
+		{"interleaved-zb", [][]string{{"0", "3"}, {"1", "4"}, {"2", "5"}}, 6},
 	}
 	for _, tc := range cases {
 		c := testConfig(tc.sched, tc.layers, tc.micro, "float32", "adam")
@@ -292,6 +293,9 @@ func TestStashFollowsSchedule(t *testing.T) {
 			}
 			if tc.sched == "gpipe" && peak != tc.micro {
 				t.Errorf("gpipe stage %d: peak %d, want m = %d", s, peak, tc.micro)
+			}
+			if p, v := len(tc.layers), len(tc.layers[0]); tc.sched == "interleaved-zb" && peak != min((v+1)*p-1, tc.micro*v) {
+				t.Errorf("interleaved-zb stage %d: peak %d, want min((v+1)p-1, mv) = %d", s, peak, min((v+1)*p-1, tc.micro*v))
 			}
 		}
 	}

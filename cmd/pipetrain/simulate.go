@@ -269,7 +269,7 @@ func simulationPlan(cfg *configs.Config, model *models.Model, o simulateOptions)
 	for _, name := range names {
 		v := 1
 		switch name {
-		case "interleaved":
+		case "interleaved", "interleaved-zb":
 			v = max(2, cfg.VirtualStages)
 		case "zb-v", "dualpipev":
 			v = 2

@@ -110,7 +110,7 @@ func TestSimulateGridRoundTrips(t *testing.T) {
 			continue
 		}
 		v := 1
-		if name == "interleaved" || name == "zb-v" || name == "dualpipev" {
+		if name == "interleaved" || name == "interleaved-zb" || name == "zb-v" || name == "dualpipev" {
 			v = 2
 		}
 		want, err := schedule.Build(name, 2, 4, v)
@@ -350,7 +350,7 @@ func TestSimulateBadRequests(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{[]string{"--schedule", "bogus"}, []string{`--schedule: unknown schedule "bogus" (known: gpipe, 1f1b, interleaved, zb-h1, zb-v, dualpipev; or all)`}},
+		{[]string{"--schedule", "bogus"}, []string{`--schedule: unknown schedule "bogus" (known: gpipe, 1f1b, interleaved, zb-h1, zb-v, interleaved-zb, dualpipev; or all)`}},
 		{[]string{"--schedule", "1f1b,"}, []string{`unknown schedule ""`}},
 		{[]string{"--costs", "foo"}, []string{"--costs foo: no such file or directory", want}},
 		{[]string{"--costs", noRun}, []string{"--costs " + noRun + ": not a run directory (it has no run.json)", want}},
@@ -710,5 +710,28 @@ func TestSimulatePredictsActivationMemory(t *testing.T) {
 				t.Errorf("%s stage %d: %q lacks the predicted %d bytes", name, st, line, b)
 			}
 		}
+	}
+}
+
+// TestSimulateInterleavedZB: simulate predicts interleaved-zb on its shipped
+// config at its closed form (3 idle half-units of 51 with F = I = W), against
+// interleaved's 9 idle half-units of 57 on the same config and costs, each stage
+// holding interleaved's first stage's peak of micro-batch chunks.
+func TestSimulateInterleavedZB(t *testing.T) {
+	out, err := runCommand(t, simulateCmd(), "--config", "../../configs/fmnist-mlp-interleaved-zb.yaml", "--schedule", "interleaved-zb,interleaved", "--costs", "f=1,b=2,w=1", "--transfer", "0")
+	if err != nil {
+		t.Fatalf("simulate: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		"\ninterleaved-zb (2 chunks per stage): makespan 25.50 ms, mean bubble 5.9%, equal-stage theory 5.9%\n",
+		"\ninterleaved (2 chunks per stage): makespan 28.50 ms, mean bubble 15.8%, equal-stage theory 15.8%\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q:\n%s", strings.TrimSpace(want), out)
+		}
+	}
+	zb := out[strings.Index(out, "\ninterleaved-zb"):strings.Index(out, "\ninterleaved (")]
+	if n := strings.Count(zb, "peak stash 11 micro-batches"); n != 4 {
+		t.Errorf("%d of 4 stages at a peak of 11 micro-batch chunks:\n%s", n, zb)
 	}
 }
