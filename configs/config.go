@@ -35,7 +35,7 @@ type Config struct {
 	// the digest covers its contents, not just its path.
 	ScheduleText string `mapstructure:"-" json:"schedule_text,omitempty"`
 	// VirtualStages is the number of model chunks each stage holds (2 or more
-	// with interleaved and interleaved-zb, 2 with zb-v); 1 otherwise.
+	// with interleaved and interleaved-zb, 2 with zb-v and dualpipev); 1 otherwise.
 	VirtualStages int       `mapstructure:"virtual_stages" json:"virtual_stages"`
 	Compute       Compute   `mapstructure:"compute" json:"compute"`
 	Transport     Transport `mapstructure:"transport" json:"transport"`
@@ -176,7 +176,7 @@ type AllReduce struct {
 // Stage places contiguous ranges of layers on one process: one range, or with
 // virtual_stages v, one per chunk. Chunk c of stage s is model stage c*p + s (p
 // stages), as in Megatron-LM's interleaved placement, or with schedule zb-v
-// (a V placement) chunk 0 is model stage s and chunk 1 model stage 2p-1-s; the
+// or dualpipev (a V placement) chunk 0 is model stage s and chunk 1 model stage 2p-1-s; the
 // model stages cover the layers in order.
 type Stage struct {
 	// Layers holds inclusive ranges "first-last" or single layers "n", one per chunk.
@@ -479,10 +479,10 @@ func chunkRule(name string, v int) string {
 	switch {
 	case (name == "interleaved" || name == "interleaved-zb") && v < 2:
 		return fmt.Sprintf("the %s schedule needs at least 2 chunks per stage, got %d", name, v)
-	case name == "zb-v" && v != 2:
-		return fmt.Sprintf("the zb-v schedule needs exactly 2 chunks per stage (each stage's layers listed as [chunk 0, chunk 1]), got %d", v)
-	case name != "interleaved" && name != "interleaved-zb" && name != "zb-v" && v > 1:
-		return fmt.Sprintf("%d chunks per stage need schedule: interleaved, interleaved-zb or zb-v (schedule is %s)", v, name)
+	case (name == "zb-v" || name == "dualpipev") && v != 2:
+		return fmt.Sprintf("the %s schedule needs exactly 2 chunks per stage (each stage's layers listed as [chunk 0, chunk 1]), got %d", name, v)
+	case name != "interleaved" && name != "interleaved-zb" && name != "zb-v" && name != "dualpipev" && v > 1:
+		return fmt.Sprintf("%d chunks per stage need schedule: interleaved, interleaved-zb, zb-v or dualpipev (schedule is %s)", v, name)
 	}
 	return ""
 }

@@ -73,7 +73,7 @@ func TestValidationRules(t *testing.T) {
 		{"bad layer syntax", `"1-2"`, `"one"`, []string{"stages[1].layers", `"one" is not a layer range`}},
 		{"batch not divisible", "micro_batches: 4", "micro_batches: 5", []string{"data.batch_size", "12 is not divisible by data.micro_batches 5"}},
 		{"zero micro-batches", "micro_batches: 4", "micro_batches: 0", []string{"data.micro_batches", "at least 1"}},
-		{"unknown schedule", "schedule: gpipe", "schedule: pipedream", []string{"schedule:", `unknown schedule "pipedream" (known: gpipe, 1f1b, interleaved, zb-h1, zb-v, interleaved-zb, custom)`}},
+		{"unknown schedule", "schedule: gpipe", "schedule: pipedream", []string{"schedule:", `unknown schedule "pipedream" (known: gpipe, 1f1b, interleaved, zb-h1, zb-v, interleaved-zb, dualpipev, custom)`}},
 		{"unknown model", "name: mlp", "name: resnet", []string{"model.name:", `unknown model "resnet" (known: cnn, gpt, mlp)`}},
 		{"duplicate address", "127.0.0.1:7002", "127.0.0.1:7001", []string{"stages[1].address: 127.0.0.1:7001 is also used by stages[0].address"}},
 		{"address without port", "127.0.0.1:7002", "localhost", []string{"stages[1].address", "not host:port"}},

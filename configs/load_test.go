@@ -153,7 +153,7 @@ func TestProblemsFromVariablesNameThem(t *testing.T) {
 	p := writeConfig(t, good)
 	t.Setenv("PIPETRAIN_SCHEDULE", "bogus")
 	_, err := Load(p)
-	want := `PIPETRAIN_SCHEDULE=bogus: schedule: unknown schedule "bogus" (known: gpipe, 1f1b, interleaved, zb-h1, zb-v, interleaved-zb, custom)`
+	want := `PIPETRAIN_SCHEDULE=bogus: schedule: unknown schedule "bogus" (known: gpipe, 1f1b, interleaved, zb-h1, zb-v, interleaved-zb, dualpipev, custom)`
 	if err == nil || err.Error() != want {
 		t.Errorf("error\n%v\nwant\n%s", err, want)
 	}

@@ -170,9 +170,9 @@ var keyDocs = map[string]string{
 	"train.eval_every":         "Also evaluate every so many steps (0: only after the last).",
 	"train.init_from":          "Start from the weights in this safetensors file (from PyTorch, Hugging Face or pipetrain export) instead of the seed's; relative to the config's folder.",
 
-	"schedule":       "The pipeline schedule (docs/schedules.md): a built-in one, or custom to run schedule_file. interleaved and interleaved-zb need virtual_stages of 2 or more, zb-v exactly 2 (placed in a V).",
+	"schedule":       "The pipeline schedule (docs/schedules.md): a built-in one, or custom to run schedule_file. interleaved and interleaved-zb need virtual_stages of 2 or more, zb-v and dualpipev exactly 2 (placed in a V).",
 	"schedule_file":  "With schedule: custom, the schedule to run: CSV, YAML or the grid pipetrain simulate prints; relative to the config's folder.",
-	"virtual_stages": "Model chunks each stage holds: 1, 2 or more with schedule: interleaved or interleaved-zb, or 2 with schedule: zb-v, each stage's layers then listing one range per chunk.",
+	"virtual_stages": "Model chunks each stage holds: 1, 2 or more with schedule: interleaved or interleaved-zb, or 2 with schedule: zb-v or dualpipev, each stage's layers then listing one range per chunk.",
 	"data_parallel":  "Replicas of the pipeline: the run has stages × replicas processes, each replica trains on its share of every batch, and the replicas of a stage sum their gradients.",
 	"rendezvous":     "host:port where rank 0 serves the table of addresses when stages have address auto; by default MASTER_ADDR:MASTER_PORT, else the first host of SLURM_JOB_NODELIST.",
 
@@ -194,7 +194,7 @@ var keyDocs = map[string]string{
 	"transport.tls.key":         "PEM private key of a stage; {stage} is replaced by the stage index.",
 
 	"stages":                    "The stage processes, in pipeline order; together their layers cover the model once, in order.",
-	"stages[i].layers":          `The stage's layers: an inclusive range "first-last" or one layer "n"; with virtual_stages v, a list of v ranges, one per chunk (chunk c of stage s is model stage c·p+s of p stages; with zb-v, chunk 0 is model stage s and chunk 1 model stage 2p-1-s).`,
+	"stages[i].layers":          `The stage's layers: an inclusive range "first-last" or one layer "n"; with virtual_stages v, a list of v ranges, one per chunk (chunk c of stage s is model stage c·p+s of p stages; with zb-v or dualpipev, chunk 0 is model stage s and chunk 1 model stage 2p-1-s).`,
 	"stages[i].address":         "Where the stage listens: host:port, unix:PATH for a socket file, or auto (auto:PORT) for the rendezvous to assign.",
 	"stages[i].addresses":       "One address per replica when data_parallel > 1, replica 0 first, instead of address.",
 	"stages[i].device":          "Where the stage computes.",

@@ -59,7 +59,7 @@ func TestZBVConfig(t *testing.T) {
 		{"virtual_stages: 2", "virtual_stages: 3", "virtual_stages: the zb-v schedule needs exactly 2 chunks per stage"},
 		{`["1", "6"]`, `["1"]`, "stages[1].layers: lists 1 layer ranges; virtual_stages is 2"},
 		{"micro_batches: 6", "micro_batches: 4", "schedule: zb-v needs micro_batches >= 6 for 4 stages"},
-		{"schedule: zb-v", "schedule: 1f1b", "virtual_stages: 2 chunks per stage need schedule: interleaved, interleaved-zb or zb-v (schedule is 1f1b)"},
+		{"schedule: zb-v", "schedule: 1f1b", "virtual_stages: 2 chunks per stage need schedule: interleaved, interleaved-zb, zb-v or dualpipev (schedule is 1f1b)"},
 	}
 	for _, tc := range cases {
 		text := strings.Replace(zbvBase, tc.from, tc.to, 1)

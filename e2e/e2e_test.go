@@ -181,15 +181,16 @@ func weights(t *testing.T, runDir string) map[string]checkpoint.Tensor {
 
 // TestLaunchEqualsReference trains the default 4-stage config for 30 steps with each
 // schedule (interleaved and interleaved-zb on the 8-layer interleaved config, over
-// the ring; zb-v on the 8-layer V config, whose stage 0 computes the loss) in separate
-// processes over gRPC, and requires every step's loss and the final weights to
-// equal the one-process reference's bit for bit.
+// the ring; zb-v and dualpipev on the 8-layer V configs, whose stage 0 computes
+// the loss) in separate processes over gRPC, and requires every step's loss and
+// the final weights to equal the one-process reference's bit for bit.
 func TestLaunchEqualsReference(t *testing.T) {
 	needData(t)
 	const steps = "30"
 	cfg := withFreshAddresses(t, defaultConfig)
 	interleaved := withFreshAddresses(t, "../configs/fmnist-mlp-interleaved.yaml")
 	zbv := withFreshAddresses(t, "../configs/fmnist-mlp-zbv.yaml")
+	dualpipev := withFreshAddresses(t, "../configs/fmnist-mlp-dualpipev.yaml")
 	type variant struct {
 		sched string
 		micro int // 0: the config's 8
@@ -211,6 +212,8 @@ func TestLaunchEqualsReference(t *testing.T) {
 				cfg = interleaved
 			case "zb-v":
 				cfg = zbv
+			case "dualpipev":
+				cfg = dualpipev
 			}
 			env := []string{"PIPETRAIN_SCHEDULE=" + sched, "PIPETRAIN_TRAIN_EVALUATE=false"}
 			if r.micro > 0 {

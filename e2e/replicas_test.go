@@ -45,8 +45,8 @@ checkpoint: {every: 0}`
 // TestReplicasEqualReference trains grids of stages × replicas for 30 steps
 // in separate processes (every process's gradients summed over its replicas'
 // ring) and requires every step's loss and the final weights to equal the
-// one-process reference's bit for bit: each schedule at 2 × 2 (zb-v's loss
-// gathered on stage 0, which holds both ends of its V), pure data
+// one-process reference's bit for bit: each schedule at 2 × 2 (zb-v's and
+// dualpipev's loss gathered on stage 0, which holds both ends of their V), pure data
 // parallelism at 1 × 2 and 1 × 3, and the GPT with tied embeddings at 2 × 2.
 func TestReplicasEqualReference(t *testing.T) {
 	needData(t)
@@ -62,6 +62,7 @@ func TestReplicasEqualReference(t *testing.T) {
 		{"interleaved/2x2", gridMLP + "\nschedule: interleaved\nvirtual_stages: 2", []string{`["0", "2"]`, `["1", "3"]`}, 2},
 		{"zb-v/2x2", gridMLP + "\nschedule: zb-v\nvirtual_stages: 2", []string{`["0", "3"]`, `["1", "2"]`}, 2},
 		{"interleaved-zb/2x2", gridMLP + "\nschedule: interleaved-zb\nvirtual_stages: 2", []string{`["0", "2"]`, `["1", "3"]`}, 2},
+		{"dualpipev/2x2", gridMLP + "\nschedule: dualpipev\nvirtual_stages: 2", []string{`["0", "3"]`, `["1", "2"]`}, 2},
 		{"1f1b/1x2", gridMLP + "\nschedule: 1f1b", []string{`"0-3"`}, 2},
 		{"adam/1x3", strings.Replace(gridMLP, "{name: sgd, lr: 0.05, momentum: 0.9}", "{name: adam, lr: 0.001}", 1) + "\nschedule: 1f1b\ndata:\n  batch_size: 192\n  micro_batches: 2",
 			[]string{`"0-3"`}, 3},

@@ -68,8 +68,8 @@
 //
 // # V-shaped schedules
 //
-// zb-v cuts the model into 2p model stages, stage s holding model stages s
-// and 2p-1-s. Each chunk is charged its own layers (schedule.Costs.Chunks),
+// zb-v and dualpipev cut the model into 2p model stages, stage s holding
+// model stages s and 2p-1-s. Each chunk is charged its own layers (schedule.Costs.Chunks),
 // the turn of the V (model stages p-1 and p, on one stage) no transfer, and a
 // stage's memory is its fullest moment under the schedule's order, its two
 // chunks' activations weighed apart. Its splits are searched by simulation,
@@ -121,7 +121,7 @@ type Problem struct {
 	Batch      int
 	MicroBatch int      // micro-batch size the layer costs were measured at
 	OverheadMS float64  // fixed cost per action, not scaling with size (e.g. 0.05)
-	Schedules  []string // schedule names to consider (gpipe, 1f1b, zb-h1, zb-v); empty = {"1f1b"}
+	Schedules  []string // schedule names to consider (gpipe, 1f1b, zb-h1, zb-v, dualpipev); empty = {"1f1b"}
 	// MemoryLimit is the per-stage limit in bytes; 0 = none. Stage memory =
 	// sum ParamBytes + PeakInFlight(stage) * sum (scaled ActBytes + FixedActBytes),
 	// or sum scaled SplitActBytes under a schedule that splits the backward.
@@ -191,12 +191,13 @@ func (pl *Plan) Topology() schedule.Topology {
 }
 
 // Schedules lists the built-in schedules with one chunk per stage, which the
-// planner searches exactly (see Solve). It also accepts zb-v (VSchedules).
+// planner searches exactly (see Solve). It also accepts zb-v and dualpipev
+// (VSchedules).
 func Schedules() []string { return []string{"gpipe", "1f1b", "zb-h1"} }
 
 // VSchedules lists the V-shaped schedules the planner accepts: two chunks per
 // stage, searched by simulation alone (see vshape.go).
-func VSchedules() []string { return []string{"zb-v"} }
+func VSchedules() []string { return []string{"zb-v", "dualpipev"} }
 
 // Solve returns the best plan. For each candidate (micro-batch count, in
 // increasing order, then schedule, in the order given) it searches the

@@ -7,7 +7,7 @@ import (
 	"github.com/pipetrain/pipetrain/schedule"
 )
 
-// A V-shaped schedule (zb-v) cuts the model into 2p model stages, stage s
+// A V-shaped schedule (zb-v, dualpipev) cuts the model into 2p model stages, stage s
 // holding model stages s and 2p-1-s as its two chunks, so a stage's cost is
 // that of two ranges of layers that need not be neighbours: the dynamic
 // programmes and bounds of the one-chunk search, which see a stage as one

@@ -66,6 +66,7 @@ var builtins = []builtin{
 	{"zb-h1", oneChunk, zbH1, Loop, zbH1Bubble},
 	{"zb-v", zbVSizes, perStage(zbVStage), V, zbVBubble},
 	{"interleaved-zb", interleavedSizes, interleavedZB, Loop, interleavedZBBubble},
+	{"dualpipev", dualPipeVSizes, perStage(dualPipeVStage), V, dualPipeVBubble},
 }
 
 func lookup(name string) (builtin, bool) {
@@ -158,6 +159,18 @@ func Names() []string {
 // chunk forward for each stage before the last (see interleavedZBBubble).
 // Same sizes as interleaved: chunks >= 2, stages >= 2, micro-batches a
 // multiple of stages.
+//
+// dualpipev (DeepSeek's DualPipeV, DualPipe cut in half onto a V;
+// torch.distributed.pipelining's ScheduleDualPipeV): the same V placement as
+// zb-v, in dualpipev.py's order (see dualPipeVStage): warm-up forwards of
+// chunk 0, then of both chunks, a steady state of forward-and-backward pairs
+// (a forward of one chunk, then a full backward of the other, which DualPipe
+// overlaps on a GPU), and a drain whose later backwards are split into I and
+// W. A chunk may mix B and I/W; the runtime then builds its engine split and
+// runs each B as I then W. On unit costs its bubble is zb-v's (see
+// dualPipeVBubble); every stage stashes at most 2p+1 micro-batch chunks.
+// chunks must be 2 and micro-batches at least 2p (DualPipeV's rule; with
+// one stage, which holds both ends of the model, that is 2).
 func Build(name string, stages, microBatches, chunks int) (*Schedule, error) {
 	b, ok := lookup(name)
 	if !ok {
@@ -582,10 +595,12 @@ func interleavedZBBubble(p, m, v int) float64 {
 //	                (2p-1-m)/(2m+2p-1) for m < p (see zbH1Bubble)
 //	zb-v:           (p-1)(F/2) / (m(F+I+W) + (p-1)(F/2)) = (p-1)/(6m+p-1) (see zbVBubble)
 //	interleaved-zb: (p-1)(F/v) / (m(F+I+W) + (p-1)(F/v)) = (p-1)/(3vm+p-1) (see interleavedZBBubble)
+//	dualpipev:      (p-1)/(6m+p-1), as zb-v, for m >= 2p; DualPipe's (PP/2-1)(F&B+B-3W)
+//	                counts each overlapped pair as one block (see dualPipeVBubble)
 //
 // The first two hold for any uniform forward and backward costs (the idle
-// time scales with F+B); zb-h1's, zb-v's and interleaved-zb's need F = I = W,
-// since their orders are built for those costs. ok is false for an unknown name or sizes Build
+// time scales with F+B); zb-h1's, zb-v's, interleaved-zb's and dualpipev's
+// need F = I = W (the first three orders are built for those costs). ok is false for an unknown name or sizes Build
 // rejects.
 func TheoreticalBubble(name string, stages, microBatches, chunks int) (frac float64, ok bool) {
 	b, ok := lookup(name)

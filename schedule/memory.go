@@ -21,17 +21,21 @@ type ChunkMemory struct {
 // machines as that chunk ever had micro-batches in flight at once, so the
 // pool only grows, while stashes come and go. mem gives each (stage, chunk)'s
 // sizes. The same walk over later steps gives the same peak: the pools are
-// as large as they get in the first.
+// as large as they get in the first. A full backward on a chunk whose other
+// backwards are split (dualpipev) runs on the split engine as its
+// input-gradient and weight passes back to back, so it leaves the weight
+// program's registers behind as a weight pass does.
 func (s *Schedule) PeakMemory(mem func(stage, chunk int) ChunkMemory) []int64 {
 	out := make([]int64, s.Stages)
 	for st, list := range s.Actions {
 		chunks := max(s.Chunks, 1)
 		inUse, pool, stashed, inputs := make([]int, chunks), make([]int, chunks), make([]int, chunks), make([]int, chunks)
-		weighed, recomputes, shared := make([]bool, chunks), make([]bool, chunks), make([]bool, chunks)
+		weighed, recomputes, shared, split := make([]bool, chunks), make([]bool, chunks), make([]bool, chunks), make([]bool, chunks)
 		sizes := make([]ChunkMemory, chunks)
 		for c := range chunks {
 			sizes[c] = mem(st, c)
 			recomputes[c] = RecomputesChunk(list, c)
+			split[c] = SplitsChunk(list, c)
 		}
 		held := func() int64 {
 			var n int64
@@ -64,6 +68,7 @@ func (s *Schedule) PeakMemory(mem func(stage, chunk int) ChunkMemory) []int64 {
 				pool[c] = max(pool[c], inUse[c])
 			case Backward:
 				inUse[c]--
+				weighed[c] = weighed[c] || split[c]
 			case Input:
 				inUse[c]--
 				stashed[c]++

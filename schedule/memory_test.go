@@ -14,3 +14,23 @@ func TestPeakMemoryOf1F1B(t *testing.T) {
 		}
 	}
 }
+
+// TestPeakMemoryMixedBackward: on a chunk that splits some backwards, a full
+// backward runs as I then W, after which the weight program's registers are
+// held as after a W.
+func TestPeakMemoryMixedBackward(t *testing.T) {
+	mem := func(int, int) ChunkMemory { return ChunkMemory{Machine: 10, Stash: 3, Weight: 5} }
+	s := mustParse(t, "stage 0: 0F0 0F1 0B0 0I1 0W1")
+	if err := s.Check(); err != nil {
+		t.Fatal(err)
+	}
+	// Two machines, the weight registers from B0, then I1's stash.
+	if got := s.PeakMemory(mem); got[0] != 2*10+5+3 {
+		t.Errorf("peak %d bytes, want %d", got[0], 2*10+5+3)
+	}
+	// Not split: B0 leaves no weight registers, and there are none to hold.
+	s = mustParse(t, "stage 0: 0F0 0F1 0B0 0B1")
+	if got := s.PeakMemory(mem); got[0] != 2*10 {
+		t.Errorf("fused: peak %d bytes, want %d", got[0], 2*10)
+	}
+}

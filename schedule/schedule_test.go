@@ -41,6 +41,8 @@ func allowed(name string, p, m, v int) bool {
 		return p >= 2 && m >= 1 && v >= 2 && m%p == 0
 	case "zb-v":
 		return p >= 1 && 2*m >= 3*p-1 && v == 2
+	case "dualpipev":
+		return p >= 1 && m >= 2*p && v == 2
 	}
 	return false
 }
@@ -59,6 +61,9 @@ func wantPeak(t *testing.T, name string, st, p, m, v int) int {
 	case "zb-v":
 		// Chunk 0 runs ahead of chunk 1 by 2p-1-st micro-batches.
 		return min(m, 2*p-1-st) + min(m, st+1)
+	case "dualpipev":
+		// DualPipe's "PP+1" chunks, PP = 2p model stages.
+		return 2*p + 1
 	case "interleaved-zb":
 		// Interleaved 1F1B's first stage's peak, on every stage.
 		return min((v+1)*p-1, m*v)
@@ -79,7 +84,7 @@ func wantMakespan(t *testing.T, name string, p, m, v int) float64 {
 			return float64(2*m + 2*p - 1)
 		}
 		return float64(3*m + p - 1)
-	case "zb-v":
+	case "zb-v", "dualpipev":
 		return float64(3*m) + float64(p-1)/2
 	case "interleaved-zb":
 		return float64(3*m) + float64(p-1)/float64(v)
@@ -127,7 +132,7 @@ func testBuiltin(t *testing.T, name string, p, m, v int) {
 
 	// Each action exactly once, on its own list, counted independently of
 	// Check: F and B per (chunk, micro-batch), or F, I and W for zb-h1, zb-v
-	// and interleaved-zb.
+	// and interleaved-zb; dualpipev has F and either B or I and W.
 	split := name == "zb-h1" || name == "zb-v" || name == "interleaved-zb"
 	kinds := []Kind{Forward, Backward}
 	if split {
@@ -135,7 +140,7 @@ func testBuiltin(t *testing.T, name string, p, m, v int) {
 	}
 	seen := map[Action]int{}
 	for st, list := range s.Actions {
-		if want := len(kinds) * m * v; len(list) != want {
+		if want := len(kinds) * m * v; len(list) != want && name != "dualpipev" {
 			t.Errorf("stage %d has %d actions, want %d", st, len(list), want)
 		}
 		for _, a := range list {
@@ -149,7 +154,14 @@ func testBuiltin(t *testing.T, name string, p, m, v int) {
 		for _, k := range kinds {
 			for c := range v {
 				for i := range m {
-					if a := (Action{Stage: st, Kind: k, MicroBatch: i, Chunk: c}); seen[a] != 1 {
+					a := Action{Stage: st, Kind: k, MicroBatch: i, Chunk: c}
+					if name == "dualpipev" && k == Backward && seen[a] == 0 {
+						a.Kind = Input // and its W: a split backward
+						if w := (Action{Stage: st, Kind: Weight, MicroBatch: i, Chunk: c}); seen[w] != 1 {
+							t.Errorf("%v appears %d times", w, seen[w])
+						}
+					}
+					if seen[a] != 1 {
 						t.Errorf("%v appears %d times", a, seen[a])
 					}
 				}
@@ -177,11 +189,17 @@ func testBuiltin(t *testing.T, name string, p, m, v int) {
 			t.Errorf("PeakInFlight = %v, want at most interleaved's peak of %d, reached", got, peak)
 		}
 	}
-	if name == "zb-v" {
+	if name == "zb-v" || name == "dualpipev" {
 		// A chunk holds half a stage's layers: no stage stashes more than
-		// 1F1B's first stage, two chunks for each of its micro-batches.
-		if peak1F1B := slices.Max(mustBuild(t, "1f1b", p, m, 1).PeakInFlight()); slices.Max(got) > 2*peak1F1B {
-			t.Errorf("PeakInFlight = %v chunks, above twice 1f1b's peak of %d", got, peak1F1B)
+		// 1F1B's first stage, two chunks for each of its micro-batches (and
+		// one chunk more for dualpipev, DualPipe's PP+1).
+		peak1F1B := slices.Max(mustBuild(t, "1f1b", p, m, 1).PeakInFlight())
+		limit := 2 * peak1F1B
+		if name == "dualpipev" {
+			limit++
+		}
+		if slices.Max(got) > limit {
+			t.Errorf("PeakInFlight = %v chunks, above %d, twice 1f1b's peak of %d (plus one for dualpipev)", got, limit, peak1F1B)
 		}
 		if s.Placement != V {
 			t.Errorf("placement %v, want v", s.Placement)
@@ -195,7 +213,7 @@ func testBuiltin(t *testing.T, name string, p, m, v int) {
 		t.Fatalf("TheoreticalBubble not ok")
 	}
 	costs := [][2]float64{{1, 2}}
-	if !split { // the others hold for any uniform f and b
+	if !split && name != "dualpipev" { // the others hold for any uniform f and b
 		costs = append(costs, [2]float64{1, 1}, [2]float64{2, 1})
 	}
 	for _, fb := range costs {
@@ -270,8 +288,8 @@ func TestBuildErrors(t *testing.T) {
 		p, m, v int
 		want    string
 	}{
-		{"zb", 2, 2, 1, `unknown schedule "zb" (known: gpipe, 1f1b, interleaved, zb-h1, zb-v, interleaved-zb)`},
-		{"", 2, 2, 1, `unknown schedule "" (known: gpipe, 1f1b, interleaved, zb-h1, zb-v, interleaved-zb)`},
+		{"zb", 2, 2, 1, `unknown schedule "zb" (known: gpipe, 1f1b, interleaved, zb-h1, zb-v, interleaved-zb, dualpipev)`},
+		{"", 2, 2, 1, `unknown schedule "" (known: gpipe, 1f1b, interleaved, zb-h1, zb-v, interleaved-zb, dualpipev)`},
 		{"gpipe", 0, 2, 1, "stages must be >= 1, got 0"},
 		{"1f1b", -3, 2, 1, "stages must be >= 1, got -3"},
 		{"1f1b", 2, 0, 1, "micro-batches must be >= 1, got 0"},
@@ -291,6 +309,9 @@ func TestBuildErrors(t *testing.T) {
 		{"interleaved-zb", 4, 8, 1, "interleaved-zb needs chunks >= 2, got 1"},
 		{"interleaved-zb", 1, 8, 2, "interleaved-zb needs stages >= 2, got 1"},
 		{"interleaved-zb", 3, 8, 2, "interleaved-zb needs micro_batches to be a multiple of stages (8 micro-batches, 3 stages)"},
+		{"dualpipev", 4, 8, 1, "dualpipev needs chunks == 2 (one model stage on the way down the V and one on the way up), got 1"},
+		{"dualpipev", 4, 7, 2, "dualpipev needs micro_batches >= 8 for 4 stages (2*stages, DualPipeV's rule: every stage's steady state must run at least once), got 7"},
+		{"dualpipev", 1, 1, 2, "dualpipev needs micro_batches >= 2 for 1 stages (2*stages, DualPipeV's rule: every stage's steady state must run at least once), got 1"},
 	}
 	for _, tt := range tests {
 		s, err := Build(tt.name, tt.p, tt.m, tt.v)
@@ -331,6 +352,10 @@ func TestTheoreticalBubble(t *testing.T) {
 		{"interleaved-zb", 2, 4, 2, 1.0 / 25, true},
 		{"interleaved-zb", 4, 6, 2, 0, false},
 		{"interleaved-zb", 4, 8, 1, 0, false},
+		{"dualpipev", 4, 8, 2, 3.0 / 51, true}, // zb-v's: the start-up skew of 3 half-forwards
+		{"dualpipev", 4, 10, 2, 3.0 / 63, true},
+		{"dualpipev", 1, 2, 2, 0, true},
+		{"dualpipev", 4, 7, 2, 0, false},
 		{"nope", 4, 8, 1, 0, false},
 		{"gpipe", 0, 8, 1, 0, false},
 		{"gpipe", 4, 0, 1, 0, false},
@@ -347,7 +372,7 @@ func TestTheoreticalBubble(t *testing.T) {
 
 func TestNames(t *testing.T) {
 	got := Names()
-	if want := []string{"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "interleaved-zb"}; !reflect.DeepEqual(got, want) {
+	if want := []string{"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "interleaved-zb", "dualpipev"}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("Names() = %v, want %v", got, want)
 	}
 	got[0] = "mutated"
@@ -1439,11 +1464,11 @@ func TestLoadThenCheck(t *testing.T) {
 func TestSplitsBackward(t *testing.T) {
 	for _, name := range Names() {
 		v := 1
-		if name == "interleaved" || name == "zb-v" || name == "interleaved-zb" {
+		if name == "interleaved" || name == "zb-v" || name == "interleaved-zb" || name == "dualpipev" {
 			v = 2
 		}
 		s := mustBuild(t, name, 4, 8, v)
-		if got, want := s.SplitsBackward(), name == "zb-h1" || name == "zb-v" || name == "interleaved-zb"; got != want {
+		if got, want := s.SplitsBackward(), name == "zb-h1" || name == "zb-v" || name == "interleaved-zb" || name == "dualpipev"; got != want {
 			t.Errorf("%s: SplitsBackward() = %v, want %v", name, got, want)
 		}
 	}

@@ -29,6 +29,7 @@ func TestMeasuredMemoryIsPredicted(t *testing.T) {
 		{"interleaved", [][]string{{"0", "2"}, {"1", "3"}}, 4, false, ""},
 		{"zb-h1", plain("0-1", "2-4"), 0, true, ""},
 		{"zb-v", [][]string{{"0", "3"}, {"1", "2"}}, 4, false, ""},
+		{"dualpipev", [][]string{{"0", "3"}, {"1", "2"}}, 4, false, ""},
 		{"1f1b", plain("0", "1", "2-3"), 5, false, "full"},
 		{"gpipe", plain("0-1", "2-3"), 3, false, "full"},
 		{"zb-h1", plain("0", "1-2", "3"), 4, false, "full"},

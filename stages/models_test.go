@@ -95,6 +95,7 @@ func TestGPTPipelineEqualsReference(t *testing.T) {
 		{"zb-h1", plain("0", "1-2", "3", "4")},
 		// The V: embedding and head both on stage 0 (their tie is local).
 		{"zb-v", [][]string{{"0", "4"}, {"1", "2-3"}}},
+		{"dualpipev", [][]string{{"0", "4"}, {"1", "2-3"}}},
 		// Interleaved with the weight passes split off, the tie over the ring.
 		{"interleaved-zb", [][]string{{"0", "2-3"}, {"1", "4"}}},
 	}
@@ -107,7 +108,7 @@ func TestGPTPipelineEqualsReference(t *testing.T) {
 				sameRun(t, ref, pipe)
 				for i, rt := range rts {
 					for _, e := range rt.engines {
-						if split := strings.HasPrefix(tc.sched, "zb-") || strings.HasSuffix(tc.sched, "-zb"); e.Split != split {
+						if split := strings.HasPrefix(tc.sched, "zb-") || strings.HasSuffix(tc.sched, "-zb") || tc.sched == "dualpipev"; e.Split != split {
 							t.Errorf("stage %d's engine for layers [%d, %d): split %v under %s", i, e.First, e.Last, e.Split, tc.sched)
 						}
 					}

@@ -28,6 +28,7 @@ func TestRecomputeEqualsReference(t *testing.T) {
 		{"zb-h1", plain("0", "1-2", "3"), 4, []string{"full", "full", ""}},
 		{"zb-v", [][]string{{"0", "3"}, {"1", "2"}}, 4, []string{"", "full"}},
 		{"interleaved-zb", [][]string{{"0", "2"}, {"1", "3"}}, 4, []string{"full", ""}},
+		{"dualpipev", [][]string{{"0", "3"}, {"1", "2"}}, 4, []string{"full", ""}},
 	}
 	for _, tc := range mlp {
 		for _, opt := range []string{"adam", "sgd"} {
@@ -51,6 +52,7 @@ func TestRecomputeEqualsReference(t *testing.T) {
 		{"1f1b", plain("0-1", "2-4"), []string{"selective", "full"}},
 		{"zb-h1", plain("0-1", "2-4"), []string{"full", "selective"}},
 		{"zb-v", [][]string{{"0", "4"}, {"1", "2-3"}}, []string{"full", "selective"}},
+		{"dualpipev", [][]string{{"0", "4"}, {"1", "2-3"}}, []string{"full", "selective"}},
 	}
 	for _, tc := range gpt {
 		t.Run(fmt.Sprintf("gpt/%s/%v", tc.sched, tc.modes), func(t *testing.T) {

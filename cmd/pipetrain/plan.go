@@ -71,7 +71,7 @@ func planCmd() *cobra.Command {
 	c.Flags().IntVar(&o.stages, "stages", 0, "number of stages (default: as many as the config has)")
 	c.Flags().IntVar(&o.processes, "processes", 0, "choose the grid too: stages × data-parallel replicas = N processes (default: the config's stages and replicas)")
 	c.Flags().StringVar(&o.memory, "memory-limit", "", "bytes per stage for parameters, optimizer state and stashed activations (e.g. 512MiB); default none. Within a limit the plan may also have every stage recompute its forwards (recompute: full, under gpipe or 1f1b) when that fits or is faster")
-	c.Flags().StringVar(&o.schedules, "schedules", "1f1b,zb-h1,gpipe", "schedules to consider: "+strings.Join(append(plan.Schedules(), plan.VSchedules()...), ", ")+" (zb-v cuts each stage's layers in two, placed in a V)")
+	c.Flags().StringVar(&o.schedules, "schedules", "1f1b,zb-h1,gpipe", "schedules to consider: "+strings.Join(append(plan.Schedules(), plan.VSchedules()...), ", ")+" (zb-v and dualpipev cut each stage's layers in two, placed in a V)")
 	c.Flags().StringVar(&o.out, "out", "", "where to write the new config (default: CONFIG-planned.yaml)")
 	c.Flags().BoolVar(&o.force, "force", false, "replace the output file if it exists")
 	c.Flags().IntVar(&o.reps, "reps", 5, "measurements per layer (the median is used)")
@@ -88,7 +88,7 @@ func runPlan(w io.Writer, o planOptions) error {
 		return err
 	}
 	if cfg.VirtualStages > 1 && cfg.Placement() != schedule.V {
-		return fmt.Errorf("%s: plan splits plain pipelines and V-shaped ones (zb-v); this config interleaves virtual stages", cfg.Path)
+		return fmt.Errorf("%s: plan splits plain pipelines and V-shaped ones (zb-v, dualpipev); this config interleaves virtual stages", cfg.Path)
 	}
 	limit, err := parseBytes(o.memory)
 	if err != nil {
@@ -132,7 +132,7 @@ func runPlan(w io.Writer, o planOptions) error {
 	names := strings.Split(o.schedules, ",")
 	if !splittable(model) {
 		// Zero-bubble schedules need layers that split their backward.
-		names = slices.DeleteFunc(names, func(n string) bool { return n == "zb-h1" || n == "zb-v" })
+		names = slices.DeleteFunc(names, func(n string) bool { return n == "zb-h1" || n == "zb-v" || n == "dualpipev" })
 	}
 	prob := plan.Problem{
 		Stages: nStages, Batch: cfg.Data.BatchSize, MicroBatch: cfg.MicroBatchSize(), OverheadMS: 0.05,

@@ -271,7 +271,7 @@ func simulationPlan(cfg *configs.Config, model *models.Model, o simulateOptions)
 		switch name {
 		case "interleaved", "interleaved-zb":
 			v = max(2, cfg.VirtualStages)
-		case "zb-v":
+		case "zb-v", "dualpipev":
 			v = 2
 		}
 		s, err := schedule.Build(name, p, m, v)

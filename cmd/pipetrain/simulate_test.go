@@ -110,7 +110,7 @@ func TestSimulateGridRoundTrips(t *testing.T) {
 			continue
 		}
 		v := 1
-		if name == "interleaved" || name == "interleaved-zb" || name == "zb-v" {
+		if name == "interleaved" || name == "interleaved-zb" || name == "zb-v" || name == "dualpipev" {
 			v = 2
 		}
 		want, err := schedule.Build(name, 2, 4, v)
@@ -350,7 +350,7 @@ func TestSimulateBadRequests(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{[]string{"--schedule", "bogus"}, []string{`--schedule: unknown schedule "bogus" (known: gpipe, 1f1b, interleaved, zb-h1, zb-v, interleaved-zb; or all)`}},
+		{[]string{"--schedule", "bogus"}, []string{`--schedule: unknown schedule "bogus" (known: gpipe, 1f1b, interleaved, zb-h1, zb-v, interleaved-zb, dualpipev; or all)`}},
 		{[]string{"--schedule", "1f1b,"}, []string{`unknown schedule ""`}},
 		{[]string{"--costs", "foo"}, []string{"--costs foo: no such file or directory", want}},
 		{[]string{"--costs", noRun}, []string{"--costs " + noRun + ": not a run directory (it has no run.json)", want}},
