@@ -536,6 +536,7 @@ type candidate struct {
 	vshape      bool
 	chunkStates [][][]int
 	needExact   bool
+	vKinds      [][][schedule.Recompute + 1]float64 // per stage and chunk, its actions of each kind (vBusiest)
 
 	// Set by prepare, see there and bnb.
 	shape   []shape

@@ -106,16 +106,37 @@ func (c *candidate) vFits(cuts []int) bool {
 	return c.p.MemoryLimit == 0 || slices.Max(c.vMemory(cuts)) <= float64(c.p.MemoryLimit)
 }
 
-// vBusiest is the work of the busiest stage under cuts: a lower bound on the
-// step, since a stage runs its passes one at a time.
+// vBusiest is the work of the busiest stage under cuts, each of its actions
+// charged its chunk's cost (a full B once, where a split one pays I and W):
+// a lower bound on the step, since a stage runs its passes one at a time.
 func (c *candidate) vBusiest(cuts []int) float64 {
-	top := c.sched.Topology()
-	work := make([]float64, c.p.Stages)
-	for k, i := range cuts {
-		st, _ := top.Locate(k)
-		work[st] += float64(c.m) * c.stage(i, c.pieceEnd(cuts, k)).work
+	if c.vKinds == nil {
+		c.vKinds = kindCounts(c.sched)
 	}
-	return slices.Max(work)
+	top := c.sched.Topology()
+	var busiest float64
+	for st, chunks := range c.vKinds {
+		var work float64
+		for ch, n := range chunks {
+			k := top.ModelStageOf(schedule.Action{Stage: st, Chunk: ch})
+			x := c.stage(cuts[k], c.pieceEnd(cuts, k))
+			work += n[schedule.Forward]*x.F + n[schedule.Recompute]*x.F + n[schedule.Backward]*x.B + n[schedule.Input]*x.I + n[schedule.Weight]*x.W
+		}
+		busiest = max(busiest, work)
+	}
+	return busiest
+}
+
+// kindCounts counts each stage's actions by chunk and kind.
+func kindCounts(s *schedule.Schedule) [][][schedule.Recompute + 1]float64 {
+	out := make([][][schedule.Recompute + 1]float64, s.Stages)
+	for st, list := range s.Actions {
+		out[st] = make([][schedule.Recompute + 1]float64, max(s.Chunks, 1))
+		for _, a := range list {
+			out[st][a.Chunk][a.Kind]++
+		}
+	}
+	return out
 }
 
 // simulateV builds the simulator's costs for a V split, each chunk charged

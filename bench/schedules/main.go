@@ -31,7 +31,21 @@ import (
 )
 
 type result struct {
-	measured, simulated, stepMS, memory []float64
+	measured, simulated, stepMS, memory, peakMiB []float64
+}
+
+// row is one schedule measured: a built-in, on a config of the setup, with
+// every stage recomputing its forwards or not.
+type row struct {
+	name      string
+	recompute bool
+}
+
+func (r row) String() string {
+	if r.recompute {
+		return r.name + ", recompute: full"
+	}
+	return r.name
 }
 
 // setup is one placement of the benchmark model.
@@ -59,7 +73,8 @@ func main() {
 	fmt.Fprintf(&b, "- measured bubble: `pipetrain profile`'s mean over stages of idle / step window, the window running from a step's first forward to its last backward on any stage;\n")
 	fmt.Fprintf(&b, "- simulated bubble: `schedule.Simulate` with that run's own mean action costs per stage and its measured mean link delay as the transfer time;\n")
 	fmt.Fprintf(&b, "- step time: median of the last stage's per-step wall time; throughput relative to 1F1B at the same micro-batch count, from the same sweep;\n")
-	fmt.Fprintf(&b, "- activations: each stage's peak activation memory in the run's events over run.json's prediction from the chunks' shapes (see docs/profiling.md), for the stage furthest from it.\n")
+	fmt.Fprintf(&b, "- activations: each stage's peak activation memory in the run's events over run.json's prediction from the chunks' shapes (see docs/profiling.md), for the stage furthest from it; and the most any stage held, in MiB;\n")
+	fmt.Fprintf(&b, "- `recompute: full` rows: the same config with every stage set to recompute its forwards (docs/schedules.md#activation-recomputation).\n")
 	for _, su := range setups {
 		if err := bench(&b, su, *bin, *reps, *steps, *skip); err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -78,73 +93,114 @@ func main() {
 }
 
 func bench(b *bytes.Buffer, su setup, bin string, reps, steps, skip int) error {
-	names := []string{"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"}
+	rows := []row{{"gpipe", false}, {"1f1b", false}, {"interleaved", false}, {"zb-h1", false}, {"zb-v", false},
+		{"interleaved-zb", false}, {"dualpipev", false}, {"gpipe", true}, {"1f1b", true}, {"zb-h1", true}}
 	micros := []int{8, 16}
 	results := map[string]*result{}
-	key := func(name string, m int) string { return fmt.Sprintf("%s/%d", name, m) }
+	key := func(r row, m int) string { return fmt.Sprintf("%v/%d", r, m) }
 	// Repetitions are the outer loop, so slow drift of the machine touches every
 	// schedule alike.
 	for rep := 0; rep < reps; rep++ {
 		for _, m := range micros {
-			for _, name := range names {
+			for _, rw := range rows {
 				cfgPath := su.plain
-				switch name {
-				case "interleaved":
+				switch rw.name {
+				case "interleaved", "interleaved-zb":
 					cfgPath = su.interleaved
-				case "zb-v":
+				case "zb-v", "dualpipev":
 					cfgPath = su.zbv
 				}
-				meas, sim, step, mem, err := run(bin, cfgPath, name, m, steps, skip)
-				if err != nil {
-					return fmt.Errorf("%s, %s m=%d: %v", su.title, name, m, err)
+				if rw.recompute {
+					var err error
+					if cfgPath, err = recomputing(cfgPath); err != nil {
+						return err
+					}
 				}
-				r := results[key(name, m)]
+				meas, sim, step, mem, peak, err := run(bin, cfgPath, rw.name, m, steps, skip)
+				if rw.recompute {
+					os.Remove(cfgPath)
+				}
+				if err != nil {
+					return fmt.Errorf("%s, %v m=%d: %v", su.title, rw, m, err)
+				}
+				r := results[key(rw, m)]
 				if r == nil {
 					r = &result{}
-					results[key(name, m)] = r
+					results[key(rw, m)] = r
 				}
 				r.measured, r.simulated, r.stepMS, r.memory = append(r.measured, meas), append(r.simulated, sim), append(r.stepMS, step), append(r.memory, mem)
-				fmt.Fprintf(os.Stderr, "%s, rep %d  %-12s m=%-2d  measured bubble %5.1f%%  simulated %5.1f%%  step %.2f ms\n", su.title, rep+1, name, m, 100*meas, 100*sim, step)
+				r.peakMiB = append(r.peakMiB, peak)
+				fmt.Fprintf(os.Stderr, "%s, rep %d  %-28v m=%-2d  measured bubble %5.1f%%  simulated %5.1f%%  step %.2f ms  activations %.2f MiB\n", su.title, rep+1, rw, m, 100*meas, 100*sim, step, peak)
 			}
 		}
 	}
-	fmt.Fprintf(b, "\n## %s\n\nConfigs: `%s` (gpipe, 1f1b, zb-h1), `%s` (interleaved, 2 chunks per stage) and `%s` (zb-v, 2 chunks per stage in a V).\n\n", su.title, su.plain, su.interleaved, su.zbv)
-	fmt.Fprintf(b, "| schedule | micro-batches | measured bubble | simulated bubble | difference | step time | throughput vs 1F1B | activations measured / predicted |\n")
-	fmt.Fprintf(b, "|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(b, "\n## %s\n\nConfigs: `%s` (gpipe, 1f1b, zb-h1), `%s` (interleaved and interleaved-zb, 2 chunks per stage) and `%s` (zb-v and dualpipev, 2 chunks per stage in a V).\n\n", su.title, su.plain, su.interleaved, su.zbv)
+	fmt.Fprintf(b, "| schedule | micro-batches | measured bubble | simulated bubble | difference | step time | throughput vs 1F1B | activations measured / predicted | activations, fullest stage |\n")
+	fmt.Fprintf(b, "|---|---|---|---|---|---|---|---|---|\n")
 	for _, m := range micros {
-		base := median(results[key("1f1b", m)].stepMS)
-		for _, name := range names {
-			r := results[key(name, m)]
+		base := median(results[key(row{"1f1b", false}, m)].stepMS)
+		for _, rw := range rows {
+			r := results[key(rw, m)]
 			meas, sim, step := median(r.measured), median(r.simulated), median(r.stepMS)
-			fmt.Fprintf(b, "| %s | %d | %.1f%% | %.1f%% | %+.1f pp | %.2f ms | %.2fx | %.0f%% |\n", name, m, 100*meas, 100*sim, 100*(meas-sim), step, base/step, 100*median(r.memory))
+			fmt.Fprintf(b, "| %v | %d | %.1f%% | %.1f%% | %+.1f pp | %.2f ms | %.2fx | %.0f%% | %.2f MiB |\n", rw, m, 100*meas, 100*sim, 100*(meas-sim), step, base/step, 100*median(r.memory), median(r.peakMiB))
 		}
 	}
 	return nil
 }
 
+// recomputing writes a copy of the config at path, beside it, with every
+// stage set to recompute its forwards, and returns the copy's path.
+func recomputing(path string) (string, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	lines := strings.Split(string(raw), "\n")
+	n := 0
+	for i, l := range lines {
+		if strings.HasPrefix(strings.TrimSpace(l), "- {layers:") {
+			lines[i], n = strings.Replace(l, "{layers:", "{recompute: full, layers:", 1), n+1
+		}
+	}
+	if n == 0 {
+		return "", fmt.Errorf("%s: no stage written as {layers: ...} to set recompute on", path)
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), "recompute-*.yaml")
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	if _, err := f.WriteString(strings.Join(lines, "\n")); err != nil {
+		os.Remove(f.Name())
+		return "", err
+	}
+	return f.Name(), nil
+}
+
 // run launches one training run and returns its measured mean bubble, the
-// simulated one from its own costs, its median step time in ms, and the
-// stage whose peak activation memory is furthest from run.json's prediction,
-// as measured over predicted.
-func run(bin, cfgPath, name string, micro, steps, skip int) (measured, simulated, stepMS, memory float64, err error) {
+// simulated one from its own costs, its median step time in ms, the stage
+// whose peak activation memory is furthest from run.json's prediction, as
+// measured over predicted, and the most activation memory a stage held, in
+// MiB.
+func run(bin, cfgPath, name string, micro, steps, skip int) (measured, simulated, stepMS, memory, peakMiB float64, err error) {
 	dir, err := os.MkdirTemp("", "pipetrain-bench")
 	if err != nil {
-		return 0, 0, 0, 0, err
+		return 0, 0, 0, 0, 0, err
 	}
 	defer os.RemoveAll(dir)
 	env := []string{"PIPETRAIN_SCHEDULE=" + name, fmt.Sprintf("PIPETRAIN_DATA_MICRO_BATCHES=%d", micro), fmt.Sprintf("PIPETRAIN_TRAIN_STEPS=%d", steps)}
 	cmd := exec.Command(bin, "launch", "--config", cfgPath, "--run-dir", dir)
 	cmd.Env = append(os.Environ(), env...)
 	if outb, err := cmd.CombinedOutput(); err != nil {
-		return 0, 0, 0, 0, fmt.Errorf("%v\n%s", err, outb)
+		return 0, 0, 0, 0, 0, fmt.Errorf("%v\n%s", err, outb)
 	}
 	info, events, err := profile.ReadRun(dir)
 	if err != nil {
-		return 0, 0, 0, 0, err
+		return 0, 0, 0, 0, 0, err
 	}
 	rep, err := profile.Analyse(info, events, skip)
 	if err != nil {
-		return 0, 0, 0, 0, err
+		return 0, 0, 0, 0, 0, err
 	}
 	for _, k := range env {
 		kv := strings.SplitN(k, "=", 2)
@@ -152,15 +208,15 @@ func run(bin, cfgPath, name string, micro, steps, skip int) (measured, simulated
 	}
 	cfg, err := configs.Load(cfgPath)
 	if err != nil {
-		return 0, 0, 0, 0, err
+		return 0, 0, 0, 0, 0, err
 	}
 	model, err := models.Build(cfg.Model)
 	if err != nil {
-		return 0, 0, 0, 0, err
+		return 0, 0, 0, 0, 0, err
 	}
 	sched, err := cfg.BuildSchedule()
 	if err != nil {
-		return 0, 0, 0, 0, err
+		return 0, 0, 0, 0, 0, err
 	}
 	// The run's own measured link delay, as for every other cost; the size-based
 	// estimate only when no message was timed.
@@ -170,14 +226,14 @@ func run(bin, cfgPath, name string, micro, steps, skip int) (measured, simulated
 	}
 	tl, err := schedule.Simulate(sched, profile.ScheduleCosts(profile.MeanCosts(events, skip), info.Chunks, transfer))
 	if err != nil {
-		return 0, 0, 0, 0, err
+		return 0, 0, 0, 0, 0, err
 	}
 	for _, x := range tl.Bubble {
 		simulated += x / float64(len(tl.Bubble))
 	}
 	ms, err := stages.ReadMetrics(filepath.Join(dir, "metrics.jsonl"))
 	if err != nil {
-		return 0, 0, 0, 0, err
+		return 0, 0, 0, 0, 0, err
 	}
 	var steptimes []float64
 	for _, m := range ms[min(skip, len(ms)-1):] {
@@ -185,6 +241,7 @@ func run(bin, cfgPath, name string, micro, steps, skip int) (measured, simulated
 	}
 	memory = 1
 	for _, st := range rep.Stages {
+		peakMiB = max(peakMiB, float64(st.PeakStashBytes)/(1<<20))
 		if st.PredictedStashBytes > 0 {
 			r := float64(st.PeakStashBytes) / float64(st.PredictedStashBytes)
 			if math.Abs(r-1) > math.Abs(memory-1) {
@@ -192,7 +249,7 @@ func run(bin, cfgPath, name string, micro, steps, skip int) (measured, simulated
 			}
 		}
 	}
-	return rep.MeanBubble, simulated, median(steptimes), memory, nil
+	return rep.MeanBubble, simulated, median(steptimes), memory, peakMiB, nil
 }
 
 func median(xs []float64) float64 {
