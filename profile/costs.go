@@ -1,55 +1,77 @@
 package profile
 
 import (
+	"slices"
 	"time"
 
 	"github.com/pipetrain/pipetrain/schedule"
 )
 
 // ActionCosts are a stage's mean action durations: what the schedule simulator
-// needs to replay a run. Kinds the run did not execute are zero.
+// needs to replay a run. Kinds the run did not execute are zero. Chunks, for
+// a stage of several chunks, are each chunk's own means: chunks need not
+// hold equal shares of a stage's work (under a V, stage 0's two chunks are
+// the model's first and last).
 type ActionCosts struct {
 	F, B, I, W time.Duration
+	Chunks     []ActionCosts
 }
 
 // MeanCosts averages each stage's action durations by kind over the steps after
-// the first skip (when there are more).
+// the first skip (when there are more), and each chunk's when a stage ran
+// several.
 func MeanCosts(events [][]Event, skip int) []ActionCosts {
 	out := make([]ActionCosts, len(events))
 	for s, evs := range events {
 		maxStep := -1
+		chunks := 1
 		for _, e := range evs {
 			maxStep = max(maxStep, e.Step)
+			chunks = max(chunks, e.Chunk+1)
 		}
 		if maxStep < skip {
 			skip = 0
 		}
-		sums := map[string]time.Duration{}
-		counts := map[string]int{}
-		for _, e := range evs {
-			if e.Step < skip {
-				continue
+		out[s] = meanCosts(evs, skip, -1)
+		if chunks > 1 {
+			for c := range chunks {
+				out[s].Chunks = append(out[s].Chunks, meanCosts(evs, skip, c))
 			}
-			sums[e.Kind] += time.Duration(e.EndNS - e.StartNS)
-			counts[e.Kind]++
 		}
-		mean := func(k string) time.Duration {
-			if counts[k] == 0 {
-				return 0
-			}
-			return sums[k] / time.Duration(counts[k])
+	}
+	return out
+}
+
+// meanCosts averages evs' durations by kind from step skip on, those of
+// chunk only (every chunk's with chunk < 0).
+func meanCosts(evs []Event, skip, chunk int) ActionCosts {
+	sums := map[string]time.Duration{}
+	counts := map[string]int{}
+	for _, e := range evs {
+		if e.Step < skip || chunk >= 0 && e.Chunk != chunk {
+			continue
 		}
-		out[s] = ActionCosts{F: mean(Forward), B: mean(Backward), I: mean(Input), W: mean(Weight)}
-		if out[s].B == 0 && out[s].I > 0 {
-			out[s].B = out[s].I + out[s].W
+		sums[e.Kind] += time.Duration(e.EndNS - e.StartNS)
+		counts[e.Kind]++
+	}
+	mean := func(k string) time.Duration {
+		if counts[k] == 0 {
+			return 0
 		}
+		return sums[k] / time.Duration(counts[k])
+	}
+	out := ActionCosts{F: mean(Forward), B: mean(Backward), I: mean(Input), W: mean(Weight)}
+	if out.B == 0 && out.I > 0 {
+		out.B = out.I + out.W
 	}
 	return out
 }
 
 // ScheduleCosts turns a run's mean action costs into the simulator's per-stage
 // costs in ms. An action of an interleaved run is one chunk's, and the simulator
-// charges a chunk 1/chunks of its stage's cost, so durations scale by chunks. A run
+// charges a chunk 1/chunks of its stage's cost, so durations scale by chunks;
+// where every stage has its chunks' own means, they are the simulator's
+// per-chunk costs (Costs.Chunks) instead. A run
 // without split backwards leaves I and W to the simulator's default (half of B each).
 func ScheduleCosts(means []ActionCosts, chunks int, transferMS float64) schedule.Costs {
 	v := float64(max(chunks, 1))
@@ -68,6 +90,19 @@ func ScheduleCosts(means []ActionCosts, chunks int, transferMS float64) schedule
 		if split {
 			c.I[s], c.W[s] = ms(m.I), ms(m.W)
 			c.B[s] = c.I[s] + c.W[s]
+		}
+	}
+	if chunks > 1 && !slices.ContainsFunc(means, func(m ActionCosts) bool { return len(m.Chunks) != chunks }) {
+		c.Chunks = make([][]schedule.ChunkCost, p)
+		own := func(d time.Duration) float64 { return float64(d) / 1e6 }
+		for s, m := range means {
+			for _, x := range m.Chunks {
+				cc := schedule.ChunkCost{F: own(x.F), B: own(x.B), I: own(x.I), W: own(x.W)}
+				if cc.I == 0 && cc.W == 0 {
+					cc.I, cc.W = cc.B/2, cc.B/2
+				}
+				c.Chunks[s] = append(c.Chunks[s], cc)
+			}
 		}
 	}
 	return c

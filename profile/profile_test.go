@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pipetrain/pipetrain/schedule"
 )
 
 const ms = int64(time.Millisecond)
@@ -317,13 +319,39 @@ func TestMeanCosts(t *testing.T) {
 	}
 	got := MeanCosts(events, 1)
 	want := []ActionCosts{{F: 15, B: 40}, {F: 30, B: 30, I: 20, W: 10}}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Errorf("stage %d: %+v, want %+v", i, got[i], want[i])
-		}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %+v, want %+v", got, want)
 	}
 	if all := MeanCosts(events[:1], 5); all[0].F != (100+10+20)/3 {
 		t.Errorf("skip beyond the run must analyse every step: %+v", all[0])
+	}
+}
+
+// TestMeanCostsPerChunk: a stage of two chunks gets each chunk's own means
+// beside the stage's, and the simulator's costs take them chunk by chunk,
+// unscaled; a stage of one chunk gets none.
+func TestMeanCostsPerChunk(t *testing.T) {
+	ev := func(kind string, chunk int, d int64) Event {
+		return Event{Step: 1, Kind: kind, Chunk: chunk, StartNS: 1000, EndNS: 1000 + d}
+	}
+	events := [][]Event{
+		{ev(Forward, 0, 10e6), ev(Forward, 1, 30e6), ev(Input, 0, 20e6), ev(Weight, 0, 10e6), ev(Backward, 1, 50e6)},
+		{ev(Forward, 0, 4e6), ev(Forward, 1, 6e6), ev(Backward, 0, 8e6), ev(Backward, 1, 12e6)},
+	}
+	got := MeanCosts(events, 0)
+	if !reflect.DeepEqual(got[0].Chunks, []ActionCosts{{F: 10e6, B: 30e6, I: 20e6, W: 10e6}, {F: 30e6, B: 50e6}}) {
+		t.Fatalf("stage 0's chunks: %+v", got[0].Chunks)
+	}
+	c := ScheduleCosts(got, 2, 0.5)
+	want := [][]schedule.ChunkCost{{{F: 10, B: 30, I: 20, W: 10}, {F: 30, B: 50, I: 25, W: 25}}, {{F: 4, B: 8, I: 4, W: 4}, {F: 6, B: 12, I: 6, W: 6}}}
+	if !reflect.DeepEqual(c.Chunks, want) {
+		t.Errorf("per-chunk costs %+v, want %+v", c.Chunks, want)
+	}
+	if one := MeanCosts([][]Event{{ev(Forward, 0, 1)}}, 0); one[0].Chunks != nil {
+		t.Errorf("one chunk: %+v", one[0])
+	}
+	if c := ScheduleCosts(MeanCosts([][]Event{{ev(Forward, 0, 1)}}, 0), 1, 0); c.Chunks != nil {
+		t.Errorf("one chunk: per-chunk costs %+v", c.Chunks)
 	}
 }
 
