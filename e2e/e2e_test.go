@@ -77,6 +77,25 @@ func withFreshAddresses(t *testing.T, path string) string {
 	return withAddresses(t, path, freePorts(t, len(loadConfig(t, path).Stages)))
 }
 
+// withRecompute copies a config whose stages are written {layers: ...} with
+// every stage set to recompute: full.
+func withRecompute(t *testing.T, path string) string {
+	t.Helper()
+	text, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := strings.ReplaceAll(string(text), "- {layers:", "- {recompute: full, layers:")
+	if s == string(text) {
+		t.Fatalf("%s: no stage written {layers: ...}", path)
+	}
+	out := filepath.Join(t.TempDir(), filepath.Base(path))
+	if err := os.WriteFile(out, []byte(s), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
 // withAddresses copies a config with stage i at addrs[i].
 func withAddresses(t *testing.T, path string, addrs []string) string {
 	t.Helper()
@@ -182,7 +201,8 @@ func weights(t *testing.T, runDir string) map[string]checkpoint.Tensor {
 // TestLaunchEqualsReference trains the default 4-stage config for 30 steps with each
 // schedule (interleaved and interleaved-zb on the 8-layer interleaved config, over
 // the ring; zb-v and dualpipev on the 8-layer V configs, whose stage 0 computes
-// the loss) in separate processes over gRPC, and requires every step's loss and
+// the loss), and with 1f1b and zb-h1 on every stage recomputing its forwards,
+// in separate processes over gRPC, and requires every step's loss and
 // the final weights to equal the one-process reference's bit for bit.
 func TestLaunchEqualsReference(t *testing.T) {
 	needData(t)
@@ -191,13 +211,15 @@ func TestLaunchEqualsReference(t *testing.T) {
 	interleaved := withFreshAddresses(t, "../configs/fmnist-mlp-interleaved.yaml")
 	zbv := withFreshAddresses(t, "../configs/fmnist-mlp-zbv.yaml")
 	dualpipev := withFreshAddresses(t, "../configs/fmnist-mlp-dualpipev.yaml")
+	recomputing := withRecompute(t, cfg)
 	type variant struct {
-		sched string
-		micro int // 0: the config's 8
+		sched     string
+		micro     int  // 0: the config's 8
+		recompute bool // every stage: recompute: full
 	}
-	runs := []variant{{"1f1b", 16}, {"zb-h1", 4}, {"interleaved", 4}, {"zb-v", 16}}
+	runs := []variant{{"1f1b", 16, false}, {"zb-h1", 4, false}, {"interleaved", 4, false}, {"zb-v", 16, false}, {"1f1b", 0, true}, {"zb-h1", 0, true}}
 	for _, sched := range schedule.Names() {
-		runs = append(runs, variant{sched, 0})
+		runs = append(runs, variant{sched, 0, false})
 	}
 	for _, r := range runs {
 		sched := r.sched
@@ -205,14 +227,19 @@ func TestLaunchEqualsReference(t *testing.T) {
 		if r.micro > 0 {
 			name = fmt.Sprintf("%s/m%d", sched, r.micro)
 		}
+		if r.recompute {
+			name += "/recompute"
+		}
 		t.Run(name, func(t *testing.T) {
 			cfg := cfg
-			switch sched {
-			case "interleaved", "interleaved-zb":
+			switch {
+			case r.recompute:
+				cfg = recomputing
+			case sched == "interleaved" || sched == "interleaved-zb":
 				cfg = interleaved
-			case "zb-v":
+			case sched == "zb-v":
 				cfg = zbv
-			case "dualpipev":
+			case sched == "dualpipev":
 				cfg = dualpipev
 			}
 			env := []string{"PIPETRAIN_SCHEDULE=" + sched, "PIPETRAIN_TRAIN_EVALUATE=false"}
@@ -241,7 +268,11 @@ func TestLaunchEqualsReference(t *testing.T) {
 			}
 			pics := t.TempDir()
 			prof := run(t, time.Minute, nil, "profile", pipeDir, "--trace", filepath.Join(pics, "t.json"), "--svg", filepath.Join(pics, "t.svg"), "--html", filepath.Join(pics, "t.html"))
-			for _, want := range []string{"theory %", "sim %", "bottleneck: stage", "link", "stragglers"} {
+			wants := []string{"theory %", "sim %", "bottleneck: stage", "link", "stragglers"}
+			if r.recompute {
+				wants = append(wants, "RF ms")
+			}
+			for _, want := range wants {
 				if prof.err != nil || !strings.Contains(prof.out, want) {
 					t.Errorf("profile lacks %q (%v):\n%s", want, prof.err, prof.out)
 				}
