@@ -38,7 +38,11 @@ func validateCmd() *cobra.Command {
 					if cfg.VirtualStages > 1 {
 						name += fmt.Sprintf(" chunk %d", chunk)
 					}
-					fmt.Fprintf(out, "  %-16s %-21s layers %-5s in %v -> out %v\n", name, s.Address, s.Layers[chunk], m.ShapeAt(first, cfg.MicroBatchSize()), m.ShapeAt(last, cfg.MicroBatchSize()))
+					recompute := ""
+					if s.Recompute != "" && s.Recompute != "none" {
+						recompute = ", recompute " + s.Recompute
+					}
+					fmt.Fprintf(out, "  %-16s %-21s layers %-5s in %v -> out %v%s\n", name, s.Address, s.Layers[chunk], m.ShapeAt(first, cfg.MicroBatchSize()), m.ShapeAt(last, cfg.MicroBatchSize()), recompute)
 				}
 			}
 			if r := cfg.Replicas(); r > 1 {

@@ -80,3 +80,25 @@ func TestValidateShowsOverridesAndUncheckedCPUs(t *testing.T) {
 		t.Errorf("output shows the token:\n%s", out)
 	}
 }
+
+// TestValidateShowsRecomputation: a stage that recomputes says how, the
+// others say nothing.
+func TestValidateShowsRecomputation(t *testing.T) {
+	out, err := runValidate(t, strings.Replace(validateConfig, `{layers: "0",`, `{recompute: full, layers: "0",`, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(out, "\n")
+	var stage0, stage1 string
+	for _, l := range lines {
+		switch {
+		case strings.HasPrefix(strings.TrimSpace(l), "stage 0 "):
+			stage0 = l
+		case strings.HasPrefix(strings.TrimSpace(l), "stage 1 "):
+			stage1 = l
+		}
+	}
+	if !strings.HasSuffix(stage0, ", recompute full") || strings.Contains(stage1, "recompute") {
+		t.Errorf("stage lines:\n%s\n%s", stage0, stage1)
+	}
+}
