@@ -47,33 +47,8 @@ func TestDualPipeVPlans(t *testing.T) {
 		}
 	}
 
-	layers := uniform(8, -1)
-	p := Problem{Layers: layers, Stages: 2, Batch: 8, MicroBatch: 2, MicroBatches: 4}
-	cuts := []int{0, 2, 4, 6}
-	pl, err := Evaluate(p, cuts, "dualpipev", 4, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := schedule.Build("dualpipev", 2, 4, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := schedule.UniformCosts(2, 0, 0, 0)
-	chunk := func(i, j int) schedule.ChunkCost {
-		var x schedule.ChunkCost
-		for _, l := range layers[i:j] {
-			x.F, x.B, x.I, x.W = x.F+l.F, x.B+l.B, x.I+l.B/2, x.W+l.B/2
-		}
-		return x
-	}
-	c.Chunks = [][]schedule.ChunkCost{{chunk(0, 2), chunk(6, 8)}, {chunk(2, 4), chunk(4, 6)}}
-	tl, err := schedule.Simulate(s, c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if math.Abs(tl.Makespan-pl.StepMS) > 1e-9 {
-		t.Errorf("step %v, the simulator on per-chunk costs %v", pl.StepMS, tl.Makespan)
-	}
+	p := Problem{Layers: uniform(8, -1), Stages: 2, Batch: 8, MicroBatch: 2, MicroBatches: 4}
+	simulatesChunks(t, p, "dualpipev", []int{0, 2, 4, 6}, 0)
 
 	p = Problem{Layers: uniform(8, -1), Stages: 4, Batch: 16, MicroBatch: 1, Candidates: []int{2, 4}, Schedules: []string{"dualpipev"}}
 	if _, err := Solve(p); err == nil || !strings.Contains(err.Error(), "dualpipev needs micro_batches >= 8 for 4 stages") {

@@ -68,6 +68,48 @@ func TestZBVMatchesBruteForce(t *testing.T) {
 	}
 }
 
+// simulatesChunks evaluates a V split of p's layers under the named
+// schedule, with p.MicroBatches, and checks its step against the simulator's
+// on each chunk's own layers (I and W half of B each) and the given
+// transfer cost; it returns the plan.
+func simulatesChunks(t *testing.T, p Problem, name string, cuts []int, transfer float64) *Plan {
+	t.Helper()
+	pl, err := Evaluate(p, cuts, name, p.MicroBatches, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := schedule.Build(name, p.Stages, p.MicroBatches, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := schedule.UniformCosts(p.Stages, 0, 0, transfer)
+	top := s.Topology()
+	c.Chunks = make([][]schedule.ChunkCost, p.Stages)
+	for st := range c.Chunks {
+		c.Chunks[st] = make([]schedule.ChunkCost, 2)
+	}
+	for k, i := range cuts {
+		j := len(p.Layers)
+		if k+1 < len(cuts) {
+			j = cuts[k+1]
+		}
+		var x schedule.ChunkCost
+		for _, l := range p.Layers[i:j] {
+			x.F, x.B, x.I, x.W = x.F+l.F, x.B+l.B, x.I+l.B/2, x.W+l.B/2
+		}
+		st, ch := top.Locate(k)
+		c.Chunks[st][ch] = x
+	}
+	tl, err := schedule.Simulate(s, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if math.Abs(tl.Makespan-pl.StepMS) > 1e-9 {
+		t.Errorf("%s: step %v, the simulator on per-chunk costs %v", name, pl.StepMS, tl.Makespan)
+	}
+	return pl
+}
+
 // TestZBVChargesEachChunkItsLayers: a V split's step is the simulator's on
 // per-chunk costs, its memory each chunk's parameters plus its peak
 // micro-batches (zb-v's min(m, 2p-1-s) and min(m, s+1)) of its activations,
@@ -76,30 +118,7 @@ func TestZBVChargesEachChunkItsLayers(t *testing.T) {
 	layers := uniform(6, 4) // layer 4, stage 1's chunk 1 below, is 8x
 	p := Problem{Layers: layers, Stages: 2, Batch: 8, MicroBatch: 2, MicroBatches: 4, LatencyMS: 5}
 	cuts := []int{0, 2, 3, 4} // stage 0: layers 0-1 and 4-5; stage 1: layer 2 and layer 3
-	pl, err := Evaluate(p, cuts, "zb-v", 4, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := schedule.Build("zb-v", 2, 4, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := schedule.UniformCosts(2, 0, 0, 5)
-	chunk := func(i, j int) schedule.ChunkCost {
-		var x schedule.ChunkCost
-		for _, l := range layers[i:j] {
-			x.F, x.B, x.I, x.W = x.F+l.F, x.B+l.B, x.I+l.B/2, x.W+l.B/2
-		}
-		return x
-	}
-	c.Chunks = [][]schedule.ChunkCost{{chunk(0, 2), chunk(4, 6)}, {chunk(2, 3), chunk(3, 4)}}
-	tl, err := schedule.Simulate(s, c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if math.Abs(tl.Makespan-pl.StepMS) > 1e-9 {
-		t.Errorf("step %v, the simulator on per-chunk costs %v", pl.StepMS, tl.Makespan)
-	}
+	pl := simulatesChunks(t, p, "zb-v", cuts, 5)
 	// Stage 0 holds min(4, 3) micro-batches on chunk 0 and min(4, 1) on
 	// chunk 1; stage 1 two on each.
 	want := []int64{2*1000 + 3*2*100 + 1000 + 8000 + 1*(100+800), 1000 + 2*100 + 1000 + 2*100}

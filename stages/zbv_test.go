@@ -32,22 +32,30 @@ func zbvLayers(p int) [][]string {
 // up, hands each micro-batch from chunk to chunk on the last stage and
 // computes the loss on stage 0, trains bit for bit the model one runtime
 // trains, for p = 2, 3, 4 and several m, with both optimizers; its
-// evaluation passes down and up the V too.
+// evaluation passes down and up the V too. So does dualpipev, on the same V
+// in DualPipeV's order, with full backwards in its steady state and split
+// ones in its warm-up and drain (each chunk's engine is split and runs a
+// full backward as its input and weight passes back to back).
 func TestZBVEqualsReference(t *testing.T) {
 	cases := []struct {
+		sched  string
 		layers [][]string
 		micro  []int
 	}{
-		{zbvLayers(2), []int{3, 4, 6}},
-		{[][]string{{"0-1", "5"}, {"2", "3-4"}}, []int{3}}, // uneven chunks
-		{zbvLayers(3), []int{4, 5, 6}},
-		{zbvLayers(4), []int{6, 8}},
+		{"zb-v", zbvLayers(2), []int{3, 4, 6}},
+		{"zb-v", [][]string{{"0-1", "5"}, {"2", "3-4"}}, []int{3}}, // uneven chunks
+		{"zb-v", zbvLayers(3), []int{4, 5, 6}},
+		{"zb-v", zbvLayers(4), []int{6, 8}},
+		{"dualpipev", zbvLayers(2), []int{4, 6}},
+		{"dualpipev", [][]string{{"0-1", "5"}, {"2", "3-4"}}, []int{4}},
+		{"dualpipev", zbvLayers(3), []int{6, 7}},
+		{"dualpipev", zbvLayers(4), []int{8, 9}},
 	}
 	for _, c := range cases {
 		for _, micro := range c.micro {
 			for _, opt := range []string{"adam", "sgd"} {
-				t.Run(fmt.Sprintf("p%d/m%d/%v/%s", len(c.layers), micro, c.layers, opt), func(t *testing.T) {
-					cfg := testConfig("zb-v", c.layers, micro, "float64", opt)
+				t.Run(fmt.Sprintf("%s/p%d/m%d/%v/%s", c.sched, len(c.layers), micro, c.layers, opt), func(t *testing.T) {
+					cfg := testConfig(c.sched, c.layers, micro, "float64", opt)
 					ref := runInProcess(t, cfg, true)
 					pipe := runInProcess(t, cfg, false)
 					sameZBVRun(t, cfg, ref, pipe)
