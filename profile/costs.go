@@ -1,6 +1,7 @@
 package profile
 
 import (
+	"cmp"
 	"slices"
 	"time"
 
@@ -12,9 +13,16 @@ import (
 // a stage of several chunks, are each chunk's own means: chunks need not
 // hold equal shares of a stage's work (under a V, stage 0's two chunks are
 // the model's first and last).
+//
+// Gap is the stage's mean hand-off: from the end of one of its actions to
+// the start of its next in the same step, less the time that next one
+// waited for its input. It is what the stage spends between actions
+// (logging one, starting the next) on top of what the schedule makes it
+// wait; the simulator charges it as idle time (schedule.Costs.Gap).
 type ActionCosts struct {
 	F, B, I, W time.Duration
 	Chunks     []ActionCosts
+	Gap        time.Duration
 }
 
 // MeanCosts averages each stage's action durations by kind over the steps after
@@ -33,6 +41,7 @@ func MeanCosts(events [][]Event, skip int) []ActionCosts {
 			skip = 0
 		}
 		out[s] = meanCosts(evs, skip, -1)
+		out[s].Gap = meanGap(evs, skip)
 		if chunks > 1 {
 			for c := range chunks {
 				out[s].Chunks = append(out[s].Chunks, meanCosts(evs, skip, c))
@@ -40,6 +49,30 @@ func MeanCosts(events [][]Event, skip int) []ActionCosts {
 		}
 	}
 	return out
+}
+
+// meanGap is the mean hand-off between consecutive actions of one step in
+// evs, from step skip on (see ActionCosts.Gap); 0 without two in a step.
+func meanGap(evs []Event, skip int) time.Duration {
+	bySteps := map[int][]Event{}
+	for _, e := range evs {
+		if e.Step >= skip && compute(e.Kind) {
+			bySteps[e.Step] = append(bySteps[e.Step], e)
+		}
+	}
+	var sum time.Duration
+	n := 0
+	for _, step := range bySteps {
+		slices.SortFunc(step, func(a, b Event) int { return cmp.Compare(a.StartNS, b.StartNS) })
+		for i := 1; i < len(step); i++ {
+			sum += max(0, time.Duration(step[i].StartNS-step[i].WaitNS-step[i-1].EndNS))
+			n++
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return sum / time.Duration(n)
 }
 
 // meanCosts averages evs' durations by kind from step skip on, those of
@@ -90,6 +123,12 @@ func ScheduleCosts(means []ActionCosts, chunks int, transferMS float64) schedule
 		if split {
 			c.I[s], c.W[s] = ms(m.I), ms(m.W)
 			c.B[s] = c.I[s] + c.W[s]
+		}
+	}
+	if slices.ContainsFunc(means, func(m ActionCosts) bool { return m.Gap > 0 }) {
+		c.Gap = make([]float64, p)
+		for s, m := range means {
+			c.Gap[s] = float64(m.Gap) / 1e6
 		}
 	}
 	if chunks > 1 && !slices.ContainsFunc(means, func(m ActionCosts) bool { return len(m.Chunks) != chunks }) {

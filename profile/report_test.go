@@ -28,10 +28,17 @@ func replay(t *testing.T, s *schedule.Schedule, c schedule.Costs, steps int, gap
 	for step := range steps {
 		base := wall0 + int64(step)*ns(tl.Makespan+gap)
 		for st, spans := range tl.Spans {
-			for _, sp := range spans {
+			// A simulated stage idles for its hand-off after an action, then
+			// waiting for the next one's input, as a runtime records it.
+			free := 0.0
+			for i, sp := range spans {
 				a := sp.Action
+				if i > 0 && c.Gap != nil {
+					free += c.Gap[st]
+				}
 				out[st] = append(out[st], Event{Stage: st, Step: step, Kind: kinds[a.Kind], MB: a.MicroBatch, Chunk: a.Chunk,
-					StartNS: base + ns(sp.Start), EndNS: base + ns(sp.End)})
+					StartNS: base + ns(sp.Start), EndNS: base + ns(sp.End), WaitNS: max(0, ns(sp.Start)-ns(free))})
+				free = sp.End
 			}
 		}
 	}
@@ -287,6 +294,40 @@ func goldenRun(t *testing.T) (RunInfo, [][]Event) {
 	c.clock = []int64{0, -2_500_000_000, 0, 40_000_000}
 	c.delay = jittered(200_000, 200_000, 150_000)
 	return info, c.events(t)
+}
+
+// TestHandOffIsPredicted: a run whose stages spend a hand-off between
+// actions (idle, but not waiting for an input) has that hand-off measured
+// from its events, and the prediction, which charges it, equals the
+// measured bubble; without it the prediction would be below.
+func TestHandOffIsPredicted(t *testing.T) {
+	s := build(t, "zb-v", 2, 4, 2)
+	c := schedule.UniformCosts(2, 1, 2, 0)
+	c.Gap = []float64{0.25, 0.5}
+	events := replay(t, s, c, 3, 5)
+	means := MeanCosts(events, 0)
+	for st, want := range []time.Duration{250 * time.Microsecond, 500 * time.Microsecond} {
+		if d := means[st].Gap - want; d < -time.Microsecond || d > time.Microsecond {
+			t.Errorf("stage %d: hand-off %v, want %v", st, means[st].Gap, want)
+		}
+	}
+	r, err := Analyse(runInfo(s, 3), events, 1)
+	if err != nil || r.Predicted == nil {
+		t.Fatalf("%v %v", err, r.PredictErr)
+	}
+	for st, sr := range r.Stages {
+		if math.Abs(sr.Bubble-sr.PredictedBubble) > 1e-4 {
+			t.Errorf("stage %d: measured bubble %v, predicted %v", st, sr.Bubble, sr.PredictedBubble)
+		}
+	}
+	c.Gap = nil
+	bare, err := schedule.Simulate(s, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bare.Bubble[1] >= r.Stages[1].PredictedBubble {
+		t.Errorf("without hand-offs the simulator predicts %v, with %v", bare.Bubble[1], r.Stages[1].PredictedBubble)
+	}
 }
 
 func TestWriteGolden(t *testing.T) {

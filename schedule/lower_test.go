@@ -58,6 +58,12 @@ func randomCosts(rng *rand.Rand, p int, split bool) Costs {
 			c.I[st], c.W[st] = c.B[st]*rng.Float64(), c.B[st]*rng.Float64()
 		}
 	}
+	if rng.IntN(2) == 0 {
+		c.Gap = make([]float64, p)
+		for st := range p {
+			c.Gap[st] = 0.3 * rng.Float64()
+		}
+	}
 	return c
 }
 

@@ -252,6 +252,9 @@ func (l *Lowered) playDepth(c Costs, depth int) (*Timeline, error) {
 				switch {
 				case o.Kind == Compute:
 					d := c.duration(o.Action, v)
+					if n := len(tl.Spans[st]); n > 0 {
+						clock[st] = max(clock[st], tl.Spans[st][n-1].End+c.gap(st))
+					}
 					tl.Spans[st] = append(tl.Spans[st], Span{Action: o.Action, Start: clock[st], End: clock[st] + d})
 					tl.Busy[st] += d
 					clock[st] += d

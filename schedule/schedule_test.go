@@ -1508,3 +1508,31 @@ func TestReadFilePicksFormatByExtension(t *testing.T) {
 		t.Error("missing file accepted")
 	}
 }
+
+// TestSimulateGap: a stage's hand-off separates its actions, not a step's
+// first from nothing, and counts as idle time; a bad one is refused.
+func TestSimulateGap(t *testing.T) {
+	s, err := Build("gpipe", 1, 2, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := UniformCosts(1, 1, 2, 0)
+	c.Gap = []float64{0.5}
+	tl, err := Simulate(s, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var starts []float64
+	for _, sp := range tl.Spans[0] {
+		starts = append(starts, sp.Start)
+	}
+	if !slices.Equal(starts, []float64{0, 1.5, 3, 5.5}) || tl.Makespan != 7.5 || tl.Busy[0] != 6 || math.Abs(tl.Bubble[0]-0.2) > 1e-12 {
+		t.Errorf("starts %v, makespan %v, busy %v, bubble %v; want [0 1.5 3 5.5], 7.5, 6, 0.2", starts, tl.Makespan, tl.Busy[0], tl.Bubble[0])
+	}
+	for _, bad := range [][]float64{{-1}, {0, 0}} {
+		c.Gap = bad
+		if _, err := Simulate(s, c); err == nil || !strings.Contains(err.Error(), "hand-off") {
+			t.Errorf("gap %v: %v", bad, err)
+		}
+	}
+}

@@ -32,6 +32,20 @@ type Costs struct {
 	Transfer  float64
 	AllReduce [][]float64   // len == Stages, each len == Chunks; or nil
 	Chunks    [][]ChunkCost // len == Stages, each len == Chunks; or nil
+	// Gap, when given, is per stage the hand-off between one of its actions
+	// and the next: the time a runtime spends after an action (sending its
+	// output, logging it) before it can start the next, idle in the
+	// timeline. An action starts no earlier than Gap after the previous one
+	// on its stage ends; the first of a step has none. nil means none.
+	Gap []float64 // len == Stages, or nil
+}
+
+// gap is stage st's hand-off between actions (0 without Costs.Gap).
+func (c Costs) gap(st int) float64 {
+	if c.Gap == nil {
+		return 0
+	}
+	return c.Gap[st]
 }
 
 // ChunkCost is one chunk's passes of one micro-batch: forward, full
@@ -178,6 +192,16 @@ func (c Costs) check(p, v int) error {
 	if !nonNegative(c.Transfer) {
 		return fmt.Errorf("transfer cost must be finite and >= 0, got %v", c.Transfer)
 	}
+	if c.Gap != nil {
+		if len(c.Gap) != p {
+			return fmt.Errorf("costs have %d hand-off entries, want %d (one per stage, or none)", len(c.Gap), p)
+		}
+		for st, g := range c.Gap {
+			if !nonNegative(g) {
+				return fmt.Errorf("stage %d: hand-off must be finite and >= 0, got %v", st, g)
+			}
+		}
+	}
 	if c.Chunks != nil {
 		if len(c.Chunks) != p {
 			return fmt.Errorf("costs have %d per-chunk entries, want %d (one per stage, or none)", len(c.Chunks), p)
@@ -298,6 +322,9 @@ func simulate(s *Schedule, x *index, c Costs) (*Timeline, error) {
 				}
 				d := c.duration(a, v)
 				start := max(free[st], t)
+				if n > 0 {
+					start = max(free[st]+c.gap(st), t)
+				}
 				free[st] = start + d
 				end[x.slot(a)] = free[st]
 				tl.Spans[st] = append(tl.Spans[st], Span{Action: a, Start: start, End: free[st]})

@@ -371,7 +371,7 @@ func simulationCosts(cfg *configs.Config, model *models.Model, from string, reps
 	}
 	means := profile.MeanCosts(events, 1)
 	sc := profile.ScheduleCosts(means, info.Chunks, 0)
-	c.F, c.B = sc.F, sc.B
+	c.F, c.B, c.Gap = sc.F, sc.B, sc.Gap
 	if sc.I == nil { // not every stage split its backward: assume half each
 		c.iwAssumed = run + " split no backward, so it timed no I or W"
 		for s := range c.B {
@@ -444,6 +444,9 @@ func (c simCosts) print(w io.Writer, cfg *configs.Config, split bool) {
 		fmt.Fprintf(w, "  stage %d  F %.3f ms  B %.3f ms%s", s, c.F[s], c.B[s], mark(c.bStages[s]))
 		if split {
 			fmt.Fprintf(w, "  (I %.3f%s + W %.3f%s ms)", c.I[s], mark(c.iwStages[s]), c.W[s], mark(c.iwStages[s]))
+		}
+		if c.Gap != nil {
+			fmt.Fprintf(w, "  hand-off %.3f ms", c.Gap[s])
 		}
 		fmt.Fprintln(w)
 	}
