@@ -20,6 +20,25 @@ stages:
   - {layers: "1-2", address: 127.0.0.1:7002}
 `
 
+// edit is one change to a base config and what Load must say of it.
+type edit struct{ from, to, want string }
+
+// refusesEdits loads base with each edit made (the first match replaced)
+// and requires an error containing the edit's want.
+func refusesEdits(t *testing.T, base string, edits []edit) {
+	t.Helper()
+	for _, tc := range edits {
+		text := strings.Replace(base, tc.from, tc.to, 1)
+		if text == base {
+			t.Fatalf("%q not in the base config", tc.from)
+		}
+		_, err := Load(writeConfig(t, text))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s -> %s: error %v\nwant %q", tc.from, tc.to, err, tc.want)
+		}
+	}
+}
+
 func writeConfig(t *testing.T, text string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "run.yaml")
@@ -201,18 +220,13 @@ func TestInterleavedConfig(t *testing.T) {
 	if f, l := c.ChunkLayers(2, 1); f != 6 || l != 7 {
 		t.Errorf("stage 2 chunk 1 = [%d, %d)", f, l)
 	}
-	cases := []struct{ from, to, want string }{
+	cases := []edit{
 		{`["1", "5"]`, `["1"]`, "stages[1].layers: lists 1 layer ranges; virtual_stages is 2"},
 		{`["1", "5"]`, `["5", "1"]`, "stages[1].layers[0]"},
 		{`["2", "6"]`, `["2", "5"]`, "stages[2].layers[1]: layer 5 is already placed on stages[1] chunk 1"},
 		{"micro_batches: 4", "micro_batches: 6", "multiple"},
 	}
-	for _, tc := range cases {
-		_, err := Load(writeConfig(t, strings.Replace(base, tc.from, tc.to, 1)))
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s -> %s: error %v, want %q", tc.from, tc.to, err, tc.want)
-		}
-	}
+	refusesEdits(t, base, cases)
 }
 
 // TestInterleavedZBConfig: interleaved-zb places chunks as interleaved does,
@@ -231,16 +245,11 @@ func TestInterleavedZBConfig(t *testing.T) {
 	if err != nil || s.Name != "interleaved-zb" || s.Chunks != 2 || !s.SplitsBackward() {
 		t.Fatalf("BuildSchedule: %v %+v", err, s)
 	}
-	cases := []struct{ from, to, want string }{
+	cases := []edit{
 		{"virtual_stages: 2", "virtual_stages: 1", "virtual_stages: the interleaved-zb schedule needs at least 2 chunks per stage, got 1"},
 		{"micro_batches: 4", "micro_batches: 6", "schedule: interleaved-zb needs micro_batches to be a multiple of stages (6 micro-batches, 4 stages)"},
 	}
-	for _, tc := range cases {
-		_, err := Load(writeConfig(t, strings.Replace(base, tc.from, tc.to, 1)))
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s -> %s: error %v, want %q", tc.from, tc.to, err, tc.want)
-		}
-	}
+	refusesEdits(t, base, cases)
 	cnn := `
 model: {name: cnn, input: 64, channels: [2, 2, 2], classes: 3}
 data: {batch_size: 8, micro_batches: 2}

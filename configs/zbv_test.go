@@ -48,7 +48,7 @@ func TestZBVConfig(t *testing.T) {
 	if l, err := c.BuildLowered(); err != nil || l.Placement != schedule.V {
 		t.Errorf("BuildLowered: %v", err)
 	}
-	cases := []struct{ from, to, want string }{
+	cases := []edit{
 		// Interleaved's order is not a V: model stage 4 is stage 3's chunk 1.
 		{`["0", "7"]`, `["0", "4"]`, `stages[0].layers[1]: layer 4 is already placed on stages[3] chunk 1`},
 		{`["3", "4"]`, `["3", "7"]`, `stages[2].layers[1]: "5" starts before the previous model stage ends; stages must be in layer order, in V order: stage s's chunk 0 is model stage s and its chunk 1 model stage 2p-1-s`},
@@ -61,16 +61,7 @@ func TestZBVConfig(t *testing.T) {
 		{"micro_batches: 6", "micro_batches: 4", "schedule: zb-v needs micro_batches >= 6 for 4 stages"},
 		{"schedule: zb-v", "schedule: 1f1b", "virtual_stages: 2 chunks per stage need schedule: interleaved, interleaved-zb, zb-v or dualpipev (schedule is 1f1b)"},
 	}
-	for _, tc := range cases {
-		text := strings.Replace(zbvBase, tc.from, tc.to, 1)
-		if text == zbvBase {
-			t.Fatalf("%q not in the base config", tc.from)
-		}
-		_, err := Load(writeConfig(t, text))
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s -> %s: error %v\nwant %q", tc.from, tc.to, err, tc.want)
-		}
-	}
+	refusesEdits(t, zbvBase, cases)
 	gpt := `
 model: {name: gpt, vocab: 256, context: 4, width: 8, heads: 2, layers: 2, tie_embeddings: true}
 data: {dataset: text, corpus: corpus.txt, batch_size: 8, micro_batches: 4}

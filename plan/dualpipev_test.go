@@ -18,12 +18,7 @@ import (
 func TestDualPipeVPlans(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 8))
 	for trial := range 20 {
-		p := randomProblem(r, -1)
-		p.Stages = 2 + r.IntN(2)
-		for len(p.Layers) < 2*p.Stages+r.IntN(3) {
-			p.Layers = append(p.Layers, p.Layers[r.IntN(len(p.Layers))])
-		}
-		p.Schedules, p.MicroBatches, p.Candidates = []string{"dualpipev"}, 0, []int{4, 8}
+		p := randomVProblem(r, "dualpipev")
 		want := math.Inf(1)
 		for _, m := range p.Candidates {
 			if m < 2*p.Stages {

@@ -11,18 +11,25 @@ import (
 	"github.com/pipetrain/pipetrain/schedule"
 )
 
+// randomVProblem draws a small problem of 2 or 3 stages with at least two
+// layers a stage, planned for the named V schedule at 4 or 8 micro-batches.
+func randomVProblem(r *rand.Rand, name string) Problem {
+	p := randomProblem(r, -1)
+	p.Stages = 2 + r.IntN(2)
+	for len(p.Layers) < 2*p.Stages+r.IntN(3) {
+		p.Layers = append(p.Layers, p.Layers[r.IntN(len(p.Layers))])
+	}
+	p.Schedules, p.MicroBatches, p.Candidates = []string{name}, 0, []int{4, 8}
+	return p
+}
+
 // TestZBVMatchesBruteForce: on problems small enough to search to the end,
 // Solve's zb-v plan is as fast as the fastest of every V split within the
 // memory limit, each stage charged its two chunks' own layers.
 func TestZBVMatchesBruteForce(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	for trial := range 60 {
-		p := randomProblem(r, -1)
-		p.Stages = 2 + r.IntN(2)
-		for len(p.Layers) < 2*p.Stages+r.IntN(3) {
-			p.Layers = append(p.Layers, p.Layers[r.IntN(len(p.Layers))])
-		}
-		p.Schedules, p.MicroBatches, p.Candidates = []string{"zb-v"}, 0, []int{4, 8}
+		p := randomVProblem(r, "zb-v")
 		want, need := math.Inf(1), int64(math.MaxInt64)
 		for _, m := range p.Candidates {
 			splits(len(p.Layers), 2*p.Stages, func(cuts []int) {
