@@ -23,7 +23,9 @@ import (
 // registers are that micro-batch's stashed activations.
 //
 // In fused mode (Backward) the resumed tape computes the input gradient and the
-// weight gradients together, summing the latter into the parameters' dual values.
+// weight gradients together, summing the latter into the parameters' dual values,
+// or, for the weights of products, straight into sums the engine keeps
+// (accumulateOp).
 // In split mode, for zero-bubble schedules, the resumed tape computes only the input
 // gradient (Input) and the gradient of each parameterised part's tap
 // (models.Part), which it copies out with each part's input; a second, small
@@ -56,7 +58,11 @@ type Engine struct {
 	// Split mode only.
 	reads  []G.Value // targets of Read nodes: the parts' inputs, then their taps' gradients
 	weight *weightProgram
-	grads  []*tensor.Dense // summed weight gradients, in params order
+	// grads are the summed gradients the engine owns, in params order:
+	// every one in split mode; in fused mode those of the products'
+	// weights (linearWeight), nil for the rest, which gorgonia sums into
+	// the parameters' dual values.
+	grads []*tensor.Dense
 }
 
 // Options choose how an engine keeps what a micro-batch's backward needs;
@@ -94,6 +100,10 @@ type part struct {
 	in     int // its input, among the engine's distinct part inputs
 	tap    *G.Node
 	params []int // indices into the engine's params
+	// linear is the index in params of the weight the part multiplies
+	// by (linearWeight), or -1; transposed, by its transpose.
+	linear     int
+	transposed bool
 }
 
 // NewEngine builds and compiles the stage programs once; nothing is rebuilt per step.
@@ -118,6 +128,7 @@ func NewEngine(m *models.Model, first, last, batch int, seed uint64, o Options) 
 	h := e.x
 	var parts []part
 	var ins []*G.Node // the parts' distinct inputs, each kept once
+	var linear []linearWeight
 	for _, l := range layers {
 		sl, ok := l.(models.Splittable)
 		if split && !ok {
@@ -135,8 +146,36 @@ func NewEngine(m *models.Model, first, last, batch int, seed uint64, o Options) 
 				return nil, err
 			}
 		}
+		linear = append(linear, linearWeightsOf(l, b, len(e.params))...)
 		h = b.Out
 		e.params = append(e.params, b.Params...)
+	}
+	// Every weight of a product is summed by an accumulation (see
+	// accumulateOp), the rest by gorgonia: into the parameters' dual values
+	// (fused mode) or by the weight program (split mode).
+	e.grads = make([]*tensor.Dense, len(e.params))
+	isLinear := make([]bool, len(e.params))
+	for _, lw := range linear {
+		isLinear[lw.param] = true
+	}
+	for i := range parts {
+		parts[i].linear = -1
+		for _, lw := range linear {
+			if lw.tap == parts[i].tap {
+				parts[i].linear, parts[i].transposed = slices.Index(parts[i].params, lw.param), lw.transposed
+			}
+		}
+	}
+	for i, p := range e.params {
+		if split || isLinear[i] {
+			e.grads[i] = tensor.New(tensor.Of(m.DType), tensor.WithShape(p.Shape()...))
+		}
+	}
+	var dual []*G.Node
+	for i, p := range e.params {
+		if !isLinear[i] {
+			dual = append(dual, p)
+		}
 	}
 	e.out = h
 	var keep G.Nodes // what a split program must compute besides the gradients
@@ -151,14 +190,21 @@ func NewEngine(m *models.Model, first, last, batch int, seed uint64, o Options) 
 	if err != nil {
 		return nil, fmt.Errorf("adding the backward pause: %w", err)
 	}
-	wrt := e.params
+	var wrt []*G.Node
+	var taps []*G.Node // fused mode: the products' taps, each once
 	if split {
-		wrt = make([]*G.Node, len(parts))
-		for i, p := range parts {
-			wrt[i] = p.tap
+		for _, p := range parts {
+			wrt = append(wrt, p.tap)
 		}
+	} else {
+		for _, lw := range linear {
+			if !slices.Contains(taps, lw.tap) {
+				taps = append(taps, lw.tap)
+			}
+		}
+		wrt = append(append(wrt, dual...), taps...)
 	}
-	wrt = append(append([]*G.Node{}, wrt...), e.x)
+	wrt = append(wrt, e.x)
 	if e.IsFirst() {
 		wrt = wrt[:len(wrt)-1]
 	}
@@ -177,13 +223,10 @@ func NewEngine(m *models.Model, first, last, batch int, seed uint64, o Options) 
 		for i := range parts {
 			keep = append(keep, G.Read(grads[i], &e.reads[len(ins)+i]))
 		}
-		if e.weight, err = newWeightProgram(ins, parts, e.params); err != nil {
+		if e.weight, err = newWeightProgram(ins, parts, e.params, e.grads, isLinear); err != nil {
 			return nil, err
 		}
 		e.weight.rearm = e.rearm
-		for _, p := range e.params {
-			e.grads = append(e.grads, tensor.New(tensor.Of(m.DType), tensor.WithShape(p.Shape()...)))
-		}
 	}
 	// The derivative of a matmul has nodes for both operands whatever was asked
 	// for, so the program is compiled from its outputs back: a whole-graph
@@ -192,7 +235,14 @@ func NewEngine(m *models.Model, first, last, batch int, seed uint64, o Options) 
 	// nothing reads (as many multiply-adds as its first layer's forward).
 	outputs := append(G.Nodes{e.out}, keep...)
 	if !split {
-		outputs = append(outputs, grads[:len(e.params)]...)
+		outputs = append(outputs, grads[:len(dual)]...)
+		for _, lw := range linear {
+			acc, err := lw.accumulate(lw.in, grads[len(dual)+slices.Index(taps, lw.tap)], e.grads[lw.param])
+			if err != nil {
+				return nil, fmt.Errorf("summing the gradient of %s: %w", e.params[lw.param].Name(), err)
+			}
+			outputs = append(outputs, acc)
+		}
 	}
 	if e.dx != nil {
 		outputs = append(outputs, e.dx)
@@ -208,9 +258,8 @@ func NewEngine(m *models.Model, first, last, batch int, seed uint64, o Options) 
 	if split {
 		e.newMachine = func() G.VM { return G.NewTapeMachine(e.g, G.WithPrecompiled(prog, locMap), G.WithEngine(fast)) }
 	} else {
-		params := e.params
 		e.newMachine = func() G.VM {
-			return G.NewTapeMachine(e.g, G.WithPrecompiled(prog, locMap), G.BindDualValues(params...), G.WithEngine(fast))
+			return G.NewTapeMachine(e.g, G.WithPrecompiled(prog, locMap), G.BindDualValues(dual...), G.WithEngine(fast))
 		}
 	}
 	e.useFast()
@@ -489,7 +538,9 @@ func (e *Engine) useFast() {
 		}
 	}
 	for _, g := range e.grads {
-		tensor.WithEngine(fast)(g)
+		if g != nil {
+			tensor.WithEngine(fast)(g)
+		}
 	}
 }
 
@@ -548,7 +599,7 @@ func (e *Engine) NewOptimizer(c configs.Optimizer) (*optim.Optimizer, error) {
 func (e *Engine) Gradients() ([]G.Value, error) {
 	out := make([]G.Value, len(e.params))
 	for i, p := range e.params {
-		if e.Split {
+		if e.grads[i] != nil {
 			out[i] = e.grads[i]
 			continue
 		}

@@ -70,7 +70,9 @@ func (e *Engine) owned(seen map[uintptr]int64) map[uintptr]int64 {
 		}
 	}
 	for _, g := range e.grads {
-		valueBytes(g, seen)
+		if g != nil {
+			valueBytes(g, seen)
+		}
 	}
 	return seen
 }

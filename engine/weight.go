@@ -15,9 +15,12 @@ import (
 type weightProgram struct {
 	g      *G.ExprGraph
 	leaves []*G.Node // the parts' distinct inputs, then their taps' gradients: Let from a flight's stash
-	grads  []*G.Node // one per parameter, in the stage's params order
-	taps   []*G.Node // the parts' outputs: differentiated, never computed
-	vm     G.VM
+	// grads are the gradients gorgonia computes, of params[of[i]]; the
+	// products' weights are summed by accumulations instead.
+	grads []*G.Node
+	of    []int
+	taps  []*G.Node // the parts' outputs: differentiated, never computed
+	vm    G.VM
 	// rearm ends a run: the engine's, which keeps the registers between
 	// runs unless a layer needs fresh ones, so a W pass allocates no more
 	// than the fused backward it replaces.
@@ -26,8 +29,10 @@ type weightProgram struct {
 
 // newWeightProgram rebuilds parts, whose inputs are ins, in a graph of their
 // own. params are the stage's: each part gets its own nodes for its share,
-// holding the same tensors, so the program sees every optimizer step.
-func newWeightProgram(ins []*G.Node, parts []part, params []*G.Node) (*weightProgram, error) {
+// holding the same tensors, so the program sees every optimizer step. sums
+// are the summed gradients; the weights marked linear are products'
+// (linearWeight), summed into by the program itself.
+func newWeightProgram(ins []*G.Node, parts []part, params []*G.Node, sums []*tensor.Dense, linear []bool) (*weightProgram, error) {
 	w := &weightProgram{g: G.NewGraph()}
 	xs := make([]*G.Node, len(ins))
 	for _, p := range parts {
@@ -37,7 +42,8 @@ func newWeightProgram(ins []*G.Node, parts []part, params []*G.Node) (*weightPro
 		}
 	}
 	copies := make([]*G.Node, len(params))
-	var gradLeaves []*G.Node
+	var gradLeaves, accs []*G.Node
+	var costs, costGrads, wrt []*G.Node // the parts gorgonia differentiates
 	for _, p := range parts {
 		ps := make([]*G.Node, len(p.params))
 		for i, k := range p.params {
@@ -54,14 +60,35 @@ func newWeightProgram(ins []*G.Node, parts []part, params []*G.Node) (*weightPro
 		}
 		gt := G.NewTensor(w.g, tap.Dtype(), tap.Dims(), G.WithShape(tap.Shape()...), G.WithName(fmt.Sprintf("%s.part%d.tap_grad", p.layer.Name(), p.index)))
 		w.taps, gradLeaves = append(w.taps, tap), append(gradLeaves, gt)
+		differentiated := false
+		for i, k := range p.params {
+			if !linear[k] {
+				wrt, w.of, differentiated = append(wrt, copies[k]), append(w.of, k), true
+				continue
+			}
+			lw := linearWeight{param: k, transposed: p.transposed}
+			if p.linear != i {
+				return nil, fmt.Errorf("layer %s: part %d: %s is summed as a product's weight, and is not the part's", p.layer.Name(), p.index, copies[k].Name())
+			}
+			acc, err := lw.accumulate(xs[p.in], gt, sums[k])
+			if err != nil {
+				return nil, fmt.Errorf("summing the gradient of %s: %w", copies[k].Name(), err)
+			}
+			accs = append(accs, acc)
+		}
+		if differentiated {
+			costs, costGrads = append(costs, tap), append(costGrads, gt)
+		}
 	}
 	w.leaves = append(xs, gradLeaves...)
-	grads, err := G.Backpropagate(w.taps, gradLeaves, copies)
-	if err != nil {
-		return nil, fmt.Errorf("differentiating the weight gradients: %w", err)
+	if len(wrt) > 0 {
+		grads, err := G.Backpropagate(costs, costGrads, wrt)
+		if err != nil {
+			return nil, fmt.Errorf("differentiating the weight gradients: %w", err)
+		}
+		w.grads = grads
 	}
-	w.grads = grads
-	prog, locMap, err := G.CompileFunction(w.g, w.leaves, grads)
+	prog, locMap, err := G.CompileFunction(w.g, w.leaves, append(append(G.Nodes{}, w.grads...), accs...))
 	if err != nil {
 		return nil, fmt.Errorf("compiling the weight gradients: %w", err)
 	}
@@ -84,7 +111,7 @@ func (w *weightProgram) run(stash []G.Value, sums []*tensor.Dense) error {
 		return fmt.Errorf("weight gradient: %w", err)
 	}
 	for i, g := range w.grads {
-		if _, err := tensor.Add(sums[i], g.Value().(tensor.Tensor), tensor.UseUnsafe()); err != nil {
+		if _, err := tensor.Add(sums[w.of[i]], g.Value().(tensor.Tensor), tensor.UseUnsafe()); err != nil {
 			return fmt.Errorf("adding the gradient of %s: %w", g.Name(), err)
 		}
 	}

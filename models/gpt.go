@@ -247,6 +247,11 @@ func (l *gptBlock) Build(g *G.ExprGraph, x *G.Node, seed uint64) (Built, error) 
 	return Built{Out: x, Params: params, Parts: parts}, nil
 }
 
+// LinearWeight: every part but the LayerNorms is x W + b.
+func (l *gptBlock) LinearWeight(i int) (int, bool, bool) {
+	return 0, false, i >= 0 && i < blockParts && i != partLN1 && i != partLN2
+}
+
 // BuildPart adds block part i (see partLN1) on x. A LayerNorm part's gain
 // gradient needs the normalised input, which it recomputes from x: a pass
 // over x per row, cheaper than keeping the normalised rows from the forward.
@@ -296,6 +301,9 @@ func (l *gptHead) Build(g *G.ExprGraph, x *G.Node, seed uint64) (Built, error) {
 	return Built{Out: logits, Params: []*G.Node{gain, bias, w},
 		Parts: []Part{{In: x, Tap: h, Params: norm}, {In: h, Tap: logits, Params: []*G.Node{w}}}}, nil
 }
+
+// LinearWeight: part 1 is x W, or x Wᵀ with the tied token table.
+func (l *gptHead) LinearWeight(i int) (int, bool, bool) { return 0, l.sz.tied, i == 1 }
 
 // BuildPart adds the head's part 0, the final LayerNorm, or part 1, the
 // product with the output matrix: tied, the head's own copy of the token

@@ -99,6 +99,9 @@ func (d *Dense) Build(g *G.ExprGraph, x *G.Node, seed uint64) (Built, error) {
 	return Built{Out: out, Params: params, Parts: []Part{{In: x, Tap: tap, Params: params}}}, nil
 }
 
+// LinearWeight: the layer's one part is x W + b.
+func (d *Dense) LinearWeight(i int) (int, bool, bool) { return 0, false, i == 0 }
+
 // BuildPart is the layer's one part, x W + b, before the activation.
 func (d *Dense) BuildPart(g *G.ExprGraph, i int, x *G.Node, params []*G.Node) (*G.Node, error) {
 	if i != 0 || len(params) != 2 {

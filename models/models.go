@@ -95,6 +95,18 @@ type Splittable interface {
 	BuildPart(g *G.ExprGraph, i int, x *G.Node, params []*G.Node) (*G.Node, error)
 }
 
+// LinearWeights is implemented by Splittable layers some of whose parts
+// are a product with a weight, Tap = In·W or In·Wᵀ, plus terms in the
+// part's other parameters (a bias). W's gradient is then one product of In
+// and the tap's gradient, which the engine sums straight into W's summed
+// gradient instead of computing each micro-batch's apart and adding it.
+type LinearWeights interface {
+	Splittable
+	// LinearWeight reports whether part i is such a product, with the
+	// index of W in the part's Params, and whether the product is with Wᵀ.
+	LinearWeight(i int) (w int, transposed, ok bool)
+}
+
 // FreshValues is implemented by layers whose ops must not write into the
 // tensors a compiled program kept from its previous run: gorgonia's im2col
 // (convolutions) fills a preallocated output whose shape a later op changed in

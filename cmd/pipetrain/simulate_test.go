@@ -676,7 +676,7 @@ func TestSimulateReplicasErrors(t *testing.T) {
 // runtime's measurement is held to (stages.TestMeasuredMemoryIsPredicted).
 func TestSimulatePredictsActivationMemory(t *testing.T) {
 	// Large enough that the figures differ in the digits printed.
-	path := writeSimConfig(t, strings.Replace(strings.Replace(simMLP, "input: 8, hidden: [6, 5]", "input: 784, hidden: [512, 256]", 1), "batch_size: 8", "batch_size: 256", 1))
+	path := writeSimConfig(t, strings.Replace(strings.Replace(simMLP, "input: 8, hidden: [6, 5]", "input: 784, hidden: [512, 256]", 1), "batch_size: 8", "batch_size: 1024", 1))
 	out, err := runCommand(t, simulateCmd(), "--config", path, "--costs", "f=1,b=2,w=1", "--schedule", "1f1b,zb-h1")
 	if err != nil {
 		t.Fatal(err)
