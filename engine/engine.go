@@ -56,7 +56,13 @@ type Engine struct {
 	seen       map[uintptr]int64 // HeldBytes' scratch
 
 	// Split mode only.
-	reads  []G.Value // targets of Read nodes: the parts' inputs, then their taps' gradients
+	reads []G.Value // targets of Read nodes: the parts' inputs, then their taps' gradients
+	// phase is the pass in which each Read runs, learnt from the first
+	// micro-batch; spare, per Read, the stashes of micro-batches whose
+	// weight pass is done, lent back to the Read (lend), which then copies
+	// into them instead of allocating a copy.
+	phase  []pass
+	spare  [][]G.Value
 	weight *weightProgram
 	// grads are the summed gradients the engine owns, in params order:
 	// every one in split mode; in fused mode those of the products'
@@ -217,6 +223,7 @@ func NewEngine(m *models.Model, first, last, batch int, seed uint64, o Options) 
 	}
 	if split {
 		e.reads = make([]G.Value, len(ins)+len(parts))
+		e.phase, e.spare = make([]pass, len(e.reads)), make([][]G.Value, len(e.reads))
 		for i, in := range ins {
 			keep = append(keep, G.Read(in, &e.reads[i]))
 		}
@@ -315,6 +322,9 @@ func (e *Engine) Forward(key int, input *tensor.Dense, targets []int) (*tensor.D
 	if err := G.Let(e.x, input); err != nil {
 		return nil, fmt.Errorf("micro-batch %d input: %w", key, err)
 	}
+	if !e.Recompute { // else its copies are dropped: the recomputation makes them
+		e.lend(forwardPass)
+	}
 	if e.IsLast() {
 		if err := G.Let(e.onehot, e.oneHot(targets)); err != nil {
 			return nil, fmt.Errorf("micro-batch %d targets: %w", key, err)
@@ -328,7 +338,7 @@ func (e *Engine) Forward(key int, input *tensor.Dense, targets []int) (*tensor.D
 	e.flights[key] = f
 	e.peak = max(e.peak, len(e.flights))
 	if !e.Recompute {
-		e.harvest(f)
+		e.harvest(f, forwardPass)
 		return copyDense(e.out.Value())
 	}
 	// Keep what the forward ran on, not what it made: the machine goes
@@ -371,6 +381,7 @@ func (e *Engine) Recomputation(key int) error {
 	if err := G.Let(e.x, f.input); err != nil {
 		return fmt.Errorf("micro-batch %d input: %w", key, err)
 	}
+	e.lend(forwardPass)
 	if e.IsLast() {
 		if err := G.Let(e.onehot, e.oneHot(f.targets)); err != nil {
 			return fmt.Errorf("micro-batch %d targets: %w", key, err)
@@ -381,7 +392,7 @@ func (e *Engine) Recomputation(key int) error {
 		return fmt.Errorf("micro-batch %d recomputation: %w", key, err)
 	}
 	f.vm, f.input, f.targets = vm, nil, nil
-	e.harvest(f)
+	e.harvest(f, forwardPass)
 	return nil
 }
 
@@ -432,12 +443,13 @@ func (e *Engine) Input(key int, grad G.Value) (*tensor.Dense, error) {
 	vm := f.vm
 	f.vm = nil
 	defer e.release(vm)
+	e.lend(inputPass)
 	dx, err := e.resume(key, vm, grad)
 	if err != nil {
 		delete(e.flights, key)
 		return nil, err
 	}
-	e.harvest(f)
+	e.harvest(f, inputPass)
 	return dx, nil
 }
 
@@ -449,7 +461,15 @@ func (e *Engine) Weight(key int) error {
 		return fmt.Errorf("micro-batch %d: weight gradient before its input gradient", key)
 	}
 	delete(e.flights, key)
-	return e.weight.run(f.stash, e.grads)
+	if err := e.weight.run(f.stash, e.grads); err != nil {
+		return err
+	}
+	for i, v := range f.stash {
+		if v != nil {
+			e.spare[i] = append(e.spare[i], v)
+		}
+	}
+	return nil
 }
 
 func (e *Engine) resume(key int, vm G.VM, grad G.Value) (*tensor.Dense, error) {
@@ -468,11 +488,22 @@ func (e *Engine) resume(key int, vm G.VM, grad G.Value) (*tensor.Dense, error) {
 	return copyDense(e.dx.Value())
 }
 
-// harvest moves what the Read nodes copied during the last run into f's stash:
-// the Read targets are shared by all machines, so they are emptied after each run.
-// A part's input may be copied in the forward or in the input pass, wherever
-// the tape placed its Read; its tap's gradient, in the input pass.
-func (e *Engine) harvest(f *flight) {
+// pass is a run of a split engine's stage program in which a Read copies
+// out what the weight pass needs.
+type pass int8
+
+const (
+	unknownPass pass = iota
+	forwardPass      // Forward or Recomputation: up to the pause
+	inputPass        // Input: from the pause on
+)
+
+// harvest moves what the Read nodes copied during the last run, pass p,
+// into f's stash: the Read targets are shared by all machines, so they are
+// emptied after each run. A part's input may be copied in the forward or in
+// the input pass, wherever the tape placed its Read; its tap's gradient, in
+// the input pass.
+func (e *Engine) harvest(f *flight, p pass) {
 	if !e.Split {
 		return
 	}
@@ -481,7 +512,21 @@ func (e *Engine) harvest(f *flight) {
 	}
 	for i, v := range e.reads {
 		if v != nil {
+			if e.phase[i] == unknownPass {
+				e.phase[i] = p
+			}
 			f.stash[i], e.reads[i] = v, nil
+		}
+	}
+}
+
+// lend hands the Reads of pass p spare stashes to copy into. A Read whose
+// pass is not yet known gets none: a buffer lent to a Read that does not
+// run in the pass would be harvested unwritten.
+func (e *Engine) lend(p pass) {
+	for i := range e.reads {
+		if n := len(e.spare[i]); e.reads[i] == nil && e.phase[i] == p && n > 0 {
+			e.reads[i], e.spare[i] = e.spare[i][n-1], e.spare[i][:n-1]
 		}
 	}
 }

@@ -22,8 +22,8 @@ import (
 // (schedule.ChunkMemory, schedule.PeakMemory).
 
 // HeldBytes is the activation memory e holds now: the registers of every
-// machine it has made, in flight or idle, the split stashes and the weight
-// program's registers. A value several registers share counts once.
+// machine it has made, in flight or idle, the split stashes, in flight or
+// spare, and the weight program's registers. A value several registers share counts once.
 func (e *Engine) HeldBytes() int64 {
 	// A stage asks after every action: the map is kept between calls.
 	if e.seen == nil {
@@ -51,6 +51,11 @@ func (e *Engine) HeldBytes() int64 {
 	}
 	for _, vm := range e.idle {
 		machine(vm)
+	}
+	for _, vs := range e.spare {
+		for _, v := range vs {
+			total += valueBytes(v, seen)
+		}
 	}
 	if e.weight != nil {
 		machine(e.weight.vm)
@@ -148,7 +153,7 @@ func MeasureMemory(model *models.Model, first, last, batch int, seed uint64, o O
 	if err := e.Weight(0); err != nil {
 		return schedule.ChunkMemory{}, err
 	}
-	m.Weight = e.HeldBytes() - m.Machine
+	m.Weight = e.HeldBytes() - m.Machine - m.Stash // the stash stays, for the next input pass
 	if m.Machine <= 0 || m.Weight < 0 {
 		return schedule.ChunkMemory{}, fmt.Errorf("layers [%d, %d): inconsistent memory %+v", first, last, m)
 	}
