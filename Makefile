@@ -59,7 +59,7 @@ test: APT_PACKAGES += python3-torch
 test: deps vet race fuzz test-blas
 	go test -count=1 -timeout 20m ./...
 	# The kernels' Go loops, which machines without AVX2 run, give the same bits.
-	go test -count=1 -tags nosimd ./models/ ./engine/ ./transport/
+	go test -count=1 -tags nosimd ./models/ ./engine/ ./optim/ ./transport/
 
 # The binary go install builds (no cgo) trains bit-identically to its own
 # reference with OpenBLAS loaded at run time, and with gonum's kernels forced.

@@ -104,7 +104,10 @@ func (o *Optimizer) adamScales() (step, eps float64) {
 }
 
 // update applies one step to elements [lo, hi) of parameter i, in the
-// parameters' own precision, and zeroes their gradients.
+// parameters' own precision, and zeroes their gradients. A float32
+// parameter's leading elements go to the vector kernels (vectorised),
+// which give the loops' bits: the conversions round each operation, as
+// they do, so that no compiler fuses a multiply and an add here either.
 func update[T float32 | float64](o *Optimizer, i int, p, g []T, lo, hi int) {
 	p, g = p[lo:hi], g[lo:hi]
 	lr := T(o.cfg.LR)
@@ -112,27 +115,53 @@ func update[T float32 | float64](o *Optimizer, i int, p, g []T, lo, hi int) {
 	case o.cfg.Name == "adam":
 		m, v := o.slots["m"][i].Data().([]T)[lo:hi], o.slots["v"][i].Data().([]T)[lo:hi]
 		b1, b2 := T(o.cfg.Beta1), T(o.cfg.Beta2)
+		c1, c2 := 1-b1, 1-b2
 		s, e := o.adamScales()
 		step, eps := T(s), T(e)
-		for j, gj := range g {
-			m[j] = b1*m[j] + (1-b1)*gj
-			v[j] = b2*v[j] + (1-b2)*gj*gj
-			p[j] -= step * m[j] / (T(math.Sqrt(float64(v[j]))) + eps)
+		done := 0
+		if p32, ok := any(p).([]float32); ok {
+			c := adamConsts{float32(b1), float32(c1), float32(b2), float32(c2), float32(step), float32(eps)}
+			done = vectorised(update32{p: p32, g: any(g).([]float32), m: any(m).([]float32), v: any(v).([]float32), adam: &c})
+		}
+		for j := done; j < len(p); j++ {
+			gj := g[j]
+			m[j] = T(b1*m[j]) + T(c1*gj)
+			v[j] = T(b2*v[j]) + T(T(c2*gj)*gj)
+			p[j] -= T(step*m[j]) / (T(math.Sqrt(float64(v[j]))) + eps)
 			g[j] = 0
 		}
 	case o.cfg.Momentum > 0:
 		buf, mu := o.slots["momentum"][i].Data().([]T)[lo:hi], T(o.cfg.Momentum)
-		for j, gj := range g {
-			buf[j] = mu*buf[j] + gj
-			p[j] -= lr * buf[j]
+		done := 0
+		if p32, ok := any(p).([]float32); ok {
+			done = vectorised(update32{p: p32, g: any(g).([]float32), buf: any(buf).([]float32), lr: float32(lr), mu: float32(mu)})
+		}
+		for j := done; j < len(p); j++ {
+			buf[j] = T(mu*buf[j]) + g[j]
+			p[j] -= T(lr * buf[j])
 			g[j] = 0
 		}
 	default:
-		for j, gj := range g {
-			p[j] -= lr * gj
+		done := 0
+		if p32, ok := any(p).([]float32); ok {
+			done = vectorised(update32{p: p32, g: any(g).([]float32), lr: float32(lr)})
+		}
+		for j := done; j < len(p); j++ {
+			p[j] -= T(lr * g[j])
 			g[j] = 0
 		}
 	}
+}
+
+// adamConsts are one Adam step's scalars, in the order adamAVX reads them.
+type adamConsts struct{ b1, c1, b2, c2, step, eps float32 }
+
+// update32 is a float32 range's update for the vector kernels: with adam,
+// Adam's (m and v); with buf, SGD with momentum; else plain SGD.
+type update32 struct {
+	p, g, buf, m, v []float32
+	lr, mu          float32
+	adam            *adamConsts
 }
 
 // SlotNames lists the optimizer's per-parameter buffers, in a fixed order.
