@@ -156,33 +156,7 @@ func NewEngine(m *models.Model, first, last, batch int, seed uint64, o Options) 
 		h = b.Out
 		e.params = append(e.params, b.Params...)
 	}
-	// Every weight of a product is summed by an accumulation (see
-	// accumulateOp), the rest by gorgonia: into the parameters' dual values
-	// (fused mode) or by the weight program (split mode).
-	e.grads = make([]*tensor.Dense, len(e.params))
-	isLinear := make([]bool, len(e.params))
-	for _, lw := range linear {
-		isLinear[lw.param] = true
-	}
-	for i := range parts {
-		parts[i].linear = -1
-		for _, lw := range linear {
-			if lw.tap == parts[i].tap {
-				parts[i].linear, parts[i].transposed = slices.Index(parts[i].params, lw.param), lw.transposed
-			}
-		}
-	}
-	for i, p := range e.params {
-		if split || isLinear[i] {
-			e.grads[i] = tensor.New(tensor.Of(m.DType), tensor.WithShape(p.Shape()...))
-		}
-	}
-	var dual []*G.Node
-	for i, p := range e.params {
-		if !isLinear[i] {
-			dual = append(dual, p)
-		}
-	}
+	isLinear, dual := e.makeSums(linear, parts)
 	e.out = h
 	var keep G.Nodes // what a split program must compute besides the gradients
 	if e.IsLast() {
@@ -271,6 +245,35 @@ func NewEngine(m *models.Model, first, last, batch int, seed uint64, o Options) 
 	}
 	e.useFast()
 	return e, nil
+}
+
+// makeSums decides who sums each parameter's gradient: every weight of a
+// product by an accumulation into a sum of the engine's (accumulateOp),
+// the rest by gorgonia, into the parameters' dual values (dual, fused
+// mode) or by the weight program into sums of the engine's (split mode).
+// It marks each part's product weight.
+func (e *Engine) makeSums(linear []linearWeight, parts []part) (isLinear []bool, dual []*G.Node) {
+	isLinear = make([]bool, len(e.params))
+	for _, lw := range linear {
+		isLinear[lw.param] = true
+	}
+	for i := range parts {
+		parts[i].linear = -1
+		for _, lw := range linear {
+			if lw.tap == parts[i].tap {
+				parts[i].linear, parts[i].transposed = slices.Index(parts[i].params, lw.param), lw.transposed
+			}
+		}
+	}
+	e.grads = make([]*tensor.Dense, len(e.params))
+	for i, p := range e.params {
+		if e.Split || isLinear[i] {
+			e.grads[i] = tensor.New(tensor.Of(e.Model.DType), tensor.WithShape(p.Shape()...))
+			continue
+		}
+		dual = append(dual, p)
+	}
+	return isLinear, dual
 }
 
 // layersFor is layers as the engine builds them: with selective, every
