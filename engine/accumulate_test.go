@@ -24,12 +24,7 @@ func TestProductWeightsSumInPlace(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := rand.New(rand.NewPCG(7, 8))
-	var xs []*tensor.Dense
-	var ys [][]int
-	for range 3 {
-		x, y := randInput(r, batch, width)
-		xs, ys = append(xs, x), append(ys, y)
-	}
+	xs, ys := randInputs(r, 3, batch, width)
 	want := map[string][]float64{}
 	for k := range xs {
 		_, g := symbolicGrads(t, m, xs[k], ys[k], seed)

@@ -23,6 +23,17 @@ func smallMLP(t *testing.T, dtype string) *models.Model {
 	return m
 }
 
+// randInputs is n micro-batches of randInput.
+func randInputs(r *rand.Rand, n, batch, dim int) ([]*tensor.Dense, [][]int) {
+	var xs []*tensor.Dense
+	var ys [][]int
+	for range n {
+		x, y := randInput(r, batch, dim)
+		xs, ys = append(xs, x), append(ys, y)
+	}
+	return xs, ys
+}
+
 func randInput(r *rand.Rand, batch, dim int) (*tensor.Dense, []int) {
 	x := make([]float64, batch*dim)
 	for i := range x {
@@ -115,12 +126,7 @@ func TestEngineMatchesSymbolicGradient(t *testing.T) {
 	const seed = 7
 	m := smallMLP(t, "float64")
 	r := rand.New(rand.NewPCG(1, 2))
-	var xs []*tensor.Dense
-	var ys [][]int
-	for range 3 {
-		x, y := randInput(r, 4, 6)
-		xs, ys = append(xs, x), append(ys, y)
-	}
+	xs, ys := randInputs(r, 3, 4, 6)
 	// The expected gradient of the mean loss over micro-batches, micro-batch by micro-batch.
 	want := map[string][]float64{}
 	var wantLoss []float64
@@ -371,12 +377,7 @@ func TestSplitBackwardIsBitIdentical(t *testing.T) {
 		t.Run("mlp/"+dtype, func(t *testing.T) {
 			m := smallMLP(t, dtype)
 			r := rand.New(rand.NewPCG(8, 9))
-			var xs []*tensor.Dense
-			var ys [][]int
-			for range 3 {
-				x, y := randInput(r, 4, 6)
-				xs, ys = append(xs, x), append(ys, y)
-			}
+			xs, ys := randInputs(r, 3, 4, 6)
 			checkSplitBitIdentical(t, m, [][2]int{{0, 1}, {1, 3}}, xs, ys, seed)
 		})
 		for _, tied := range []bool{false, true} {

@@ -16,12 +16,7 @@ import (
 func TestSplitReusesStashes(t *testing.T) {
 	m := smallMLP(t, "float64")
 	r := rand.New(rand.NewPCG(3, 9))
-	var xs []*tensor.Dense
-	var ys [][]int
-	for range 4 {
-		x, y := randInput(r, 4, 6)
-		xs, ys = append(xs, x), append(ys, y)
-	}
+	xs, ys := randInputs(r, 4, 4, 6)
 	for _, recompute := range []bool{false, true} {
 		fused, err := NewEngine(m, 0, len(m.Layers), 4, 1, Options{})
 		if err != nil {
