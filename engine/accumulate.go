@@ -26,7 +26,9 @@ import (
 // any case.
 //
 // The passes saved are worth a product over few rows: for a 1024x1024
-// weight and 32 rows they are a fifth of the product's time. Over many rows
+// weight and 32 rows, timed inside a training run, the weight gradient
+// took 1.26 ms with gorgonia's product and add and takes 0.85 ms here.
+// Over many rows
 // they are a small share, and there OpenBLAS's beta = 1 products measured
 // slower than its beta = 0 ones (a GPT of 512-row micro-batches ran 3%
 // slower), so products over more than accumulateRows rows stay gorgonia's.
