@@ -563,6 +563,27 @@ func toFloat32(x *tensor.Dense) *tensor.Dense {
 	return tensor.New(tensor.WithShape(x.Shape()...), tensor.WithBacking(f))
 }
 
+// differingGradients names the parameters whose summed gradients in a
+// and b (engines of the same layers) differ in any bit.
+func differingGradients(t *testing.T, a, b *Engine) []string {
+	t.Helper()
+	ga, err := a.Gradients()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gb, err := b.Gradients()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for i := range ga {
+		if !sameBits(ga[i].(*tensor.Dense), gb[i].(*tensor.Dense)) {
+			out = append(out, a.Params()[i].Name())
+		}
+	}
+	return out
+}
+
 func sameBits(a, b *tensor.Dense) bool {
 	if a == nil || b == nil || !a.Shape().Eq(b.Shape()) {
 		return a == nil && b == nil

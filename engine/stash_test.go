@@ -4,8 +4,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
-
-	"gorgonia.org/tensor"
 )
 
 // TestSplitReusesStashes: once a micro-batch's weight pass is done, the
@@ -63,18 +61,8 @@ func TestSplitReusesStashes(t *testing.T) {
 		if perMicro := stashed / (2 * len(xs)); reused != stashed-perMicro {
 			t.Errorf("recompute %v: %d of %d stashed values reused, want %d", recompute, reused, stashed, stashed-perMicro)
 		}
-		want, err := fused.Gradients()
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := split.Gradients()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i := range want {
-			if !slices.Equal(Float64s(got[i].(*tensor.Dense)), Float64s(want[i].(*tensor.Dense))) {
-				t.Errorf("recompute %v: %s differs from the fused engine's", recompute, split.Params()[i].Name())
-			}
+		if names := differingGradients(t, split, fused); len(names) > 0 {
+			t.Errorf("recompute %v: gradients of %v differ from the fused engine's", recompute, names)
 		}
 	}
 }
