@@ -69,6 +69,9 @@ type Engine struct {
 	// weights (linearWeight), nil for the rest, which gorgonia sums into
 	// the parameters' dual values.
 	grads []*tensor.Dense
+	// dual are the parameters gorgonia sums gradients for, into dual values
+	// bound to them (fused mode).
+	dual []*G.Node
 }
 
 // Options choose how an engine keeps what a micro-batch's backward needs;
@@ -157,6 +160,7 @@ func NewEngine(m *models.Model, first, last, batch int, seed uint64, o Options) 
 		e.params = append(e.params, b.Params...)
 	}
 	isLinear, dual := e.makeSums(linear, parts)
+	e.dual = dual
 	e.out = h
 	var keep G.Nodes // what a split program must compute besides the gradients
 	if e.IsLast() {
@@ -579,7 +583,7 @@ func (e *Engine) useFast() {
 		if d, ok := p.Value().(*tensor.Dense); ok {
 			tensor.WithEngine(fast)(d)
 		}
-		if g, err := p.Grad(); err == nil {
+		if g, ok := e.gradOf(p); ok {
 			if d, ok := g.(*tensor.Dense); ok {
 				tensor.WithEngine(fast)(d)
 			}
@@ -590,6 +594,18 @@ func (e *Engine) useFast() {
 			tensor.WithEngine(fast)(g)
 		}
 	}
+}
+
+// gradOf is the gradient value gorgonia keeps for n, if it keeps one: a
+// dual value's, or n's derivative node's. It asks Node.Grad only then,
+// because for any other node Node.Grad builds an error with a stack trace,
+// too dear for HeldBytes and Unshare, which run after every action.
+func (e *Engine) gradOf(n *G.Node) (G.Value, bool) {
+	if n.Deriv() == nil && !slices.Contains(e.dual, n) {
+		return nil, false
+	}
+	g, err := n.Grad()
+	return g, err == nil
 }
 
 // Discard drops micro-batch key's stashed forward (evaluation: no backward follows).

@@ -70,7 +70,7 @@ func (e *Engine) HeldBytes() int64 {
 func (e *Engine) owned(seen map[uintptr]int64) map[uintptr]int64 {
 	for _, n := range e.params {
 		valueBytes(n.Value(), seen)
-		if g, err := n.Grad(); err == nil {
+		if g, ok := e.gradOf(n); ok {
 			valueBytes(g, seen)
 		}
 	}

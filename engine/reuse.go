@@ -50,7 +50,7 @@ func (e *Engine) Unshare(mem []byte) bool {
 		if n != e.x && within(n.Value()) {
 			return false
 		}
-		if g, err := n.Grad(); err == nil && within(g) {
+		if g, ok := e.gradOf(n); ok && within(g) {
 			return false
 		}
 	}
