@@ -21,9 +21,9 @@ const (
 	pipelineMicro       = 8
 	pipelinePlain       = "configs/bench-mlp-4stage.yaml"
 	pipelineInterleaved = "configs/bench-mlp-interleaved.yaml"
-	// pipelineDedicated is the same model on 2 stages pinned one per core: on a
-	// 2-core machine the only p at which each stage owns its compute, as the
-	// simulator assumes.
+	// pipelineDedicated is the same MLP with one more hidden layer, which
+	// balances it on 2 stages, pinned one per core: on a 2-core machine the
+	// only p at which each stage owns its compute, as the simulator assumes.
 	pipelineDedicated = "configs/bench-mlp-2stage-pinned.yaml"
 	dedicatedRow      = "1f1b, p = 2, a core each"
 )
@@ -158,7 +158,7 @@ func runPipeline(o *options, b *bytes.Buffer) error {
 	}
 	fmt.Fprintf(b, "Efficiency is not speed: the fastest step is %s's (%.1f ms), the slowest %s's (%.1f ms).", fast, steps[fast], slow, steps[slow])
 	if d, ok := eff[dedicatedRow]; ok {
-		fmt.Fprintf(b, " The last row is the same model and 1F1B on 2 stages pinned one per core (`%s`), the only p at which every stage owns a core here: "+
+		fmt.Fprintf(b, " The last row is the same MLP with one more hidden layer (which balances it on 2 stages) and 1F1B on 2 stages pinned one per core (`%s`), the only p at which every stage owns a core here: "+
 			"efficiency %.2f with a core load of %s, which is what the schedule and runtime achieve when the simulator's assumption holds; "+
 			"the target's p = 4 needs 4 cores (or devices).", pipelineDedicated, d, pct(load[dedicatedRow]))
 	}
