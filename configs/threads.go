@@ -8,13 +8,18 @@ import (
 )
 
 // Threads is the BLAS thread count of stage i (the reference counts as stage 0):
-// compute.blas_threads if set, else a fair share of the machine: the CPUs the
-// stage is pinned to, or this machine's cores divided among the stages that
-// listen on the same host (every replica's), at least 1.
+// compute.blas_threads if set, else the stage's CoreShare.
 func (c *Config) Threads(i int) int {
 	if c.Compute.BLASThreads > 0 {
 		return c.Compute.BLASThreads
 	}
+	return c.CoreShare(i)
+}
+
+// CoreShare is stage i's fair share of its machine: the CPUs the stage is
+// pinned to, or this machine's cores divided among the stages that listen on
+// the same host (every replica's), at least 1.
+func (c *Config) CoreShare(i int) int {
 	if i < 0 || i >= len(c.Stages) {
 		return 1
 	}

@@ -23,6 +23,9 @@ func TestThreadsFairShare(t *testing.T) {
 	if got := c.Threads(1); got != 5 {
 		t.Errorf("explicit blas_threads 5 gave %d", got)
 	}
+	if got, want := c.CoreShare(1), max(1, n/3); got != want {
+		t.Errorf("stage 1's share of its host with blas_threads set: %d cores, want %d", got, want)
+	}
 }
 
 // The reference runs alone, so it takes the whole machine unless the config
