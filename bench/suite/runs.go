@@ -84,17 +84,18 @@ func (rc runConfig) write(dir string) (string, error) {
 	if n, ok := doc["data_parallel"].(int); ok && n > 1 {
 		replicas = n
 	}
+	ports, err := freePorts(len(stageList) * replicas)
+	if err != nil {
+		return "", err
+	}
 	for _, s := range stageList {
 		m := s.(map[string]any)
 		delete(m, "address")
 		delete(m, "addresses")
 		var addrs []any
 		for range replicas {
-			port, err := freePort()
-			if err != nil {
-				return "", err
-			}
-			addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(port))
+			addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(ports[0]))
+			ports = ports[1:]
 		}
 		if replicas == 1 {
 			m["address"] = addrs[0]
@@ -112,14 +113,20 @@ func (rc runConfig) write(dir string) (string, error) {
 	return path, os.WriteFile(path, append([]byte(header), out...), 0o644)
 }
 
-// freePort asks the kernel for a loopback port that is free now.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+// freePorts asks the kernel for n distinct loopback ports that are free now:
+// every listener stays open until all n are chosen, or the kernel may hand
+// out a port just closed again (two stages of a run were once given one).
+func freePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return ports, nil
 }
 
 // runEnv is the environment of every pipetrain run: the derived config already
