@@ -58,7 +58,11 @@ func stageCmd() *cobra.Command {
 					return fmt.Errorf("stages[%d].cpus: %w", index, err)
 				}
 			}
-			runtime.GOMAXPROCS(schedulerProcs(cfg, index, os.Getenv("GOMAXPROCS"), runtime.GOMAXPROCS(0)))
+			// Set only where it lowers the count: setting GOMAXPROCS at all
+			// ends Go's own updates of it (to a container's CPU limit).
+			if n := schedulerProcs(cfg, index, os.Getenv("GOMAXPROCS"), runtime.GOMAXPROCS(0)); n != runtime.GOMAXPROCS(0) {
+				runtime.GOMAXPROCS(n)
+			}
 			var bound net.Listener
 			var job *joined
 			if cfg.UsesRendezvous() {
