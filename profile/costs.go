@@ -2,6 +2,7 @@ package profile
 
 import (
 	"cmp"
+	"maps"
 	"slices"
 	"time"
 
@@ -96,6 +97,58 @@ func meanCosts(evs []Event, skip, chunk int) ActionCosts {
 	out := ActionCosts{F: mean(Forward), B: mean(Backward), I: mean(Input), W: mean(Weight)}
 	if out.B == 0 && out.I > 0 {
 		out.B = out.I + out.W
+	}
+	return out
+}
+
+// Variation is how a run's actions varied about their means, step by step,
+// for every step from skip on that each stage logged (schedule.StepVariation):
+// per stage, its actions of the schedule in the order they ran, each one's
+// duration over the mean of its kind and chunk over the same steps. Stages
+// whose actions all took the same time give only ones.
+func Variation(events [][]Event, skip int) []schedule.StepVariation {
+	type key struct {
+		kind  string
+		chunk int
+	}
+	byStage := make([]map[int][]float64, len(events)) // step -> factors
+	for s, evs := range events {
+		sums, counts := map[key]time.Duration{}, map[key]int{}
+		bySteps := map[int][]Event{}
+		for _, e := range evs {
+			if e.Step >= skip && compute(e.Kind) {
+				k := key{e.Kind, e.Chunk}
+				sums[k] += time.Duration(e.EndNS - e.StartNS)
+				counts[k]++
+				bySteps[e.Step] = append(bySteps[e.Step], e)
+			}
+		}
+		byStage[s] = map[int][]float64{}
+		for step, evs := range bySteps {
+			slices.SortStableFunc(evs, func(a, b Event) int { return cmp.Compare(a.StartNS, b.StartNS) })
+			factors := make([]float64, len(evs))
+			for i, e := range evs {
+				factors[i] = 1
+				if k := (key{e.Kind, e.Chunk}); sums[k] > 0 {
+					factors[i] = float64(e.EndNS-e.StartNS) * float64(counts[k]) / float64(sums[k])
+				}
+			}
+			byStage[s][step] = factors
+		}
+	}
+	var out []schedule.StepVariation
+	if len(byStage) == 0 {
+		return nil
+	}
+	for _, step := range slices.Sorted(maps.Keys(byStage[0])) {
+		v := make(schedule.StepVariation, len(events))
+		every := true
+		for s := range byStage {
+			v[s], every = byStage[s][step], every && byStage[s][step] != nil
+		}
+		if every {
+			out = append(out, v)
+		}
 	}
 	return out
 }

@@ -99,7 +99,10 @@ func TestAnalyseSkipsWarmup(t *testing.T) {
 		if !near(got.TheoryBubble, 1.0/3) {
 			t.Errorf("stage %d theory %v, want 1/3", i, got.TheoryBubble)
 		}
-		got.Bubble, got.PredictedBubble, got.Throughput, got.TheoryBubble = want[i].Bubble, want[i].PredictedBubble, want[i].Throughput, 0
+		if !near(got.SteadyBubble, 1.0/3) {
+			t.Errorf("stage %d at mean costs %v, want 1/3", i, got.SteadyBubble)
+		}
+		got.Bubble, got.PredictedBubble, got.SteadyBubble, got.Throughput, got.TheoryBubble = want[i].Bubble, want[i].PredictedBubble, 0, want[i].Throughput, 0
 		if got != want[i] {
 			t.Errorf("stage %d:\n got %+v\nwant %+v", i, got, want[i])
 		}

@@ -34,10 +34,12 @@ type StageReport struct {
 	// the pipeline window spent not computing.
 	Busy, Idle time.Duration
 	Bubble     float64 // Idle / Window
-	// PredictedBubble is the stage's bubble in Report.Predicted: what the
-	// schedule would give with this run's mean action costs and free
-	// transfers. 0 when Report.Predicted is nil.
-	PredictedBubble float64
+	// PredictedBubble is the stage's bubble in Report.Replayed: what the
+	// schedule gives with this run's own action times, step by step, and
+	// its mean link delay and hand-off. SteadyBubble is its bubble in
+	// Report.Predicted, each action taking exactly its mean cost. Both are
+	// 0 when Report.Predicted is nil.
+	PredictedBubble, SteadyBubble float64
 	// TheoryBubble is the stage's bubble in Report.Theory; 0 when that is nil.
 	TheoryBubble float64
 	PeakStashed  int
@@ -141,11 +143,17 @@ type Report struct {
 	// Predicted is one step of the run's schedule played by schedule.Simulate
 	// with the run's mean action costs over the analysed steps (MeanCosts,
 	// ScheduleCosts) and the run's measured mean link delay as the transfer
-	// time (MeanTransfer); times in ms. It is nil when the
+	// time (MeanTransfer); times in ms. Replayed is the same schedule and
+	// costs played by schedule.Replay once for each analysed step, each
+	// action scaled to the time it took in that step (Variation): the bubble
+	// the schedule gives with the run's own action times, so that what the
+	// run measured beyond it is the runtime's. Both are nil when the
 	// schedule could not be rebuilt or simulated, and PredictErr says why.
 	Predicted       *schedule.Timeline
+	Replayed        *schedule.Replayed
 	PredictErr      error
-	PredictedBubble float64 // mean of Predicted.Bubble
+	PredictedBubble float64 // mean of Replayed.Bubble
+	SteadyBubble    float64 // mean of Predicted.Bubble
 
 	// Theory is each stage's bubble with equal stages and free transfers:
 	// the schedule's closed form (schedule.TheoreticalBubble) where it has
@@ -313,10 +321,12 @@ func Analyse(info RunInfo, events [][]Event, skip int) (*Report, error) {
 	}
 
 	transfer, _ := r.MeanTransfer()
-	if r.Predicted, r.PredictErr = predict(info, events, analysed, float64(transfer)/1e6); r.Predicted != nil {
+	if r.Predicted, r.Replayed, r.PredictErr = predict(info, events, analysed, float64(transfer)/1e6); r.Predicted != nil {
 		for i := range r.Stages {
-			r.Stages[i].PredictedBubble = r.Predicted.Bubble[i]
-			r.PredictedBubble += r.Predicted.Bubble[i] / float64(p)
+			r.Stages[i].PredictedBubble = r.Replayed.Bubble[i]
+			r.Stages[i].SteadyBubble = r.Predicted.Bubble[i]
+			r.PredictedBubble += r.Replayed.Bubble[i] / float64(p)
+			r.SteadyBubble += r.Predicted.Bubble[i] / float64(p)
 		}
 	}
 	return r, nil
@@ -469,8 +479,9 @@ func theory(info RunInfo, events [][]Event) ([]float64, bool, error) {
 }
 
 // predict simulates the run's schedule with its mean action costs over the
-// analysed steps.
-func predict(info RunInfo, events [][]Event, analysed map[int]int, transferMS float64) (*schedule.Timeline, error) {
+// analysed steps: one step at exactly those costs, and each analysed step
+// with its actions' own times (schedule.Replay).
+func predict(info RunInfo, events [][]Event, analysed map[int]int, transferMS float64) (*schedule.Timeline, *schedule.Replayed, error) {
 	if info.Stages == 0 {
 		info.Stages = len(events)
 	}
@@ -479,10 +490,10 @@ func predict(info RunInfo, events [][]Event, analysed map[int]int, transferMS fl
 	}
 	s, err := RunSchedule(info)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if s.Stages != len(events) {
-		return nil, fmt.Errorf("schedule has %d stages, the run %d", s.Stages, len(events))
+		return nil, nil, fmt.Errorf("schedule has %d stages, the run %d", s.Stages, len(events))
 	}
 	kept := make([][]Event, len(events))
 	for i, stage := range events {
@@ -492,7 +503,34 @@ func predict(info RunInfo, events [][]Event, analysed map[int]int, transferMS fl
 			}
 		}
 	}
-	return schedule.Simulate(s, ScheduleCosts(MeanCosts(kept, 0), s.Chunks, transferMS))
+	costs := ScheduleCosts(MeanCosts(kept, 0), s.Chunks, transferMS)
+	tl, err := schedule.Simulate(s, costs)
+	if err != nil {
+		return nil, nil, err
+	}
+	r, err := schedule.Replay(s, costs, whole(Variation(kept, 0), s))
+	if err != nil {
+		return nil, nil, err
+	}
+	return tl, r, nil
+}
+
+// whole keeps of steps those in which every stage ran its whole list in s
+// (a run stopped mid-step leaves a partial one), and when none is left one
+// step at the mean costs.
+func whole(steps []schedule.StepVariation, s *schedule.Schedule) []schedule.StepVariation {
+	steps = slices.DeleteFunc(steps, func(v schedule.StepVariation) bool {
+		for st, f := range v {
+			if len(f) != len(s.Actions[st]) {
+				return true
+			}
+		}
+		return false
+	})
+	if len(steps) == 0 {
+		return []schedule.StepVariation{nil}
+	}
+	return steps
 }
 
 // Options select what Write prints beyond its default.
@@ -642,6 +680,10 @@ func (r *Report) Write(w io.Writer, opts ...Options) error {
 	sim := "-"
 	if r.Predicted != nil {
 		sim = pct(r.PredictedBubble) + "%"
+		if steady := pct(r.SteadyBubble); steady != pct(r.PredictedBubble) {
+			// Say how much of the prediction the actions' spread adds.
+			sim += fmt.Sprintf(" (%s%% with every action at its mean)", steady)
+		}
 	}
 	theory := "-"
 	if r.Theory != nil {

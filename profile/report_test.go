@@ -2,7 +2,9 @@ package profile
 
 import (
 	"flag"
+	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -327,6 +329,39 @@ func TestHandOffIsPredicted(t *testing.T) {
 	}
 	if bare.Bubble[1] >= r.Stages[1].PredictedBubble {
 		t.Errorf("without hand-offs the simulator predicts %v, with %v", bare.Bubble[1], r.Stages[1].PredictedBubble)
+	}
+}
+
+// TestSpreadIsPredicted: a run whose actions vary about their means shows
+// more bubble than its schedule played at those means, as each hand-off
+// waits for the slower of two actions; the prediction, which replays the
+// schedule with each step's own action times, follows the measured bubble,
+// and the steady one, at the means, stays below it and is reported beside.
+func TestSpreadIsPredicted(t *testing.T) {
+	for _, name := range []string{"1f1b", "zb-h1"} {
+		s := build(t, name, 2, 8, 1)
+		rng := rand.New(rand.NewPCG(11, 13))
+		factors := []float64{0.5, 1, 1.5}
+		events := play{sched: s, steps: 80, opt: ms, gap: ms, act: 10, grad: 10,
+			spread: func(int, int, int, schedule.Kind) float64 { return factors[rng.IntN(len(factors))] },
+		}.events(t)
+		r, err := Analyse(runInfo(s, 8), events, 1)
+		if err != nil || r.Predicted == nil {
+			t.Fatalf("%s: %v %v", name, err, r.PredictErr)
+		}
+		if d := r.MeanBubble - r.PredictedBubble; math.Abs(d) > 0.01 {
+			t.Errorf("%s: measured bubble %.3f, predicted %.3f", name, r.MeanBubble, r.PredictedBubble)
+		}
+		if d := r.MeanBubble - r.SteadyBubble; d < 0.03 {
+			t.Errorf("%s: measured bubble %.3f, at mean costs %.3f: want the spread to show", name, r.MeanBubble, r.SteadyBubble)
+		}
+		var b strings.Builder
+		if err := r.Write(&b, Options{}); err != nil {
+			t.Fatal(err)
+		}
+		if want := fmt.Sprintf("(%.1f%% with every action at its mean)", 100*r.SteadyBubble); !strings.Contains(b.String(), want) {
+			t.Errorf("%s: report lacks %q:\n%s", name, want, b.String())
+		}
 	}
 }
 

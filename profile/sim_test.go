@@ -15,6 +15,8 @@ type play struct {
 	// cost is how long one action (one chunk's) of a kind takes on stage in
 	// step; nil means F 1 ms, B 2 ms, I and W 1 ms.
 	cost func(step, stage int, k schedule.Kind) int64
+	// spread scales one action's cost (micro-batch mb's); nil means 1.
+	spread func(step, stage, mb int, k schedule.Kind) float64
 	// delay is a message's latency from the sender's end to the receiver's
 	// availability; nil means none.
 	delay func(step int, grad bool, from, to, mb int) int64
@@ -94,8 +96,12 @@ func (c play) events(t *testing.T) [][]Event {
 					if !ok {
 						break
 					}
+					d := cost(step, st, a.Kind)
+					if c.spread != nil {
+						d = int64(float64(d) * c.spread(step, st, a.MicroBatch, a.Kind))
+					}
 					e := Event{Stage: st, Step: step, MB: a.MicroBatch, Chunk: a.Chunk, StartNS: ready,
-						EndNS: ready + cost(step, st, a.Kind), WaitNS: ready - free[st]}
+						EndNS: ready + d, WaitNS: ready - free[st]}
 					switch a.Kind {
 					case schedule.Forward:
 						e.Kind = Forward

@@ -23,7 +23,7 @@ func (s *Schedule) Check() error {
 	if err != nil {
 		return err
 	}
-	_, err = simulate(s, x, UniformCosts(s.Stages, 1, 1, 0))
+	_, err = simulate(s, x, UniformCosts(s.Stages, 1, 1, 0), nil)
 	return err
 }
 

@@ -156,7 +156,7 @@ func Simulate(s *Schedule, c Costs) (*Timeline, error) {
 	if err := c.check(s.Stages, s.Chunks); err != nil {
 		return nil, err
 	}
-	return simulate(s, x, c)
+	return simulate(s, x, c, nil)
 }
 
 // check verifies costs for p stages of v chunks: one forward and backward
@@ -281,7 +281,9 @@ func (x *index) deps(a Action) []Action {
 // and is trivially deterministic. If actions remain when nothing moves, every
 // remaining stage is blocked on a dependency that will never finish: a
 // deadlock.
-func simulate(s *Schedule, x *index, c Costs) (*Timeline, error) {
+//
+// scale, when not nil, multiplies each action's duration (Expect's draws).
+func simulate(s *Schedule, x *index, c Costs, scale func(Action) float64) (*Timeline, error) {
 	p, v := s.Stages, s.Chunks
 	end := make([]float64, len(x.pos)) // finishing time by index slot, -1 while not yet run
 	for i := range end {
@@ -321,6 +323,9 @@ func simulate(s *Schedule, x *index, c Costs) (*Timeline, error) {
 					break
 				}
 				d := c.duration(a, v)
+				if scale != nil {
+					d *= scale(a)
+				}
 				start := max(free[st], t)
 				if n > 0 {
 					start = max(free[st]+c.gap(st), t)

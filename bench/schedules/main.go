@@ -21,17 +21,14 @@ import (
 	"time"
 
 	"github.com/pipetrain/pipetrain/configs"
-	"github.com/pipetrain/pipetrain/engine"
 	"github.com/pipetrain/pipetrain/internal/blas"
 	"github.com/pipetrain/pipetrain/internal/machine"
-	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/profile"
-	"github.com/pipetrain/pipetrain/schedule"
 	"github.com/pipetrain/pipetrain/stages"
 )
 
 type result struct {
-	measured, simulated, stepMS, memory, peakMiB []float64
+	measured, simulated, steady, stepMS, memory, peakMiB []float64
 }
 
 // row is one schedule measured: a built-in, on a config of the setup, with
@@ -74,7 +71,8 @@ func main() {
 		time.Now().UTC().Format("2006-01-02"), machine.CPUModel(), runtime.NumCPU(), runtime.Version(), blas.Name())
 	fmt.Fprintf(&b, "Each row: %d runs of %d steps of `pipetrain launch` (one process per stage, gRPC on loopback), the first %d steps of each left out; medians. Global batch 512.\n\n", *reps, *steps, *skip)
 	fmt.Fprintf(&b, "- measured bubble: `pipetrain profile`'s mean over stages of idle / step window, the window running from a step's first forward to its last backward on any stage;\n")
-	fmt.Fprintf(&b, "- simulated bubble: `schedule.Simulate` with that run's own mean action costs per stage and its measured mean link delay as the transfer time;\n")
+	fmt.Fprintf(&b, "- simulated bubble: `pipetrain profile`'s `sim`: the schedule played by `schedule.Replay` once for each analysed step of the run, each action taking the time it took in that step, with the run's measured mean link delay as the transfer time and each stage's mean hand-off between actions; difference: measured minus simulated;\n")
+	fmt.Fprintf(&b, "- at mean costs: the same schedule played by `schedule.Simulate` with every action at its mean cost (each chunk's own); what separates it from the simulated bubble is the spread of the action times (docs/profiling.md);\n")
 	fmt.Fprintf(&b, "- step time: median of the last stage's per-step wall time; throughput relative to 1F1B at the same micro-batch count, from the same sweep;\n")
 	fmt.Fprintf(&b, "- activations: each stage's peak activation memory in the run's events over run.json's prediction from the chunks' shapes (see docs/profiling.md), for the stage furthest from it; and the most any stage held, in MiB;\n")
 	fmt.Fprintf(&b, "- `recompute: full` rows: the same config with every stage set to recompute its forwards (docs/schedules.md#activation-recomputation).\n")
@@ -119,7 +117,7 @@ func bench(b *bytes.Buffer, su setup, bin string, reps, steps, skip int) error {
 						return err
 					}
 				}
-				meas, sim, step, mem, peak, err := run(bin, cfgPath, rw.name, m, steps, skip)
+				x, err := run(bin, cfgPath, rw.name, m, steps, skip)
 				if rw.recompute {
 					os.Remove(cfgPath)
 				}
@@ -131,21 +129,22 @@ func bench(b *bytes.Buffer, su setup, bin string, reps, steps, skip int) error {
 					r = &result{}
 					results[key(rw, m)] = r
 				}
-				r.measured, r.simulated, r.stepMS, r.memory = append(r.measured, meas), append(r.simulated, sim), append(r.stepMS, step), append(r.memory, mem)
-				r.peakMiB = append(r.peakMiB, peak)
-				fmt.Fprintf(os.Stderr, "%s, rep %d  %-28v m=%-2d  measured bubble %5.1f%%  simulated %5.1f%%  step %.2f ms  activations %.2f MiB\n", su.title, rep+1, rw, m, 100*meas, 100*sim, step, peak)
+				r.measured, r.simulated, r.steady = append(r.measured, x.measured), append(r.simulated, x.simulated), append(r.steady, x.steady)
+				r.stepMS, r.memory, r.peakMiB = append(r.stepMS, x.stepMS), append(r.memory, x.memory), append(r.peakMiB, x.peakMiB)
+				fmt.Fprintf(os.Stderr, "%s, rep %d  %-28v m=%-2d  measured bubble %5.1f%%  simulated %5.1f%% (%5.1f%% at mean costs)  step %.2f ms  activations %.2f MiB\n",
+					su.title, rep+1, rw, m, 100*x.measured, 100*x.simulated, 100*x.steady, x.stepMS, x.peakMiB)
 			}
 		}
 	}
 	fmt.Fprintf(b, "\n## %s\n\nConfigs: `%s` (gpipe, 1f1b, zb-h1), `%s` (interleaved and interleaved-zb, 2 chunks per stage) and `%s` (zb-v and dualpipev, 2 chunks per stage in a V).\n\n", su.title, su.plain, su.interleaved, su.zbv)
-	fmt.Fprintf(b, "| schedule | micro-batches | measured bubble | simulated bubble | difference | step time | throughput vs 1F1B | activations measured / predicted | activations, fullest stage |\n")
-	fmt.Fprintf(b, "|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(b, "| schedule | micro-batches | measured bubble | simulated bubble | difference | at mean costs | step time | throughput vs 1F1B | activations measured / predicted | activations, fullest stage |\n")
+	fmt.Fprintf(b, "|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, m := range micros {
 		base := median(results[key(row{"1f1b", false}, m)].stepMS)
 		for _, rw := range rows {
 			r := results[key(rw, m)]
 			meas, sim, step := median(r.measured), median(r.simulated), median(r.stepMS)
-			fmt.Fprintf(b, "| %v | %d | %.1f%% | %.1f%% | %+.1f pp | %.2f ms | %.2fx | %.0f%% | %.2f MiB |\n", rw, m, 100*meas, 100*sim, 100*(meas-sim), step, base/step, 100*median(r.memory), median(r.peakMiB))
+			fmt.Fprintf(b, "| %v | %d | %.1f%% | %.1f%% | %+.1f pp | %.1f%% | %.2f ms | %.2fx | %.0f%% | %.2f MiB |\n", rw, m, 100*meas, 100*sim, 100*(meas-sim), 100*median(r.steady), step, base/step, 100*median(r.memory), median(r.peakMiB))
 		}
 	}
 	return nil
@@ -180,79 +179,70 @@ func recomputing(path string) (string, error) {
 	return f.Name(), nil
 }
 
-// run launches one training run and returns its measured mean bubble, the
-// simulated one from its own costs, its median step time in ms, the stage
-// whose peak activation memory is furthest from run.json's prediction, as
-// measured over predicted, and the most activation memory a stage held, in
-// MiB.
-func run(bin, cfgPath, name string, micro, steps, skip int) (measured, simulated, stepMS, memory, peakMiB float64, err error) {
+// measurement is one run's figures: its measured mean bubble; the bubble
+// the profile's replay of its schedule gives with the run's own action times
+// (simulated), and with every action at its mean (steady); its median step
+// time in ms; the stage whose peak activation memory is furthest from
+// run.json's prediction, as measured over predicted; and the most activation
+// memory a stage held, in MiB.
+type measurement struct {
+	measured, simulated, steady, stepMS, memory, peakMiB float64
+}
+
+// run launches one training run and measures it.
+func run(bin, cfgPath, name string, micro, steps, skip int) (measurement, error) {
+	var m measurement
 	dir, err := os.MkdirTemp("", "pipetrain-bench")
 	if err != nil {
-		return 0, 0, 0, 0, 0, err
+		return m, err
 	}
 	defer os.RemoveAll(dir)
 	env := []string{"PIPETRAIN_SCHEDULE=" + name, fmt.Sprintf("PIPETRAIN_DATA_MICRO_BATCHES=%d", micro), fmt.Sprintf("PIPETRAIN_TRAIN_STEPS=%d", steps)}
 	cmd := exec.Command(bin, "launch", "--config", cfgPath, "--run-dir", dir)
 	cmd.Env = append(os.Environ(), env...)
 	if outb, err := cmd.CombinedOutput(); err != nil {
-		return 0, 0, 0, 0, 0, fmt.Errorf("%v\n%s", err, outb)
+		return m, fmt.Errorf("%v\n%s", err, outb)
 	}
 	info, events, err := profile.ReadRun(dir)
 	if err != nil {
-		return 0, 0, 0, 0, 0, err
+		return m, err
 	}
 	rep, err := profile.Analyse(info, events, skip)
 	if err != nil {
-		return 0, 0, 0, 0, 0, err
+		return m, err
 	}
+	if rep.Predicted == nil {
+		return m, fmt.Errorf("simulating the run: %v", rep.PredictErr)
+	}
+	m.measured, m.simulated, m.steady = rep.MeanBubble, rep.PredictedBubble, rep.SteadyBubble
 	for _, k := range env {
 		kv := strings.SplitN(k, "=", 2)
 		os.Setenv(kv[0], kv[1])
 	}
 	cfg, err := configs.Load(cfgPath)
 	if err != nil {
-		return 0, 0, 0, 0, 0, err
-	}
-	model, err := models.Build(cfg.Model)
-	if err != nil {
-		return 0, 0, 0, 0, 0, err
-	}
-	sched, err := cfg.BuildSchedule()
-	if err != nil {
-		return 0, 0, 0, 0, 0, err
-	}
-	// The run's own measured link delay, as for every other cost; the size-based
-	// estimate only when no message was timed.
-	transfer := float64(engine.EstimateTransfer(cfg, model)) / 1e6
-	if d, ok := rep.MeanTransfer(); ok {
-		transfer = float64(d) / 1e6
-	}
-	tl, err := schedule.Simulate(sched, profile.ScheduleCosts(profile.MeanCosts(events, skip), info.Chunks, transfer))
-	if err != nil {
-		return 0, 0, 0, 0, 0, err
-	}
-	for _, x := range tl.Bubble {
-		simulated += x / float64(len(tl.Bubble))
+		return m, err
 	}
 	ms, err := stages.ReadMetrics(filepath.Join(dir, "metrics.jsonl"))
 	if err != nil {
-		return 0, 0, 0, 0, 0, err
+		return m, err
 	}
 	var steptimes []float64
-	for _, m := range ms[min(skip, len(ms)-1):] {
-		steptimes = append(steptimes, float64(cfg.Data.BatchSize)/m.SamplesPerSec*1e3)
+	for _, x := range ms[min(skip, len(ms)-1):] {
+		steptimes = append(steptimes, float64(cfg.Data.BatchSize)/x.SamplesPerSec*1e3)
 	}
-	memory = 1
+	m.stepMS = median(steptimes)
+	m.memory = 1
 	for _, st := range rep.Stages {
-		peakMiB = max(peakMiB, float64(st.PeakStashBytes)/(1<<20))
+		m.peakMiB = max(m.peakMiB, float64(st.PeakStashBytes)/(1<<20))
 		if st.PredictedStashBytes > 0 {
 			r := float64(st.PeakStashBytes) / float64(st.PredictedStashBytes)
-			if math.Abs(r-1) > math.Abs(memory-1) {
-				memory = r
+			if math.Abs(r-1) > math.Abs(m.memory-1) {
+				m.memory = r
 			}
 		}
 	}
-	return rep.MeanBubble, simulated, median(steptimes), memory, peakMiB, nil
+	return m, nil
 }
 
 func median(xs []float64) float64 {
