@@ -100,6 +100,11 @@ func TestLoadSmall(t *testing.T) {
 		if !slices.Equal(x, []float64{float64(float32(0.4)), 0, 0, 1}) {
 			t.Errorf("gathered %v", x)
 		}
+		x32 := make([]float32, 8)
+		GatherImages(d, []int{1, 0}, x32)
+		if want := []float32{0.4, 0, 0, 1, 0, 1, 0.2, 0}; !slices.Equal(x32, want) {
+			t.Errorf("gathered float32 %v, want %v", x32, want)
+		}
 		y := make([]int, 3)
 		GatherLabels(d, []int{1, 0, 1}, y)
 		if !slices.Equal(y, []int{9, 3, 9}) {

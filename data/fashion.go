@@ -134,6 +134,14 @@ func GatherImages[T float32 | float64](d *Dataset, idx []int, dst []T) {
 	if len(dst) != len(idx)*d.Dim {
 		panic(fmt.Sprintf("data: GatherImages: dst has %d values, want %d", len(dst), len(idx)*d.Dim))
 	}
+	if f32, ok := any(dst).([]float32); ok {
+		// The images are float32 already: a row is one copy, about five
+		// times faster than converting value by value.
+		for i, k := range idx {
+			copy(f32[i*d.Dim:(i+1)*d.Dim], d.Images[k*d.Dim:(k+1)*d.Dim])
+		}
+		return
+	}
 	for i, k := range idx {
 		src := d.Images[k*d.Dim : (k+1)*d.Dim]
 		out := dst[i*d.Dim : (i+1)*d.Dim]

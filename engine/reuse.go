@@ -5,6 +5,7 @@ import (
 	"unsafe"
 
 	G "gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
 )
 
 // A stage hands received tensors back to the transport once their
@@ -66,6 +67,18 @@ func (e *Engine) Unshare(mem []byte) bool {
 		}
 	}
 	return true
+}
+
+// Bytes is t's memory, to hand to Unshare; nil for a tensor of neither
+// float type.
+func Bytes(t *tensor.Dense) []byte {
+	switch d := t.Data().(type) {
+	case []float32:
+		return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(d))), 4*len(d))
+	case []float64:
+		return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(d))), 8*len(d))
+	}
+	return nil
 }
 
 // registers returns pointers to a tape machine's CPU registers (unexported,

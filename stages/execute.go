@@ -239,7 +239,7 @@ func (r *Runtime) forward(step int, a schedule.Action, input *tensor.Dense) (*te
 	e, mb := r.engines[a.Chunk], a.MicroBatch
 	var targets []int
 	if e.IsFirst() {
-		input = r.newInput(e)
+		input = r.dataInput(e, mb)
 	}
 	if e.IsFirst() || e.IsLast() {
 		x := input

@@ -115,3 +115,32 @@ func TestRecomputationSavesMemory(t *testing.T) {
 	}
 	t.Logf("stage 0's predicted peak: none %d, selective %d (%.2f×), full %d (%.2f×)", peaks[0], peaks[1], float64(peaks[1])/float64(peaks[0]), peaks[2], float64(peaks[2])/float64(peaks[0]))
 }
+
+// TestDataInputsAreReused: the first model stage gathers each micro-batch's
+// data into a tensor that a finished micro-batch gave back, so that after a
+// run it holds as many as it ever had in flight, not one per micro-batch of
+// every step; the equivalence tests show that none is overwritten while in use.
+func TestDataInputsAreReused(t *testing.T) {
+	for _, tc := range []struct {
+		sched  string
+		layers [][]string
+		peak   int // micro-batches in flight at once on the first model stage
+	}{
+		{"1f1b", plain("0", "1", "2-3"), 3},
+		{"gpipe", plain("0-1", "2-3"), 4},
+		{"zb-v", [][]string{{"0", "3"}, {"1", "2"}}, 4},
+	} {
+		t.Run(tc.sched, func(t *testing.T) {
+			c := testConfig(tc.sched, tc.layers, 4, "float32", "sgd")
+			c.Train.Evaluate = false
+			_, rts := runStages(t, c, false)
+			r := rts[0]
+			if len(r.inputs) != 0 {
+				t.Errorf("%d data inputs still held after the run", len(r.inputs))
+			}
+			if len(r.spareInputs) != tc.peak {
+				t.Errorf("%d data inputs made over %d steps of 4 micro-batches, want %d, the most in flight", len(r.spareInputs), c.Train.Steps, tc.peak)
+			}
+		})
+	}
+}
