@@ -3,8 +3,10 @@ package engine
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 
+	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
 	"github.com/pipetrain/pipetrain/configs"
@@ -34,50 +36,120 @@ type Cost struct {
 
 // MeasureCosts times each stage's chunks on this machine: forward, fused backward,
 // and the split input and weight gradients, on random micro-batches of the
-// configured shapes. Each figure is the median of reps runs after one warm-up.
-// The result is indexed [stage][chunk].
+// configured shapes. Each figure is the median of reps runs after one warm-up,
+// the chunks taking turns (see measureAll). The result is indexed [stage][chunk].
 func MeasureCosts(c *configs.Config, reps int) ([][]Cost, error) {
 	blas.SetThreads(c.Threads(0))
 	model, err := models.Build(c.Model)
 	if err != nil {
 		return nil, err
 	}
-	out := make([][]Cost, len(c.Stages))
+	var ranges [][2]int
 	for s := range c.Stages {
 		for chunk := 0; chunk < c.VirtualStages; chunk++ {
 			first, last := c.ChunkLayers(s, chunk)
-			cost, err := measureRange(model, first, last, c.MicroBatchSize(), c.Train.Seed, reps)
-			if err != nil {
-				return nil, fmt.Errorf("stage %d chunk %d: %w", s, chunk, err)
-			}
-			out[s] = append(out[s], cost)
+			ranges = append(ranges, [2]int{first, last})
 		}
+	}
+	costs, err := measureAll(model, ranges, c.MicroBatchSize(), c.Train.Seed, reps, stats.Median[time.Duration])
+	if err != nil {
+		i := len(costs)
+		return nil, fmt.Errorf("stage %d chunk %d: %w", i/c.VirtualStages, i%c.VirtualStages, err)
+	}
+	out := make([][]Cost, len(c.Stages))
+	for i, cost := range costs {
+		out[i/c.VirtualStages] = append(out[i/c.VirtualStages], cost)
 	}
 	return out, nil
 }
 
 // MeasureLayers times each layer of the model alone, for planners that choose the
-// stage boundaries.
+// stage boundaries. Each figure is the fastest of reps runs after one warm-up,
+// the layers taking turns (see measureAll): a stage runs on a core of its own,
+// so the run least disturbed by whatever else this machine is doing is the
+// one to plan with.
 func MeasureLayers(spec models.Spec, batch int, seed uint64, reps int) ([]Cost, error) {
 	model, err := models.Build(spec)
 	if err != nil {
 		return nil, err
 	}
-	var out []Cost
-	for l := range model.Layers {
-		cost, err := measureRange(model, l, l+1, batch, seed, reps)
-		if err != nil {
-			return nil, fmt.Errorf("layer %d: %w", l, err)
-		}
-		out = append(out, cost)
+	ranges := make([][2]int, len(model.Layers))
+	for l := range ranges {
+		ranges[l] = [2]int{l, l + 1}
 	}
-	return out, nil
+	costs, err := measureAll(model, ranges, batch, seed, reps, slices.Min[[]time.Duration])
+	if err != nil {
+		return nil, fmt.Errorf("layer %d: %w", len(costs), err)
+	}
+	return costs, nil
 }
 
-func measureRange(model *models.Model, first, last, batch int, seed uint64, reps int) (Cost, error) {
+// measureAll times each layer range [first, last) of ranges reps times after
+// one warm-up and keeps the figure pick chooses among each action's times.
+// The ranges take turns, one run of each per round, so that a burst of load
+// on a busy machine slows one run of every range rather than every run of
+// one range: the planner compares ranges, and a range measured slow by
+// chance moves its boundaries. On error, the costs of the ranges before the
+// failing one are returned with it, so the caller can name the range.
+func measureAll(model *models.Model, ranges [][2]int, batch int, seed uint64, reps int, pick func([]time.Duration) time.Duration) ([]Cost, error) {
+	if reps < 1 {
+		return nil, fmt.Errorf("%d runs per measurement: need at least 1", reps)
+	}
+	probes := make([]*probe, len(ranges))
+	for i, r := range ranges {
+		p, err := newProbe(model, r[0], r[1], batch, seed)
+		if err != nil {
+			return make([]Cost, i), err
+		}
+		probes[i] = p
+	}
+	if i, err := rounds(len(probes), reps, func(i int, keep bool) error { return probes[i].run(keep) }); err != nil {
+		return make([]Cost, i), err
+	}
+	costs := make([]Cost, len(probes))
+	for i, p := range probes {
+		cost, err := p.cost(pick)
+		if err != nil {
+			return costs[:i], err
+		}
+		costs[i] = cost
+	}
+	return costs, nil
+}
+
+// rounds calls run for each of n items once per round, item after item, for
+// a warm-up round whose times are not kept (keep false: it warms caches and
+// allocators) and then reps rounds. On error it stops and returns the item
+// that failed.
+func rounds(n, reps int, run func(i int, keep bool) error) (int, error) {
+	for rep := 0; rep <= reps; rep++ {
+		for i := range n {
+			if err := run(i, rep > 0); err != nil {
+				return i, err
+			}
+		}
+	}
+	return 0, nil
+}
+
+// probe is one layer range's engines and random inputs, and the times of the
+// runs measured so far.
+type probe struct {
+	model          *models.Model
+	first, last    int
+	batch          int
+	seed           uint64
+	fused, split   *Engine // split is nil for layers that cannot split
+	input          *tensor.Dense
+	targets        []int
+	grad           G.Value
+	fs, bs, is, ws []time.Duration
+}
+
+func newProbe(model *models.Model, first, last, batch int, seed uint64) (*probe, error) {
 	fused, err := NewEngine(model, first, last, batch, seed, Options{})
 	if err != nil {
-		return Cost{}, err
+		return nil, err
 	}
 	split, err := NewEngine(model, first, last, batch, seed, Options{Split: true})
 	if err != nil {
@@ -96,40 +168,52 @@ func measureRange(model *models.Model, first, last, batch int, seed uint64, reps
 	if !fused.IsLast() {
 		grad = randomDense(r, model.DType, fused.OutShape())
 	}
-	var fs, bs, is, ws []time.Duration
-	for rep := 0; rep <= reps; rep++ {
-		t0 := time.Now()
-		if _, err := fused.Forward(0, input, targets); err != nil {
-			return Cost{}, err
-		}
-		t1 := time.Now()
-		if _, err := fused.Backward(0, grad); err != nil {
-			return Cost{}, err
-		}
-		t2 := time.Now()
-		if split != nil {
-			if _, err := split.Forward(0, input, targets); err != nil {
-				return Cost{}, err
-			}
-			t3 := time.Now()
-			if _, err := split.Input(0, grad); err != nil {
-				return Cost{}, err
-			}
-			t4 := time.Now()
-			if err := split.Weight(0); err != nil {
-				return Cost{}, err
-			}
-			if rep > 0 {
-				is, ws = append(is, t4.Sub(t3)), append(ws, time.Since(t4))
-			}
-		}
-		if rep > 0 { // the first run warms caches and allocators
-			fs, bs = append(fs, t1.Sub(t0)), append(bs, t2.Sub(t1))
-		}
+	return &probe{model: model, first: first, last: last, batch: batch, seed: seed,
+		fused: fused, split: split, input: input, targets: targets, grad: grad}, nil
+}
+
+// run runs one micro-batch's forward and fused backward, and its split
+// passes where the range can split; keep records their times.
+func (p *probe) run(keep bool) error {
+	t0 := time.Now()
+	if _, err := p.fused.Forward(0, p.input, p.targets); err != nil {
+		return err
 	}
+	t1 := time.Now()
+	if _, err := p.fused.Backward(0, p.grad); err != nil {
+		return err
+	}
+	t2 := time.Now()
+	if keep {
+		p.fs, p.bs = append(p.fs, t1.Sub(t0)), append(p.bs, t2.Sub(t1))
+	}
+	if p.split == nil {
+		return nil
+	}
+	if _, err := p.split.Forward(0, p.input, p.targets); err != nil {
+		return err
+	}
+	t3 := time.Now()
+	if _, err := p.split.Input(0, p.grad); err != nil {
+		return err
+	}
+	t4 := time.Now()
+	if err := p.split.Weight(0); err != nil {
+		return err
+	}
+	if keep {
+		p.is, p.ws = append(p.is, t4.Sub(t3)), append(p.ws, time.Since(t4))
+	}
+	return nil
+}
+
+// cost is the range's Cost: pick's figure of each action's times, and the
+// memory the range keeps.
+func (p *probe) cost(pick func([]time.Duration) time.Duration) (Cost, error) {
+	model, first, last, batch, seed := p.model, p.first, p.last, p.batch, p.seed
 	var params int64
-	for _, p := range fused.Params() {
-		params += int64(p.Shape().TotalSize())
+	for _, n := range p.fused.Params() {
+		params += int64(n.Shape().TotalSize())
 	}
 	size := int64(model.DType.Size())
 	// A machine holds tensors that grow with the micro-batch and some that do
@@ -144,17 +228,18 @@ func measureRange(model *models.Model, first, last, batch int, seed uint64, reps
 		return Cost{}, err
 	}
 	fixed := min(max(2*mem.Machine-mem2.Machine, 0), mem.Machine)
-	cost := Cost{F: stats.Median(fs), B: stats.Median(bs), I: stats.Median(is), W: stats.Median(ws), StashBytes: mem.Machine, StashFixedBytes: fixed,
+	cost := Cost{F: pick(p.fs), B: pick(p.bs), StashBytes: mem.Machine, StashFixedBytes: fixed,
 		ParamBytes: 4 * params * size, OutBytes: int64(model.ShapeAt(last, batch).TotalSize()) * size}
-	if split == nil {
+	if p.split == nil {
 		cost.I, cost.W = cost.B/2, cost.B/2
-	} else {
-		m, err := MeasureMemory(model, first, last, batch, seed, Options{Split: true})
-		if err != nil {
-			return Cost{}, err
-		}
-		cost.SplitStashBytes = m.Machine + m.Stash
+		return cost, nil
 	}
+	cost.I, cost.W = pick(p.is), pick(p.ws)
+	m, err := MeasureMemory(model, first, last, batch, seed, Options{Split: true})
+	if err != nil {
+		return Cost{}, err
+	}
+	cost.SplitStashBytes = m.Machine + m.Stash
 	return cost, nil
 }
 

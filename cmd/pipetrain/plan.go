@@ -74,7 +74,7 @@ func planCmd() *cobra.Command {
 	c.Flags().StringVar(&o.schedules, "schedules", "1f1b,zb-h1,gpipe", "schedules to consider: "+strings.Join(append(plan.Schedules(), plan.VSchedules()...), ", ")+" (zb-v and dualpipev cut each stage's layers in two, placed in a V)")
 	c.Flags().StringVar(&o.out, "out", "", "where to write the new config (default: CONFIG-planned.yaml)")
 	c.Flags().BoolVar(&o.force, "force", false, "replace the output file if it exists")
-	c.Flags().IntVar(&o.reps, "reps", 5, "measurements per layer (the median is used)")
+	c.Flags().IntVar(&o.reps, "reps", 5, "runs per layer, the layers taking turns (the fastest is used: a stage has its core to itself, the planning machine may not)")
 	c.Flags().IntVar(&o.micro, "micro-batches", 0, "keep this micro-batch count (per replica) instead of choosing one (powers of two up to 64 that divide the batch)")
 	c.Flags().StringVar(&o.ring.bandwidth, "allreduce-bandwidth", "", ringBandwidthUsage+"; measured among the config's replicas, or 2 when it has one")
 	c.Flags().DurationVar(&o.ring.latency, "allreduce-latency", defaultAllReduceLatency, "cost of each message of the all-reduce ring")
@@ -97,6 +97,8 @@ func runPlan(w io.Writer, o planOptions) error {
 	switch {
 	case o.processes < 0:
 		return fmt.Errorf("--processes %d: need at least 1", o.processes)
+	case o.reps < 1:
+		return fmt.Errorf("--reps %d: need at least 1", o.reps)
 	case o.processes > 0 && o.stagesSet:
 		return errors.New("give --stages or --processes, not both: --processes tries every stages × replicas grid")
 	}
@@ -124,7 +126,7 @@ func runPlan(w io.Writer, o planOptions) error {
 	if _, err := os.Stat(out); err == nil && !o.force {
 		return fmt.Errorf("--out %s exists; --force replaces it", out)
 	}
-	fmt.Fprintf(w, "pipetrain plan: measuring each layer of %s at micro-batch %d (median of %d)...\n", cfg.Path, cfg.MicroBatchSize(), o.reps)
+	fmt.Fprintf(w, "pipetrain plan: measuring each layer of %s at micro-batch %d (fastest of %d runs, the layers taking turns)...\n", cfg.Path, cfg.MicroBatchSize(), o.reps)
 	layerCosts, err := engine.MeasureLayers(cfg.Model, cfg.MicroBatchSize(), cfg.Train.Seed, o.reps)
 	if err != nil {
 		return err

@@ -171,6 +171,7 @@ func TestPlanProcessesErrors(t *testing.T) {
 	}{
 		{[]string{"--processes", "2", "--stages", "2"}, "give --stages or --processes, not both"},
 		{[]string{"--processes", "-1"}, "--processes -1: need at least 1"},
+		{[]string{"--reps", "0"}, "--reps 0: need at least 1"},
 		{[]string{"--processes", "2", "--allreduce-bandwidth", "x"}, `--allreduce-bandwidth: "x" is not a rate`},
 		{[]string{"--processes", "4", "--micro-batches", "16"}, "no grid of 4 processes has a plan (stages × replicas): 4×1: 4 stages for 3 layers; 2×2: 16 micro-batches do not divide the replicas' batch of 8; 1×4: "},
 	} {
