@@ -39,7 +39,8 @@ import (
 //     here), and the image's sh for this machine's (both Debian's dash);
 //   - the environment: the image's PATH, what the runtime and the kubelet add
 //     (HOSTNAME, the kubernetes Service's variables), the Job controller's
-//     JOB_COMPLETION_INDEX, then the container's env; not the test's;
+//     JOB_COMPLETION_INDEX, then the container's env; not the test's,
+//     but for its OpenBLAS settings (hostBLASEnv);
 //   - the host name the Job controller gives the pod (<job>-<index>; a
 //     JobSet's Job is <jobset>-<replicated job>-<job index>), and an
 //     /etc/hosts holding what the kubelet writes there plus, standing in for
@@ -489,6 +490,10 @@ func containerCmd(t *testing.T, h *netns.Host, p k8sPod, c container, sources ma
 		"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443", "KUBERNETES_SERVICE_PORT_HTTPS": "443",
 		"KUBERNETES_PORT": "tcp://10.96.0.1:443", "KUBERNETES_PORT_443_TCP": "tcp://10.96.0.1:443",
 		"KUBERNETES_PORT_443_TCP_PROTO": "tcp", "KUBERNETES_PORT_443_TCP_PORT": "443", "KUBERNETES_PORT_443_TCP_ADDR": "10.96.0.1"}
+	for _, kv := range hostBLASEnv() {
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
+	}
 	for _, e := range c.Env {
 		if e.ValueFrom != nil {
 			t.Fatalf("pod %s: env %s: valueFrom is not played", p.hostname, e.Name)

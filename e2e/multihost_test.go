@@ -37,6 +37,21 @@ type rankProc struct {
 	done chan error
 }
 
+// hostBLASEnv is the test's OpenBLAS settings (OPENBLAS_CORETYPE and the
+// like), for ranks started with an environment of their own. The reference
+// they are held to runs with the test's environment, and a core type forced
+// there picks other kernels than the one OpenBLAS detects, which round
+// differently; the hosts of a real job run one machine image alike.
+func hostBLASEnv() []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "OPENBLAS_") {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
 // startRanks starts world ranks of cfg, rank r with run directory dirs[r],
 // each with only its rank and the rendezvous in its environment, rank 0
 // last (it serves the rendezvous, and the others wait for it).
@@ -272,7 +287,7 @@ func TestHostsAsNetworkNamespaces(t *testing.T) {
 			h := hosts[rank]
 			cmd := h.Command([]netns.Mount{{Source: dirs[rank], Target: runDir}}, binary,
 				"stage", "--config", cfg, "--run-dir", runDir, "--resume")
-			cmd.Env = []string{"PATH=/usr/bin:/bin", fmt.Sprintf("RANK=%d", rank), "WORLD_SIZE=4", "MASTER_ADDR=" + hosts[0].Addr, "MASTER_PORT=29400"}
+			cmd.Env = append(hostBLASEnv(), "PATH=/usr/bin:/bin", fmt.Sprintf("RANK=%d", rank), "WORLD_SIZE=4", "MASTER_ADDR="+hosts[0].Addr, "MASTER_PORT=29400")
 			out, done := startCmd(t, cmd)
 			procs[rank] = rankProc{rank: rank, pid: cmd.Process.Pid, out: out, done: done}
 		}
