@@ -5,6 +5,13 @@
 // writes a Markdown table (docs/schedules-benchmark.md by default).
 //
 //	go run ./bench/schedules -bin bin/pipetrain -out docs/schedules-benchmark.md
+//
+// -setups, -schedules and -micro-batches measure part of the sweep, such as one
+// target's two rows with more repetitions; a partial sweep is printed, and
+// written only where -out names a file, so the full report is not replaced by
+// a part of it.
+//
+//	go run ./bench/schedules -setups pinned -schedules zb-v -recompute=false -micro-batches 4 -reps 9
 package main
 
 import (
@@ -47,9 +54,20 @@ func (r row) String() string {
 
 // setup is one placement of the benchmark model.
 type setup struct {
+	key                            string // its name for -setups
 	title, plain, interleaved, zbv string
 	micros                         []int // micro-batch counts measured
 }
+
+var allSetups = []setup{
+	{"shared", "4 stages sharing this machine's cores", "configs/bench-mlp-4stage.yaml", "configs/bench-mlp-interleaved.yaml", "configs/bench-mlp-zbv.yaml", []int{8, 16}},
+	// Two stages also at m = 4, where 1F1B's bubble is largest and the
+	// zero-bubble schedules have the most to win.
+	{"pinned", "2 stages, each pinned to its own core", "configs/bench-mlp-2stage-pinned.yaml", "configs/bench-mlp-2stage-pinned-interleaved.yaml", "configs/bench-mlp-2stage-pinned-zbv.yaml", []int{4, 8, 16}},
+}
+
+var allRows = []row{{"gpipe", false}, {"1f1b", false}, {"interleaved", false}, {"zb-h1", false}, {"zb-v", false},
+	{"interleaved-zb", false}, {"dualpipev", false}, {"gpipe", true}, {"1f1b", true}, {"zb-h1", true}}
 
 func main() {
 	bin := flag.String("bin", "bin/pipetrain", "pipetrain binary")
@@ -57,13 +75,20 @@ func main() {
 	reps := flag.Int("reps", 3, "runs per schedule and micro-batch count (medians are reported)")
 	steps := flag.Int("steps", 60, "training steps per run")
 	skip := flag.Int("skip", 10, "warm-up steps left out of every figure")
+	var sel selection
+	flag.StringVar(&sel.setups, "setups", "", "setups to measure, comma-separated: shared, pinned (default: both)")
+	flag.StringVar(&sel.schedules, "schedules", "", "schedules to measure, comma-separated (default: every row; 1f1b is always measured, the baseline of the throughput column)")
+	flag.BoolVar(&sel.recompute, "recompute", true, "measure the recompute: full rows of the chosen schedules")
+	flag.StringVar(&sel.micros, "micro-batches", "", "micro-batch counts, comma-separated (default: each setup's own)")
 	flag.Parse()
 
-	setups := []setup{
-		{"4 stages sharing this machine's cores", "configs/bench-mlp-4stage.yaml", "configs/bench-mlp-interleaved.yaml", "configs/bench-mlp-zbv.yaml", []int{8, 16}},
-		// Two stages also at m = 4, where 1F1B's bubble is largest and the
-		// zero-bubble schedules have the most to win.
-		{"2 stages, each pinned to its own core", "configs/bench-mlp-2stage-pinned.yaml", "configs/bench-mlp-2stage-pinned-interleaved.yaml", "configs/bench-mlp-2stage-pinned-zbv.yaml", []int{4, 8, 16}},
+	setups, rows, err := sel.choose(allSetups, allRows)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "schedules:", err)
+		os.Exit(2)
+	}
+	if sel.partial() && !explicit("out") {
+		*out = ""
 	}
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "# Schedules measured on this machine\n\n")
@@ -77,10 +102,14 @@ func main() {
 	fmt.Fprintf(&b, "- activations: each stage's peak activation memory in the run's events over run.json's prediction from the chunks' shapes (see docs/profiling.md), for the stage furthest from it; and the most any stage held, in MiB;\n")
 	fmt.Fprintf(&b, "- `recompute: full` rows: the same config with every stage set to recompute its forwards (docs/schedules.md#activation-recomputation).\n")
 	for _, su := range setups {
-		if err := bench(&b, su, *bin, *reps, *steps, *skip); err != nil {
+		if err := bench(&b, su, rows, *bin, *reps, *steps, *skip); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
+	}
+	if *out == "" {
+		fmt.Print(b.String())
+		return
 	}
 	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -93,9 +122,7 @@ func main() {
 	fmt.Print(b.String())
 }
 
-func bench(b *bytes.Buffer, su setup, bin string, reps, steps, skip int) error {
-	rows := []row{{"gpipe", false}, {"1f1b", false}, {"interleaved", false}, {"zb-h1", false}, {"zb-v", false},
-		{"interleaved-zb", false}, {"dualpipev", false}, {"gpipe", true}, {"1f1b", true}, {"zb-h1", true}}
+func bench(b *bytes.Buffer, su setup, rows []row, bin string, reps, steps, skip int) error {
 	micros := su.micros
 	results := map[string]*result{}
 	key := func(r row, m int) string { return fmt.Sprintf("%v/%d", r, m) }
