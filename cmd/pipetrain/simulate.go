@@ -36,6 +36,10 @@ measured is marked with * and explained on a line of its own: I and W are
 assumed B/2 each when the run (or --costs without w=) gave none, B is taken
 as I + W when the run split every backward, and the transfer is estimated
 from the activation size unless a run measured it or --transfer gives it.
+With several chunks per stage (interleaved, zb-v), "measure" and a run
+directory also give each chunk's own costs, on lines below its stage's, and
+the schedules that run the config's chunks are simulated with them (a V's
+chunks on one stage are the model's first and last layers, rarely equal).
 
 Then, for each schedule: the makespan and mean bubble, each stage's busy time,
 bubble and peak stashed activations, a text timeline (a picture, one column
@@ -187,7 +191,7 @@ func runSimulate(w io.Writer, o simulateOptions) error {
 			fmt.Fprintf(w, "\n%s: not applicable here: %s\n", p.name, p.skip)
 			continue
 		}
-		tl, err := simulateOne(w, p.sched, repl.costs(costs.Costs, p.sched.Chunks), stash, o.svg, o.lowered, len(model.Tied), repl)
+		tl, err := simulateOne(w, p.sched, repl.costs(costs.forSchedule(p.sched), p.sched.Chunks), stash, o.svg, o.lowered, len(model.Tied), repl)
 		if err != nil {
 			return err
 		}
@@ -303,6 +307,12 @@ type simCosts struct {
 	bDerived  string // why B is I + W on the stages in bStages; "" when measured
 	bStages   []bool
 
+	// chunks is each stage's chunks' own costs, where they were measured or
+	// taken from a run with the config's chunks; nil otherwise (each chunk
+	// then costs a v-th of its stage). A V's chunks on one stage are the
+	// model's first and last layers, not halves of one range.
+	chunks [][]schedule.ChunkCost
+
 	runTransfer       time.Duration // a run's measured mean link delay; 0 if none
 	transferFrom      string        // where Transfer came from, when it was not estimated
 	transferEstimated bool
@@ -325,11 +335,16 @@ func simulationCosts(cfg *configs.Config, model *models.Model, from string, reps
 			return c, err
 		}
 		for s, chunks := range measured {
+			var own []schedule.ChunkCost
 			for _, m := range chunks {
 				c.F[s] += ms(m.F)
 				c.B[s] += ms(m.B)
 				c.I[s] += ms(m.I)
 				c.W[s] += ms(m.W)
+				own = append(own, schedule.ChunkCost{F: ms(m.F), B: ms(m.B), I: ms(m.I), W: ms(m.W)})
+			}
+			if len(chunks) > 1 {
+				c.chunks = append(c.chunks, own)
 			}
 		}
 		c.source = fmt.Sprintf("measured on this machine, median of %d", reps)
@@ -372,6 +387,9 @@ func simulationCosts(cfg *configs.Config, model *models.Model, from string, reps
 	means := profile.MeanCosts(events, 1)
 	sc := profile.ScheduleCosts(means, info.Chunks, 0)
 	c.F, c.B, c.Gap = sc.F, sc.B, sc.Gap
+	if info.Chunks == cfg.VirtualStages {
+		c.chunks = sc.Chunks
+	}
 	if sc.I == nil { // not every stage split its backward: assume half each
 		c.iwAssumed = run + " split no backward, so it timed no I or W"
 		for s := range c.B {
@@ -389,6 +407,17 @@ func simulationCosts(cfg *configs.Config, model *models.Model, from string, reps
 	c.bDerived = run + " split every backward, so it timed no whole one"
 	c.bStages = allStages(p)
 	return c, nil
+}
+
+// forSchedule returns the costs to simulate s with: the chunks' own costs
+// where s runs the config's chunks, and per-stage costs otherwise (a what-if
+// with other chunks than the config's places its layers otherwise).
+func (c simCosts) forSchedule(s *schedule.Schedule) schedule.Costs {
+	out := c.Costs
+	if len(c.chunks) == s.Stages && s.Chunks > 1 && len(c.chunks[0]) == s.Chunks {
+		out.Chunks = c.chunks
+	}
+	return out
 }
 
 // readCostsRun reads the run directory --costs names, saying what --costs
@@ -449,6 +478,15 @@ func (c simCosts) print(w io.Writer, cfg *configs.Config, split bool) {
 			fmt.Fprintf(w, "  hand-off %.3f ms", c.Gap[s])
 		}
 		fmt.Fprintln(w)
+		if c.chunks != nil {
+			for k, x := range c.chunks[s] {
+				fmt.Fprintf(w, "    chunk %d  F %.3f ms  B %.3f ms%s", k, x.F, x.B, mark(c.bStages[s]))
+				if split {
+					fmt.Fprintf(w, "  (I %.3f%s + W %.3f%s ms)", x.I, mark(c.iwStages[s]), x.W, mark(c.iwStages[s]))
+				}
+				fmt.Fprintln(w)
+			}
+		}
 	}
 	if slices.Contains(c.bStages, true) {
 		fmt.Fprintf(w, "  * B: not measured, taken as I + W: %s\n", c.bDerived)

@@ -1,11 +1,18 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/pipetrain/pipetrain/profile"
+	"github.com/pipetrain/pipetrain/schedule"
 )
 
 // TestSimulateZBV: simulate predicts zb-v on the shipped V config at its
@@ -99,5 +106,123 @@ func TestPlanZBV(t *testing.T) {
 	interleaved := strings.NewReplacer("schedule: zb-v", "schedule: interleaved", `["0", "5"]`, `["0", "3"]`, `["1-2", "3-4"]`, `["1-2", "4-5"]`).Replace(planZBV)
 	if out, _, err := runPlanned(t, interleaved); err == nil || !strings.Contains(err.Error(), "this config interleaves virtual stages") {
 		t.Errorf("an interleaved config: %v\n%s", err, out)
+	}
+}
+
+// simV is a 4-layer MLP under zb-v on two stages, stage 0 holding the
+// model's first and last layers.
+const simV = `
+model: {name: mlp, input: 8, hidden: [6, 6, 5], classes: 3}
+data: {batch_size: 8, micro_batches: 4}
+train: {steps: 5, optimizer: {name: sgd, lr: 0.1}}
+schedule: zb-v
+virtual_stages: 2
+stages:
+  - {layers: ["0", "3"], address: 127.0.0.1:7001}
+  - {layers: ["1", "2"], address: 127.0.0.1:7002}
+`
+
+// writeVRun writes a zb-v run's event logs on 2 stages of 2 chunks where
+// each (stage, chunk) has its own F, I and W in ms, back to back.
+func writeVRun(t *testing.T, micro int, costs [2][2][3]float64) string {
+	t.Helper()
+	dir := t.TempDir()
+	info := profile.RunInfo{Schedule: "zb-v", Stages: 2, MicroBatches: micro, Steps: 2, Chunks: 2, Placement: "v"}
+	b, err := json.Marshal(info)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "run.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "events"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	kinds := []string{profile.Forward, profile.Input, profile.Weight}
+	for s := range 2 {
+		var buf bytes.Buffer
+		now := int64(1e12)
+		for step := range info.Steps {
+			for mb := range micro {
+				for chunk := range 2 {
+					for k, kind := range kinds {
+						e := profile.Event{Stage: s, Step: step, Kind: kind, MB: mb, Chunk: chunk, StartNS: now, EndNS: now + int64(costs[s][chunk][k]*1e6)}
+						now = e.EndNS
+						line, err := json.Marshal(e)
+						if err != nil {
+							t.Fatal(err)
+						}
+						buf.Write(append(line, '\n'))
+					}
+				}
+			}
+		}
+		if err := os.WriteFile(profile.EventsFile(dir, s), buf.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// TestSimulateTakesChunkCosts: with costs from a V run, simulate gives each
+// chunk its own F, I and W, as profile's prediction does (a V's chunks on one
+// stage are the model's first and last layers, not halves of one range),
+// and prints them; a what-if with one chunk per stage takes the stages'.
+func TestSimulateTakesChunkCosts(t *testing.T) {
+	// Stage 0's first chunk is heavy on F and light on I, its second the
+	// other way round: an even split of the stage's costs hides that.
+	costs := [2][2][3]float64{{{3, 0.5, 1}, {1, 2.5, 1}}, {{2, 1.5, 1}, {2, 1.5, 1}}}
+	run := writeVRun(t, 4, costs)
+	out, err := runCommand(t, simulateCmd(), "--config", writeSimConfig(t, simV), "--costs", run, "--transfer", "0", "--schedule", "zb-v,1f1b")
+	if err != nil {
+		t.Fatalf("simulate: %v\n%s", err, out)
+	}
+	for _, line := range []string{
+		"  stage 0  F 4.000 ms  B 5.000 ms*  (I 3.000 + W 2.000 ms)",
+		"    chunk 0  F 3.000 ms  B 1.500 ms*  (I 0.500 + W 1.000 ms)",
+		"    chunk 1  F 1.000 ms  B 3.500 ms*  (I 2.500 + W 1.000 ms)",
+		"    chunk 1  F 2.000 ms  B 2.500 ms*  (I 1.500 + W 1.000 ms)",
+	} {
+		if !strings.Contains(out, "\n"+line+"\n") {
+			t.Errorf("no line %q:\n%s", line, out)
+		}
+	}
+
+	perStage := schedule.Costs{F: []float64{4, 4}, B: []float64{5, 5}, I: []float64{3, 3}, W: []float64{2, 2}}
+	chunked := perStage
+	chunked.Chunks = make([][]schedule.ChunkCost, 2)
+	for s := range costs {
+		for _, c := range costs[s] {
+			chunked.Chunks[s] = append(chunked.Chunks[s], schedule.ChunkCost{F: c[0], B: c[1] + c[2], I: c[1], W: c[2]})
+		}
+	}
+	makespan := func(name string, v int, c schedule.Costs) float64 {
+		s, err := schedule.Build(name, 2, 4, v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tl, err := schedule.Simulate(s, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tl.Makespan
+	}
+	own, even := makespan("zb-v", 2, chunked), makespan("zb-v", 2, perStage)
+	if math.Abs(own-even) < 0.01 {
+		t.Fatalf("the chunks' own costs give zb-v the makespan an even split gives (%.2f ms): the test cannot tell them apart", own)
+	}
+	if want := fmt.Sprintf("\nzb-v (2 chunks per stage): makespan %.2f ms,", own); !strings.Contains(out, want) {
+		t.Errorf("zb-v not simulated on its chunks' own costs: want %q (an even split gives %.2f ms):\n%s", want, even, out)
+	}
+	if want := fmt.Sprintf("\n1f1b: makespan %.2f ms,", makespan("1f1b", 1, perStage)); !strings.Contains(out, want) {
+		t.Errorf("1f1b as a what-if not simulated on the stages' costs: want %q:\n%s", want, out)
+	}
+	// Measured here, each chunk is timed on its own too.
+	measured, err := runCommand(t, simulateCmd(), "--config", writeSimConfig(t, simV), "--costs", "measure", "--reps", "1", "--schedule", "zb-v")
+	if err != nil {
+		t.Fatalf("simulate --costs measure: %v\n%s", err, measured)
+	}
+	if n := len(regexp.MustCompile(`(?m)^    chunk [01]  F \d+\.\d{3} ms  B \d+\.\d{3} ms  \(I \d+\.\d{3} \+ W \d+\.\d{3} ms\)$`).FindAllString(measured, -1)); n != 4 {
+		t.Errorf("%d of 4 chunks printed with their measured costs:\n%s", n, measured)
 	}
 }
