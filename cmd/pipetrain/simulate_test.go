@@ -165,8 +165,22 @@ func TestSimulateScheduleFileFromPrintedGrid(t *testing.T) {
 // run, B at 2 ms; for a zb-h1 run, I at 0.5 ms and W at 3 ms.
 func writeRun(t *testing.T, sched string, stages, microBatches int) string {
 	t.Helper()
-	dir := t.TempDir()
 	info := profile.RunInfo{Schedule: sched, Stages: stages, MicroBatches: microBatches, Steps: 2}
+	kinds := map[string]float64{profile.Forward: 1, profile.Backward: 2}
+	order := []string{profile.Forward, profile.Backward}
+	if sched == "zb-h1" {
+		kinds = map[string]float64{profile.Forward: 1, profile.Input: 0.5, profile.Weight: 3}
+		order = []string{profile.Forward, profile.Input, profile.Weight}
+	}
+	return writeRunDir(t, info, order, func(s, chunk int, kind string) float64 { return kinds[kind] })
+}
+
+// writeRunDir writes a run directory of info with every stage's events back
+// to back: for each step, micro-batch and chunk, one of each kind in order,
+// taking cost(stage, chunk, kind) ms.
+func writeRunDir(t *testing.T, info profile.RunInfo, kinds []string, cost func(s, chunk int, kind string) float64) string {
+	t.Helper()
+	dir := t.TempDir()
 	b, err := json.Marshal(info)
 	if err != nil {
 		t.Fatal(err)
@@ -177,25 +191,21 @@ func writeRun(t *testing.T, sched string, stages, microBatches int) string {
 	if err := os.MkdirAll(filepath.Join(dir, "events"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	kinds := map[string]int64{profile.Forward: 1e6, profile.Backward: 2e6}
-	order := []string{profile.Forward, profile.Backward}
-	if sched == "zb-h1" {
-		kinds = map[string]int64{profile.Forward: 1e6, profile.Input: 5e5, profile.Weight: 3e6}
-		order = []string{profile.Forward, profile.Input, profile.Weight}
-	}
-	for s := range stages {
+	for s := range info.Stages {
 		var buf bytes.Buffer
 		now := int64(1e12)
 		for step := range info.Steps {
-			for mb := range microBatches {
-				for _, k := range order {
-					e := profile.Event{Stage: s, Step: step, Kind: k, MB: mb, StartNS: now, EndNS: now + kinds[k]}
-					now = e.EndNS
-					line, err := json.Marshal(e)
-					if err != nil {
-						t.Fatal(err)
+			for mb := range info.MicroBatches {
+				for chunk := range max(info.Chunks, 1) {
+					for _, k := range kinds {
+						e := profile.Event{Stage: s, Step: step, Kind: k, MB: mb, Chunk: chunk, StartNS: now, EndNS: now + int64(cost(s, chunk, k)*1e6)}
+						now = e.EndNS
+						line, err := json.Marshal(e)
+						if err != nil {
+							t.Fatal(err)
+						}
+						buf.Write(append(line, '\n'))
 					}
-					buf.Write(append(line, '\n'))
 				}
 			}
 		}

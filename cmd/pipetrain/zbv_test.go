@@ -1,13 +1,12 @@
 package main
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -123,45 +122,14 @@ stages:
 `
 
 // writeVRun writes a zb-v run's event logs on 2 stages of 2 chunks where
-// each (stage, chunk) has its own F, I and W in ms, back to back.
+// each (stage, chunk) has its own F, I and W in ms.
 func writeVRun(t *testing.T, micro int, costs [2][2][3]float64) string {
 	t.Helper()
-	dir := t.TempDir()
 	info := profile.RunInfo{Schedule: "zb-v", Stages: 2, MicroBatches: micro, Steps: 2, Chunks: 2, Placement: "v"}
-	b, err := json.Marshal(info)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "run.json"), b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(filepath.Join(dir, "events"), 0o755); err != nil {
-		t.Fatal(err)
-	}
 	kinds := []string{profile.Forward, profile.Input, profile.Weight}
-	for s := range 2 {
-		var buf bytes.Buffer
-		now := int64(1e12)
-		for step := range info.Steps {
-			for mb := range micro {
-				for chunk := range 2 {
-					for k, kind := range kinds {
-						e := profile.Event{Stage: s, Step: step, Kind: kind, MB: mb, Chunk: chunk, StartNS: now, EndNS: now + int64(costs[s][chunk][k]*1e6)}
-						now = e.EndNS
-						line, err := json.Marshal(e)
-						if err != nil {
-							t.Fatal(err)
-						}
-						buf.Write(append(line, '\n'))
-					}
-				}
-			}
-		}
-		if err := os.WriteFile(profile.EventsFile(dir, s), buf.Bytes(), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
+	return writeRunDir(t, info, kinds, func(s, chunk int, kind string) float64 {
+		return costs[s][chunk][slices.Index(kinds, kind)]
+	})
 }
 
 // TestSimulateTakesChunkCosts: with costs from a V run, simulate gives each
