@@ -57,13 +57,20 @@ type setup struct {
 	key                            string // its name for -setups
 	title, plain, interleaved, zbv string
 	micros                         []int // micro-batch counts measured
+	// pin: stage i runs pinned to CPU i (set here, so that the configs,
+	// which name no cpus, validate on a machine with fewer cores); the
+	// setup is left out, saying so, where the machine has fewer than stages.
+	pin    bool
+	stages int
 }
 
 var allSetups = []setup{
-	{"shared", "4 stages sharing this machine's cores", "configs/bench-mlp-4stage.yaml", "configs/bench-mlp-interleaved.yaml", "configs/bench-mlp-zbv.yaml", []int{8, 16}},
+	{"shared", "4 stages sharing this machine's cores", "configs/bench-mlp-4stage.yaml", "configs/bench-mlp-interleaved.yaml", "configs/bench-mlp-zbv.yaml", []int{8, 16}, false, 4},
 	// Two stages also at m = 4, where 1F1B's bubble is largest and the
 	// zero-bubble schedules have the most to win.
-	{"pinned", "2 stages, each pinned to its own core", "configs/bench-mlp-2stage-pinned.yaml", "configs/bench-mlp-2stage-pinned-interleaved.yaml", "configs/bench-mlp-2stage-pinned-zbv.yaml", []int{4, 8, 16}},
+	{"pinned", "2 stages, each pinned to its own core", "configs/bench-mlp-2stage-pinned.yaml", "configs/bench-mlp-2stage-pinned-interleaved.yaml", "configs/bench-mlp-2stage-pinned-zbv.yaml", []int{4, 8, 16}, false, 2},
+	// p = 4 with a core per stage, on a machine with 4 or more.
+	{"pinned4", "4 stages, each pinned to its own core", "configs/bench-mlp-4stage-pinned.yaml", "configs/bench-mlp-4stage-pinned-interleaved.yaml", "configs/bench-mlp-4stage-pinned-zbv.yaml", []int{8, 16}, true, 4},
 }
 
 var allRows = []row{{"gpipe", false}, {"1f1b", false}, {"interleaved", false}, {"zb-h1", false}, {"zb-v", false},
@@ -76,7 +83,7 @@ func main() {
 	steps := flag.Int("steps", 60, "training steps per run")
 	skip := flag.Int("skip", 10, "warm-up steps left out of every figure")
 	var sel selection
-	flag.StringVar(&sel.setups, "setups", "", "setups to measure, comma-separated: shared, pinned (default: both)")
+	flag.StringVar(&sel.setups, "setups", "", "setups to measure, comma-separated: shared, pinned, pinned4 (default: all; pinned4 runs only where the machine has a core per stage)")
 	flag.StringVar(&sel.schedules, "schedules", "", "schedules to measure, comma-separated (default: every row; 1f1b is always measured, the baseline of the throughput column)")
 	flag.BoolVar(&sel.recompute, "recompute", true, "measure the recompute: full rows of the chosen schedules")
 	flag.StringVar(&sel.micros, "micro-batches", "", "micro-batch counts, comma-separated (default: each setup's own)")
@@ -123,6 +130,12 @@ func main() {
 }
 
 func bench(b *bytes.Buffer, su setup, rows []row, bin string, reps, steps, skip int) error {
+	if su.pin && runtime.NumCPU() < su.stages {
+		fmt.Fprintf(b, "\n## %s\n\nNot run: this machine has %d cores, and each of the %d stages needs one of its own (`go run ./bench/schedules -setups %s` on a machine with %d or more).\n",
+			su.title, runtime.NumCPU(), su.stages, su.key, su.stages)
+		fmt.Fprintf(os.Stderr, "%s: not run: %d cores for %d stages\n", su.title, runtime.NumCPU(), su.stages)
+		return nil
+	}
 	micros := su.micros
 	results := map[string]*result{}
 	key := func(r row, m int) string { return fmt.Sprintf("%v/%d", r, m) }
@@ -138,14 +151,15 @@ func bench(b *bytes.Buffer, su setup, rows []row, bin string, reps, steps, skip 
 				case "zb-v", "dualpipev":
 					cfgPath = su.zbv
 				}
-				if rw.recompute {
+				rewritten := rw.recompute || su.pin
+				if rewritten {
 					var err error
-					if cfgPath, err = recomputing(cfgPath); err != nil {
+					if cfgPath, err = variant(cfgPath, rw.recompute, su.pin); err != nil {
 						return err
 					}
 				}
 				x, err := run(bin, cfgPath, rw.name, m, steps, skip)
-				if rw.recompute {
+				if rewritten {
 					os.Remove(cfgPath)
 				}
 				if err != nil {
@@ -177,9 +191,11 @@ func bench(b *bytes.Buffer, su setup, rows []row, bin string, reps, steps, skip 
 	return nil
 }
 
-// recomputing writes a copy of the config at path, beside it, with every
-// stage set to recompute its forwards, and returns the copy's path.
-func recomputing(path string) (string, error) {
+// variant writes a copy of the config at path, beside it, with every stage
+// set to recompute its forwards (recompute), and stage i pinned to CPU i
+// (pin), and returns the copy's path. Stages must be written {layers: ...},
+// one a line.
+func variant(path string, recompute, pin bool) (string, error) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		return "", err
@@ -187,14 +203,22 @@ func recomputing(path string) (string, error) {
 	lines := strings.Split(string(raw), "\n")
 	n := 0
 	for i, l := range lines {
-		if strings.HasPrefix(strings.TrimSpace(l), "- {layers:") {
-			lines[i], n = strings.Replace(l, "{layers:", "{recompute: full, layers:", 1), n+1
+		if !strings.HasPrefix(strings.TrimSpace(l), "- {layers:") {
+			continue
 		}
+		var fields string
+		if recompute {
+			fields += "recompute: full, "
+		}
+		if pin {
+			fields += fmt.Sprintf("cpus: \"%d\", ", n)
+		}
+		lines[i], n = strings.Replace(l, "{layers:", "{"+fields+"layers:", 1), n+1
 	}
 	if n == 0 {
-		return "", fmt.Errorf("%s: no stage written as {layers: ...} to set recompute on", path)
+		return "", fmt.Errorf("%s: no stage written as {layers: ...} to set recompute or cpus on", path)
 	}
-	f, err := os.CreateTemp(filepath.Dir(path), "recompute-*.yaml")
+	f, err := os.CreateTemp(filepath.Dir(path), "variant-*.yaml")
 	if err != nil {
 		return "", err
 	}

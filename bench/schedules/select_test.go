@@ -48,7 +48,7 @@ func TestChooseKeepsTheBaseline(t *testing.T) {
 		want string
 	}{
 		{selection{schedules: "zbv"}, `-schedules: unknown "zbv"`},
-		{selection{setups: "dedicated"}, `-setups: unknown "dedicated" (known: shared, pinned)`},
+		{selection{setups: "dedicated"}, `-setups: unknown "dedicated" (known: shared, pinned, pinned4)`},
 		{selection{micros: "4,0"}, `-micro-batches: "0" is not a positive count`},
 	} {
 		if _, _, err := bad.sel.choose(allSetups, allRows); err == nil || !strings.Contains(err.Error(), bad.want) {
