@@ -85,7 +85,8 @@ bench: build
 	go test -run '^$$' -bench . -benchmem -benchtime 2s ./transport/ ./engine/
 	go run ./bench/suite -bin $(BIN) -out docs/benchmarks.md $(BENCH_FLAGS)
 
-# Measured against simulated bubble and throughput per schedule: docs/schedules-benchmark.md.
+# Measured against simulated bubble and throughput per schedule: docs/schedules-benchmark.md
+# (about 9 minutes on 2 cores; the 4-stage pinned setup runs only with 4 cores or more).
 bench-schedules: build
 	go run ./bench/schedules -bin $(BIN) -out docs/schedules-benchmark.md
 
