@@ -126,25 +126,10 @@ func runPlan(w io.Writer, o planOptions) error {
 	if _, err := os.Stat(out); err == nil && !o.force {
 		return fmt.Errorf("--out %s exists; --force replaces it", out)
 	}
-	fmt.Fprintf(w, "pipetrain plan: measuring each layer of %s at micro-batch %d (fastest of %d runs, the layers taking turns)...\n", cfg.Path, cfg.MicroBatchSize(), o.reps)
-	layerCosts, err := engine.MeasureLayers(cfg.Model, cfg.MicroBatchSize(), cfg.Train.Seed, o.reps)
-	if err != nil {
-		return err
-	}
 	names := strings.Split(o.schedules, ",")
 	if !splittable(model) {
 		// Zero-bubble schedules need layers that split their backward.
 		names = slices.DeleteFunc(names, func(n string) bool { return n == "zb-h1" || n == "zb-v" || n == "dualpipev" })
-	}
-	prob := plan.Problem{
-		Stages: nStages, Batch: cfg.Data.BatchSize, MicroBatch: cfg.MicroBatchSize(), OverheadMS: 0.05,
-		Schedules: names, MemoryLimit: limit,
-		TransferBytesPerMS: 2e6, LatencyMS: 0.1,
-		Replicas: cfg.Replicas(), AllReduceBytesPerMS: ring.bytesPerSecond / 1000, AllReduceLatencyMS: ms(ring.latency),
-		BucketBytes: int64(bucket),
-		// Recomputation costs a forward per micro-batch: worth weighing
-		// only where memory is short.
-		Recompute: limit > 0, InputBytes: int64(model.ShapeAt(0, cfg.MicroBatchSize()).TotalSize() * size),
 	}
 	// The replicas' share of the batch, which the micro-batches divide;
 	// with --processes each grid narrows the candidates to its own.
@@ -152,13 +137,35 @@ func runPlan(w io.Writer, o planOptions) error {
 	if o.processes == 0 {
 		share /= cfg.Replicas()
 	}
-	if o.micro > 0 {
-		if share%o.micro != 0 {
-			if share != cfg.Data.BatchSize {
-				return fmt.Errorf("--micro-batches %d does not divide each of the %d replicas' batch of %d", o.micro, cfg.Replicas(), share)
-			}
-			return fmt.Errorf("--micro-batches %d does not divide data.batch_size %d", o.micro, cfg.Data.BatchSize)
+	if o.micro > 0 && share%o.micro != 0 {
+		if share != cfg.Data.BatchSize {
+			return fmt.Errorf("--micro-batches %d does not divide each of the %d replicas' batch of %d", o.micro, cfg.Replicas(), share)
 		}
+		return fmt.Errorf("--micro-batches %d does not divide data.batch_size %d", o.micro, cfg.Data.BatchSize)
+	}
+	// Costs are measured at one micro-batch size and scaled to the others
+	// (plan.Problem): at the one the plan will run where --micro-batches
+	// fixes it, since kernels are not linear in the batch.
+	micro := cfg.MicroBatchSize()
+	if o.micro > 0 && o.processes == 0 {
+		micro = share / o.micro
+	}
+	fmt.Fprintf(w, "pipetrain plan: measuring each layer of %s at micro-batch %d (fastest of %d runs, the layers taking turns)...\n", cfg.Path, micro, o.reps)
+	layerCosts, err := engine.MeasureLayers(cfg.Model, micro, cfg.Train.Seed, o.reps)
+	if err != nil {
+		return err
+	}
+	prob := plan.Problem{
+		Stages: nStages, Batch: cfg.Data.BatchSize, MicroBatch: micro, OverheadMS: 0.05,
+		Schedules: names, MemoryLimit: limit,
+		TransferBytesPerMS: 2e6, LatencyMS: 0.1,
+		Replicas: cfg.Replicas(), AllReduceBytesPerMS: ring.bytesPerSecond / 1000, AllReduceLatencyMS: ms(ring.latency),
+		BucketBytes: int64(bucket),
+		// Recomputation costs a forward per micro-batch: worth weighing
+		// only where memory is short.
+		Recompute: limit > 0, InputBytes: int64(model.ShapeAt(0, micro).TotalSize() * size),
+	}
+	if o.micro > 0 {
 		prob.MicroBatches = o.micro
 	}
 	for m := 1; o.micro == 0 && m <= share && m <= 64; m *= 2 {

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -280,5 +281,31 @@ func TestPlanRecomputesToFit(t *testing.T) {
 	}
 	if strings.Contains(out, "recomputing") || c.RecomputesFull(0) {
 		t.Errorf("without a limit the plan recomputes:\n%s", out)
+	}
+}
+
+// TestPlanMeasuresAtTheKeptMicroBatch: with --micro-batches the layers are
+// timed at the micro-batch size the plan will run (the replicas' share of
+// the batch over the count), not the config's, whose costs would be scaled.
+func TestPlanMeasuresAtTheKeptMicroBatch(t *testing.T) {
+	for _, tc := range []struct {
+		text string
+		args []string
+		want string
+	}{
+		{planMLP, nil, "at micro-batch 8 "}, // the config's: 16 / 2
+		{planMLP, []string{"--micro-batches", "4"}, "at micro-batch 4 "},
+		{strings.Replace(planMLP, "micro_batches: 2", "micro_batches: 8", 1), []string{"--micro-batches", "1"}, "at micro-batch 16 "},
+	} {
+		out, c, err := runPlanned(t, tc.text, tc.args...)
+		if err != nil {
+			t.Fatalf("%v: %v\n%s", tc.args, err, out)
+		}
+		if first, _, _ := strings.Cut(out, "\n"); !strings.Contains(first, tc.want) {
+			t.Errorf("%v: %q, want it measured %s", tc.args, first, tc.want)
+		}
+		if len(tc.args) > 0 && strconv.Itoa(c.Data.MicroBatches) != tc.args[1] {
+			t.Errorf("%v: planned %d micro-batches", tc.args, c.Data.MicroBatches)
+		}
 	}
 }
