@@ -312,6 +312,9 @@ type simCosts struct {
 	// then costs a v-th of its stage). A V's chunks on one stage are the
 	// model's first and last layers, not halves of one range.
 	chunks [][]schedule.ChunkCost
+	// topology is the config's stages, chunks and placement: the schedules
+	// whose chunks hold the layers chunks was measured on.
+	topology schedule.Topology
 
 	runTransfer       time.Duration // a run's measured mean link delay; 0 if none
 	transferFrom      string        // where Transfer came from, when it was not estimated
@@ -326,6 +329,7 @@ func simulationCosts(cfg *configs.Config, model *models.Model, from string, reps
 		Costs:    schedule.Costs{F: make([]float64, p), B: make([]float64, p), I: make([]float64, p), W: make([]float64, p)},
 		iwStages: make([]bool, p),
 		bStages:  make([]bool, p),
+		topology: cfg.Topology(),
 	}
 	switch {
 	case from == "measure":
@@ -410,11 +414,12 @@ func simulationCosts(cfg *configs.Config, model *models.Model, from string, reps
 }
 
 // forSchedule returns the costs to simulate s with: the chunks' own costs
-// where s runs the config's chunks, and per-stage costs otherwise (a what-if
-// with other chunks than the config's places its layers otherwise).
+// where s runs the config's chunks in the config's placement, and per-stage
+// costs otherwise (a what-if with other chunks, or interleaved on a V's
+// config, would place the layers otherwise).
 func (c simCosts) forSchedule(s *schedule.Schedule) schedule.Costs {
 	out := c.Costs
-	if len(c.chunks) == s.Stages && s.Chunks > 1 && len(c.chunks[0]) == s.Chunks {
+	if c.chunks != nil && s.Chunks > 1 && s.Topology() == c.topology {
 		out.Chunks = c.chunks
 	}
 	return out
@@ -872,8 +877,9 @@ func decimal(b float64) string {
 
 // memoryPredictor predicts each stage's peak activation memory under a
 // schedule (engine.PredictMemory), measuring each stage's chunk once per
-// kind of backward; nil for a schedule whose chunks are not the config's
-// (its layers would be placed otherwise) or when a chunk cannot be built.
+// kind of backward; nil for a schedule whose chunks are not the config's, or
+// placed otherwise (its layers would be placed otherwise), or when a chunk
+// cannot be built.
 func memoryPredictor(cfg *configs.Config, model *models.Model) func(*schedule.Schedule) []int64 {
 	type key struct {
 		stage, chunk int
@@ -884,7 +890,8 @@ func memoryPredictor(cfg *configs.Config, model *models.Model) func(*schedule.Sc
 		return key{st, ch, engine.OptionsFor(cfg, s.Actions[st], st, ch)}
 	}
 	return func(s *schedule.Schedule) []int64 {
-		if s.Stages != len(cfg.Stages) || max(s.Chunks, 1) != max(cfg.VirtualStages, 1) {
+		if s.Stages != len(cfg.Stages) || max(s.Chunks, 1) != max(cfg.VirtualStages, 1) ||
+			s.Chunks > 1 && s.Placement != cfg.Placement() {
 			return nil
 		}
 		for st := range s.Stages {

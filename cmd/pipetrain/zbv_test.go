@@ -141,7 +141,7 @@ func TestSimulateTakesChunkCosts(t *testing.T) {
 	// other way round: an even split of the stage's costs hides that.
 	costs := [2][2][3]float64{{{3, 0.5, 1}, {1, 2.5, 1}}, {{2, 1.5, 1}, {2, 1.5, 1}}}
 	run := writeVRun(t, 4, costs)
-	out, err := runCommand(t, simulateCmd(), "--config", writeSimConfig(t, simV), "--costs", run, "--transfer", "0", "--schedule", "zb-v,1f1b")
+	out, err := runCommand(t, simulateCmd(), "--config", writeSimConfig(t, simV), "--costs", run, "--transfer", "0", "--schedule", "zb-v,1f1b,interleaved")
 	if err != nil {
 		t.Fatalf("simulate: %v\n%s", err, out)
 	}
@@ -184,6 +184,15 @@ func TestSimulateTakesChunkCosts(t *testing.T) {
 	}
 	if want := fmt.Sprintf("\n1f1b: makespan %.2f ms,", makespan("1f1b", 1, perStage)); !strings.Contains(out, want) {
 		t.Errorf("1f1b as a what-if not simulated on the stages' costs: want %q:\n%s", want, out)
+	}
+	// Interleaved runs two chunks a stage too, but in a loop: the V's chunk
+	// costs (and activations) belong to layers it would place otherwise.
+	if want := fmt.Sprintf("\ninterleaved (2 chunks per stage): makespan %.2f ms,", makespan("interleaved", 2, perStage)); !strings.Contains(out, want) {
+		t.Errorf("interleaved as a what-if on a V's config not simulated on the stages' costs: want %q:\n%s", want, out)
+	}
+	interleaved := out[strings.Index(out, "\ninterleaved (2 chunks"):]
+	if i := strings.Index(interleaved, "simulated, makespan"); i < 0 || strings.Contains(interleaved[:i], "activations") {
+		t.Errorf("interleaved as a what-if on a V's config predicted the V's activations:\n%s", interleaved)
 	}
 	// Measured here, each chunk is timed on its own too.
 	measured, err := runCommand(t, simulateCmd(), "--config", writeSimConfig(t, simV), "--costs", "measure", "--reps", "1", "--schedule", "zb-v")
