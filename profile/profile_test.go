@@ -103,7 +103,7 @@ func TestAnalyseSkipsWarmup(t *testing.T) {
 			t.Errorf("stage %d at mean costs %v, want 1/3", i, got.SteadyBubble)
 		}
 		got.Bubble, got.PredictedBubble, got.SteadyBubble, got.Throughput, got.TheoryBubble = want[i].Bubble, want[i].PredictedBubble, 0, want[i].Throughput, 0
-		if got != want[i] {
+		if !reflect.DeepEqual(got, want[i]) {
 			t.Errorf("stage %d:\n got %+v\nwant %+v", i, got, want[i])
 		}
 	}

@@ -94,7 +94,7 @@ func TestAnalyseAllReduce(t *testing.T) {
 	for s := range r.Stages {
 		// The optimizer steps moved to wait for the all-reduce; they
 		// took as long.
-		if got := withoutAllReduce(r.Stages[s]); got != want.Stages[s] {
+		if got := withoutAllReduce(r.Stages[s]); !reflect.DeepEqual(got, want.Stages[s]) {
 			t.Errorf("stage %d:\n got %+v\nwant %+v", s, got, want.Stages[s])
 		}
 	}

@@ -49,6 +49,11 @@ type StageReport struct {
 	// heap its process had after an action.
 	PeakStashBytes, PredictedStashBytes, PeakHeapBytes int64
 	BytesSent                                          int64
+	// Chunks is, for a stage that ran several chunks, each chunk's mean
+	// duration of each pass per micro-batch over the analysed steps; nil
+	// for a stage of one chunk. Chunks need not hold equal shares of their
+	// stage's work (under a V, stage 0's are the model's first and last).
+	Chunks []ActionCosts
 	// Throughput is BytesSent per second of the pipeline window (Window), in
 	// bytes per second: the stage's mean outgoing rate over the time the
 	// pipeline ran. The logs time blocked sends only, not whole transfers, so a
@@ -320,6 +325,11 @@ func Analyse(info RunInfo, events [][]Event, skip int) (*Report, error) {
 		}
 	}
 
+	for i, m := range MeanCosts(analysedEvents(events, analysed), 0) {
+		if i < len(r.Stages) {
+			r.Stages[i].Chunks = m.Chunks
+		}
+	}
 	transfer, _ := r.MeanTransfer()
 	if r.Predicted, r.Replayed, r.PredictErr = predict(info, events, analysed, float64(transfer)/1e6); r.Predicted != nil {
 		for i := range r.Stages {
@@ -495,14 +505,7 @@ func predict(info RunInfo, events [][]Event, analysed map[int]int, transferMS fl
 	if s.Stages != len(events) {
 		return nil, nil, fmt.Errorf("schedule has %d stages, the run %d", s.Stages, len(events))
 	}
-	kept := make([][]Event, len(events))
-	for i, stage := range events {
-		for _, e := range stage {
-			if _, ok := analysed[e.Step]; ok {
-				kept[i] = append(kept[i], e)
-			}
-		}
-	}
+	kept := analysedEvents(events, analysed)
 	costs := ScheduleCosts(MeanCosts(kept, 0), s.Chunks, transferMS)
 	tl, err := schedule.Simulate(s, costs)
 	if err != nil {
@@ -513,6 +516,19 @@ func predict(info RunInfo, events [][]Event, analysed map[int]int, transferMS fl
 		return nil, nil, err
 	}
 	return tl, r, nil
+}
+
+// analysedEvents keeps of each stage's events those of the analysed steps.
+func analysedEvents(events [][]Event, analysed map[int]int) [][]Event {
+	kept := make([][]Event, len(events))
+	for i, stage := range events {
+		for _, e := range stage {
+			if _, ok := analysed[e.Step]; ok {
+				kept[i] = append(kept[i], e)
+			}
+		}
+	}
+	return kept
 }
 
 // whole keeps of steps those in which every stage ran its whole list in s
@@ -613,6 +629,9 @@ func (r *Report) Write(w io.Writer, opts ...Options) error {
 		row(append(cells, tf(s.Optimizer), tf(s.Wait), tf(s.SendBlocked), tf(s.Busy), tf(s.Idle))...)
 	}
 	if err := flush(); err != nil {
+		return err
+	}
+	if err := r.writeChunks(w); err != nil {
 		return err
 	}
 
@@ -815,6 +834,34 @@ func (r *Report) WriteSteps(w io.Writer) error {
 		}
 		row(fmt.Sprint(s.Step), fmtMS(time.Duration(s.Start-t0)), fmtMS(s.Window), pct(s.Bubble),
 			fmt.Sprint(s.Slowest), fmtMS(s.SlowestBusy), mark)
+	}
+	return flush()
+}
+
+// writeChunks writes, for a run whose stages hold several chunks, each
+// chunk's mean pass durations per micro-batch: what a stage's totals hide
+// when its chunks are unequal. Passes a chunk never ran show as "-": B too
+// where the chunk split every backward (MeanCosts then gives B as I + W).
+func (r *Report) writeChunks(w io.Writer) error {
+	if !slices.ContainsFunc(r.Stages, func(s StageReport) bool { return len(s.Chunks) > 1 }) {
+		return nil
+	}
+	cell := func(d time.Duration) string {
+		if d == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.3f", float64(d)/1e6)
+	}
+	row, flush := table(w)
+	row("stage", "chunk", "F ms/mb", "B ms/mb", "I ms/mb", "W ms/mb")
+	for _, s := range r.Stages {
+		for c, m := range s.Chunks {
+			b := m.B
+			if m.I > 0 && b == m.I+m.W {
+				b = 0
+			}
+			row(fmt.Sprint(s.Stage), fmt.Sprint(c), cell(m.F), cell(b), cell(m.I), cell(m.W))
+		}
 	}
 	return flush()
 }

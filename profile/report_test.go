@@ -487,3 +487,36 @@ func TestMemoryBesidePrediction(t *testing.T) {
 		}
 	}
 }
+
+// TestChunkCostsTable: a run of several chunks a stage gets a table of each
+// chunk's mean passes per micro-batch (a chunk that split every backward
+// shows no B); a run of one chunk a stage gets none.
+func TestChunkCostsTable(t *testing.T) {
+	s := build(t, "1f1b", 2, 4, 1)
+	_, out := report(t, runInfo(s, 3), play{sched: s, steps: 3}.events(t))
+	if strings.Contains(out, "chunk") {
+		t.Fatalf("a chunk table for a run of one chunk a stage:\n%s", out)
+	}
+
+	s = build(t, "interleaved-zb", 2, 4, 2)
+	events := play{sched: s, steps: 3}.events(t)
+	// Chunk 1's passes take half as long as chunk 0's (F, I, W 1 ms each).
+	for st := range events {
+		for i, e := range events[st] {
+			if e.Chunk == 1 && e.Kind != Optimizer {
+				events[st][i].EndNS = e.StartNS + (e.EndNS-e.StartNS)/2
+			}
+		}
+	}
+	r, out := report(t, runInfo(s, 3), events)
+	if len(r.Stages[1].Chunks) != 2 || r.Stages[1].Chunks[1].F != 500*time.Microsecond {
+		t.Errorf("stage 1's chunks %+v, want chunk 1's F 0.5 ms", r.Stages[1].Chunks)
+	}
+	flat := strings.Join(strings.Fields(out), " ")
+	for _, want := range []string{"stage chunk F ms/mb B ms/mb I ms/mb W ms/mb",
+		"0 0 1.000 - 1.000 1.000", "0 1 0.500 - 0.500 0.500", "1 0 1.000 - 1.000 1.000", "1 1 0.500 - 0.500 0.500"} {
+		if !strings.Contains(flat, want) {
+			t.Errorf("profile lacks %q:\n%s", want, out)
+		}
+	}
+}
