@@ -325,13 +325,15 @@ func Analyse(info RunInfo, events [][]Event, skip int) (*Report, error) {
 		}
 	}
 
-	for i, m := range MeanCosts(analysedEvents(events, analysed), 0) {
+	kept := analysedEvents(events, analysed)
+	means := MeanCosts(kept, 0)
+	for i, m := range means {
 		if i < len(r.Stages) {
 			r.Stages[i].Chunks = m.Chunks
 		}
 	}
 	transfer, _ := r.MeanTransfer()
-	if r.Predicted, r.Replayed, r.PredictErr = predict(info, events, analysed, float64(transfer)/1e6); r.Predicted != nil {
+	if r.Predicted, r.Replayed, r.PredictErr = predict(info, kept, means, float64(transfer)/1e6); r.Predicted != nil {
 		for i := range r.Stages {
 			r.Stages[i].PredictedBubble = r.Replayed.Bubble[i]
 			r.Stages[i].SteadyBubble = r.Predicted.Bubble[i]
@@ -489,24 +491,24 @@ func theory(info RunInfo, events [][]Event) ([]float64, bool, error) {
 }
 
 // predict simulates the run's schedule with its mean action costs over the
-// analysed steps: one step at exactly those costs, and each analysed step
-// with its actions' own times (schedule.Replay).
-func predict(info RunInfo, events [][]Event, analysed map[int]int, transferMS float64) (*schedule.Timeline, *schedule.Replayed, error) {
+// analysed steps (means, from kept, the analysed steps' events): one step at
+// exactly those costs, and each analysed step with its actions' own times
+// (schedule.Replay).
+func predict(info RunInfo, kept [][]Event, means []ActionCosts, transferMS float64) (*schedule.Timeline, *schedule.Replayed, error) {
 	if info.Stages == 0 {
-		info.Stages = len(events)
+		info.Stages = len(kept)
 	}
-	if _, v := topology(events); info.Chunks < 1 {
+	if _, v := topology(kept); info.Chunks < 1 {
 		info.Chunks = v
 	}
 	s, err := RunSchedule(info)
 	if err != nil {
 		return nil, nil, err
 	}
-	if s.Stages != len(events) {
-		return nil, nil, fmt.Errorf("schedule has %d stages, the run %d", s.Stages, len(events))
+	if s.Stages != len(kept) {
+		return nil, nil, fmt.Errorf("schedule has %d stages, the run %d", s.Stages, len(kept))
 	}
-	kept := analysedEvents(events, analysed)
-	costs := ScheduleCosts(MeanCosts(kept, 0), s.Chunks, transferMS)
+	costs := ScheduleCosts(means, s.Chunks, transferMS)
 	tl, err := schedule.Simulate(s, costs)
 	if err != nil {
 		return nil, nil, err
