@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"path/filepath"
 	"strings"
 	"time"
@@ -15,9 +16,13 @@ type runFlags struct {
 	config string
 	runDir string
 	steps  int
+	// cmd is the command the flags are registered on, to tell a --steps
+	// given as 0 from one not given.
+	cmd *cobra.Command
 }
 
 func (f *runFlags) register(c *cobra.Command, defaultRunDir string) {
+	f.cmd = c
 	c.Flags().StringVarP(&f.config, "config", "c", "", "run config (YAML); see configs/")
 	usage := "directory for events, metrics, logs and weights"
 	if defaultRunDir == "" {
@@ -33,6 +38,9 @@ func (f *runFlags) register(c *cobra.Command, defaultRunDir string) {
 // overrides (flags beat PIPETRAIN_* variables, which beat the file) and checks that
 // the data is there before any process starts.
 func (f *runFlags) load() (*configs.Config, error) {
+	if err := f.checkSteps(); err != nil {
+		return nil, err
+	}
 	c, err := configs.Load(f.config)
 	if err != nil {
 		return nil, err
@@ -55,4 +63,13 @@ func (f *runFlags) load() (*configs.Config, error) {
 		f.runDir = filepath.Join("runs", name+"-"+time.Now().Format("20060102-150405"))
 	}
 	return c, nil
+}
+
+// checkSteps refuses a --steps given below 1: 0 would otherwise read as
+// "not given" and the config's steps would run without a word.
+func (f *runFlags) checkSteps() error {
+	if f.cmd != nil && f.cmd.Flags().Changed("steps") && f.steps < 1 {
+		return fmt.Errorf("--steps %d: want 1 or more (leave it out to train the config's train.steps)", f.steps)
+	}
+	return nil
 }

@@ -115,6 +115,10 @@ func localRendezvous(cfg *configs.Config) ([]string, error) {
 // the settings it was launched with, refusing a resume that could not continue
 // it. It returns what launch.json is to hold.
 func (f *runFlags) loadLaunch(resumeDir string) (*configs.Config, launchInfo, error) {
+	// Before resumeFrom, which takes a --steps of 0 for one not given.
+	if err := f.checkSteps(); err != nil {
+		return nil, launchInfo{}, err
+	}
 	if resumeDir == "" {
 		if f.config == "" {
 			return nil, launchInfo{}, errors.New(`required flag "config" not set (or give --resume RUN_DIR)`)
