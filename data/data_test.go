@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/pipetrain/pipetrain/internal/testenv"
 )
 
 // idxFile builds an IDX file with the given header fields and payload.
@@ -153,7 +155,7 @@ func TestLoadErrors(t *testing.T) {
 
 func TestLoadFashionMNIST(t *testing.T) {
 	if _, err := os.Stat(DefaultDir); os.IsNotExist(err) {
-		t.Skip("needs Debian package dataset-fashion-mnist (installed by .ci/run and make deps)")
+		testenv.RequireOrSkip(t, "Debian package dataset-fashion-mnist (installed by make deps)", err.Error())
 	}
 	for split, n := range map[string]int{"train": 60000, "test": 10000} {
 		d, err := LoadFashionMNIST(DefaultDir, split, true, true)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,18 +12,23 @@ import (
 	"testing"
 
 	"github.com/pipetrain/pipetrain/internal/blas"
+	"github.com/pipetrain/pipetrain/internal/testenv"
 )
 
 // loadedOpenBLAS is the file this test process mapped OpenBLAS from: the
-// binary under test finds the same one.
+// binary under test finds the same one. A test process told to compute with
+// gonum (make test-blas runs the suite so) has none to hide, and skips.
 func loadedOpenBLAS(t *testing.T) string {
 	t.Helper()
+	if want := strings.TrimSpace(os.Getenv(blas.Env)); want == "gonum" {
+		t.Skipf("%s=gonum: this test process loaded no OpenBLAS to hide", blas.Env)
+	}
 	if blas.Name() != "openblas" {
-		t.Skipf("OpenBLAS is not loaded here (%s), so there is none to hide", blas.Describe(0))
+		testenv.RequireOrSkip(t, "OpenBLAS (Debian package libopenblas0, which make deps installs)", blas.Describe(0))
 	}
 	f, err := os.Open("/proc/self/maps")
 	if err != nil {
-		t.Skip("needs /proc/self/maps:", err)
+		testenv.RequireOrSkip(t, "/proc/self/maps", err.Error())
 	}
 	defer f.Close()
 	s := bufio.NewScanner(f)
@@ -37,25 +43,48 @@ func loadedOpenBLAS(t *testing.T) string {
 }
 
 // hidden runs the binary in a mount namespace where OpenBLAS's file is gone,
-// as on a machine without the library: its directory is covered by an empty
-// one when it holds only OpenBLAS's files (Debian's openblas-pthread), else
-// the file itself is covered by an empty file.
+// as on a machine without the library.
 func hidden(t *testing.T, lib string, env []string, args ...string) *exec.Cmd {
 	t.Helper()
+	return hiding(t, lib, env, binary, args...)
+}
+
+// hiding runs prog in a mount namespace where lib is gone: its directory is
+// covered by an empty one when it holds only OpenBLAS's files (Debian's
+// openblas-pthread), else the file itself is covered by an empty file.
+func hiding(t *testing.T, lib string, env []string, prog string, args ...string) *exec.Cmd {
+	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("hiding a system library needs root (a private mount namespace)")
+		testenv.RequireOrSkip(t, "root", "hiding a system library takes a private mount namespace")
 	}
 	if _, err := exec.LookPath("unshare"); err != nil {
-		t.Skip("needs unshare (util-linux)")
+		testenv.RequireOrSkip(t, "unshare (util-linux)", err.Error())
 	}
 	cover := `mount --bind /dev/null "$0"`
 	target := lib
 	if dir := filepath.Dir(lib); strings.Contains(filepath.Base(dir), "openblas") {
 		cover, target = `mount -t tmpfs tmpfs "$0"`, dir
 	}
-	cmd := exec.Command("unshare", append([]string{"--mount", "--propagation", "private", "sh", "-c", cover + ` && exec "$@"`, target, binary}, args...)...)
+	cmd := exec.Command("unshare", append([]string{"--mount", "--propagation", "private", "sh", "-c", cover + ` && exec "$@"`, target, prog}, args...)...)
 	cmd.Env = append(environWithoutBLAS(), env...)
 	return cmd
+}
+
+// canHide says why lib cannot be hidden here ("" when it can), found by
+// hiding it from sh, which then looks for it, rather than from the binary
+// under test, whose own failure without the library must fail the test.
+func canHide(t *testing.T, lib string) string {
+	t.Helper()
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		return err.Error()
+	}
+	// test -s: the file exists and is not empty; hidden, it is neither.
+	out, err := hiding(t, lib, nil, sh, "-c", `if test -s "$0"; then echo "$0 is still there"; exit 1; fi`, lib).CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("%v: %s", err, bytes.TrimSpace(out))
+	}
+	return ""
 }
 
 // environWithoutBLAS is the test's environment less a BLAS choice it was
@@ -76,8 +105,8 @@ func environWithoutBLAS() []string {
 func TestWithoutOpenBLASFallsBackToGoKernels(t *testing.T) {
 	needData(t)
 	lib := loadedOpenBLAS(t)
-	if probe := hidden(t, lib, nil, "version"); probe.Run() != nil {
-		t.Skip("cannot hide the library here (no private mount namespace)")
+	if why := canHide(t, lib); why != "" {
+		testenv.RequireOrSkip(t, "a private mount namespace to hide OpenBLAS in", why)
 	}
 
 	out, err := hidden(t, lib, nil, "version").CombinedOutput()

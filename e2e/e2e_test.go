@@ -19,6 +19,7 @@ import (
 
 	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/internal/testenv"
 	"github.com/pipetrain/pipetrain/schedule"
 	"github.com/pipetrain/pipetrain/stages"
 )
@@ -47,7 +48,7 @@ const defaultConfig = "../configs/fmnist-mlp-4stage.yaml"
 func needData(t *testing.T) {
 	t.Helper()
 	if _, err := os.Stat("/usr/share/datasets/fashion-mnist"); err != nil {
-		t.Skip("needs Debian package dataset-fashion-mnist (installed by .ci/run and make deps)")
+		testenv.RequireOrSkip(t, "Debian package dataset-fashion-mnist (installed by make deps)", err.Error())
 	}
 }
 

@@ -24,6 +24,7 @@ import (
 
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/internal/netns"
+	"github.com/pipetrain/pipetrain/internal/testenv"
 )
 
 // No Kubernetes runs here, so TestKubernetesManifestsRun plays the cluster:
@@ -695,7 +696,7 @@ func TestKubernetesManifestsRun(t *testing.T) {
 	}
 	needData(t)
 	if why := netns.Available(); why != "" {
-		t.Skip(why)
+		testenv.RequireOrSkip(t, netns.Needs, why)
 	}
 	// The reference trains the ConfigMap's config as it is, but for where
 	// the token is: the Secret's mountPath exists only in the pods.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/internal/netns"
+	"github.com/pipetrain/pipetrain/internal/testenv"
 	"github.com/pipetrain/pipetrain/stages"
 )
 
@@ -256,7 +257,7 @@ func TestPrivateRunDirectoriesWithReplicas(t *testing.T) {
 func TestHostsAsNetworkNamespaces(t *testing.T) {
 	needData(t)
 	if why := netns.Available(); why != "" {
-		t.Skip(why)
+		testenv.RequireOrSkip(t, netns.Needs, why)
 	}
 	nw, err := netns.New(4)
 	if err != nil {

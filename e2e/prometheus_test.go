@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pipetrain/pipetrain/internal/testenv"
 )
 
 // The files deploy/monitoring ships, which the test runs as a user would.
@@ -35,7 +37,7 @@ func needPrometheus(t *testing.T) (prometheus, promtool string) {
 	for _, name := range []string{"prometheus", "promtool"} {
 		p, err := exec.LookPath(name)
 		if err != nil {
-			t.Skipf("needs %s (Debian package prometheus): apt-get install prometheus, as .ci/run does before make test", name)
+			testenv.RequireOrSkip(t, name+" (Debian package prometheus, which .ci/run installs)", err.Error())
 		}
 		paths = append(paths, p)
 	}

@@ -16,6 +16,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/pipetrain/pipetrain/internal/netns"
+	"github.com/pipetrain/pipetrain/internal/testenv"
 )
 
 // needSlurm skips a test unless it can bring up a one-node Slurm cluster:
@@ -23,11 +24,11 @@ import (
 func needSlurm(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: the Slurm test cluster's daemons run as root")
+		testenv.RequireOrSkip(t, "root", "the Slurm test cluster's daemons run as root")
 	}
 	for _, b := range []string{"slurmctld", "slurmd", "munged", "mungekey", "sbatch", "srun", "scontrol"} {
 		if _, err := exec.LookPath(b); err != nil {
-			t.Skipf("needs %s: apt-get install slurmctld slurmd munge slurm-client (.ci/run does)", b)
+			testenv.RequireOrSkip(t, b+" (Debian packages slurmctld slurmd munge slurm-client, which .ci/run installs)", err.Error())
 		}
 	}
 }
@@ -289,10 +290,10 @@ func TestSlurmAcrossNodes(t *testing.T) {
 	needData(t)
 	needSlurm(t)
 	if why := netns.Available(); why != "" {
-		t.Skip(why)
+		testenv.RequireOrSkip(t, netns.Needs, why)
 	}
 	if _, err := exec.LookPath("nsenter"); err != nil {
-		t.Skip("needs nsenter (util-linux)")
+		testenv.RequireOrSkip(t, "nsenter (util-linux)", err.Error())
 	}
 	const steps = 80
 	local := t.TempDir() // node-local on each node; empty here

@@ -16,6 +16,7 @@ import (
 
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/internal/certs"
+	"github.com/pipetrain/pipetrain/internal/testenv"
 	"github.com/pipetrain/pipetrain/runlog"
 	"github.com/pipetrain/pipetrain/transport"
 )
@@ -316,7 +317,7 @@ func TestMetricsBytesByLink(t *testing.T) {
 func TestMetricsPassPromtool(t *testing.T) {
 	promtool, err := exec.LookPath("promtool")
 	if err != nil {
-		t.Skip("needs promtool (Debian package prometheus)")
+		testenv.RequireOrSkip(t, "promtool (Debian package prometheus, which .ci/run installs)", err.Error())
 	}
 	m := newMetrics(0)
 	m.addLink("next", nil)

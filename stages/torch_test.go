@@ -17,6 +17,7 @@ import (
 	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/engine"
+	"github.com/pipetrain/pipetrain/internal/testenv"
 	"github.com/pipetrain/pipetrain/models"
 )
 
@@ -43,7 +44,7 @@ func needTorch(t *testing.T) {
 		}
 	})
 	if torchMissing != nil {
-		t.Skipf("%s cannot import torch (%v); `make test` installs python3-torch", torchPython, torchMissing)
+		testenv.RequireOrSkip(t, "PyTorch (Debian package python3-torch, which `make test` installs)", fmt.Sprintf("%s cannot import torch: %v", torchPython, torchMissing))
 	}
 }
 

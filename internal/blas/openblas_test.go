@@ -10,13 +10,15 @@ import (
 	"github.com/ebitengine/purego"
 	"gonum.org/v1/gonum/blas"
 	"gonum.org/v1/gonum/blas/gonum"
+
+	"github.com/pipetrain/pipetrain/internal/testenv"
 )
 
 func loaded(t *testing.T) *openBLAS {
 	t.Helper()
 	o, _, err := load(searched)
 	if err != nil {
-		t.Skipf("no OpenBLAS on this machine (%v); make deps installs Debian's", err)
+		testenv.RequireOrSkip(t, "OpenBLAS (Debian package libopenblas0, which make deps installs)", err.Error())
 	}
 	return o
 }
@@ -124,7 +126,7 @@ func Library0(t *testing.T) string {
 	t.Helper()
 	_, name, err := load(searched)
 	if err != nil {
-		t.Skip(err)
+		testenv.RequireOrSkip(t, "OpenBLAS (Debian package libopenblas0, which make deps installs)", err.Error())
 	}
 	return name
 }

@@ -53,6 +53,9 @@ var (
 	availableReason string
 )
 
+// Needs names what making hosts takes, for a test that says what it lacks.
+const Needs = "network namespaces (root, Debian packages iproute2 and util-linux)"
+
 // Available reports why hosts cannot be made here, "" when they can: not
 // root, a tool missing, or the kernel refusing a namespace, a bridge or a
 // veth pair. It tries once per process (making and deleting one namespace).

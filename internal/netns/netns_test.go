@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pipetrain/pipetrain/internal/testenv"
 )
 
 // helperEnv makes the test binary, started on a host, act as a tiny server
@@ -63,7 +65,7 @@ func TestMain(m *testing.M) {
 func network(t *testing.T, n int) *Network {
 	t.Helper()
 	if why := Available(); why != "" {
-		t.Skip(why)
+		testenv.RequireOrSkip(t, Needs, why)
 	}
 	nw, err := New(n)
 	if err != nil {
@@ -275,7 +277,7 @@ func comm(pid int) string {
 
 func TestCloseKillsEverythingAndLeavesNothing(t *testing.T) {
 	if why := Available(); why != "" {
-		t.Skip(why)
+		testenv.RequireOrSkip(t, Needs, why)
 	}
 	nw, err := New(2)
 	if err != nil {
