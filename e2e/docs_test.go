@@ -235,3 +235,48 @@ func itoa(n int) string {
 	}
 	return string(b)
 }
+
+// TestReadmeListsTheDefaultConfig holds the README's listing of the default
+// config to the file itself, comments included: the listing is where a new
+// user learns the keys, so it must be the file they will run.
+func TestReadmeListsTheDefaultConfig(t *testing.T) {
+	const intro = "`configs/fmnist-mlp-4stage.yaml`, the default:"
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	file, err := os.ReadFile(defaultConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, ok := strings.Cut(string(readme), intro)
+	if !ok {
+		t.Fatalf("README.md has no %q", intro)
+	}
+	_, after, ok = strings.Cut(after, "```yaml\n")
+	listing, _, closed := strings.Cut(after, "```")
+	if !ok || !closed {
+		t.Fatalf("README.md: no yaml block after %q", intro)
+	}
+	if listing != string(file) {
+		t.Errorf("README.md's listing of %s differs from the file:\n%s", defaultConfig, lineDiff(listing, string(file)))
+	}
+}
+
+// lineDiff names the first line where the README's text and the file's part.
+func lineDiff(readme, file string) string {
+	r, f := strings.Split(readme, "\n"), strings.Split(file, "\n")
+	for i := 0; i < len(r) || i < len(f); i++ {
+		var a, b string
+		if i < len(r) {
+			a = r[i]
+		}
+		if i < len(f) {
+			b = f[i]
+		}
+		if a != b {
+			return "line " + itoa(i+1) + ":\n  README: " + a + "\n  file:   " + b
+		}
+	}
+	return "(only in the line endings)"
+}
