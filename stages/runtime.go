@@ -63,6 +63,9 @@ type Options struct {
 	// Coordinator commits checkpoints for processes that do not share
 	// RunDir; nil: RunDir is shared, and stage 0 commits by looking at it.
 	Coordinator Coordinator
+	// Pause, if set, lets the launcher stop the stage at an agreed step
+	// boundary with a checkpoint there (see Pause); nil: only ctx stops it.
+	Pause *Pause
 }
 
 // Runtime executes one stage's actions, step after step. A stage holds one engine
@@ -121,6 +124,7 @@ type Runtime struct {
 	coord      Coordinator
 	commits    sync.WaitGroup // checkpoint commits in progress
 	lastCommit chan struct{}  // closed when the newest commit has ended
+	pause      *Pause         // nil: the stage is never paused
 }
 
 // New builds the stage: its slices of the model, its schedule and its data.
@@ -130,7 +134,7 @@ func New(o Options) (*Runtime, error) {
 		return nil, err
 	}
 	c, model, lowered, ranges := l.Config, l.Model, l.Schedule, l.Ranges
-	r := &Runtime{cfg: c, stage: l.Stage, stages: l.Stages, replica: l.Replica, runDir: o.RunDir, log: o.Log, live: newMetrics(l.Stage), resume: o.Resume, layout: l, coord: o.Coordinator}
+	r := &Runtime{cfg: c, stage: l.Stage, stages: l.Stages, replica: l.Replica, runDir: o.RunDir, log: o.Log, live: newMetrics(l.Stage), resume: o.Resume, layout: l, coord: o.Coordinator, pause: o.Pause}
 	r.mbBase, r.scaleMBs = l.Replica*c.Data.MicroBatches, l.Replicas*c.Data.MicroBatches
 	if r.log == nil {
 		r.log = io.Discard
@@ -379,9 +383,17 @@ func (r *Runtime) Run(ctx context.Context) error {
 	var err error
 	var final *EvalResult // the final evaluation, once run (nil on all but the last stage)
 	finalDone := false
+	if r.pause != nil {
+		r.pause.begin(first)
+	}
 	for step := first; step < r.cfg.Train.Steps; step++ {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("stage %d stopped before step %d: %w", r.stage, step+1, context.Cause(ctx))
+		}
+		if stop, err := r.pause.enter(ctx, step); err != nil {
+			return fmt.Errorf("stage %d stopped before step %d: %w", r.stage, step+1, err)
+		} else if stop {
+			return r.stopAfter(ctx, commitCtx, first, step)
 		}
 		stepStart := time.Now()
 		if err := r.trainStep(ctx, step); err != nil {
@@ -424,7 +436,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 				lastLog = now
 			}
 		}
-		if every := r.cfg.Checkpoint.Every; every > 0 && r.writesCheckpoints() && (done%every == 0 || done == r.cfg.Train.Steps) {
+		if r.checkpointsAfter(done) {
 			if err := r.saveCheckpoint(commitCtx, done); err != nil {
 				return err
 			}
@@ -452,6 +464,30 @@ func (r *Runtime) Run(ctx context.Context) error {
 	r.awaitCommits(ctx)
 	fmt.Fprintf(r.log, "%s: done in %.1fs, peak %s stashed\n", r.name(), time.Since(start).Seconds(), words.Count(r.peakStash, "micro-batch"))
 	return nil
+}
+
+// checkpointsAfter says whether this process writes a checkpoint part after
+// step done in the course of training: every checkpoint.every steps and
+// after the last.
+func (r *Runtime) checkpointsAfter(done int) bool {
+	every := r.cfg.Checkpoint.Every
+	return every > 0 && r.writesCheckpoints() && (done%every == 0 || done == r.cfg.Train.Steps)
+}
+
+// stopAfter ends a paused stage at the agreed step done (see Pause): it
+// writes the checkpoint of done, whatever checkpoint.every says (even 0:
+// the checkpoint is what lets `launch --resume` continue the run), unless
+// training wrote it already or the stage trained nothing since first; then
+// it waits for the commit. The final evaluation and weights are left to the
+// resumed run.
+func (r *Runtime) stopAfter(ctx, commitCtx context.Context, first, done int) error {
+	if done > first && r.writesCheckpoints() && !r.checkpointsAfter(done) {
+		if err := r.saveCheckpoint(commitCtx, done); err != nil {
+			return err
+		}
+	}
+	r.awaitCommits(ctx)
+	return fmt.Errorf("%s stopped after step %d: %w", r.name(), done, ErrPaused)
 }
 
 func (r *Runtime) open() error {

@@ -136,6 +136,24 @@ func sameMLPRun(t *testing.T, cfg *configs.Config, ref, pipe string) {
 
 func runStagesIn(t *testing.T, c *configs.Config, reference bool, dir string, resume bool) (string, []*Runtime) {
 	t.Helper()
+	rts, errs := runPausable(t, c, reference, dir, resume, nil)
+	failed := false
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("stage %d: %v", i, err)
+			failed = true
+		}
+	}
+	if failed {
+		t.FailNow()
+	}
+	return dir, rts
+}
+
+// runPausable runs the stages in dir as runStagesIn does, stage i with
+// pauses[i] (none if pauses is nil), and returns each stage's error.
+func runPausable(t *testing.T, c *configs.Config, reference bool, dir string, resume bool, pauses []*Pause) ([]*Runtime, []error) {
+	t.Helper()
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +173,11 @@ func runStagesIn(t *testing.T, c *configs.Config, reference bool, dir string, re
 	var wg sync.WaitGroup
 	var rts []*Runtime
 	for i := 0; i < n; i++ {
-		rt, err := New(Options{Config: c, Stage: i, Reference: reference, RunDir: dir, Prev: links[i][0], Next: links[i][1], Train: train, Test: test, Text: text, Resume: resume})
+		var pause *Pause
+		if pauses != nil {
+			pause = pauses[i]
+		}
+		rt, err := New(Options{Config: c, Stage: i, Reference: reference, RunDir: dir, Prev: links[i][0], Next: links[i][1], Train: train, Test: test, Text: text, Resume: resume, Pause: pause})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -172,17 +194,7 @@ func runStagesIn(t *testing.T, c *configs.Config, reference bool, dir string, re
 		})
 	}
 	wg.Wait()
-	failed := false
-	for i, err := range errs {
-		if err != nil {
-			t.Errorf("stage %d: %v", i, err)
-			failed = true
-		}
-	}
-	if failed {
-		t.FailNow()
-	}
-	return dir, rts
+	return rts, errs
 }
 
 func readWeights(t *testing.T, dir string) map[string]checkpoint.Tensor {
