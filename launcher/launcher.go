@@ -64,6 +64,13 @@ type StageError struct {
 	Replica, Replicas int
 	Err               error
 	LastLine          string
+	// Reason is the process's own account of its failure: its error line
+	// (without "pipetrain: "), or its panic's first line and frame; "" when
+	// its output gave none, and LastLine is all there is.
+	Reason string
+	// RepeatsWhy says why a restart would fail the same way, when the
+	// process said so (see FormatRepeats): "ran out of disk space writing ...".
+	RepeatsWhy string
 	// Hung is set when Stage did not fail but stopped making progress; Why
 	// says how that was found and Detector is the stage that failed.
 	Hung     bool
@@ -76,13 +83,21 @@ type StageError struct {
 func (e *StageError) Error() string {
 	name := processName(e.Stage, e.Replica, e.Replicas)
 	if e.Hung {
-		return fmt.Sprintf("%s stopped making progress: %s; %s failed (%v); its last output: %s",
-			name, e.Why, processName(e.Detector, e.DetectorReplica, e.Replicas), e.Err, e.LastLine)
+		return fmt.Sprintf("%s stopped making progress: %s; %s failed %s",
+			name, e.Why, processName(e.Detector, e.DetectorReplica, e.Replicas), e.said())
 	}
-	if e.LastLine != "" {
-		return fmt.Sprintf("%s failed (%v); its last output: %s", name, e.Err, e.LastLine)
+	if e.Reason == "" && e.LastLine == "" {
+		return fmt.Sprintf("%s failed: %v", name, e.Err)
 	}
-	return fmt.Sprintf("%s failed: %v", name, e.Err)
+	return fmt.Sprintf("%s failed %s", name, e.said())
+}
+
+// said is the failed process's exit status and what it said on failing.
+func (e *StageError) said() string {
+	if e.Reason != "" {
+		return fmt.Sprintf("(%v): %s", e.Err, e.Reason)
+	}
+	return fmt.Sprintf("(%v); its last output: %s", e.Err, e.LastLine)
 }
 
 // processName names a stage process: "stage 2", or "stage 2 replica 1".
@@ -96,7 +111,9 @@ func processName(stage, replica, replicas int) string {
 func (e *StageError) Unwrap() error { return e.Err }
 
 // ExitRepeats is the exit status of a stage process that failed in a way a
-// restart from a checkpoint would only repeat (its replicas diverged).
+// restart from a checkpoint would only repeat: its disk is full, its data are
+// bad, a value became NaN or infinite, its config was refused, its replicas
+// diverged. It prints why with FormatRepeats.
 const ExitRepeats = 3
 
 // Repeats reports whether the failed process said a restart would repeat
@@ -116,7 +133,10 @@ type child struct {
 	cmd      *exec.Cmd
 	done     chan struct{}
 	err      error
-	last     string // last output line, the usual place for the stage's error
+	last     string // last output line
+	reason   reason // what the stage said on failing, if it did
+	repeats  string // why a restart would fail the same way (FormatRepeats), if it said
+	exitedAt time.Time
 	// status is the stage's latest answer to a status query (or the one it
 	// printed on failing); fresh is set when it came after the latest query.
 	status    Status
@@ -164,10 +184,9 @@ func Run(ctx context.Context, o Options) error {
 	}()
 	select {
 	case <-allDone:
-		for _, c := range children {
-			if c.err != nil {
-				return c.stageError()
-			}
+		// Every stage has exited: the failures, if any, are all known.
+		if c := firstFailed(children); c != nil {
+			return blame(c, children, o.queryTimeout())
 		}
 		return nil
 	case c := <-failed:
@@ -208,6 +227,25 @@ func culprit(first *child, failed <-chan *child) *child {
 	}
 }
 
+// firstFailed is the failed process to start the search for a culprit from
+// once every process has exited: one killed by a signal, else the one that
+// exited first; nil when none failed.
+func firstFailed(children []*child) *child {
+	var first *child
+	for _, c := range children {
+		if c.exitErr() == nil {
+			continue
+		}
+		if c.signaled() {
+			return c
+		}
+		if first == nil || c.exitedAt.Before(first.exitedAt) {
+			first = c
+		}
+	}
+	return first
+}
+
 // lostPeerGrace is how long stages get to notice a killed neighbour themselves.
 const lostPeerGrace = time.Second
 
@@ -239,7 +277,8 @@ func (c *child) signaled() bool {
 func (c *child) stageError() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return &StageError{Stage: c.stage, Replica: c.replica, Replicas: c.replicas, Err: c.err, LastLine: c.last}
+	return &StageError{Stage: c.stage, Replica: c.replica, Replicas: c.replicas, Err: c.err, LastLine: c.last,
+		Reason: c.reason.String(), RepeatsWhy: c.repeats}
 }
 
 // LogFile is the name of a stage process's log under RUN_DIR/logs.
@@ -308,8 +347,15 @@ func start(o Options, i, r int, logDir string, outMu *sync.Mutex) (*child, error
 				c.mu.Unlock()
 				continue
 			}
+			if why, ok := parseRepeats(line); ok {
+				c.mu.Lock()
+				c.repeats = why
+				c.mu.Unlock()
+				continue
+			}
 			c.mu.Lock()
 			c.last = line
+			c.reason.add(line)
 			c.mu.Unlock()
 			shown := line
 			if o.Decorate != nil {
@@ -323,12 +369,13 @@ func start(o Options, i, r int, logDir string, outMu *sync.Mutex) (*child, error
 	}()
 	go func() {
 		err := cmd.Wait()
+		exited := time.Now()
 		// Anything the stage left behind in its process group would hold the
 		// output pipe open; nothing of a finished stage may outlive it.
 		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		<-copied
 		c.mu.Lock()
-		c.err = err
+		c.err, c.exitedAt = err, exited
 		c.mu.Unlock()
 		close(c.done)
 	}()

@@ -105,15 +105,17 @@ func (s Status) String() string {
 	return fmt.Sprintf("%s is between actions (for %v)", who, s.For.Round(time.Millisecond))
 }
 
-// blame returns the error of a launch in which stage failed first. A stage
-// that gave up waiting for a neighbour says so in its last status; blame then
-// asks every running stage for its status and follows the waits from
-// neighbour to neighbour to the stage that stopped making progress: one that
-// does not answer within ask (stopped, or hung where signals are not served),
-// one computing rather than waiting, or one that has exited.
+// blame returns the error of a launch in which stage failed first (the first
+// reaped: its neighbours may fail within moments of it, and exit before it).
+// A stage that failed while waiting for a neighbour says so in its last
+// status: it is a consequence, and blame follows the waits from neighbour to
+// neighbour to the cause. A failed stage that was not waiting on one (disk
+// full, NaN, a panic) is the cause, blamed with its own error. A stage still
+// running at the end of the chain stopped making progress (Hung): one that
+// does not answer a status query within ask (stopped, or hung where signals
+// are not served), or one computing rather than waiting, unless it exits,
+// failing by itself, within lostPeerGrace.
 func blame(failed *child, children []*child, ask time.Duration) error {
-	own := failed.stageError()
-	st, ok := failed.lastStatus()
 	// Waits run along a replica's pipeline, or round a stage's replicas.
 	type pos struct{ stage, replica int }
 	byPos := map[pos]*child{}
@@ -126,37 +128,78 @@ func blame(failed *child, children []*child, ask time.Duration) error {
 		}
 		return pos{s.Peer, from}
 	}
-	if !ok || !st.Waiting() || byPos[next(failed.replica, st)] == nil {
-		return own
+	var chain []string
+	seen := map[pos]bool{}
+	queried := false
+	// cur is a failed stage: the cause, unless it was waiting on a neighbour.
+	for cur := failed; ; {
+		st, ok := cur.lastStatus()
+		if !ok || !st.Waiting() || byPos[next(cur.replica, st)] == nil {
+			return cur.stageError()
+		}
+		seen[pos{cur.stage, cur.replica}] = true
+		chain = append(chain, st.String())
+		hung := func(at pos, why string) error {
+			e := cur.stageError().(*StageError)
+			e.Stage, e.Replica, e.Hung, e.Detector, e.DetectorReplica = at.stage, at.replica, true, cur.stage, cur.replica
+			e.Why = why + " (" + strings.Join(chain, "; ") + ")"
+			return e
+		}
+		at := next(cur.replica, st)
+		for {
+			c := byPos[at]
+			if c == nil || seen[at] {
+				return failed.stageError() // a cycle of waits: no stage stands out
+			}
+			seen[at] = true
+			if !c.running() {
+				if err := c.exitErr(); err == nil {
+					return hung(at, "it had exited cleanly")
+				}
+				cur = c // failed too: its own status tells whether as a cause
+				break
+			}
+			if !queried {
+				query(children, ask)
+				queried = true
+			}
+			s, answered := c.answer()
+			if answered && s.Waiting() {
+				chain = append(chain, s.String())
+				at = next(at.replica, s)
+				continue
+			}
+			// A stage failing by itself may be on its way out (closing its
+			// links woke its neighbours); a hung one stays.
+			if c.exitsWithin(lostPeerGrace) && c.exitErr() != nil {
+				cur = c
+				break
+			}
+			if !answered {
+				return hung(at, fmt.Sprintf("it answered no status query within %v: stopped, or hung", ask))
+			}
+			return hung(at, s.String())
+		}
 	}
-	query(children, ask)
-	chain := []string{st.String()}
-	seen := map[pos]bool{{failed.stage, failed.replica}: true}
-	for cur := next(failed.replica, st); ; {
-		c := byPos[cur]
-		if seen[cur] || c == nil {
-			return own // a cycle of waits: no stage stands out
-		}
-		seen[cur] = true
-		hung := func(why string) error {
-			e := own.(*StageError)
-			return &StageError{Stage: cur.stage, Replica: cur.replica, Replicas: failed.replicas, Err: e.Err, LastLine: e.LastLine, Hung: true, Detector: failed.stage, DetectorReplica: failed.replica,
-				Why: why + " (" + strings.Join(chain, "; ") + ")"}
-		}
-		select {
-		case <-c.done:
-			return hung(fmt.Sprintf("it had exited (%v)", c.exitErr()))
-		default:
-		}
-		s, answered := c.answer()
-		if !answered {
-			return hung(fmt.Sprintf("it answered no status query within %v: stopped, or hung", ask))
-		}
-		if !s.Waiting() {
-			return hung(s.String())
-		}
-		chain = append(chain, s.String())
-		cur = next(cur.replica, s)
+}
+
+// running reports whether the stage process has not exited yet.
+func (c *child) running() bool {
+	select {
+	case <-c.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// exitsWithin waits up to d for the stage process to exit and reports whether it did.
+func (c *child) exitsWithin(d time.Duration) bool {
+	select {
+	case <-c.done:
+		return true
+	case <-time.After(d):
+		return false
 	}
 }
 
