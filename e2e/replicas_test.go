@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/stages"
 )
 
@@ -153,27 +154,71 @@ func TestKilledReplicaRecoversBitIdentical(t *testing.T) {
 }
 
 // TestCompressedAllReduceKeepsReplicasIdentical runs 1 × 2 with the
-// all-reduce's messages cast to 16 bits: the replicas' weights must stay
-// identical (compared every 5 steps; a divergence stops the run) and the
-// loss must stay close to the uncompressed reference's.
+// all-reduce's messages cast to 16 bits, each replica a rank with a run
+// directory of its own, so that each writes its own checkpoint: the two
+// replicas' checkpoints of the last step (weights and optimizer state) must
+// hold the same bits, the run must pass the digest check every 5 steps, and
+// the loss must stay close to the uncompressed reference's.
 func TestCompressedAllReduceKeepsReplicasIdentical(t *testing.T) {
 	needData(t)
-	cfg := gridConfig(t, strings.Replace(gridMLP, "check_every: 10", "check_every: 5", 1)+"\nschedule: 1f1b", []string{`"0-3"`}, 2)
-	refDir := reference(t, cfg)
-	want := readMetrics(t, refDir)
-	for _, c := range []string{"bf16", "fp16"} {
-		dir := t.TempDir()
-		res := run(t, 3*time.Minute, []string{"PIPETRAIN_TRANSPORT_COMPRESSION=" + c}, "launch", "--config", cfg, "--run-dir", dir)
-		if res.err != nil {
-			t.Fatalf("%s: launch: %v\n%s", c, res.err, res.out)
+	const steps = 30
+	grid := strings.Replace(gridMLP, "check_every: 10", "check_every: 5", 1)
+	grid = strings.Replace(grid, "checkpoint: {every: 0}", fmt.Sprintf("checkpoint: {every: %d}", steps), 1)
+	grid += "\nschedule: 1f1b\ndata_parallel: 2\nstages:\n  - {layers: \"0-3\", addresses: [auto, auto]}\n"
+	write := func(name, body string) string {
+		path := filepath.Join(t.TempDir(), name)
+		if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
 		}
-		got := readMetrics(t, dir)
+		return path
+	}
+	want := readMetrics(t, reference(t, write("grid.yaml", grid)))
+	for _, c := range []string{"bf16", "fp16"} {
+		cfg := write(c+".yaml", grid+"transport: {compression: "+c+"}\n")
+		dirs := []string{t.TempDir(), t.TempDir()}
+		port := strings.TrimPrefix(freePorts(t, 1)[0], "127.0.0.1:")
+		procs := startRanks(t, cfg, dirs, port)
+		for r, err := range awaitRanks(t, procs, 3*time.Minute) {
+			if err != nil {
+				t.Fatalf("%s: rank %d: %v\n%s", c, r, err, procs[r].out.String())
+			}
+		}
+		sameReplicaCheckpoints(t, c, dirs, steps)
+		got := readMetrics(t, dirs[0])
 		last := len(got) - 1
 		if len(got) != len(want) || got[last].Loss == want[last].Loss {
 			t.Errorf("%s: %d steps, final loss %v: want %d steps and a loss changed by rounding (reference %v)", c, len(got), got[last].Loss, len(want), want[last].Loss)
 		}
 		if d := got[last].Loss - want[last].Loss; d > 0.05*want[last].Loss || d < -0.05*want[last].Loss {
 			t.Errorf("%s: final loss %v, reference %v: more than 5%% apart", c, got[last].Loss, want[last].Loss)
+		}
+	}
+}
+
+// sameReplicaCheckpoints requires stage 0's checkpoint part of step in each
+// replica's run directory to hold the same tensors, bit for bit.
+func sameReplicaCheckpoints(t *testing.T, what string, dirs []string, step int) {
+	t.Helper()
+	parts := make([]map[string]checkpoint.Tensor, len(dirs))
+	for r, dir := range dirs {
+		path := filepath.Join(checkpoint.StepDir(stages.CheckpointDir(dir), step), checkpoint.PartFile(0))
+		ts, meta, err := checkpoint.Read(path)
+		if err != nil {
+			t.Fatalf("%s: replica %d: %v", what, r, err)
+		}
+		if meta["step"] != fmt.Sprint(step) {
+			t.Fatalf("%s: replica %d: %s is of step %q, want %d", what, r, path, meta["step"], step)
+		}
+		parts[r] = map[string]checkpoint.Tensor{}
+		for _, x := range ts {
+			parts[r][x.Name] = x
+		}
+	}
+	for r := 1; r < len(parts); r++ {
+		if len(parts[r]) == 0 || len(parts[r]) != len(parts[0]) {
+			t.Errorf("%s: replica 0's checkpoint holds %d tensors, replica %d's %d", what, len(parts[0]), r, len(parts[r]))
+		} else if err := checkpoint.Diff(parts[0], parts[r]); err != nil {
+			t.Errorf("%s: replicas 0 and %d hold different weights after step %d: %v", what, r, step, err)
 		}
 	}
 }
