@@ -28,11 +28,11 @@ build: deps
 	go build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/pipetrain
 
 demo: build
-	$(BIN) launch --config $(CONFIG) --run-dir $(RUN_DIR)
+	$(BIN) launch --force --config $(CONFIG) --run-dir $(RUN_DIR)
 	$(BIN) profile $(RUN_DIR)
 
 reference: build
-	$(BIN) reference --pipeline-threads --config $(CONFIG) --run-dir runs/reference
+	$(BIN) reference --force --pipeline-threads --config $(CONFIG) --run-dir runs/reference
 
 vet:
 	go vet ./...

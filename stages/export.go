@@ -125,6 +125,10 @@ func exportFiles(c *configs.Config, runDir string, which int) (files []string, d
 		if len(files) == 0 {
 			return nil, "", 0, fmt.Errorf("%s: no final weights (did the run finish?)%s", dir, checkpointHint(committed))
 		}
+		if stale := beyondStages(files, len(c.Stages)); len(stale) > 0 {
+			return nil, "", 0, fmt.Errorf("%s: the config has %s, but %s: left by an earlier run of another split in this directory? (launch --force deletes an earlier run)",
+				dir, words.Count(len(c.Stages), "stage"), strings.Join(stale, ", ")+" "+map[bool]string{true: "is there", false: "are there"}[len(stale) == 1])
+		}
 		meta, err := checkpoint.ReadMeta(files[0])
 		if err != nil {
 			return nil, "", 0, err
@@ -181,4 +185,17 @@ func checkpointHint(steps []int) string {
 		s[i] = strconv.Itoa(n)
 	}
 	return fmt.Sprintf("; committed checkpoints: steps %s (--checkpoint STEP or latest)", strings.Join(s, ", "))
+}
+
+// beyondStages lists the files among a run's final weights that are of a
+// stage the config does not have.
+func beyondStages(files []string, stages int) []string {
+	var out []string
+	for _, f := range files {
+		n, err := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(filepath.Base(f), "stage-"), ".safetensors"))
+		if err == nil && n >= stages {
+			out = append(out, filepath.Base(f))
+		}
+	}
+	return out
 }

@@ -2,13 +2,18 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/internal/words"
+	"github.com/pipetrain/pipetrain/runlog"
+	"github.com/pipetrain/pipetrain/stages"
 )
 
 // runFlags are shared by the commands that train.
@@ -72,4 +77,77 @@ func (f *runFlags) checkSteps() error {
 		return fmt.Errorf("--steps %d: want 1 or more (leave it out to train the config's train.steps)", f.steps)
 	}
 	return nil
+}
+
+// runFiles are what launch, its stages and reference write into a run
+// directory; --force deletes exactly these, leaving anything else the
+// directory holds.
+var runFiles = []string{"launch.json", "run.json", "metrics.jsonl", "eval.json", "events", "weights", "checkpoints", "logs"}
+
+// claimRunDir makes dir ready for a new run. A directory holding another
+// run is refused, saying what it holds, unless force, which deletes that
+// run's files first: writing over it would delete its checkpoints as the
+// new run starts and leave its other files (a stage's weights the new split
+// has no stage for) to be mixed with the new run's. resume is how the
+// refusal says to continue the run instead.
+func claimRunDir(dir string, force bool, resume string) error {
+	if dir == "" {
+		return nil // a new directory is named when the config loads
+	}
+	held := runHoldings(dir)
+	if len(held) == 0 {
+		return nil
+	}
+	if !force {
+		return fmt.Errorf("%s holds another run (%s): continue it with %s, or delete it and start again with --force",
+			dir, strings.Join(held, "; "), resume)
+	}
+	for _, name := range runFiles {
+		if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {
+			return fmt.Errorf("--force: clearing %s: %w", dir, err)
+		}
+	}
+	fmt.Printf("pipetrain: --force: deleted the run in %s (%s)\n", dir, strings.Join(held, "; "))
+	return nil
+}
+
+// runHoldings describes the run files in dir, one phrase each; none when
+// dir is missing, empty or holds no run.
+func runHoldings(dir string) []string {
+	var held []string
+	if steps := checkpointSteps(dir); len(steps) > 0 {
+		held = append(held, "checkpoints of steps "+strings.Join(steps, ", "))
+	}
+	if ws, _ := filepath.Glob(filepath.Join(runlog.WeightsDir(dir), "stage-*.safetensors")); len(ws) > 0 {
+		held = append(held, "final weights of "+words.Count(len(ws), "stage"))
+	}
+	if ms, _ := stages.ReadMetrics(filepath.Join(dir, "metrics.jsonl")); len(ms) > 0 {
+		held = append(held, fmt.Sprintf("metrics up to step %d", ms[len(ms)-1].Step))
+	}
+	var other []string
+	for _, name := range runFiles {
+		if name == "checkpoints" || name == "weights" {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
+			other = append(other, name)
+		}
+	}
+	if len(other) > 0 {
+		held = append(held, strings.Join(other, ", "))
+	}
+	return held
+}
+
+// checkpointSteps lists the steps of dir's checkpoint folders, committed or
+// not, oldest first.
+func checkpointSteps(dir string) []string {
+	folders, _ := filepath.Glob(filepath.Join(runlog.CheckpointDir(dir), "step-*"))
+	var steps []string
+	for _, f := range folders {
+		if n, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(f), "step-")); err == nil {
+			steps = append(steps, strconv.Itoa(n))
+		}
+	}
+	return steps
 }

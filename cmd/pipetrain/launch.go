@@ -26,6 +26,7 @@ import (
 func launchCmd() *cobra.Command {
 	var f runFlags
 	var resumeDir string
+	var force bool
 	c := &cobra.Command{
 		Use:   "launch --config FILE | --resume RUN_DIR",
 		Short: "Run every stage of a config as its own process on this machine, restarting failed runs from their checkpoints",
@@ -36,8 +37,25 @@ func launchCmd() *cobra.Command {
   pipetrain launch --resume runs/mlp4`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if force && resumeDir != "" {
+				return errors.New("--force deletes the run that --resume continues: give one of them")
+			}
+			// Refused before the config is read, deleted (--force) only
+			// once it has loaded: a config that fails costs no run.
+			claim := func(force bool) error {
+				if resumeDir != "" {
+					return nil
+				}
+				return claimRunDir(f.runDir, force, "pipetrain launch --resume "+f.runDir)
+			}
+			if err := claim(false); !force && err != nil {
+				return err
+			}
 			cfg, info, err := f.loadLaunch(resumeDir)
 			if err != nil {
+				return err
+			}
+			if err := claim(force); err != nil {
 				return err
 			}
 			if err := writeLaunchInfo(f.runDir, info); err != nil {
@@ -92,6 +110,7 @@ func launchCmd() *cobra.Command {
 	f.register(c, "")
 	c.Flags().Lookup("config").Annotations = nil // not required with --resume
 	c.Flags().StringVar(&resumeDir, "resume", "", "continue the run in RUN_DIR from its newest complete checkpoint (its config is found in RUN_DIR/launch.json)")
+	c.Flags().BoolVar(&force, "force", false, "start afresh in a --run-dir that holds another run, deleting its checkpoints, weights, logs, events and metrics first")
 	return c
 }
 
