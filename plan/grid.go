@@ -23,8 +23,9 @@ type Grid struct {
 // stages than layers, R does not divide the batch, no micro-batch count
 // fits, or no split fits the memory limit. The grids come in order of
 // increasing R; best is the plan with the most samples per second (all
-// grids share the batch, so the shortest step), ties going to fewer
-// replicas. The error, when no grid has a plan, gives each grid's reason.
+// grids share the batch, so the shortest step), a grid with more replicas
+// chosen only when it is faster by more than Problem.Margin (by anything
+// without one). The error, when no grid has a plan, gives each grid's reason.
 func SolveGrids(p Problem, processes int) (best *Plan, grids []Grid, err error) {
 	if processes < 1 {
 		return nil, nil, fmt.Errorf("plan: %d processes: need at least 1", processes)
@@ -38,7 +39,9 @@ func SolveGrids(p Problem, processes int) (best *Plan, grids []Grid, err error) 
 		q.Stages, q.Replicas = g.Stages, r
 		g.Plan, g.Err = solveGrid(q)
 		grids = append(grids, g)
-		if g.Plan != nil && (best == nil || g.Plan.StepMS < below(best.StepMS)) {
+		// A grid with more replicas must beat the best so far by the
+		// margin, as a later candidate must in Solve.
+		if g.Plan != nil && (best == nil || p.band(g.Plan.StepMS) < best.StepMS) {
 			best = g.Plan
 		}
 	}

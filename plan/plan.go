@@ -58,13 +58,25 @@
 // copy; samples per second count all R copies' samples.
 // SolveGrids chooses R for a given number of processes.
 //
+// # Core sharing
+//
+// Layer costs are measured by one process with the cores one stage will
+// have. When the Stages×Replicas processes outnumber Problem.Cores, the
+// cores of the machine they share, each computes at Cores/processes of a
+// core while they all compute, and every action (its fixed overhead too)
+// is charged processes/Cores times its measured cost: a stage on half a core
+// computes at half speed. That ignores the moments when some stages idle
+// (the others then get more), so it errs on the slow side; docs/profiling.md
+// gives the figures measured against it. Transfers are not charged more.
+//
 // # Search
 //
 // See Solve. The result is deterministic. On small problems (a few stages,
 // tens of layers) the search runs to the end and the plan is optimal, up to
-// a relative 1e-12 in the step time, among all contiguous splits for the cost
-// model above; on large ones (16 stages of 64 layers, say) it stops after a
-// fixed amount of work (a few seconds) with the fastest split found.
+// a relative 1e-12 in the step time (or within Problem.Margin of it, see
+// Solve), among all contiguous splits for the cost model above; on large
+// ones (16 stages of 64 layers, say) it stops after a fixed amount of work
+// (a few seconds) with the fastest split found.
 //
 // # V-shaped schedules
 //
@@ -148,6 +160,44 @@ type Problem struct {
 	// layer's OutBytes).
 	Recompute  bool
 	InputBytes int64
+	// Cores is how many cores the Stages×Replicas processes share, all on
+	// one machine; 0 means each has at least a core of its own. With more
+	// processes than cores every action is charged processes/Cores times
+	// its measured cost (see Core sharing).
+	Cores float64
+	// Margin is the relative gain a candidate later in Solve's order (more
+	// micro-batches, a later schedule, recomputing) must clear over an
+	// earlier one to be chosen: measured costs vary from run to run, and
+	// without it near-equal candidates trade places (see Search). 0
+	// chooses the fastest, ties broken by that order.
+	Margin float64
+}
+
+// sharing is the factor every action's measured cost is charged with when
+// the processes share fewer cores than they are: 1/(their share of a core).
+func (p Problem) sharing() float64 {
+	procs := float64(p.Stages * p.replicas())
+	if p.Cores <= 0 || procs <= p.Cores {
+		return 1
+	}
+	return procs / p.Cores
+}
+
+// band is the slowest step time that still counts as within the margin of x.
+func (p Problem) band(x float64) float64 { return above(x * (1 + p.Margin)) }
+
+// Prefer returns given, the user's own plan (Evaluate's), when best, Solve's,
+// does not beat it by more than the margin and it fits the memory limit:
+// a plan that is not clearly faster is not worth a change that measurement
+// noise could have chosen. Otherwise it returns best.
+func (p Problem) Prefer(best, given *Plan) *Plan {
+	if given == nil || given.StepMS > p.band(best.StepMS) {
+		return best
+	}
+	if p.MemoryLimit > 0 && slices.Max(given.MemoryBytes) > p.MemoryLimit {
+		return best
+	}
+	return given
 }
 
 // replicas is Replicas with 0 counted as 1.
@@ -200,9 +250,13 @@ func Schedules() []string { return []string{"gpipe", "1f1b", "zb-h1"} }
 func VSchedules() []string { return []string{"zb-v", "dualpipev"} }
 
 // Solve returns the best plan. For each candidate (micro-batch count, in
-// increasing order, then schedule, in the order given) it searches the
-// boundaries, simulating splits with schedule.Simulate, and keeps the fastest
-// (ties within a relative 1e-12: fewer micro-batches, then schedule order).
+// increasing order, then schedule, in the order given, then keeping before
+// recomputing) it searches the boundaries, simulating splits with
+// schedule.Simulate, and keeps the first candidate whose fastest split is
+// within Problem.Margin of the fastest of all (ties within a relative 1e-12
+// without a margin): a candidate later in that order is chosen only when it
+// is faster by more than the margin, so costs measured a little differently
+// from one run to the next do not change the plan.
 //
 // The search:
 //
@@ -311,11 +365,11 @@ func Solve(p Problem) (*Plan, error) {
 		return nil, fmt.Errorf("plan: no split of %d layers into %d stages fits the memory limit of %d bytes per stage; %s is %d bytes (%s, %d micro-batches)",
 			len(p.Layers), p.Stages, p.MemoryLimit, smallest, int64(fit.need), how, fit.m)
 	}
-	// Then each candidate's own search, for a split that could tie or beat
+	// Then each candidate's own search, for a split within the margin of
 	// the best so far, the most promising first, while the budget lasts: a
 	// quick descent from the seed for all, then the exhaustive branch and
 	// bound. Last, the first candidate (fewest micro-batches, then schedule
-	// order) whose split ties the fastest.
+	// order) whose split is within the margin of the fastest.
 	left := searchBudget
 	found := make([]*Plan, len(cands))
 	searches := make([]*bnb, len(cands))
@@ -336,10 +390,10 @@ func Solve(p Problem) (*Plan, error) {
 			}
 			b := searches[k]
 			if b == nil {
-				b = cands[k].newSearch(above(beat), &left)
+				b = cands[k].newSearch(p.band(beat), &left)
 				searches[k] = b
 			}
-			b.limit = min(b.limit, above(beat))
+			b.limit = min(b.limit, p.band(beat))
 			phase(b)
 			if b.err != nil {
 				return nil, b.err
@@ -350,7 +404,7 @@ func Solve(p Problem) (*Plan, error) {
 		}
 	}
 	for _, pl := range found {
-		if pl != nil && pl.StepMS <= above(beat) {
+		if pl != nil && pl.StepMS <= p.band(beat) {
 			return pl, nil
 		}
 	}
@@ -466,7 +520,13 @@ func newModel(p Problem) (*model, error) {
 		return nil, fmt.Errorf("plan: memory limit must be >= 0, got %d", p.MemoryLimit)
 	case p.InputBytes < 0:
 		return nil, fmt.Errorf("plan: input bytes must be >= 0, got %d", p.InputBytes)
+	case !finite(p.Cores) || !finite(p.Margin):
+		return nil, fmt.Errorf("plan: cores and margin must be finite and >= 0, got %v and %v", p.Cores, p.Margin)
 	}
+	// Cores shared: every action, the fixed overhead too, runs at the
+	// processes' share of a core.
+	slow := p.sharing()
+	p.OverheadMS *= slow
 	d := &model{p: p, n: n, out: make([]float64, n)}
 	for _, s := range []*[]float64{&d.f, &d.b, &d.i, &d.w, &d.fwdBack, &d.fwdInpt} {
 		*s = make([]float64, n+1)
@@ -481,6 +541,7 @@ func newModel(p Problem) (*model, error) {
 		if l.ActBytes < 0 || l.FixedActBytes < 0 || l.SplitActBytes < 0 || l.ParamBytes < 0 || l.OutBytes < 0 || l.GradBytes < 0 {
 			return nil, fmt.Errorf("plan: layer %d (%s): byte counts must be >= 0", k, l.Name)
 		}
+		l.F, l.B, l.I, l.W = slow*l.F, slow*l.B, slow*l.I, slow*l.W
 		in, wt := l.I, l.W
 		switch {
 		case in == 0 && wt == 0:
