@@ -46,6 +46,11 @@ type Options struct {
 	// QueryTimeout is how long stages get to answer a status query after a
 	// failure; default 1s. A stage that does not answer is stopped or hung.
 	QueryTimeout time.Duration
+	// PauseTimeout is how long stages get to answer the pause request of an
+	// interrupt (default 3s), StopTimeout how long they then get to reach
+	// the agreed step, write its checkpoint and exit (default 2m); past
+	// either, every stage is stopped at once.
+	PauseTimeout, StopTimeout time.Duration
 }
 
 func (o Options) queryTimeout() time.Duration {
@@ -142,12 +147,20 @@ type child struct {
 	status    Status
 	hasStatus bool
 	fresh     bool
-	mu        sync.Mutex
+	// control is the write end of the stage's standard input, which
+	// carries an interrupt's pause and stop requests; pauseStep is its
+	// answer to the latest pause request, once pauseAnswered.
+	control       *os.File
+	pauseStep     int
+	pauseAnswered bool
+	mu            sync.Mutex
 }
 
 // Run starts the stages and waits for all of them. It returns nil only when every
 // stage exited cleanly. Cancelling ctx stops every stage (SIGTERM, then SIGKILL after
-// Grace) and returns ctx's cause.
+// Grace) and returns ctx's cause; when the cause is ErrInterrupted, the stages
+// first get to stop together at a step boundary with a checkpoint there
+// (interrupt), and the error is an *Interrupted.
 func Run(ctx context.Context, o Options) error {
 	if o.Grace == 0 {
 		o.Grace = 5 * time.Second
@@ -201,6 +214,14 @@ func Run(ctx context.Context, o Options) error {
 		stopAll(children, o.Grace)
 		return err
 	case <-ctx.Done():
+		if errors.Is(context.Cause(ctx), ErrInterrupted) {
+			say := func(format string, args ...any) {
+				outMu.Lock()
+				defer outMu.Unlock()
+				fmt.Fprintf(o.Out, "pipetrain: "+format+"\n", args...)
+			}
+			return interrupt(ctx, o, children, allDone, failed, say)
+		}
 		stopAll(children, o.Grace)
 		return context.Cause(ctx)
 	}
@@ -299,6 +320,7 @@ func start(o Options, i, r int, logDir string, outMu *sync.Mutex) (*child, error
 	if o.Resume {
 		args = append(args, "--resume")
 	}
+	args = append(args, ControlFlag)
 	cmd := exec.Command(o.Binary, args...)
 	cmd.Env = append(os.Environ(), o.Env...)
 	// Own process group: a terminal's Ctrl-C reaches only the launcher, which then
@@ -310,6 +332,13 @@ func start(o Options, i, r int, logDir string, outMu *sync.Mutex) (*child, error
 		return nil, err
 	}
 	cmd.Stdout, cmd.Stderr = pw, pw
+	controlR, controlW, err := os.Pipe()
+	if err != nil {
+		pr.Close()
+		pw.Close()
+		return nil, err
+	}
+	cmd.Stdin = controlR
 	flags := os.O_WRONLY | os.O_CREATE | os.O_TRUNC
 	if o.Resume {
 		flags = os.O_WRONLY | os.O_CREATE | os.O_APPEND
@@ -321,16 +350,21 @@ func start(o Options, i, r int, logDir string, outMu *sync.Mutex) (*child, error
 	if err != nil {
 		pr.Close()
 		pw.Close()
+		controlR.Close()
+		controlW.Close()
 		return nil, err
 	}
 	if err := cmd.Start(); err != nil {
 		pr.Close()
 		pw.Close()
+		controlR.Close()
+		controlW.Close()
 		logFile.Close()
 		return nil, err
 	}
 	pw.Close()
-	c := &child{stage: i, replica: r, replicas: replicas, cmd: cmd, done: make(chan struct{})}
+	controlR.Close()
+	c := &child{stage: i, replica: r, replicas: replicas, cmd: cmd, done: make(chan struct{}), control: controlW}
 	copied := make(chan struct{})
 	go func() {
 		defer close(copied)
@@ -344,6 +378,12 @@ func start(o Options, i, r int, logDir string, outMu *sync.Mutex) (*child, error
 			if st, ok := ParseStatus(line); ok {
 				c.mu.Lock()
 				c.status, c.hasStatus, c.fresh = st, true, true
+				c.mu.Unlock()
+				continue
+			}
+			if step, ok := parsePauseAnswer(line); ok {
+				c.mu.Lock()
+				c.pauseStep, c.pauseAnswered = step, true
 				c.mu.Unlock()
 				continue
 			}
@@ -374,6 +414,7 @@ func start(o Options, i, r int, logDir string, outMu *sync.Mutex) (*child, error
 		// output pipe open; nothing of a finished stage may outlive it.
 		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		<-copied
+		controlW.Close()
 		c.mu.Lock()
 		c.err, c.exitedAt = err, exited
 		c.mu.Unlock()

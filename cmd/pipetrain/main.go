@@ -32,14 +32,24 @@ func main() {
 	}
 }
 
-// signalContext is cancelled, with launcher.ErrInterrupted as its cause, on SIGINT or SIGTERM.
+// signalContext is cancelled, with launcher.ErrInterrupted as its cause, on
+// SIGINT or SIGTERM. A second such signal closes the context's second-interrupt
+// channel (launcher.WithSecondInterrupt): launch stops its stages at a step
+// boundary after the first, and at once after the second.
 func signalContext() (context.Context, func()) {
-	ctx, cancel := context.WithCancelCause(context.Background())
-	ch := make(chan os.Signal, 1)
+	base, cancel := context.WithCancelCause(context.Background())
+	again := make(chan struct{})
+	ctx := launcher.WithSecondInterrupt(base, again)
+	ch := make(chan os.Signal, 2)
 	signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM)
 	go func() {
-		if s, ok := <-ch; ok {
-			cancel(fmt.Errorf("%w (%v)", launcher.ErrInterrupted, s))
+		s, ok := <-ch
+		if !ok {
+			return
+		}
+		cancel(fmt.Errorf("%w (%v)", launcher.ErrInterrupted, s))
+		if _, ok := <-ch; ok {
+			close(again)
 		}
 	}()
 	return ctx, func() { signal.Stop(ch); close(ch); cancel(nil) }

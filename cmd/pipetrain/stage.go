@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -21,7 +22,7 @@ import (
 func stageCmd() *cobra.Command {
 	var f runFlags
 	var index, replica int
-	var resume bool
+	var resume, controlled bool
 	c := &cobra.Command{
 		Use:   "stage --config FILE [--stage N [--replica R]]",
 		Short: "Run one pipeline stage (launch runs these for you; use it directly for one stage per host)",
@@ -37,6 +38,12 @@ func stageCmd() *cobra.Command {
 			queries := make(chan os.Signal, 1)
 			signal.Notify(queries, syscall.SIGUSR1)
 			defer signal.Stop(queries)
+			// Served from the start too: a launch interrupted while this
+			// stage connects must still hear that it may start no step.
+			pause := stages.NewPause()
+			if controlled {
+				go launcher.ServePauses(os.Stdin, os.Stdout, pause.Ask, pause.StopAfter)
+			}
 			cfg, err := f.load()
 			if err != nil {
 				return err
@@ -86,7 +93,7 @@ func stageCmd() *cobra.Command {
 			}
 			defer links.Close()
 			o := stages.Options{Layout: layout, Config: cfg, Stage: index, RunDir: f.runDir, Prev: links.Prev, Next: links.Next,
-				ReplicaPrev: links.ReplicaPrev, ReplicaNext: links.ReplicaNext, Log: os.Stdout, Resume: resume}
+				ReplicaPrev: links.ReplicaPrev, ReplicaNext: links.ReplicaNext, Log: os.Stdout, Resume: resume, Pause: pause}
 			if job != nil {
 				o.Coordinator = job.coord
 			}
@@ -109,6 +116,9 @@ func stageCmd() *cobra.Command {
 			}
 			go answerStatusQueries(queries, rt)
 			if err := rt.Run(cmd.Context()); err != nil {
+				if errors.Is(err, stages.ErrPaused) {
+					return interruptedStage{err}
+				}
 				if cmd.Context().Err() == nil {
 					// The launcher reads what the stage was waiting for when
 					// it gave up, to follow the chain to the stage that hung.
@@ -126,8 +136,18 @@ func stageCmd() *cobra.Command {
 	c.Flags().IntVar(&index, "stage", -1, "index of the stage in the config's stages list (default: from the rank the environment gives: "+strings.Join(cluster.Variables(), ", ")+")")
 	c.Flags().IntVar(&replica, "replica", 0, "which replica of the stage (data_parallel > 1): 0 to data_parallel-1")
 	c.Flags().BoolVar(&resume, "resume", false, "continue from the newest complete checkpoint in --run-dir (every stage must be given it)")
+	c.Flags().BoolVar(&controlled, strings.TrimPrefix(launcher.ControlFlag, "--"), false, "standard input carries the launcher's pause and stop requests (launch sets it)")
+	c.Flags().MarkHidden(strings.TrimPrefix(launcher.ControlFlag, "--"))
 	return c
 }
+
+// interruptedStage is the error of a stage that stopped at the step its
+// launcher named: it exits with the interrupted status (130), which the
+// launcher takes for a stop as asked, not a failure.
+type interruptedStage struct{ error }
+
+func (e interruptedStage) Is(target error) bool { return target == launcher.ErrInterrupted }
+func (e interruptedStage) Unwrap() error        { return e.error }
 
 // rankFromEnv places a stage started without --stage by the rank a cluster
 // engine gave it (RANK, SLURM_PROCID, ...) on the config's grid.
