@@ -178,6 +178,28 @@ func sameRun(t *testing.T, want, got string, steps int) []stages.Metric {
 	return b
 }
 
+// sameEval requires run got's evaluation after its last step (eval.json) to
+// be run want's, byte for byte: the shortest decimal that reads back as the
+// same float64, so the loss and the accuracy bit for bit.
+func sameEval(t *testing.T, want, got string) {
+	t.Helper()
+	a, err := os.ReadFile(filepath.Join(want, "eval.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(got, "eval.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var e stages.EvalResult
+	if err := json.Unmarshal(a, &e); err != nil || e.Examples == 0 {
+		t.Fatalf("%s/eval.json: %v, %d examples:\n%s", want, err, e.Examples, a)
+	}
+	if !bytes.Equal(a, b) {
+		t.Errorf("evaluations differ:\n%s/eval.json:\n%s%s/eval.json:\n%s", want, a, got, b)
+	}
+}
+
 // reference trains cfg in one process, with the BLAS threads a stage of
 // the pipelined run gets (so the two can be compared bit for bit), and
 // returns its run directory.
@@ -203,8 +225,9 @@ func weights(t *testing.T, runDir string) map[string]checkpoint.Tensor {
 // schedule (interleaved and interleaved-zb on the 8-layer interleaved config, over
 // the ring; zb-v and dualpipev on the 8-layer V configs, whose stage 0 computes
 // the loss), and with 1f1b and zb-h1 on every stage recomputing its forwards,
-// in separate processes over gRPC, and requires every step's loss and
-// the final weights to equal the one-process reference's bit for bit.
+// in separate processes over gRPC, and requires every step's loss, the test
+// evaluation after the last step (eval.json) and the final weights to equal
+// the one-process reference's bit for bit.
 func TestLaunchEqualsReference(t *testing.T) {
 	needData(t)
 	const steps = "30"
@@ -243,7 +266,7 @@ func TestLaunchEqualsReference(t *testing.T) {
 			case sched == "dualpipev":
 				cfg = dualpipev
 			}
-			env := []string{"PIPETRAIN_SCHEDULE=" + sched, "PIPETRAIN_TRAIN_EVALUATE=false"}
+			env := []string{"PIPETRAIN_SCHEDULE=" + sched, "PIPETRAIN_TRAIN_EVALUATE=true"}
 			if r.micro > 0 {
 				env = append(env, fmt.Sprintf("PIPETRAIN_DATA_MICRO_BATCHES=%d", r.micro))
 			}
@@ -261,6 +284,7 @@ func TestLaunchEqualsReference(t *testing.T) {
 				}
 			}
 			pipe := sameRun(t, refDir, pipeDir, 30)
+			sameEval(t, refDir, pipeDir)
 			if !(pipe[29].Loss < pipe[0].Loss) {
 				t.Errorf("loss did not fall: %v -> %v", pipe[0].Loss, pipe[29].Loss)
 			}
