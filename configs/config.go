@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -900,16 +899,4 @@ func (c *Config) Digest() string {
 	}
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
-}
-
-// CheckData reports whether the dataset files the config names are present.
-func (c *Config) CheckData() error {
-	if c.Data.Dataset == "text" {
-		_, err := c.LoadText()
-		return err
-	}
-	if _, err := os.Stat(c.Data.Dir); err != nil {
-		return fmt.Errorf("%s: data.dir: %s not found (install Debian package dataset-fashion-mnist)", c.Path, c.Data.Dir)
-	}
-	return nil
 }

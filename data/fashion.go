@@ -2,6 +2,7 @@ package data
 
 import (
 	"bufio"
+	"cmp"
 	"compress/gzip"
 	"errors"
 	"fmt"
@@ -21,11 +22,16 @@ const installHint = "install Debian package dataset-fashion-mnist"
 
 // Dataset is one split of an image classification data set, held in memory.
 type Dataset struct {
-	Name    string
-	N, Dim  int       // examples, features per example (784)
-	Classes int       // 10
+	Name   string
+	N, Dim int // examples, features per example (784)
+	// Classes is one more than the largest label (10 for Fashion-MNIST), 0
+	// when the labels are not loaded. The data do not say how many classes
+	// the model has: CheckModel compares the labels with that.
+	Classes int
 	Images  []float32 // N*Dim, pixel/255, nil when not loaded
 	Labels  []uint8   // N, nil when not loaded
+	// ImagesFile and LabelsFile are the files read, for errors to name.
+	ImagesFile, LabelsFile string
 }
 
 // LoadFashionMNIST loads split "train" or "test" of Fashion-MNIST from dir
@@ -43,16 +49,16 @@ func LoadFashionMNIST(dir, split string, images, labels bool) (*Dataset, error) 
 	default:
 		return nil, fmt.Errorf("data: unknown Fashion-MNIST split %q: want \"train\" or \"test\"", split)
 	}
-	d := &Dataset{Name: "fashion-mnist/" + split, Classes: 10}
+	d := &Dataset{Name: "fashion-mnist/" + split}
 
-	imgDims, img, err := loadIDX(dir, prefix+"-images-idx3-ubyte", images)
+	imgDims, img, err := loadIDX(dir, prefix+"-images-idx3-ubyte", images, &d.ImagesFile)
 	if err != nil {
 		return nil, err
 	}
 	if len(imgDims) != 3 {
 		return nil, fmt.Errorf("data: %s images: dimensions %v, want [N rows cols]", d.Name, imgDims)
 	}
-	lblDims, lbl, err := loadIDX(dir, prefix+"-labels-idx1-ubyte", labels)
+	lblDims, lbl, err := loadIDX(dir, prefix+"-labels-idx1-ubyte", labels, &d.LabelsFile)
 	if err != nil {
 		return nil, err
 	}
@@ -76,19 +82,45 @@ func LoadFashionMNIST(dir, split string, images, labels bool) (*Dataset, error) 
 		}
 	}
 	if labels {
-		for i, l := range lbl {
-			if int(l) >= d.Classes {
-				return nil, fmt.Errorf("data: %s: label %d of example %d out of range [0,%d)", d.Name, l, i, d.Classes)
-			}
+		for _, l := range lbl {
+			d.Classes = max(d.Classes, int(l)+1)
 		}
 		d.Labels = lbl
 	}
 	return d, nil
 }
 
+// CheckModel checks the dataset against a model whose examples have features
+// values and whose labels are below classes: a label at or beyond classes
+// would index past its one-hot row, into the next example's. The features are
+// checked always (the header gives them), the labels when they are loaded.
+// Errors name the file, and the first bad example by its index in the file.
+func (d *Dataset) CheckModel(features, classes int) error {
+	if d.Dim != features {
+		return fmt.Errorf("data: %s: examples have %d features; model.input is %d", cmp.Or(d.ImagesFile, d.Name), d.Dim, features)
+	}
+	for i, l := range d.Labels { // none when not loaded
+		if int(l) >= classes {
+			return fmt.Errorf("data: %s: label %d of example %d is not below model.classes %d", cmp.Or(d.LabelsFile, d.Name), l, i, classes)
+		}
+	}
+	return nil
+}
+
+// missingFileError is a data file not found. It unwraps to fs.ErrNotExist,
+// so that a caller can tell data that is absent from data that is wrong.
+type missingFileError struct{ path string }
+
+func (e missingFileError) Error() string {
+	return fmt.Sprintf("data: %s: no such file (%s)", e.path, installHint)
+}
+
+func (missingFileError) Unwrap() error { return fs.ErrNotExist }
+
 // loadIDX opens dir/name.gz, or dir/name when that is absent, and reads its
-// dimensions, and its data too when withData is set. Errors name the file.
-func loadIDX(dir, name string, withData bool) (dims []int, data []byte, err error) {
+// dimensions, and its data too when withData is set. It sets *opened to the
+// path it read. Errors name the file.
+func loadIDX(dir, name string, withData bool, opened *string) (dims []int, data []byte, err error) {
 	path := filepath.Join(dir, name+".gz")
 	f, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -97,12 +129,13 @@ func loadIDX(dir, name string, withData bool) (dims []int, data []byte, err erro
 		}
 	}
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil, fmt.Errorf("data: %s: no such file (%s)", path, installHint)
+		return nil, nil, missingFileError{path}
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("data: %w", err)
 	}
 	defer f.Close()
+	*opened = path
 
 	var r io.Reader = bufio.NewReaderSize(f, 1<<20)
 	if strings.HasSuffix(path, ".gz") {

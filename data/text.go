@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"unicode/utf8"
 )
 
 // Tokenizer maps bytes of text to token ids in [0, Vocab()) and back.
@@ -79,14 +80,37 @@ func (t *CharTokenizer) Vocab() int { return len(t.symbols) }
 // Symbols returns the byte of each id, in id order.
 func (t *CharTokenizer) Symbols() []byte { return append([]byte(nil), t.symbols...) }
 
+// Encode gives each byte its id. The vocabulary holds bytes, so a character
+// of several UTF-8 bytes encodes when the corpus had each of its bytes; one
+// that does not is refused as the character the text holds, at its position
+// in characters, not as one of its bytes.
 func (t *CharTokenizer) Encode(text []byte) ([]int32, error) {
 	ids := make([]int32, len(text))
 	for i, b := range text {
 		if ids[i] = t.ids[b]; ids[i] < 0 {
-			return nil, fmt.Errorf("data: byte %q at position %d is not in the character vocabulary", b, i)
+			return nil, t.unknown(text, i)
 		}
 	}
 	return ids, nil
+}
+
+// unknown describes the character of text holding byte i, which the
+// vocabulary lacks.
+func (t *CharTokenizer) unknown(text []byte, i int) error {
+	pos, start := 0, 0
+	for start < len(text) {
+		_, size := utf8.DecodeRune(text[start:])
+		if start+size > i {
+			break
+		}
+		start += size
+		pos++
+	}
+	r, size := utf8.DecodeRune(text[start:])
+	if r == utf8.RuneError && size <= 1 {
+		return fmt.Errorf("data: byte 0x%02x at position %d (not UTF-8) is not in the character vocabulary", text[i], pos)
+	}
+	return fmt.Errorf("data: character %q at position %d is not in the character vocabulary", r, pos)
 }
 
 func (t *CharTokenizer) Decode(ids []int32) ([]byte, error) {

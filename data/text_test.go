@@ -43,7 +43,7 @@ func TestCharTokenizer(t *testing.T) {
 	if err != nil || string(back) != "bread" {
 		t.Fatalf("Decode: %q, %v", back, err)
 	}
-	if _, err := tok.Encode([]byte("bax")); err == nil || !strings.Contains(err.Error(), `byte 'x' at position 2`) {
+	if _, err := tok.Encode([]byte("bax")); err == nil || !strings.Contains(err.Error(), `character 'x' at position 2`) {
 		t.Errorf("unknown byte: %v", err)
 	}
 	if _, err := tok.Decode([]int32{7}); err == nil || !strings.Contains(err.Error(), "outside the vocabulary [0, 7)") {

@@ -333,7 +333,11 @@ func (e *Engine) Forward(key int, input *tensor.Dense, targets []int) (*tensor.D
 		e.lend(forwardPass)
 	}
 	if e.IsLast() {
-		if err := G.Let(e.onehot, e.oneHot(targets)); err != nil {
+		onehot, err := e.oneHot(targets)
+		if err == nil {
+			err = G.Let(e.onehot, onehot)
+		}
+		if err != nil {
 			return nil, fmt.Errorf("micro-batch %d targets: %w", key, err)
 		}
 	}
@@ -390,7 +394,11 @@ func (e *Engine) Recomputation(key int) error {
 	}
 	e.lend(forwardPass)
 	if e.IsLast() {
-		if err := G.Let(e.onehot, e.oneHot(f.targets)); err != nil {
+		onehot, err := e.oneHot(f.targets)
+		if err == nil {
+			err = G.Let(e.onehot, onehot)
+		}
+		if err != nil {
 			return fmt.Errorf("micro-batch %d targets: %w", key, err)
 		}
 	}
@@ -718,9 +726,20 @@ func rewind(vm G.VM) {
 	vm.Reset()
 }
 
-func (e *Engine) oneHot(targets []int) *tensor.Dense {
-	c := e.Model.Classes
-	t := tensor.New(tensor.Of(e.Model.DType), tensor.WithShape(e.Batch*e.Model.Targets(), c))
+// oneHot refuses a target outside [0, classes) or a target count unlike the
+// batch's, which would write into another row's classes (corrupting its
+// target) or past the last; the data checks should have caught it first.
+func (e *Engine) oneHot(targets []int) (*tensor.Dense, error) {
+	c, rows := e.Model.Classes, e.Batch*e.Model.Targets()
+	if len(targets) != rows {
+		return nil, fmt.Errorf("%d targets for %d rows", len(targets), rows)
+	}
+	for i, y := range targets {
+		if y < 0 || y >= c {
+			return nil, fmt.Errorf("target %d of row %d is not in [0, %d), the model's classes", y, i, c)
+		}
+	}
+	t := tensor.New(tensor.Of(e.Model.DType), tensor.WithShape(rows, c))
 	switch d := t.Data().(type) {
 	case []float32:
 		for i, y := range targets {
@@ -731,7 +750,7 @@ func (e *Engine) oneHot(targets []int) *tensor.Dense {
 			d[i*c+y] = 1
 		}
 	}
-	return t
+	return t, nil
 }
 
 // copyDense copies a value out of a machine's registers, which later instructions of

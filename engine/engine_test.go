@@ -319,25 +319,29 @@ func TestEngineRejectsMisuse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.Backward(0, e.LossScale(1)); err == nil {
-		t.Error("backward without forward accepted")
-	}
+	_, err = e.Backward(0, e.LossScale(1))
+	refused(t, "backward without forward", err, "micro-batch 0: backward without a forward")
 	in := tensor.New(tensor.Of(tensor.Float32), tensor.WithShape(2, 5))
 	if _, err := e.Forward(0, in, []int{0, 1}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.Forward(0, in, []int{0, 1}); err == nil {
-		t.Error("second forward of an in-flight micro-batch accepted")
-	}
+	_, err = e.Forward(0, in, []int{0, 1})
+	refused(t, "second forward of an in-flight micro-batch", err, "micro-batch 0: forward run twice before its backward")
 	sgd, err := e.NewOptimizer(configs.Optimizer{Name: "sgd", LR: 0.1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := e.Step(sgd); err == nil {
-		t.Error("optimizer step with a micro-batch in flight accepted")
-	}
-	if _, err := NewEngine(m, 2, 2, 2, 1, Options{}); err == nil {
-		t.Error("empty layer range accepted")
+	refused(t, "optimizer step with a micro-batch in flight", e.Step(sgd), "optimizer step with 1 micro-batches still in flight")
+	_, err = NewEngine(m, 2, 2, 2, 1, Options{})
+	refused(t, "empty layer range", err, "layer range [2, 2) is not within the model's")
+}
+
+// refused requires err to be the refusal that says want, not some other
+// error the same call could return.
+func refused(t *testing.T, what string, err error, want string) {
+	t.Helper()
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("%s: err = %v, want one saying %q", what, err, want)
 	}
 }
 

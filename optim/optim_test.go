@@ -2,6 +2,7 @@ package optim
 
 import (
 	"math"
+	"strings"
 	"testing"
 
 	"gorgonia.org/tensor"
@@ -125,11 +126,14 @@ func TestStateRestores(t *testing.T) {
 func TestStepRejectsMismatchedShapes(t *testing.T) {
 	o, _ := New(Spec{Name: "sgd", LR: 1}, tensor.Float32, []tensor.Shape{{2}})
 	p := tensor.New(tensor.Of(tensor.Float32), tensor.WithShape(3))
-	if err := o.Step([]*tensor.Dense{p}, []*tensor.Dense{p}); err == nil {
-		t.Error("a (3) parameter accepted for a (2) slot")
+	if err := o.Step([]*tensor.Dense{p}, []*tensor.Dense{p}); err == nil || !strings.Contains(err.Error(), "parameter 0 has shape (3) and gradient (3), want (2)") {
+		t.Errorf("a (3) parameter for a (2) slot: err = %v, want one naming parameter 0 and both shapes", err)
 	}
-	if _, err := New(Spec{Name: "lion"}, tensor.Float32, nil); err == nil {
-		t.Error("unknown optimizer accepted")
+	if err := o.Step([]*tensor.Dense{p, p}, []*tensor.Dense{p}); err == nil || !strings.Contains(err.Error(), "2 parameters and 1 gradients for 1 shapes") {
+		t.Errorf("two parameters, one gradient, one slot: err = %v, want one counting each", err)
+	}
+	if _, err := New(Spec{Name: "lion"}, tensor.Float32, nil); err == nil || !strings.Contains(err.Error(), `unknown optimizer "lion" (known: `) {
+		t.Errorf("unknown optimizer: err = %v, want one naming it and the known ones", err)
 	}
 }
 

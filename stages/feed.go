@@ -7,6 +7,7 @@ import (
 
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/data"
+	"github.com/pipetrain/pipetrain/models"
 )
 
 // feed supplies the ends of the pipeline: the first stage's inputs and the last
@@ -32,6 +33,21 @@ type imageFeed struct {
 	batch             int // examples per micro-batch
 	step              int
 	idx               []int // the current step's example indices
+}
+
+// check refuses data the model cannot take, with the error the launcher's
+// CheckData gives before any stage starts: a stage started on its own, or
+// handed its data in Options, must not index past a one-hot row either.
+func (f *imageFeed) check(c *configs.Config, model *models.Model) error {
+	for _, ds := range []*data.Dataset{f.trainSet, f.testSet} {
+		if ds == nil {
+			continue
+		}
+		if err := c.CheckImages(ds, model); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (f *imageFeed) rows(step, mb int) []int {
@@ -103,7 +119,12 @@ type textFeed struct {
 	starts  []int
 }
 
-func newTextFeed(c *configs.Config, text *data.Text, context int) (*textFeed, error) {
+func newTextFeed(c *configs.Config, text *data.Text, model *models.Model) (*textFeed, error) {
+	// Text handed in by Options has not been through LoadText's check.
+	if err := c.CheckVocab(text.Tokenizer, c.Data.Corpus); err != nil {
+		return nil, err
+	}
+	context := model.Example[0]
 	f := &textFeed{text: text, batch: c.MicroBatchSize(), context: context, step: -1}
 	var err error
 	if f.sampler, err = data.NewTextSampler(c.Train.Seed, len(text.Train), context, c.Data.BatchSize); err != nil {

@@ -287,24 +287,24 @@ func (r *Runtime) loadData(o Options, model *models.Model) error {
 				return err
 			}
 		}
-		f, err := newTextFeed(c, text, model.Example[0])
+		f, err := newTextFeed(c, text, model)
 		r.feed = f
 		return err
 	}
 	f := &imageFeed{trainSet: o.Train, testSet: o.Test, batch: c.MicroBatchSize()}
 	var err error
 	if f.trainSet == nil {
-		if f.trainSet, err = data.LoadFashionMNIST(c.Data.Dir, "train", first, last); err != nil {
+		if f.trainSet, err = data.LoadFashionMNIST(c.DataDir(), "train", first, last); err != nil {
 			return err
 		}
 	}
 	if f.testSet == nil && (c.Train.Evaluate || c.Train.EvalEvery > 0) {
-		if f.testSet, err = data.LoadFashionMNIST(c.Data.Dir, "test", first, last); err != nil {
+		if f.testSet, err = data.LoadFashionMNIST(c.DataDir(), "test", first, last); err != nil {
 			return err
 		}
 	}
-	if n := model.Example.TotalSize(); first && f.trainSet.Dim != n {
-		return fmt.Errorf("data: %s examples have %d features, the model's input is %d", f.trainSet.Name, f.trainSet.Dim, n)
+	if err := f.check(c, model); err != nil {
+		return err
 	}
 	f.sampler, err = data.NewSampler(c.Train.Seed, f.trainSet.N, c.Data.BatchSize)
 	r.feed = f

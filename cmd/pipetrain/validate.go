@@ -1,8 +1,10 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -26,6 +28,14 @@ func validateCmd() *cobra.Command {
 			m, err := models.Build(cfg.Model)
 			if err != nil {
 				return err
+			}
+			// Data that contradicts the model is refused here as launch,
+			// reference and every stage refuse it. Data absent from this
+			// machine is only noted: the config may be meant for hosts that
+			// have it, and each stage checks it when it starts.
+			dataErr := cfg.CheckData()
+			if dataErr != nil && !errors.Is(dataErr, fs.ErrNotExist) {
+				return dataErr
 			}
 			out := cmd.OutOrStdout()
 			theory, _ := schedule.TheoreticalBubble(cfg.Schedule, len(cfg.Stages), cfg.Data.MicroBatches, cfg.VirtualStages)
@@ -56,8 +66,8 @@ func validateCmd() *cobra.Command {
 					fmt.Fprintf(out, "  note: stages[%d].cpus %q not checked: %s is not this machine; the stage checks them when it starts\n", i, s.CPUs, s.Address)
 				}
 			}
-			if err := cfg.CheckData(); err != nil {
-				fmt.Fprintf(out, "  warning: %v\n", err)
+			if dataErr != nil {
+				fmt.Fprintf(out, "  note: data not checked against the model: %v; launch, reference and stage refuse to start without it\n", dataErr)
 			}
 			return nil
 		},

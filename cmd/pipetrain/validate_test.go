@@ -19,7 +19,7 @@ func runValidate(t *testing.T, config string) (string, error) {
 }
 
 const validateConfig = `
-model: {name: mlp, input: 8, hidden: [6, 5], classes: 3}
+model: {name: mlp, input: 784, hidden: [6, 5], classes: 10}
 data: {batch_size: 12, micro_batches: 4}
 train: {steps: 5, optimizer: {name: sgd, lr: 0.1}}
 schedule: gpipe
@@ -35,7 +35,7 @@ stages:
 func TestValidateRefusesMisspelledKeys(t *testing.T) {
 	t.Setenv("PIPETRAIN_TRIAN_STEPS", "3")
 	bad := strings.NewReplacer(
-		"classes: 3}", "classes: 3, bogus_key: 1}",
+		"classes: 10}", "classes: 10, bogus_key: 1}",
 		"micro_batches: 4", "micro_batch: 2",
 		"train: {", "trian: {steps: 9}\ntrain: {",
 		`cpus: "0-1"}`, `metrics_adress: "127.0.0.1:9101"}`,
