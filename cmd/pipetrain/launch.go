@@ -52,6 +52,10 @@ func launchCmd() *cobra.Command {
 				return err
 			}
 			cfg, info, err := f.loadLaunch(resumeDir)
+			if errors.Is(err, errComplete) {
+				fmt.Printf("pipetrain: %v\n", err)
+				return nil
+			}
 			if err != nil {
 				return err
 			}
@@ -159,6 +163,9 @@ func (f *runFlags) loadLaunch(resumeDir string) (*configs.Config, launchInfo, er
 	}
 	from, err := checkResumable(resumeDir, was, cfg)
 	if err != nil {
+		return nil, launchInfo{}, err
+	}
+	if err := checkUnfinished(resumeDir, from, cfg); err != nil {
 		return nil, launchInfo{}, err
 	}
 	for _, o := range overrides {
