@@ -191,7 +191,7 @@ func HeldParts(root string, stage int, digest string) ([]Held, error) {
 		if err != nil || got != sum || n != size {
 			continue
 		}
-		if meta, err := ReadMeta(path); err != nil || meta["training_digest"] != digest {
+		if meta, err := ReadMeta(path); err != nil || meta["training_digest"] != digest || (meta["step"] != "" && meta["step"] != strconv.Itoa(s)) {
 			continue
 		}
 		out = append(out, Held{Step: s, Part: Part{Stage: stage, File: PartFile(stage), SHA256: sum, Bytes: size}})
@@ -256,6 +256,26 @@ func (m *Manifest) verify(p Part) error {
 	if sum != p.SHA256 || n != p.Bytes {
 		return fmt.Errorf("%s: checksum mismatch (%d bytes, sha256 %.12s; manifest says %d bytes, %.12s): the file is corrupt", path, n, sum, p.Bytes, p.SHA256)
 	}
+	return m.checkStep(path)
+}
+
+// checkStep holds the manifest's step against the folder it is in and the
+// step the part at path records: the manifest is the one file of a
+// checkpoint no checksum covers, and a step it misstates would resume the
+// run at the wrong step (and skip or repeat steps of its data).
+func (m *Manifest) checkStep(path string) error {
+	manifest := filepath.Join(m.Dir, ManifestName)
+	meta, err := ReadMeta(path)
+	if err != nil {
+		return err
+	}
+	// Parts written before the step was recorded have none to compare.
+	if got, ok := meta["step"]; ok && got != strconv.Itoa(m.Step) {
+		return fmt.Errorf("%s: the manifest says step %d, its part %s says step %s: the manifest was edited or copied from another checkpoint", manifest, m.Step, filepath.Base(path), got)
+	}
+	if m.Dir != "" && filepath.Base(m.Dir) != filepath.Base(StepDir("", m.Step)) {
+		return fmt.Errorf("%s: the manifest says step %d, its folder is %s: the folder was renamed or the manifest copied from another checkpoint", manifest, m.Step, filepath.Base(m.Dir))
+	}
 	return nil
 }
 
@@ -294,10 +314,26 @@ func steps(root string) ([]int, error) {
 	return out, nil
 }
 
+// Skipped is a checkpoint folder Latest passed over, and why.
+type Skipped struct {
+	Dir string
+	// Committed is false for a folder without a manifest: a checkpoint
+	// still being written, one a crash interrupted, or one whose manifest
+	// was deleted. Such a folder is no sign that the run's checkpoints are
+	// unusable, as a committed one that fails its checks is.
+	Committed bool
+	Err       error
+}
+
+func (s *Skipped) Error() string { return s.Err.Error() }
+func (s *Skipped) Unwrap() error { return s.Err }
+
 // Latest returns the newest committed checkpoint under root that belongs to a run
-// of the given digest and whose files all match their checksums, or nil if there is
-// none. Each newer checkpoint passed over is reported in skipped, with why.
-func Latest(root, digest string) (m *Manifest, skipped []error, err error) {
+// of the given digest, whose files all match their checksums and whose
+// manifest's step is its parts', or nil if there is none. Each newer
+// checkpoint folder passed over, committed or not, is reported in skipped,
+// with why.
+func Latest(root, digest string) (m *Manifest, skipped []*Skipped, err error) {
 	all, err := steps(root)
 	if err != nil {
 		return nil, nil, err
@@ -306,7 +342,8 @@ func Latest(root, digest string) (m *Manifest, skipped []error, err error) {
 		dir := StepDir(root, s)
 		m, err := ReadManifest(dir)
 		if errors.Is(err, os.ErrNotExist) {
-			continue // never committed
+			skipped = append(skipped, &Skipped{Dir: dir, Err: fmt.Errorf("%s: no %s: never committed (the run stopped while writing it) or the manifest was deleted", dir, ManifestName)})
+			continue
 		}
 		if err == nil && m.ConfigDigest != digest {
 			err = fmt.Errorf("%s: written by a run of another config (digest %.12s, this run's is %.12s)", dir, m.ConfigDigest, digest)
@@ -315,12 +352,24 @@ func Latest(root, digest string) (m *Manifest, skipped []error, err error) {
 			err = m.Verify()
 		}
 		if err != nil {
-			skipped = append(skipped, err)
+			skipped = append(skipped, &Skipped{Dir: dir, Committed: true, Err: err})
 			continue
 		}
 		return m, skipped, nil
 	}
 	return nil, skipped, nil
+}
+
+// Unusable is the committed checkpoints among skipped: where there are some
+// and Latest found none to use, the run has checkpoints, all of them bad.
+func Unusable(skipped []*Skipped) []*Skipped {
+	var out []*Skipped
+	for _, s := range skipped {
+		if s.Committed {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // Prune deletes all but the newest keep committed checkpoints, and any

@@ -2,8 +2,10 @@ package checkpoint
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +15,7 @@ func writeParts(t *testing.T, root string, step, stages int) {
 	t.Helper()
 	for s := 0; s < stages; s++ {
 		ts := []Tensor{{Name: "w", Shape: []int{2}, F32: []float32{float32(step), float32(s)}}}
-		if _, err := WritePart(root, step, s, ts, map[string]string{"step": "x"}); err != nil {
+		if _, err := WritePart(root, step, s, ts, map[string]string{"step": strconv.Itoa(step)}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -73,8 +75,12 @@ func TestLatestSkipsCorruptAndForeign(t *testing.T) {
 	if m == nil || m.Step != 5 {
 		t.Fatalf("latest good checkpoint is %+v, want step 5", m)
 	}
-	if len(skipped) != 2 || !strings.Contains(skipped[0].Error(), "another config") || !strings.Contains(skipped[1].Error(), "checksum mismatch") {
+	if len(skipped) != 3 || skipped[0].Committed || !strings.Contains(skipped[0].Error(), "step-00000020: no manifest.json: never committed") ||
+		!strings.Contains(skipped[1].Error(), "another config") || !strings.Contains(skipped[2].Error(), "checksum mismatch") {
 		t.Errorf("skipped: %v", skipped)
+	}
+	if bad := Unusable(skipped); len(bad) != 2 {
+		t.Errorf("Unusable(%v) = %v, want the two committed ones", skipped, bad)
 	}
 	if err := RemoveAfter(root, 5); err != nil {
 		t.Fatal(err)
@@ -101,5 +107,47 @@ func TestPruneKeepsNewest(t *testing.T) {
 	all, _ := steps(root)
 	if want := []int{5, 4, 3}; len(all) != len(want) || all[0] != 5 || all[1] != 4 || all[2] != 3 {
 		t.Errorf("after Prune(2): %v, want %v", all, want)
+	}
+}
+
+// TestLatestChecksTheManifestsStep: a manifest whose step is not its parts'
+// (edited, or copied into another step's folder) makes its checkpoint
+// unusable, named, and the one before it is used.
+func TestLatestChecksTheManifestsStep(t *testing.T) {
+	for name, edit := range map[string]func(t *testing.T, root string){
+		"edited step": func(t *testing.T, root string) {
+			m, err := ReadManifest(StepDir(root, 20))
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.Step = 200
+			b, _ := json.Marshal(m)
+			if err := os.WriteFile(filepath.Join(StepDir(root, 20), ManifestName), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		},
+		"moved folder": func(t *testing.T, root string) {
+			if err := os.Rename(StepDir(root, 20), StepDir(root, 30)); err != nil {
+				t.Fatal(err)
+			}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			root := t.TempDir()
+			for _, step := range []int{10, 20} {
+				writeParts(t, root, step, 2)
+				if _, err := Commit(context.Background(), root, step, 2, "d", 5, time.Millisecond); err != nil {
+					t.Fatal(err)
+				}
+			}
+			edit(t, root)
+			m, skipped, err := Latest(root, "d")
+			if err != nil || m == nil || m.Step != 10 {
+				t.Fatalf("Latest = %+v, %v: want step 10", m, err)
+			}
+			if len(skipped) != 1 || !skipped[0].Committed || !strings.Contains(skipped[0].Error(), "the manifest says step") {
+				t.Errorf("skipped: %v", skipped)
+			}
+		})
 	}
 }

@@ -166,11 +166,11 @@ func (r *Runtime) restore(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if m == nil && len(skipped) > 0 {
+	if bad := checkpoint.Unusable(skipped); m == nil && len(bad) > 0 {
 		// Checkpoints exist but none can be used: starting over would throw
 		// the run's progress away without being asked to.
 		return 0, fmt.Errorf("no usable checkpoint in %s (the newest: %v); its checkpoints depend on the model, split, data, seed, optimizer, schedule and compute.blas_threads the run had",
-			root, skipped[0])
+			root, bad[0])
 	}
 	for _, s := range skipped {
 		fmt.Fprintf(r.log, "%s: skipping checkpoint: %v\n", r.name(), s)

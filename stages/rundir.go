@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -137,12 +138,28 @@ func (r *Runtime) saveWeights() error {
 		}
 		ts = append(ts, t)
 	}
-	path := filepath.Join(r.runDir, "weights", fmt.Sprintf("stage-%d.safetensors", r.stage)) // as Outputs names it
+	path := weightsFile(r.runDir, r.stage)
 	meta := map[string]string{"step": fmt.Sprint(r.cfg.Train.Steps), "config_digest": r.cfg.Digest(), "stage": fmt.Sprint(r.stage)}
 	if err := checkpoint.Write(path, ts, meta); err != nil {
 		return fmt.Errorf("stage %d: saving weights: %w", r.stage, err)
 	}
 	return nil
+}
+
+// Finished says whether the run in runDir saved the final weights of every
+// stage of c after its last step.
+func Finished(c *configs.Config, runDir string) bool {
+	for s := range c.Stages {
+		meta, err := checkpoint.ReadMeta(weightsFile(runDir, s))
+		if err != nil || meta["step"] != strconv.Itoa(c.Train.Steps) {
+			return false
+		}
+	}
+	return true
+}
+
+func weightsFile(runDir string, stage int) string {
+	return filepath.Join(runlog.WeightsDir(runDir), fmt.Sprintf("stage-%d.safetensors", stage)) // as Outputs names it
 }
 
 // ReadMetrics reads a run's metrics.jsonl.

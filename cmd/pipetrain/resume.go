@@ -13,6 +13,7 @@ import (
 	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/runlog"
+	"github.com/pipetrain/pipetrain/stages"
 )
 
 // launchInfo is what a run directory keeps of how its run was launched, so
@@ -155,18 +156,28 @@ func checkResumable(runDir string, info *launchInfo, cfg *configs.Config) (int, 
 	if err != nil {
 		return 0, err
 	}
+	reasons := make([]string, len(skipped))
+	for i, s := range skipped {
+		reasons[i] = s.Error()
+	}
 	if m != nil {
+		// The stages print the same, each for itself; said here once,
+		// before any starts, it is what a resume falling back reads first.
+		for _, r := range reasons {
+			fmt.Printf("pipetrain: skipping checkpoint: %s\n", r)
+		}
 		return m.Step, nil
 	}
-	if len(skipped) > 0 {
-		reasons := make([]string, len(skipped))
-		for i, s := range skipped {
-			reasons[i] = s.Error()
-		}
+	if len(checkpoint.Unusable(skipped)) > 0 {
 		return 0, fmt.Errorf("cannot resume %s: no usable checkpoint:\n  %s", runDir, strings.Join(reasons, "\n  "))
 	}
-	return 0, fmt.Errorf("cannot resume %s: it has no complete checkpoint (checkpoint.every is %d); start it again with --config %s --run-dir %s",
-		runDir, cfg.Checkpoint.Every, cfg.Path, runDir)
+	none := fmt.Sprintf("cannot resume %s: it has no complete checkpoint (checkpoint.every is %d)", runDir, cfg.Checkpoint.Every)
+	if len(reasons) > 0 {
+		none += ":\n  " + strings.Join(reasons, "\n  ") + "\n"
+	} else {
+		none += "; "
+	}
+	return 0, fmt.Errorf("%sstart it again with --config %s --run-dir %s --force", none, cfg.Path, runDir)
 }
 
 // settingSource says where a setting's current value comes from, when that is
@@ -177,4 +188,23 @@ func settingSource(key string, cfg *configs.Config) string {
 		return fmt.Sprintf(" (from %s=%s)", name, v)
 	}
 	return fmt.Sprintf(" (from %s)", cfg.Path)
+}
+
+// errComplete says a resumed run has nothing left to train.
+var errComplete = errors.New("is complete")
+
+// checkUnfinished refuses a resume from the checkpoint of step from that
+// would train nothing: one past the steps to train, whose weights would be
+// saved as those of the earlier step, and, with errComplete, a run that
+// trained every step and saved its weights (a run stopped after its last
+// checkpoint but before its weights resumes, to evaluate and save them).
+func checkUnfinished(runDir string, from int, cfg *configs.Config) error {
+	steps := cfg.Train.Steps
+	switch {
+	case from > steps:
+		return fmt.Errorf("cannot resume %s: its checkpoint is of step %d, past the %d steps to train; give --steps %d or more", runDir, from, steps, from+1)
+	case from == steps && stages.Finished(cfg, runDir):
+		return fmt.Errorf("%s %w: it trained all %d steps and saved its weights; give --steps N (more than %d) to train on", runDir, errComplete, steps, steps)
+	}
+	return nil
 }

@@ -1,14 +1,21 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pipetrain/pipetrain/checkpoint"
+	"github.com/pipetrain/pipetrain/configs"
 )
 
 // TestStepsBelowOneRefused: a --steps given as 0 or -1 is refused naming the
@@ -114,5 +121,98 @@ func TestExportNamesStaleStageFiles(t *testing.T) {
 	_, err := runCommand(t, newRoot(), "export", runDir, "--config", cfgPath, "--out", out)
 	if want := "the config has 2 stages, but stage-2.safetensors, stage-3.safetensors are there"; err == nil || !strings.Contains(err.Error(), want) {
 		t.Errorf("export with stale stage files: %v, want %q", err, want)
+	}
+}
+
+// captureStdout returns what f printed on standard output.
+func captureStdout(t *testing.T, f func()) string {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	was := os.Stdout
+	os.Stdout = w
+	done := make(chan []byte)
+	go func() {
+		b, _ := io.ReadAll(r)
+		done <- b
+	}()
+	defer func() { os.Stdout = was }()
+	f()
+	w.Close()
+	return string(<-done)
+}
+
+// TestResumeNamesTheCheckpointsItSkips: a manifest edited to another step
+// than its parts' makes its checkpoint unusable, and a resume falling back
+// past it, or past a folder whose manifest is gone, says which and why.
+func TestResumeNamesTheCheckpointsItSkips(t *testing.T) {
+	cfgPath, runDir := fakeRun(t, true)
+	cfg, err := configs.LoadUnchecked(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(runDir, "checkpoints")
+	// A second checkpoint, of step 8, whose manifest says 80.
+	for i := range 2 {
+		ts := []checkpoint.Tensor{{Name: "w", Shape: []int{1}, F32: []float32{1}}}
+		if _, err := checkpoint.WritePart(root, 8, i, ts, map[string]string{"stage": strconv.Itoa(i), "step": "8"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, err := checkpoint.Commit(context.Background(), root, 8, 2, cfg.TrainingDigest(), 3, time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Step = 80
+	b, _ := json.Marshal(m)
+	if err := os.WriteFile(filepath.Join(checkpoint.StepDir(root, 8), checkpoint.ManifestName), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// And a folder of step 12 without its manifest.
+	if _, err := checkpoint.WritePart(root, 12, 0, nil, map[string]string{"step": "12"}); err != nil {
+		t.Fatal(err)
+	}
+	var from int
+	out := captureStdout(t, func() { from, err = checkResumable(runDir, nil, cfg) })
+	if err != nil || from != 4 {
+		t.Fatalf("resume from step %d (%v), want 4", from, err)
+	}
+	for _, want := range []string{
+		"skipping checkpoint: " + checkpoint.StepDir(root, 12) + ": no manifest.json: never committed",
+		"skipping checkpoint: " + filepath.Join(checkpoint.StepDir(root, 8), "manifest.json") + ": the manifest says step 80, its part stage-0.safetensors says step 8",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("resume printed\n%s\nwithout %q", out, want)
+		}
+	}
+}
+
+// TestResumeOfAFinishedRun: a run that trained every step and saved its
+// weights is said to be complete rather than run again; one whose
+// checkpoint is past the steps asked is refused; one stopped after its last
+// checkpoint but before its weights resumes.
+func TestResumeOfAFinishedRun(t *testing.T) {
+	cfgPath, runDir := fakeRun(t, false) // final weights of step 6
+	cfg, err := configs.LoadUnchecked(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Train.Steps = 6
+	if err := checkUnfinished(runDir, 6, cfg); !errors.Is(err, errComplete) || !strings.Contains(err.Error(), runDir+" is complete: it trained all 6 steps and saved its weights; give --steps N (more than 6) to train on") {
+		t.Errorf("a finished run: %v", err)
+	}
+	if err := checkUnfinished(runDir, 8, cfg); err == nil || errors.Is(err, errComplete) || !strings.Contains(err.Error(), "its checkpoint is of step 8, past the 6 steps to train; give --steps 9 or more") {
+		t.Errorf("a checkpoint past the steps: %v", err)
+	}
+	if err := checkUnfinished(runDir, 4, cfg); err != nil {
+		t.Errorf("a run to continue: %v", err)
+	}
+	if err := os.Remove(filepath.Join(runDir, "weights", "stage-1.safetensors")); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkUnfinished(runDir, 6, cfg); err != nil {
+		t.Errorf("a run that stopped before saving stage 1's weights: %v", err)
 	}
 }
