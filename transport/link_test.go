@@ -565,9 +565,12 @@ func TestPipe(t *testing.T) {
 func fillUntilBlocked(t *testing.T, l Link, shape []int) int {
 	t.Helper()
 	for i := range 1000 {
-		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-		err := l.Send(ctx, pattern(Activation, int64(i), 0, shape))
-		cancel()
+		err := sendWithin(l, i, shape, 300*time.Millisecond)
+		if errors.Is(err, context.DeadlineExceeded) {
+			// A busy machine may stall the writer for a moment: blocked means
+			// still blocked a second later.
+			err = sendWithin(l, i, shape, time.Second)
+		}
 		if errors.Is(err, context.DeadlineExceeded) {
 			return i
 		}
@@ -579,11 +582,21 @@ func fillUntilBlocked(t *testing.T, l Link, shape []int) int {
 	return 0
 }
 
+func sendWithin(l Link, i int, shape []int, d time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	return l.Send(ctx, pattern(Activation, int64(i), 0, shape))
+}
+
+// TestBackpressure fills links whose receiver never reads until Send
+// blocks. Over a pipe the sends that fit are exactly the queue depth. Over
+// gRPC they are the sending queue (queue_depth), what the writer and gRPC's
+// flow-control window hold, and the receiving queue (queue_depth), which
+// frees window only once gRPC sends a window update (after a quarter of the
+// window is read): each queue slot more lets one or two sends more through,
+// never none. A blocked Send honours cancellation.
 func TestBackpressure(t *testing.T) {
-	check := func(t *testing.T, l Link, shape []int) {
-		n := fillUntilBlocked(t, l, shape)
-		t.Logf("%d sends of %v float32 before blocking", n, shape)
-		// A blocked Send also honours cancellation.
+	cancelled := func(t *testing.T, l Link, shape []int) {
 		ctx, cancel := context.WithCancel(context.Background())
 		time.AfterFunc(50*time.Millisecond, cancel)
 		start := time.Now()
@@ -595,28 +608,46 @@ func TestBackpressure(t *testing.T) {
 		}
 	}
 	t.Run("pipe", func(t *testing.T) {
-		up, down := hellos(2)
-		a, b := Pipe(up, down, 1)
-		defer b.Close()
-		defer a.Close()
-		check(t, a, []int{2})
+		for _, depth := range []int{1, 3} {
+			up, down := hellos(2)
+			a, b := Pipe(up, down, depth)
+			if n := fillUntilBlocked(t, a, []int{2}); n != depth {
+				t.Errorf("queue depth %d: %d sends before blocking, want %d", depth, n, depth)
+			}
+			cancelled(t, a, []int{2})
+			a.Close()
+			b.Close()
+		}
 	})
 	t.Run("grpc", func(t *testing.T) {
 		checkLeaks(t)
 		shape := []int{256, 1024} // 1 MiB, so gRPC's 64 MiB windows fill quickly
-		up, down := hellos(shape...)
-		opts := Options{QueueDepth: 1, CloseTimeout: 200 * time.Millisecond}
-		_, ul, dl := connect(t, up, down, opts)
-		check(t, ul, shape)
-		// The receiver closes first; the sender's Close then gives up on its
-		// queue quickly instead of waiting for a reader that never comes.
-		dl.Close()
-		done := make(chan struct{})
-		go func() { ul.Close(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			t.Fatal("Close of a blocked link hangs")
+		depths := []int{1, 4}
+		sends := make([]int, len(depths))
+		for i, depth := range depths {
+			up, down := hellos(shape...)
+			opts := Options{QueueDepth: depth, CloseTimeout: 200 * time.Millisecond}
+			srv, ul, dl := connect(t, up, down, opts)
+			sends[i] = fillUntilBlocked(t, ul, shape)
+			t.Logf("queue depth %d: %d sends of %v float32 before blocking", depth, sends[i], shape)
+			if sends[i] < depth {
+				t.Errorf("queue depth %d: Send blocked after %d sends, before its queue was full", depth, sends[i])
+			}
+			cancelled(t, ul, shape)
+			// The receiver closes first; the sender's Close then gives up on its
+			// queue quickly instead of waiting for a reader that never comes.
+			dl.Close()
+			done := make(chan struct{})
+			go func() { ul.Close(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				t.Fatal("Close of a blocked link hangs")
+			}
+			srv.Close()
+		}
+		if d, slots := sends[1]-sends[0], depths[1]-depths[0]; d < slots || d > 2*slots {
+			t.Errorf("queue depth %d lets %d sends through, depth %d %d: %d more, want %d to %d", depths[1], sends[1], depths[0], sends[0], d, slots, 2*slots)
 		}
 	})
 }
