@@ -254,7 +254,7 @@ func (r *Runtime) forward(step int, a schedule.Action, input *tensor.Dense) (*te
 	}
 	if e.IsLast() {
 		r.losses[mb] = scalar(out)
-		return nil, nil
+		return nil, r.checkLoss(step, r.losses[mb])
 	}
 	return out, nil
 }

@@ -397,6 +397,9 @@ func (r *Runtime) Run(ctx context.Context) error {
 		}
 		stepStart := time.Now()
 		if err := r.trainStep(ctx, step); err != nil {
+			if nf := asNonFinite(err); nf != nil {
+				return nf // names its stage and step already
+			}
 			return fmt.Errorf("stage %d, step %d: %w", r.stage, step+1, err)
 		}
 		r.live.step(time.Since(stepStart), r.cfg.Data.MicroBatches*r.cfg.MicroBatchSize())
@@ -541,6 +544,9 @@ func (r *Runtime) trainStep(ctx context.Context, step int) error {
 		return err
 	}
 	if err := r.gatherLosses(ctx, step); err != nil {
+		return err
+	}
+	if err := r.checkGradients(step); err != nil {
 		return err
 	}
 	t0 := time.Now()
