@@ -203,10 +203,13 @@ func TestPyTorchLoadsExports(t *testing.T) {
 	}
 }
 
-// TestSGDStepEqualsPyTorch starts pipetrain from an MLP that PyTorch
+// TestSGDStepMatchesPyTorch starts pipetrain from an MLP that PyTorch
 // initialised (train.init_from) and takes one SGD step on the batch PyTorch
-// takes its step on: the loss and the new weights are PyTorch's.
-func TestSGDStepEqualsPyTorch(t *testing.T) {
+// takes its step on: the loss and the new weights are PyTorch's to float32
+// rounding, within 1e-5. Not bit for bit: pipetrain sums the gradient and
+// the loss over 4 micro-batches and PyTorch over the whole batch at once,
+// and their matrix products add in orders of their own (about 1e-8 apart).
+func TestSGDStepMatchesPyTorch(t *testing.T) {
 	needTorch(t)
 	dir := t.TempDir()
 	c := testConfig("1f1b", plain("0-1", "2-3"), 4, "float32", "sgd")
