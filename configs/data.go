@@ -156,7 +156,7 @@ func (c *Config) LoadText() (*data.Text, error) {
 // model's embedding and its one-hot rows.
 func (c *Config) CheckVocab(tok data.Tokenizer, path string) error {
 	if c.Model.Vocab != tok.Vocab() {
-		return fmt.Errorf("%s: model.vocab is %d; the %s tokenizer finds %d symbols in %s", c.Path, c.Model.Vocab, c.Data.Tokenizer, tok.Vocab(), path)
+		return data.BadData(fmt.Errorf("%s: model.vocab is %d; the %s tokenizer finds %d symbols in %s", c.Path, c.Model.Vocab, c.Data.Tokenizer, tok.Vocab(), path))
 	}
 	return nil
 }

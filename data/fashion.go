@@ -97,11 +97,11 @@ func LoadFashionMNIST(dir, split string, images, labels bool) (*Dataset, error) 
 // Errors name the file, and the first bad example by its index in the file.
 func (d *Dataset) CheckModel(features, classes int) error {
 	if d.Dim != features {
-		return fmt.Errorf("data: %s: examples have %d features; model.input is %d", cmp.Or(d.ImagesFile, d.Name), d.Dim, features)
+		return BadData(fmt.Errorf("data: %s: examples have %d features; model.input is %d", cmp.Or(d.ImagesFile, d.Name), d.Dim, features))
 	}
 	for i, l := range d.Labels { // none when not loaded
 		if int(l) >= classes {
-			return fmt.Errorf("data: %s: label %d of example %d is not below model.classes %d", cmp.Or(d.LabelsFile, d.Name), l, i, classes)
+			return BadData(fmt.Errorf("data: %s: label %d of example %d is not below model.classes %d", cmp.Or(d.LabelsFile, d.Name), l, i, classes))
 		}
 	}
 	return nil
