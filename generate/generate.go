@@ -87,7 +87,7 @@ func runWeights(c *configs.Config, runDir string) (map[string]checkpoint.Tensor,
 func (g *Generator) Generate(prompt []byte, n int, temperature float64, seed uint64) ([]byte, error) {
 	ids, err := g.tok.Encode(prompt)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("prompt: %w", err)
 	}
 	if len(ids) == 0 {
 		return nil, errors.New("the prompt is empty")

@@ -3,6 +3,8 @@ package generate
 import (
 	"math/rand/v2"
 	"testing"
+
+	"github.com/pipetrain/pipetrain/data"
 )
 
 // TestPick: temperature 0 takes the most likely token; above it, a seeded
@@ -30,5 +32,20 @@ func TestPick(t *testing.T) {
 	}
 	if counts[1]+counts[3] < 150 || counts[2] > 10 {
 		t.Errorf("draws %v do not follow the logits %v", counts, logits)
+	}
+}
+
+// TestPromptRefusedByCharacter: a prompt character the corpus lacks is
+// named as the character at its position, not as its first UTF-8 byte.
+func TestPromptRefusedByCharacter(t *testing.T) {
+	tok, err := data.NewCharTokenizer([]byte("func Index(s string) int"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &Generator{tok: tok}
+	_, err = g.Generate([]byte("func é"), 5, 0, 1)
+	want := "prompt: data: character 'é' at position 5 is not in the character vocabulary"
+	if err == nil || err.Error() != want {
+		t.Errorf("err = %v\nwant %s", err, want)
 	}
 }
