@@ -2,11 +2,14 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,6 +21,8 @@ import (
 	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/engine"
+	"github.com/pipetrain/pipetrain/internal/affinity"
+	"github.com/pipetrain/pipetrain/internal/blas"
 	"github.com/pipetrain/pipetrain/internal/words"
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/plan"
@@ -29,6 +34,8 @@ type planOptions struct {
 	path, out, memory, schedules string
 	stages, processes, reps      int
 	micro                        int
+	allowMicro                   bool // --allow-micro-batches: the plan may choose the count
+	margin                       float64
 	force                        bool
 	stagesSet                    bool
 	ring                         ringFlags
@@ -47,7 +54,24 @@ and --allreduce-latency, or --allreduce-bandwidth measure to time the ring
 here; left out, the figures of gRPC on loopback), and a
 table gives each grid's predicted samples per second; the fastest that fits
 the memory limit is written, with data_parallel and each stage's addresses.
-Without --processes the config's own replicas are kept.`
+Without --processes the config's own replicas are kept.
+
+The plan keeps data.micro_batches, which changes the training (the losses
+differ), unless --micro-batches N gives another count or
+--allow-micro-batches lets it choose one; it says so when it changes it. The
+split, schedule and recomputation it chooses change where and when each
+micro-batch is computed, never the training: the same losses and weights,
+bit for bit.
+
+Each layer is timed with the BLAS threads a stage will have (compute.blas_threads,
+or this machine's cores shared among the processes), and when the processes
+outnumber the cores every action is charged for the sharing: a process on
+half a core computes at half speed.
+
+Measured costs vary from run to run by a few percent, so a plan must beat the
+given config, and a later candidate (more micro-batches, a later schedule in
+--schedules, recomputing, more replicas) an earlier one, by more than
+--margin to be chosen: two runs on an idle machine propose the same plan.`
 
 func planCmd() *cobra.Command {
 	var o planOptions
@@ -75,7 +99,9 @@ func planCmd() *cobra.Command {
 	c.Flags().StringVar(&o.out, "out", "", "where to write the new config (default: CONFIG-planned.yaml)")
 	c.Flags().BoolVar(&o.force, "force", false, "replace the output file if it exists")
 	c.Flags().IntVar(&o.reps, "reps", 5, "runs per layer, the layers taking turns (the fastest is used: a stage has its core to itself, the planning machine may not)")
-	c.Flags().IntVar(&o.micro, "micro-batches", 0, "keep this micro-batch count (per replica) instead of choosing one (powers of two up to 64 that divide the batch)")
+	c.Flags().IntVar(&o.micro, "micro-batches", 0, "plan for this micro-batch count (per replica) instead of the config's data.micro_batches (a count other than the config's changes the training)")
+	c.Flags().BoolVar(&o.allowMicro, "allow-micro-batches", false, "let the plan choose the micro-batch count among the powers of two up to 64 that divide the batch, which changes the training when it differs from data.micro_batches (default: keep the config's)")
+	c.Flags().Float64Var(&o.margin, "margin", 5, "percent by which a plan must beat the given config, and a later candidate an earlier one, to be chosen (more than the few percent measured costs vary by)")
 	c.Flags().StringVar(&o.ring.bandwidth, "allreduce-bandwidth", "", ringBandwidthUsage+"; measured among the config's replicas, or 2 when it has one")
 	c.Flags().DurationVar(&o.ring.latency, "allreduce-latency", defaultAllReduceLatency, "cost of each message of the all-reduce ring")
 	c.MarkFlagRequired("config")
@@ -101,6 +127,10 @@ func runPlan(w io.Writer, o planOptions) error {
 		return fmt.Errorf("--reps %d: need at least 1", o.reps)
 	case o.processes > 0 && o.stagesSet:
 		return errors.New("give --stages or --processes, not both: --processes tries every stages × replicas grid")
+	case o.micro > 0 && o.allowMicro:
+		return fmt.Errorf("give --micro-batches %d or --allow-micro-batches, not both: one fixes the count, the other lets the plan choose it", o.micro)
+	case o.margin < 0 || math.IsNaN(o.margin) || math.IsInf(o.margin, 0):
+		return fmt.Errorf("--margin %v: need a percentage of 0 or more", o.margin)
 	}
 	nStages := o.stages
 	if nStages == 0 {
@@ -150,7 +180,16 @@ func runPlan(w io.Writer, o planOptions) error {
 	if o.micro > 0 && o.processes == 0 {
 		micro = share / o.micro
 	}
+	processes := o.processes
+	if processes == 0 {
+		processes = nStages * cfg.Replicas()
+	}
+	cores := planCores(cfg, processes)
 	fmt.Fprintf(w, "pipetrain plan: measuring each layer of %s at micro-batch %d (fastest of %d runs, the layers taking turns)...\n", cfg.Path, micro, o.reps)
+	fmt.Fprintf(w, "  %s\n", cores.describe())
+	// Timed with the threads a stage will have, not the whole machine's.
+	blas.SetThreads(cores.threads)
+	engine.SetWorkers(cores.threads)
 	layerCosts, err := engine.MeasureLayers(cfg.Model, micro, cfg.Train.Seed, o.reps)
 	if err != nil {
 		return err
@@ -164,11 +203,17 @@ func runPlan(w io.Writer, o planOptions) error {
 		// Recomputation costs a forward per micro-batch: worth weighing
 		// only where memory is short.
 		Recompute: limit > 0, InputBytes: int64(model.ShapeAt(0, micro).TotalSize() * size),
+		Cores:  cores.cores,
+		Margin: o.margin / 100,
 	}
-	if o.micro > 0 {
+	switch {
+	case o.micro > 0:
 		prob.MicroBatches = o.micro
+	case !o.allowMicro:
+		// The micro-batch count changes the training: kept unless asked.
+		prob.MicroBatches = cfg.Data.MicroBatches
 	}
-	for m := 1; o.micro == 0 && m <= share && m <= 64; m *= 2 {
+	for m := 1; prob.MicroBatches == 0 && m <= share && m <= 64; m *= 2 {
 		if share%m == 0 {
 			prob.Candidates = append(prob.Candidates, m)
 		}
@@ -205,7 +250,8 @@ func runPlan(w io.Writer, o planOptions) error {
 			return err
 		}
 	}
-	fmt.Fprintf(w, "\nplan: %s\n", describe(best, len(prob.Layers)))
+	found := best
+	var cur *plan.Plan
 	// The config's own grid, when it is one of those planned.
 	if len(cfg.Stages) == best.Stages() && o.processes == 0 || o.processes > 0 && len(cfg.Stages)*cfg.Replicas() == o.processes {
 		// The first layer of each model stage, in model order: one per
@@ -217,12 +263,29 @@ func runPlan(w io.Writer, o planOptions) error {
 		}
 		now := prob
 		now.Stages, now.Replicas = len(cfg.Stages), cfg.Replicas()
-		cur, err := plan.Evaluate(now, bounds, cfg.Schedule, cfg.Data.MicroBatches, allRecompute(cfg) && slices.Contains([]string{"gpipe", "1f1b"}, cfg.Schedule))
+		cur, err = plan.Evaluate(now, bounds, cfg.Schedule, cfg.Data.MicroBatches, allRecompute(cfg) && slices.Contains([]string{"gpipe", "1f1b"}, cfg.Schedule))
 		if err != nil {
 			return fmt.Errorf("evaluating the current split: %w", err)
 		}
+		// The given config is kept when the plan is not clearly faster,
+		// where the plan could have chosen it: its schedule among those
+		// weighed, its micro-batch count allowed.
+		if slices.Contains(names, cfg.Schedule) && (o.micro == 0 || o.micro == cfg.Data.MicroBatches) {
+			best = now.Prefer(best, cur)
+		}
+	}
+	fmt.Fprintf(w, "\nplan: %s\n", describe(best, len(prob.Layers)))
+	if cur != nil {
 		fmt.Fprintf(w, "now:  %s\n", describe(cur, len(prob.Layers)))
-		fmt.Fprintf(w, "predicted speedup over the given config: %.2fx\n", cur.StepMS/best.StepMS)
+		if best == cur {
+			fmt.Fprintf(w, "keeping the given config: the fastest plan found (%s, step %.2f ms) is %.2fx of it, within --margin %g%%\n",
+				shortPlan(found, len(prob.Layers)), found.StepMS, cur.StepMS/found.StepMS, o.margin)
+		} else {
+			fmt.Fprintf(w, "predicted speedup over the given config: %.2fx\n", cur.StepMS/best.StepMS)
+		}
+	}
+	for _, line := range trainingChanges(cfg, best, o) {
+		fmt.Fprintln(w, line)
 	}
 	dropped, err := writePlannedConfig(cfg, best, len(prob.Layers), out)
 	if err != nil {
@@ -233,6 +296,93 @@ func runPlan(w io.Writer, o planOptions) error {
 	}
 	fmt.Fprintf(w, "wrote %s\n", out)
 	return nil
+}
+
+// trainingChanges says what the plan changes in the training: the
+// micro-batch count and the replicas do (not one loss stays the same); the
+// split, the schedule and recomputation do not (bit-identical).
+func trainingChanges(cfg *configs.Config, p *plan.Plan, o planOptions) []string {
+	var out []string
+	if p.MicroBatches != cfg.Data.MicroBatches {
+		asked := "--allow-micro-batches"
+		if o.micro > 0 {
+			asked = "--micro-batches"
+		}
+		out = append(out, fmt.Sprintf("changes the training: data.micro_batches %d -> %d (asked for with %s): each micro-batch holds other samples, so the losses and weights differ from the given config's",
+			cfg.Data.MicroBatches, p.MicroBatches, asked))
+	}
+	if p.Replicas != cfg.Replicas() {
+		out = append(out, fmt.Sprintf("changes the training: data_parallel %d -> %d (asked for with --processes): the replicas sum the gradients in another order, so the losses and weights differ from the given config's in the last bits",
+			cfg.Replicas(), p.Replicas))
+	}
+	what := "the training stays bit-identical to the given config's: the split, schedule and recomputation change only where and when each micro-batch is computed"
+	if len(out) > 0 {
+		what = "the rest of the plan (split, schedule, recomputation) changes only where and when each micro-batch is computed, not the training"
+	}
+	return append(out, what)
+}
+
+// shortPlan names a plan's split and schedule.
+func shortPlan(p *plan.Plan, layers int) string {
+	d := describe(p, layers)
+	head, _, _ := strings.Cut(d, ": step")
+	return head
+}
+
+// planCost is how the stages of a plan share this machine's cores.
+type planCost struct {
+	cores     float64 // what plan.Problem.Cores gets: 0 when not charged
+	threads   int     // BLAS threads each stage runs with, and the layers are timed with
+	processes int
+	why       string // why sharing is not charged, when it is not
+}
+
+// planCores works out the cores the plan's processes share and the threads
+// each runs with, as a stage does (configs.Config.CoreShare): the CPUs the
+// config pins its stages to when it pins every one, or this machine's. Stages on other hosts have
+// cores this machine cannot count, so sharing is charged only when every
+// stage runs here.
+func planCores(cfg *configs.Config, processes int) planCost {
+	c := planCost{processes: processes, cores: float64(runtime.NumCPU())}
+	var pinned []int
+	every := true // every stage is pinned
+	for i, st := range cfg.Stages {
+		if !cfg.CPUsCheckedHere(i) {
+			c.cores, c.why = 0, fmt.Sprintf("stage %d (%s) runs on another machine", i, cfg.Address(i, 0))
+			break
+		}
+		cpus, err := affinity.Parse(st.CPUs)
+		every = every && err == nil && len(cpus) > 0
+		if err == nil {
+			for _, cpu := range cpus {
+				if !slices.Contains(pinned, cpu) {
+					pinned = append(pinned, cpu)
+				}
+			}
+		}
+	}
+	if c.cores > 0 && every {
+		c.cores = float64(len(pinned)) // the CPUs its stages are pinned to
+	}
+	share := max(1, runtime.NumCPU()/max(processes, 1))
+	if c.cores > 0 {
+		share = max(1, int(c.cores)/max(processes, 1))
+	}
+	c.threads = cmp.Or(cfg.Compute.BLASThreads, share)
+	return c
+}
+
+// describe says in one line how the layers are timed and charged.
+func (c planCost) describe() string {
+	s := fmt.Sprintf("%d BLAS %s a stage", c.threads, words.Plural(c.threads, "thread"))
+	switch {
+	case c.cores == 0:
+		return s + "; cores shared not charged: " + c.why
+	case float64(c.processes) > c.cores:
+		return fmt.Sprintf("%s; %d processes share %g cores, so every action is charged %.2fx its time here (a process on %.2f of a core)",
+			s, c.processes, c.cores, float64(c.processes)/c.cores, c.cores/float64(c.processes))
+	}
+	return fmt.Sprintf("%s; %d processes on %g cores: none shares one", s, c.processes, c.cores)
 }
 
 // printGrids writes the table of the grids --processes considered.

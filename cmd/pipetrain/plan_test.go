@@ -1,10 +1,12 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -307,5 +309,121 @@ func TestPlanMeasuresAtTheKeptMicroBatch(t *testing.T) {
 		if len(tc.args) > 0 && strconv.Itoa(c.Data.MicroBatches) != tc.args[1] {
 			t.Errorf("%v: planned %d micro-batches", tc.args, c.Data.MicroBatches)
 		}
+	}
+}
+
+// TestPlanKeepsMicroBatchesUnlessAsked: the micro-batch count changes the
+// training, so plan keeps the config's unless --micro-batches or
+// --allow-micro-batches asks, and says when it changes it. The tiny model's
+// steps are all fixed costs per action, so one micro-batch is clearly
+// fastest: the count the plan would choose if let.
+func TestPlanKeepsMicroBatchesUnlessAsked(t *testing.T) {
+	unchanged := "the training stays bit-identical to the given config's"
+	for _, tc := range []struct {
+		args    []string
+		want    int
+		changed string // the notice's "asked for with" flag, "" for none
+	}{
+		{nil, 2, ""},
+		{[]string{"--micro-batches", "2"}, 2, ""},
+		{[]string{"--micro-batches", "4"}, 4, "--micro-batches"},
+	} {
+		out, c, err := runPlanned(t, planMLP, tc.args...)
+		if err != nil {
+			t.Fatalf("%v: %v\n%s", tc.args, err, out)
+		}
+		if c.Data.MicroBatches != tc.want {
+			t.Errorf("%v: planned %d micro-batches, want %d\n%s", tc.args, c.Data.MicroBatches, tc.want, out)
+		}
+		notice := fmt.Sprintf("changes the training: data.micro_batches 2 -> %d (asked for with %s)", tc.want, tc.changed)
+		switch {
+		case tc.changed == "" && (!strings.Contains(out, unchanged) || strings.Contains(out, "changes the training")):
+			t.Errorf("%v: want only %q:\n%s", tc.args, unchanged, out)
+		case tc.changed != "" && (!strings.Contains(out, notice) || strings.Contains(out, unchanged)):
+			t.Errorf("%v: want %q:\n%s", tc.args, notice, out)
+		}
+	}
+	// Micro-batches of one sample: 16 micro-batches of actions whose fixed
+	// costs outweigh their work, which fewer would save.
+	many := strings.Replace(planMLP, "micro_batches: 2", "micro_batches: 16", 1)
+	out, c, err := runPlanned(t, many)
+	if err != nil || c.Data.MicroBatches != 16 {
+		t.Fatalf("without --allow-micro-batches: %v, planned %v\n%s", err, c, out)
+	}
+	out, c, err = runPlanned(t, many, "--allow-micro-batches")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	notice := fmt.Sprintf("changes the training: data.micro_batches 16 -> %d (asked for with --allow-micro-batches)", c.Data.MicroBatches)
+	if c.Data.MicroBatches == 16 || !strings.Contains(out, notice) || strings.Contains(out, unchanged) {
+		t.Errorf("--allow-micro-batches: planned %d micro-batches; want fewer and %q:\n%s", c.Data.MicroBatches, notice, out)
+	}
+	_, _, err = runPlanned(t, planMLP, "--micro-batches", "4", "--allow-micro-batches")
+	if err == nil || !strings.Contains(err.Error(), "give --micro-batches 4 or --allow-micro-batches, not both") {
+		t.Errorf("--micro-batches with --allow-micro-batches: %v", err)
+	}
+}
+
+// TestPlanKeepsTheGivenConfigWithinTheMargin: a margin larger than any gain
+// keeps the given config and says by how much the fastest plan beat it; the
+// replicas --processes changes are noticed as changing the training.
+func TestPlanKeepsTheGivenConfigWithinTheMargin(t *testing.T) {
+	out, c, err := runPlanned(t, planMLP, "--allow-micro-batches", "--margin", "1000")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if c.Data.MicroBatches != 2 || !reflect.DeepEqual(c.Stages[0].Layers, []string{"0"}) || c.Schedule != "1f1b" ||
+		!regexp.MustCompile(`keeping the given config: the fastest plan found \(layers .*, step [\d.]+ ms\) is [\d.]+x of it, within --margin 1000%`).MatchString(out) {
+		t.Errorf("the given config was not kept:\n%s", out)
+	}
+	if _, _, err := runPlanned(t, planMLP, "--margin", "-1"); err == nil {
+		t.Error("--margin -1 accepted")
+	}
+	out, c, err = runPlanned(t, planMLP, "--processes", "2", "--allreduce-bandwidth", "1000GB/s", "--allreduce-latency", "0")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if c.Replicas() != 2 || !strings.Contains(out, "changes the training: data_parallel 1 -> 2 (asked for with --processes)") {
+		t.Errorf("planned %d replicas without saying it changes the training:\n%s", c.Replicas(), out)
+	}
+}
+
+// TestPlanCoresFromTheConfig: the cores the plan's processes share are the
+// CPUs the config pins its stages to (or the machine's), and none are
+// charged when a stage runs on another machine; each stage's threads are its
+// share, or compute.blas_threads.
+func TestPlanCoresFromTheConfig(t *testing.T) {
+	pinned := strings.Replace(planMLP, "address: 127.0.0.1:7002}", `address: 127.0.0.1:7002, cpus: "0"}`, 1)
+	half := planMLP // stage 0 pinned, stage 1 free to run on any CPU
+	remote := strings.Replace(planMLP, "127.0.0.1:7002", "192.0.2.1:7002", 1) + "transport: {token: secret}\n"
+	threads := strings.Replace(pinned, "schedule: 1f1b", "schedule: 1f1b\ncompute: {blas_threads: 3}", 1)
+	for _, tc := range []struct {
+		name, text string
+		processes  int
+		want       planCost
+		line       string
+	}{
+		{"pinned to one CPU", pinned, 2, planCost{cores: 1, threads: 1, processes: 2}, "1 BLAS thread a stage; 2 processes share 1 cores, so every action is charged 2.00x its time here (a process on 0.50 of a core)"},
+		{"three on it", pinned, 3, planCost{cores: 1, threads: 1, processes: 3}, "charged 3.00x"},
+		{"one stage pinned", half, 2, planCost{cores: float64(runtime.NumCPU()), threads: max(1, runtime.NumCPU()/2), processes: 2}, "BLAS thread"},
+		{"blas_threads", threads, 2, planCost{cores: 1, threads: 3, processes: 2}, "3 BLAS threads a stage"},
+		{"one stage elsewhere", remote, 2, planCost{threads: max(1, runtime.NumCPU()/2), processes: 2, why: "stage 1 (192.0.2.1:7002) runs on another machine"}, "cores shared not charged: stage 1 (192.0.2.1:7002) runs on another machine"},
+	} {
+		path := filepath.Join(t.TempDir(), "c.yaml")
+		if err := os.WriteFile(path, []byte(tc.text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := configs.Load(path)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		got := planCores(cfg, tc.processes)
+		if got != tc.want || !strings.Contains(got.describe(), tc.line) {
+			t.Errorf("%s: %+v, %q; want %+v, %q", tc.name, got, got.describe(), tc.want, tc.line)
+		}
+	}
+	out, _, err := runPlanned(t, pinned)
+	if err != nil || !strings.Contains(out, "2 processes share 1 cores, so every action is charged 2.00x") {
+		t.Errorf("plan on a pinned config does not charge the sharing: %v\n%s", err, out)
 	}
 }

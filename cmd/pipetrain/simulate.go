@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/engine"
+	"github.com/pipetrain/pipetrain/internal/affinity"
 	"github.com/pipetrain/pipetrain/internal/words"
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/profile"
@@ -316,6 +318,10 @@ type simCosts struct {
 	// whose chunks hold the layers chunks was measured on.
 	topology schedule.Topology
 
+	// sharing says which stages' measured costs were charged for sharing
+	// cores, and how much; "" when none were.
+	sharing string
+
 	runTransfer       time.Duration // a run's measured mean link delay; 0 if none
 	transferFrom      string        // where Transfer came from, when it was not estimated
 	transferEstimated bool
@@ -352,6 +358,10 @@ func simulationCosts(cfg *configs.Config, model *models.Model, from string, reps
 			}
 		}
 		c.source = fmt.Sprintf("measured on this machine, median of %d", reps)
+		// Measured one stage at a time; in the run they compute at once.
+		shared := stageSharing(cfg)
+		c.charge(shared.slow)
+		c.sharing = shared.note
 		if !splittable(model) { // MeasureCosts could not time I and W apart
 			c.iwAssumed = fmt.Sprintf("model %s cannot split its backward", cfg.Model.Name)
 			c.iwStages = allStages(p)
@@ -492,6 +502,9 @@ func (c simCosts) print(w io.Writer, cfg *configs.Config, split bool) {
 				fmt.Fprintln(w)
 			}
 		}
+	}
+	if c.sharing != "" {
+		fmt.Fprintf(w, "  cores: %s; the costs above are the measured ones times that\n", c.sharing)
 	}
 	if slices.Contains(c.bStages, true) {
 		fmt.Fprintf(w, "  * B: not measured, taken as I + W: %s\n", c.bDerived)
@@ -913,3 +926,88 @@ func memoryPredictor(cfg *configs.Config, model *models.Model) func(*schedule.Sc
 }
 
 // chunkSplits reports whether a stage runs a chunk's backward split, as the
+
+// coreSharing is how much slower each stage of a config computes in a run
+// than when it is measured alone here with its thread count: stages on this
+// machine that outnumber its cores each compute at their share of a core
+// (docs/profiling.md, "Stages that share cores").
+type coreSharing struct {
+	slow []float64 // per stage, at least 1
+	note string    // what is shared, for the header; "" when nothing is
+}
+
+// stageSharing works out cfg's sharing. A stage pinned to CPUs (cpus) has
+// each CPU's share among the pinned stages that list it; an unpinned stage
+// on this machine shares its cores with the other unpinned processes here
+// (every replica's). A stage's share is set against the threads it runs
+// with (cfg.Threads): one thread on half a core computes at half speed. A
+// stage on another host is not charged: its cores are not known here.
+func stageSharing(cfg *configs.Config) coreSharing {
+	p := len(cfg.Stages)
+	out := coreSharing{slow: make([]float64, p)}
+	pinned := make([][]int, p)
+	onCPU := map[int]int{} // pinned stages listing each CPU
+	unpinned, here := 0, 0 // processes here on no list, and in all
+	for s := range p {
+		out.slow[s] = 1
+		if !cfg.CPUsCheckedHere(s) {
+			continue
+		}
+		here += cfg.Replicas()
+		if cpus, err := affinity.Parse(cfg.Stages[s].CPUs); err == nil && len(cpus) > 0 {
+			pinned[s] = cpus
+			for _, c := range cpus {
+				onCPU[c]++
+			}
+			continue
+		}
+		unpinned += cfg.Replicas()
+	}
+	cores := float64(runtime.NumCPU())
+	var shared []string
+	var charged []int
+	for s := range p {
+		if !cfg.CPUsCheckedHere(s) {
+			continue
+		}
+		share := cores / float64(max(unpinned, 1))
+		if pinned[s] != nil {
+			share = 0
+			for _, c := range pinned[s] {
+				share += 1 / float64(onCPU[c])
+			}
+		}
+		if slow := float64(cfg.Threads(s)) / share; slow > 1 {
+			out.slow[s] = slow
+			shared = append(shared, fmt.Sprintf("%.2f of a core for %s (%.2fx)", share, words.Count(cfg.Threads(s), "thread"), slow))
+			charged = append(charged, s)
+		}
+	}
+	if len(shared) == 0 {
+		return out
+	}
+	what := fmt.Sprintf("%s share this machine's %d cores: ", words.Count(here, "stage process"), int(cores))
+	if len(charged) == p && len(slices.Compact(slices.Clone(shared))) == 1 {
+		out.note = what + "each stage computes on " + shared[0]
+		return out
+	}
+	for k, s := range charged {
+		shared[k] = fmt.Sprintf("stage %d on %s", s, shared[k])
+	}
+	out.note = what + strings.Join(shared, ", ")
+	return out
+}
+
+// charge multiplies each stage's measured costs, its chunks' too, by its
+// slowdown.
+func (c *simCosts) charge(slow []float64) {
+	for s, k := range slow {
+		c.F[s], c.B[s], c.I[s], c.W[s] = k*c.F[s], k*c.B[s], k*c.I[s], k*c.W[s]
+		if c.chunks != nil {
+			for ch := range c.chunks[s] {
+				x := &c.chunks[s][ch]
+				x.F, x.B, x.I, x.W = k*x.F, k*x.B, k*x.I, k*x.W
+			}
+		}
+	}
+}

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -743,5 +745,44 @@ func TestSimulateInterleavedZB(t *testing.T) {
 	zb := out[strings.Index(out, "\ninterleaved-zb"):strings.Index(out, "\ninterleaved (")]
 	if n := strings.Count(zb, "peak stash 11 micro-batches"); n != 4 {
 		t.Errorf("%d of 4 stages at a peak of 11 micro-batch chunks:\n%s", n, zb)
+	}
+}
+
+// TestSimulateChargesSharedCores: stages pinned to one CPU share it, each at
+// its share of a core, and costs measured here are charged for it; stages on
+// CPUs of their own, given costs and a run's costs (which ran shared) are not.
+func TestSimulateChargesSharedCores(t *testing.T) {
+	three := strings.Replace(simMLP, `address: 127.0.0.1:7002}`, `address: 127.0.0.1:7002, cpus: "0"}
+  - {layers: "2", address: 127.0.0.1:7003, cpus: "0"}`, 1)
+	three = strings.Replace(three, `layers: "1-2", address`, `layers: "1", address`, 1)
+	three = strings.Replace(three, `address: 127.0.0.1:7001}`, `address: 127.0.0.1:7001, cpus: "0"}`, 1)
+	cfg, err := configs.Load(writeSimConfig(t, three))
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared := stageSharing(cfg)
+	if !slices.Equal(shared.slow, []float64{3, 3, 3}) || shared.note != "3 stage processes share this machine's "+strconv.Itoa(runtime.NumCPU())+" cores: each stage computes on 0.33 of a core for 1 thread (3.00x)" {
+		t.Errorf("three stages on CPU 0: %+v", shared)
+	}
+	c := simCosts{Costs: schedule.Costs{F: []float64{1, 2, 3}, B: []float64{2, 4, 6}, I: []float64{1, 2, 3}, W: []float64{1, 2, 3}},
+		chunks: [][]schedule.ChunkCost{{{F: 1, B: 2, I: 1, W: 1}}, {{F: 2}}, {{F: 3}}}}
+	c.charge([]float64{3, 1, 2})
+	if !slices.Equal(c.F, []float64{3, 2, 6}) || !slices.Equal(c.B, []float64{6, 4, 12}) || !slices.Equal(c.W, []float64{3, 2, 6}) ||
+		c.chunks[0][0] != (schedule.ChunkCost{F: 3, B: 6, I: 3, W: 3}) || c.chunks[2][0].F != 6 {
+		t.Errorf("charged %+v", c)
+	}
+
+	one := strings.Replace(simMLP, `address: 127.0.0.1:7001}`, `address: 127.0.0.1:7001, cpus: "0"}`, 1)
+	if cfg, err := configs.Load(writeSimConfig(t, one)); err != nil || stageSharing(cfg).note != "" && runtime.NumCPU() > 1 {
+		t.Errorf("a stage pinned to CPU 0 and one free: %v %+v", err, stageSharing(cfg))
+	}
+
+	out, err := runCommand(t, simulateCmd(), "--config", writeSimConfig(t, three), "--schedule", "1f1b", "--reps", "1")
+	if err != nil || !strings.Contains(out, "\n  cores: "+shared.note+"; the costs above are the measured ones times that\n") {
+		t.Errorf("measured costs: %v\n%s", err, out)
+	}
+	out, err = runCommand(t, simulateCmd(), "--config", writeSimConfig(t, three), "--schedule", "1f1b", "--costs", "f=1,b=2")
+	if err != nil || strings.Contains(out, "cores:") || !strings.Contains(out, "stage 2  F 1.000 ms  B 2.000 ms") {
+		t.Errorf("given costs were charged: %v\n%s", err, out)
 	}
 }
