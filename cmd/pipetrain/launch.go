@@ -180,8 +180,9 @@ func (f *runFlags) loadLaunch(resumeDir string) (*configs.Config, launchInfo, er
 
 // superviseRun runs the job and, when a stage fails, restarts every stage from
 // the newest complete checkpoint, up to recovery.max_restarts times, saying
-// what was lost. It gives up at once on an interrupt, or when an attempt failed
-// before completing a step (the fault would only repeat).
+// what was lost. It gives up at once on an interrupt, when the failed stage
+// said a restart would fail the same way (saying why), or when an attempt
+// failed before completing a step (the fault would only repeat).
 func superviseRun(ctx context.Context, cfg *configs.Config, opts launcher.Options) error {
 	root := runlog.CheckpointDir(opts.RunDir)
 	startedAt := resumePoint(root, cfg)
@@ -198,7 +199,7 @@ func superviseRun(ctx context.Context, cfg *configs.Config, opts launcher.Option
 		reached := lastLoggedStep(opts.RunDir)
 		from := resumePoint(root, cfg)
 		if failed.Repeats() {
-			return fmt.Errorf("%w\npipetrain: not restarting: %s failed in a way a restart from a checkpoint would repeat", err, failed.Process())
+			return fmt.Errorf("%w\npipetrain: not restarting: %s", err, whyNoRestart(failed))
 		}
 		if restarts >= cfg.Recovery.MaxRestarts {
 			return fmt.Errorf("%w\npipetrain: not restarting: recovery.max_restarts is %d; resume by hand with: pipetrain launch --resume %s", err, cfg.Recovery.MaxRestarts, opts.RunDir)
@@ -206,11 +207,28 @@ func superviseRun(ctx context.Context, cfg *configs.Config, opts launcher.Option
 		if reached <= startedAt {
 			return fmt.Errorf("%w\npipetrain: not restarting: the run failed again before completing a step past %d", err, startedAt)
 		}
-		fmt.Printf("pipetrain: %v\n", err)
-		fmt.Printf("pipetrain: %s failed after step %d; restarting from the checkpoint of step %d (%d steps lost), restart %d of %d\n",
-			failed.Process(), reached, from, reached-from, restarts+1, cfg.Recovery.MaxRestarts)
+		fmt.Fprintf(opts.Out, "pipetrain: %v\n", err)
+		fmt.Fprintf(opts.Out, "pipetrain: %s failed after step %d; restarting from %s, restart %d of %d\n",
+			failed.Process(), reached, restartPoint(from, reached-from), restarts+1, cfg.Recovery.MaxRestarts)
 		opts.Resume, startedAt = true, from
 	}
+}
+
+// whyNoRestart says why a failure that a restart would repeat is not
+// restarted, in the stage's words where it gave them.
+func whyNoRestart(failed *launcher.StageError) string {
+	if failed.RepeatsWhy == "" {
+		return fmt.Sprintf("%s failed in a way a restart from a checkpoint would repeat", failed.Process())
+	}
+	return fmt.Sprintf("%s %s; a restart would fail the same way", failed.Process(), failed.RepeatsWhy)
+}
+
+// restartPoint says where a restart resumes from and what it loses.
+func restartPoint(from, lost int) string {
+	if from == 0 {
+		return fmt.Sprintf("the start (no checkpoint yet; %s lost)", words.Count(lost, "step"))
+	}
+	return fmt.Sprintf("the checkpoint of step %d (%s lost)", from, words.Count(lost, "step"))
 }
 
 // resumePoint is the step of the run's newest complete checkpoint, 0 if none.

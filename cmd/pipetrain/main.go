@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"runtime/pprof"
@@ -13,24 +14,86 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/data"
 	"github.com/pipetrain/pipetrain/launcher"
 	"github.com/pipetrain/pipetrain/stages"
 )
 
 func main() {
+	// A stage answers the launcher's status queries (SIGUSR1) while it
+	// trains; one that comes as it exits must not kill it (SIGUSR1's default)
+	// before it has printed its error.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGUSR1)
 	ctx, stop := signalContext()
 	defer stop()
-	if err := newRoot().ExecuteContext(ctx); err != nil {
+	if cmd, err := newRoot().ExecuteContextC(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "pipetrain:", err)
-		switch {
-		case errors.Is(err, launcher.ErrInterrupted):
-			os.Exit(130)
-		case errors.Is(err, stages.ErrDiverged):
-			os.Exit(launcher.ExitRepeats)
-		}
-		os.Exit(1)
+		os.Exit(exitStatus(cmd, err, os.Stderr))
 	}
 }
+
+// exitStatus is the exit status of a command that failed with err: 130 for
+// an interrupt, launcher.ExitRepeats for a failure that a restart from a
+// checkpoint would repeat, 1 otherwise. A stage says why it would repeat on
+// a line of its own (to stderr), for the launcher to repeat.
+func exitStatus(cmd *cobra.Command, err error, stderr io.Writer) int {
+	if errors.Is(err, launcher.ErrInterrupted) {
+		return 130
+	}
+	var failed *launcher.StageError
+	if errors.As(err, &failed) && failed.Repeats() {
+		return launcher.ExitRepeats // a launch that gave up on such a stage
+	}
+	why := repeatCause(err)
+	if why == "" {
+		return 1
+	}
+	if cmd != nil && cmd.Name() == "stage" {
+		fmt.Fprintln(stderr, launcher.FormatRepeats(why))
+	}
+	return launcher.ExitRepeats
+}
+
+// repeatCause says why err, which stopped a stage, would stop it again if
+// the run restarted from its checkpoint, completing "stage 0 ...": a full
+// disk, bad data, a NaN or infinite loss or gradient, a refused config,
+// diverged replicas. It is "" for a failure a restart may cure (a lost
+// neighbour, a killed process, a timeout).
+func repeatCause(err error) string {
+	var refused refusedConfig
+	switch {
+	case errors.Is(err, syscall.ENOSPC):
+		return "ran out of disk space" + writing(err)
+	case errors.Is(err, syscall.EDQUOT):
+		return "ran out of its disk quota" + writing(err)
+	case errors.Is(err, stages.ErrNonFinite):
+		return "computed a NaN or infinite value (training diverged)"
+	case errors.Is(err, data.ErrBadData):
+		return "found data the model cannot train on"
+	case errors.Is(err, stages.ErrDiverged):
+		return "found its replicas diverged"
+	case errors.As(err, new(*configs.Problems)), errors.As(err, &refused):
+		return "refused its config"
+	}
+	return ""
+}
+
+// writing names the file a failed write was to, if err says: " writing PATH".
+func writing(err error) string {
+	var pathErr *os.PathError
+	if errors.As(err, &pathErr) && pathErr.Path != "" {
+		return " writing " + pathErr.Path
+	}
+	return ""
+}
+
+// refusedConfig is the error of a config that could not be loaded (read,
+// parsed or validated): the same file refuses a restart the same way.
+type refusedConfig struct{ err error }
+
+func (e refusedConfig) Error() string { return e.err.Error() }
+func (e refusedConfig) Unwrap() error { return e.err }
 
 // signalContext is cancelled, with launcher.ErrInterrupted as its cause, on
 // SIGINT or SIGTERM. A second such signal closes the context's second-interrupt

@@ -46,7 +46,7 @@ func stageCmd() *cobra.Command {
 			}
 			cfg, err := f.load()
 			if err != nil {
-				return err
+				return refusedConfig{err}
 			}
 			if !cmd.Flags().Changed("stage") {
 				if index, replica, err = rankFromEnv(cfg, cmd.Flags().Changed("replica")); err != nil {
