@@ -23,7 +23,9 @@ const envPrefix = "PIPETRAIN_"
 // part of the program starts reading one, or Load will report it as an
 // unknown setting. PIPETRAIN_BLAS (internal/blas.Env) is read at start-up,
 // before any config: it picks the library a process computes with.
-var nonConfigEnv = map[string]bool{"PIPETRAIN_BLAS": true}
+// PIPETRAIN_REQUIRE_ALL (internal/testenv.RequireAllEnv) is read by the
+// tests, which CI runs with it set, and every pipetrain they start inherits it.
+var nonConfigEnv = map[string]bool{"PIPETRAIN_BLAS": true, "PIPETRAIN_REQUIRE_ALL": true}
 
 // secretKeys are keys whose values never appear in messages.
 var secretKeys = map[string]bool{"transport.token": true}

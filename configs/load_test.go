@@ -5,6 +5,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/pipetrain/pipetrain/internal/blas"
+	"github.com/pipetrain/pipetrain/internal/testenv"
 )
 
 // TestUnknownKeysRefused: a misspelled key anywhere in the file is an error
@@ -58,6 +61,18 @@ func TestUnknownEnvironmentVariablesRefused(t *testing.T) {
 		"PIPETRAIN_STAGES_0_ADDRESS: stages can only be set in the config file")
 	if _, err := Load(p); err == nil || strings.Contains(err.Error(), "s3cret") {
 		t.Errorf("error %v: want a refusal that does not show the value", err)
+	}
+}
+
+// TestOtherPipetrainVariablesAccepted: the PIPETRAIN_* variables that
+// pipetrain or its tests read for other purposes than config keys are no
+// unknown settings, or every run in CI (which sets the tests' variable)
+// would be refused.
+func TestOtherPipetrainVariablesAccepted(t *testing.T) {
+	t.Setenv(blas.Env, "gonum")
+	t.Setenv(testenv.RequireAllEnv, "1")
+	if _, err := Load(writeConfig(t, good)); err != nil {
+		t.Errorf("with %s and %s set: %v", blas.Env, testenv.RequireAllEnv, err)
 	}
 }
 
