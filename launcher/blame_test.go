@@ -120,3 +120,23 @@ func TestReasonIsTheErrorLine(t *testing.T) {
 		}
 	}
 }
+
+// TestFirstOfTwoCausesIsBlamed: when two stages fail by themselves (both find
+// the disk full), the one that said so first is blamed, whichever exits first
+// or is reached first from the stage that lost its neighbour.
+func TestFirstOfTwoCausesIsBlamed(t *testing.T) {
+	bin := fakeStage(t, `trap 'exit 1' TERM
+case $stage in
+0) sleep 0.05; echo "pipetrain-status: stage=0 action=- peer=-1 for=1ms"
+   echo "pipetrain: stage 0: checkpoint of step 50: no space left on device"; sleep 0.25; exit 3;;
+1) sleep 0.15; echo "pipetrain-status: stage=1 action=- peer=-1 for=1ms"
+   echo "pipetrain: stage 1: checkpoint of step 50: no space left on device"; exit 3;;
+2) sleep 0.2; echo "pipetrain-status: stage=2 action=2F0 peer=1 for=2ms"
+   echo "pipetrain: stage 2, step 51: 2F0: waiting for activation from stage 1: peer closed the link: EOF"; exit 1;;
+esac
+`)
+	err := Run(context.Background(), Options{Binary: bin, ConfigPath: "c.yaml", Stages: 3, RunDir: t.TempDir(), Out: &syncBuffer{}, Grace: 2 * time.Second})
+	if want := "stage 0 failed (exit status 3): stage 0: checkpoint of step 50: no space left on device"; err == nil || err.Error() != want {
+		t.Errorf("error %v, want %q", err, want)
+	}
+}

@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"strings"
+	"time"
 )
 
 // errorPrefix starts the line a pipetrain process prints when it fails
@@ -24,6 +25,8 @@ type reason struct {
 	panicLine string
 	frame     string // "pkg.Func at /path/file.go:12": the first frame in pipetrain's code
 	fn        string // a pipetrain function line of the trace, awaiting its file line
+
+	at time.Time // when the error or panic line came
 }
 
 // add notes one line of the process's output (status lines excluded).
@@ -32,9 +35,9 @@ func (r *reason) add(line string) {
 	case r.panicLine != "":
 		r.traceLine(line)
 	case strings.HasPrefix(line, "panic: "), strings.HasPrefix(line, "fatal error: "):
-		r.panicLine = line
+		r.panicLine, r.at = line, time.Now()
 	case strings.HasPrefix(line, errorPrefix):
-		r.errLine, r.errOpen = strings.TrimPrefix(line, errorPrefix), true
+		r.errLine, r.errOpen, r.at = strings.TrimPrefix(line, errorPrefix), true, time.Now()
 	case r.errOpen && (strings.HasPrefix(line, " ") || strings.HasPrefix(line, "\t")):
 		// A list of problems: "cfg.yaml: 2 problems:" then one indented line each.
 		sep := "; "
@@ -82,6 +85,14 @@ func (r *reason) String() string {
 		return r.errLine
 	}
 	return ""
+}
+
+// saidAt is when the process said why it failed; zero if it did not.
+func (r *reason) saidAt() time.Time {
+	if r.String() == "" {
+		return time.Time{}
+	}
+	return r.at
 }
 
 // repeatsPrefix starts the line a stage process prints after its error line

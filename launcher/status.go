@@ -135,7 +135,7 @@ func blame(failed *child, children []*child, ask time.Duration) error {
 	for cur := failed; ; {
 		st, ok := cur.lastStatus()
 		if !ok || !st.Waiting() || byPos[next(cur.replica, st)] == nil {
-			return cur.stageError()
+			return earliestCause(cur, children).stageError()
 		}
 		seen[pos{cur.stage, cur.replica}] = true
 		chain = append(chain, st.String())
@@ -181,6 +181,37 @@ func blame(failed *child, children []*child, ask time.Duration) error {
 			return hung(at, s.String())
 		}
 	}
+}
+
+// earliestCause is, of cause and the other exited stages that failed by
+// themselves (not waiting on a neighbour), the one that said why first: two
+// stages may fail on their own (both run out of disk space), and the one to
+// blame should not depend on which of them the search reached. A stage killed
+// by a signal is blamed whatever others said after.
+func earliestCause(cause *child, children []*child) *child {
+	if cause.signaled() {
+		return cause
+	}
+	best, at := cause, cause.saidAt()
+	for _, c := range children {
+		if c == cause || c.running() || c.exitErr() == nil {
+			continue
+		}
+		if st, ok := c.lastStatus(); ok && st.Waiting() {
+			continue // a consequence of a neighbour's failure
+		}
+		if t := c.saidAt(); !t.IsZero() && (at.IsZero() || t.Before(at)) {
+			best, at = c, t
+		}
+	}
+	return best
+}
+
+// saidAt is when the stage printed why it failed; zero if it did not.
+func (c *child) saidAt() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.reason.saidAt()
 }
 
 // running reports whether the stage process has not exited yet.
