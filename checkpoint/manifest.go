@@ -64,8 +64,6 @@ func StepDir(root string, step int) string {
 // PartFile is the name of a stage's part inside a checkpoint folder.
 func PartFile(stage int) string { return fmt.Sprintf("stage-%d.safetensors", stage) }
 
-func sumFile(stage int) string { return fmt.Sprintf("stage-%d.sha256", stage) }
-
 // WritePart writes stage's part of step's checkpoint, then its checksum file,
 // both atomically: a checksum file on disk always describes a complete part.
 // It returns the part as a manifest lists it.
@@ -74,34 +72,13 @@ func WritePart(root string, step, stage int, tensors []Tensor, meta map[string]s
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return Part{}, err
 	}
-	path := filepath.Join(dir, PartFile(stage))
-	sum, err := WriteSum(path, tensors, meta)
-	if err != nil {
-		return Part{}, err
-	}
-	st, err := os.Stat(path)
-	if err != nil {
-		return Part{}, err
-	}
-	err = WriteAtomic(filepath.Join(dir, sumFile(stage)), func(w io.Writer) error {
-		_, err := fmt.Fprintf(w, "%s %d\n", sum, st.Size())
-		return err
-	})
-	return Part{Stage: stage, File: PartFile(stage), SHA256: sum, Bytes: st.Size()}, err
+	sum, size, err := WriteChecked(filepath.Join(dir, PartFile(stage)), tensors, meta)
+	return Part{Stage: stage, File: PartFile(stage), SHA256: sum, Bytes: size}, err
 }
 
-// readSum reads a part's checksum file: "HEX BYTES".
+// readSum reads a part's checksum file.
 func readSum(dir string, stage int) (sum string, size int64, err error) {
-	b, err := os.ReadFile(filepath.Join(dir, sumFile(stage)))
-	if err != nil {
-		return "", 0, err
-	}
-	f := strings.Fields(string(b))
-	if len(f) != 2 {
-		return "", 0, fmt.Errorf("%s: malformed checksum file", filepath.Join(dir, sumFile(stage)))
-	}
-	size, err = strconv.ParseInt(f[1], 10, 64)
-	return f[0], size, err
+	return readSumFile(filepath.Join(dir, PartFile(stage)))
 }
 
 // fileSum hashes a file.

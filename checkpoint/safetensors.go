@@ -296,6 +296,11 @@ func ReadAll(dir string) (map[string]Tensor, error) {
 	if len(files) == 0 {
 		return nil, fmt.Errorf("checkpoint: no .safetensors files in %s", dir)
 	}
+	// Files without a checksum file (older runs') are read unchecked;
+	// MissingSums names them for the caller to say so.
+	if _, err := VerifyFiles(files); err != nil {
+		return nil, err
+	}
 	out := map[string]Tensor{}
 	from := map[string]string{}
 	for _, f := range files {

@@ -13,6 +13,7 @@ import (
 
 	"gorgonia.org/tensor"
 
+	"github.com/pipetrain/pipetrain/internal/words"
 	"github.com/pipetrain/pipetrain/models"
 )
 
@@ -256,7 +257,7 @@ func planInit(params []models.TorchParam, path string) (*initPlan, error) {
 		case own != nil:
 			src, name, want = own, p.Name, p.Shape
 		default:
-			return nil, missingTensor(p, path, anyNative, anyTorch)
+			return nil, fmt.Errorf("%w; %s", missingTensor(p, path, anyNative, anyTorch), holdings(plan.sources))
 		}
 		if got := src.entries[name].Shape; !slices.Equal(got, want) {
 			return nil, misshapen(p, src, name, got, want)
@@ -304,6 +305,31 @@ func missingTensor(p models.TorchParam, in string, anyNative, anyTorch bool) err
 	return fmt.Errorf("%s: no tensor %s (PyTorch's name, shape %v) or %s (pipetrain's, shape %v)", in, p.Torch, p.TorchShape, p.Name, p.Shape)
 }
 
+// holdings says which tensors the init files hold, the first few by name:
+// a file of other names (an nn.Sequential's "0.weight") is then plain.
+func holdings(sources []initSource) string {
+	var names []string
+	for _, s := range sources {
+		for name := range s.entries {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	const shown = 5
+	list := strings.Join(names[:min(shown, len(names))], ", ")
+	if len(names) > shown {
+		list += fmt.Sprintf(", ... (%d more)", len(names)-shown)
+	}
+	what := "file holds"
+	if len(sources) > 1 {
+		what = "files hold"
+	}
+	if len(names) == 0 {
+		return "the " + what + " no tensors"
+	}
+	return fmt.Sprintf("the %s %s: %s", what, words.Count(len(names), "tensor"), list)
+}
+
 func misshapen(p models.TorchParam, src *initSource, name string, got, want []int) error {
 	layout := "pipetrain's layout"
 	if !src.native {
@@ -347,6 +373,13 @@ func ReadInit(m *models.Model, path string, want func(name string) bool) (map[st
 	plan, err := planInit(params, path)
 	if err != nil {
 		return nil, err
+	}
+	for _, s := range plan.sources {
+		// A file with a checksum file (an export, a run's weights) must
+		// match it; one without (PyTorch's) is taken as it is.
+		if err := VerifyFile(s.path); err != nil && !errors.Is(err, ErrNoChecksum) {
+			return nil, err
+		}
 	}
 	read := map[*initSource]map[string]Tensor{}
 	out := map[string]Tensor{}

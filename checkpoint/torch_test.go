@@ -190,6 +190,14 @@ func TestInitErrorsNameTheTensor(t *testing.T) {
 		{"extra", func(ts []Tensor) []Tensor {
 			return append(ts, Tensor{Name: "fc3.weight", Shape: []int{1}, F32: []float32{1}})
 		}, nil, []string{"extra.safetensors: tensor fc3.weight is no parameter of this model"}},
+		{"sequential", func(ts []Tensor) []Tensor {
+			// nn.Sequential(Linear, ReLU, Linear, ReLU, Linear)'s state_dict.
+			for i := range ts {
+				n := ts[i].Name
+				ts[i].Name = map[byte]string{'0': "0", '1': "2", '2': "4"}[n[2]] + n[3:]
+			}
+			return ts
+		}, nil, []string{"sequential.safetensors: no tensor fc0.weight (shape [7 8], the model's fc0.weight); the file holds 6 tensors: 0.bias, 0.weight, 2.bias, 2.weight, 4.bias, ... (1 more)"}},
 		{"pipetrain", func(ts []Tensor) []Tensor { return ts }, map[string]string{"stage": "0"},
 			[]string{"pipetrain.safetensors: tensor fc0.weight has shape [7 8], the model needs [8 7] (pipetrain's layout)", "\"stage\" metadata"}},
 	}

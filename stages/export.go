@@ -30,10 +30,14 @@ type Exported struct {
 	Step    int
 	Tensors []checkpoint.Tensor // as written: PyTorch's names and layouts
 	Meta    map[string]string
+	// Unchecked are the stage files read without a checksum file to check
+	// them against: final weights of a run older than those files.
+	Unchecked []string
 }
 
 // Export writes the weights of the run in runDir, trained with config c, as
-// one safetensors file at out (atomically) with PyTorch's names and layouts
+// one safetensors file at out (atomically, its checksum file beside it) with
+// PyTorch's names and layouts
 // (models.TorchParams), in the run's dtype. which is FinalWeights,
 // LatestCheckpoint or a checkpoint's step. The metadata says the model, its
 // spec and the run's config digest, and "format": "pt" as Hugging Face's
@@ -57,6 +61,14 @@ func Export(c *configs.Config, runDir string, which int, out string) (*Exported,
 	files, from, step, err := exportFiles(c, runDir, which)
 	if err != nil {
 		return nil, err
+	}
+	// A checkpoint's parts were checked against its manifest; final weights
+	// are checked against their own checksum files.
+	var unchecked []string
+	if which == FinalWeights {
+		if unchecked, err = checkpoint.VerifyFiles(files); err != nil {
+			return nil, err
+		}
 	}
 	byName := map[string]checkpoint.Tensor{}
 	origin := map[string]string{}
@@ -95,7 +107,7 @@ func Export(c *configs.Config, runDir string, which int, out string) (*Exported,
 		}
 		return nil, fmt.Errorf("%s: %w", from, err)
 	}
-	spec, err := json.Marshal(c.Model)
+	spec, err := exportSpec(c.Model)
 	if err != nil {
 		return nil, err
 	}
@@ -106,10 +118,41 @@ func Export(c *configs.Config, runDir string, which int, out string) (*Exported,
 		"config_digest": digest,
 		"step":          strconv.Itoa(step),
 	}
-	if err := checkpoint.Write(out, tensors, meta); err != nil {
+	if _, _, err := checkpoint.WriteChecked(out, tensors, meta); err != nil {
 		return nil, fmt.Errorf("--out %s: %w", out, err)
 	}
-	return &Exported{From: from, Step: step, Tensors: tensors, Meta: meta}, nil
+	return &Exported{From: from, Step: step, Tensors: tensors, Meta: meta, Unchecked: unchecked}, nil
+}
+
+// specKeys are the keys of the model section each model family reads; the
+// others, which a config may carry with their defaults, mean nothing to it.
+var specKeys = map[string][]string{
+	"mlp": {"input", "hidden", "classes", "activation"},
+	"cnn": {"input", "channels", "classes"},
+	"gpt": {"layers", "width", "heads", "context", "vocab", "tie_embeddings"},
+}
+
+// exportSpec is the model section as an export records it (model_spec):
+// the name, the dtype and the keys of the model's own family, so that a
+// GPT's spec does not carry an MLP's sizes. A model outside specKeys keeps
+// every key.
+func exportSpec(m models.Spec) ([]byte, error) {
+	b, err := json.Marshal(m)
+	keys, known := specKeys[m.Name]
+	if err != nil || !known {
+		return b, err
+	}
+	var all map[string]any
+	if err := json.Unmarshal(b, &all); err != nil {
+		return nil, err
+	}
+	own := map[string]any{"name": all["name"], "dtype": all["dtype"]}
+	for _, k := range keys {
+		if v, ok := all[k]; ok {
+			own[k] = v
+		}
+	}
+	return json.Marshal(own)
 }
 
 // exportFiles lists the stage files holding the weights Export takes, the

@@ -27,7 +27,7 @@ import (
 
 // Outputs lists the files of a run directory (relative paths) that the
 // process of stage, replica writes, checkpoints aside: its event log and
-// clock, and for replica 0 its final weights, run.json (stage 0) and the
+// clock, and for replica 0 its final weights and their checksum, run.json (stage 0) and the
 // metrics and evaluation (the stage that computes the loss: the last, or
 // stage 0 under a V). These are what the process
 // sends to rank 0 when the ranks do not share a run directory: processes
@@ -39,7 +39,8 @@ func Outputs(c *configs.Config, stage, replica int) []string {
 	if replica != 0 {
 		return out
 	}
-	out = append(out, filepath.Join("weights", fmt.Sprintf("stage-%d.safetensors", stage)))
+	weights := filepath.Join("weights", fmt.Sprintf("stage-%d.safetensors", stage))
+	out = append(out, weights, checkpoint.SumPath(weights))
 	if stage == 0 {
 		out = append(out, "run.json")
 	}
@@ -121,7 +122,9 @@ func (r *Runtime) writeEval(res *EvalResult) error {
 	})
 }
 
-// saveWeights writes the stage's parameters to RUN_DIR/weights/stage-<i>.safetensors.
+// saveWeights writes the stage's parameters to RUN_DIR/weights/stage-<i>.safetensors,
+// and its checksum beside it (stage-<i>.sha256), which export, sample and
+// init_from check.
 func (r *Runtime) saveWeights() error {
 	var ts []checkpoint.Tensor
 	var params []*G.Node
@@ -140,7 +143,7 @@ func (r *Runtime) saveWeights() error {
 	}
 	path := weightsFile(r.runDir, r.stage)
 	meta := map[string]string{"step": fmt.Sprint(r.cfg.Train.Steps), "config_digest": r.cfg.Digest(), "stage": fmt.Sprint(r.stage)}
-	if err := checkpoint.Write(path, ts, meta); err != nil {
+	if _, _, err := checkpoint.WriteChecked(path, ts, meta); err != nil {
 		return fmt.Errorf("stage %d: saving weights: %w", r.stage, err)
 	}
 	return nil

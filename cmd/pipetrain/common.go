@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/internal/words"
 	"github.com/pipetrain/pipetrain/runlog"
@@ -121,12 +123,14 @@ func runHoldings(dir string) []string {
 	if ws, _ := filepath.Glob(filepath.Join(runlog.WeightsDir(dir), "stage-*.safetensors")); len(ws) > 0 {
 		held = append(held, "final weights of "+words.Count(len(ws), "stage"))
 	}
+	described := map[string]bool{"checkpoints": true, "weights": true}
 	if ms, _ := stages.ReadMetrics(filepath.Join(dir, "metrics.jsonl")); len(ms) > 0 {
 		held = append(held, fmt.Sprintf("metrics up to step %d", ms[len(ms)-1].Step))
+		described["metrics.jsonl"] = true
 	}
 	var other []string
 	for _, name := range runFiles {
-		if name == "checkpoints" || name == "weights" {
+		if described[name] {
 			continue
 		}
 		if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
@@ -150,4 +154,14 @@ func checkpointSteps(dir string) []string {
 		}
 	}
 	return steps
+}
+
+// warnUnchecked says which weights files were read without a checksum file
+// to check them against. Final weights have one since they were first
+// checked; a run directory from before has none, and its weights are read
+// as they are rather than refused.
+func warnUnchecked(w io.Writer, files []string) {
+	for _, f := range files {
+		fmt.Fprintf(w, "pipetrain: warning: %s has no checksum file %s (written before final weights had one): read unchecked\n", f, filepath.Base(checkpoint.SumPath(f)))
+	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"strconv"
 
 	"github.com/spf13/cobra"
@@ -14,7 +15,7 @@ import (
 func exportCmd() *cobra.Command {
 	var f runFlags
 	var out, which string
-	var list bool
+	var list, force bool
 	c := &cobra.Command{
 		Use:   "export RUN_DIR --out FILE",
 		Short: "Write a run's weights as one safetensors file with PyTorch's names and layouts",
@@ -23,7 +24,9 @@ safetensors file that a PyTorch module of the same model loads with
 load_state_dict: dense weights transposed to nn.Linear's [out, in], the GPT's
 parameters renamed (tok_emb.weight, blocks.0.attn.q.weight, ...), a tied
 embedding written once. The file keeps the run's dtype; its metadata names the
-model, its sizes and the run's config digest. train.init_from reads it back.
+model, its sizes and the run's config digest. Its checksum is written beside
+it, and the run's files are checked against theirs first. An existing --out
+is replaced only with --force. train.init_from reads it back.
 The name map and the PyTorch modules: docs/weights.md.`,
 		Example: `  # the final weights of a launched run
   pipetrain export runs/mlp4 --out mlp4.safetensors
@@ -43,6 +46,9 @@ The name map and the PyTorch modules: docs/weights.md.`,
 			if _, _, err := f.resumeFrom(runDir); err != nil {
 				return err
 			}
+			if _, err := os.Stat(out); err == nil && !force {
+				return fmt.Errorf("--out %s exists: give --force to replace it", out)
+			}
 			// The model is all export needs of the config: its data, TLS
 			// files or init_from need not be on this machine any more.
 			cfg, err := configs.LoadUnchecked(f.config)
@@ -58,6 +64,7 @@ The name map and the PyTorch modules: docs/weights.md.`,
 				values += len(t.F32) + len(t.F64)
 			}
 			w := cmd.OutOrStdout()
+			warnUnchecked(cmd.ErrOrStderr(), e.Unchecked)
 			fmt.Fprintf(w, "exported model %s, step %d: %s, %d parameters, %s, from %s to %s\n",
 				cfg.Model.Name, e.Step, words.Count(len(e.Tensors), "tensor"), values, dtypeName(e), e.From, out)
 			if list {
@@ -68,10 +75,11 @@ The name map and the PyTorch modules: docs/weights.md.`,
 			return nil
 		},
 	}
-	c.Flags().StringVarP(&out, "out", "o", "", "the safetensors `FILE` to write (replaced atomically)")
+	c.Flags().StringVarP(&out, "out", "o", "", "the safetensors `FILE` to write, and its checksum beside it (FILE.sha256, or NAME.sha256 for NAME.safetensors)")
 	c.Flags().StringVarP(&f.config, "config", "c", "", "the run's config (default: the one in RUN_DIR/launch.json)")
 	c.Flags().StringVar(&which, "checkpoint", "", "export the checkpoint of `STEP`, or latest, instead of the final weights")
 	c.Flags().BoolVar(&list, "list", false, "list every tensor written, with its shape")
+	c.Flags().BoolVar(&force, "force", false, "replace --out if it exists")
 	c.MarkFlagRequired("out")
 	return c
 }

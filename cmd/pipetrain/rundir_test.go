@@ -53,7 +53,7 @@ func TestRunDirHoldingARunRefused(t *testing.T) {
 		if err == nil {
 			t.Fatalf("%v: not refused", args)
 		}
-		for _, want := range []string{runDir + " holds another run (checkpoints of steps 4; final weights of 2 stages; metrics up to step 6; metrics.jsonl)",
+		for _, want := range []string{runDir + " holds another run (checkpoints of steps 4; final weights of 2 stages; metrics up to step 6)",
 			"--resume", "--force"} {
 			if !strings.Contains(err.Error(), want) {
 				t.Errorf("%v: %q lacks %q", args, err, want)
@@ -214,5 +214,32 @@ func TestResumeOfAFinishedRun(t *testing.T) {
 	}
 	if err := checkUnfinished(runDir, 6, cfg); err != nil {
 		t.Errorf("a run that stopped before saving stage 1's weights: %v", err)
+	}
+}
+
+// TestExportNeedsForceToReplace: export refuses an --out that exists
+// unless --force, and says which stage files it read unchecked (a run from
+// before final weights had checksum files).
+func TestExportNeedsForceToReplace(t *testing.T) {
+	cfgPath, runDir := fakeRun(t, false) // weights without checksum files
+	out := filepath.Join(t.TempDir(), "model.safetensors")
+	if err := os.WriteFile(out, []byte("mine"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runCommand(t, newRoot(), "export", runDir, "--config", cfgPath, "--out", out); err == nil || !strings.Contains(err.Error(), "--out "+out+" exists: give --force to replace it") {
+		t.Errorf("export over a file: %v", err)
+	}
+	if b, _ := os.ReadFile(out); string(b) != "mine" {
+		t.Error("a refused export replaced --out")
+	}
+	text, err := runCommand(t, newRoot(), "export", runDir, "--config", cfgPath, "--out", out, "--force")
+	if err != nil {
+		t.Fatalf("export --force: %v\n%s", err, text)
+	}
+	if want := "warning: " + filepath.Join(runDir, "weights", "stage-1.safetensors") + " has no checksum file stage-1.sha256"; !strings.Contains(text, want) {
+		t.Errorf("export of unchecked weights printed\n%s\nwithout %q", text, want)
+	}
+	if err := checkpoint.VerifyFile(out); err != nil {
+		t.Errorf("the export's checksum: %v", err)
 	}
 }

@@ -2,7 +2,9 @@ package main
 
 import (
 	"fmt"
+	"path/filepath"
 
+	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/generate"
 	"github.com/spf13/cobra"
 )
@@ -34,6 +36,8 @@ func sampleCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			files, _ := filepath.Glob(filepath.Join(g.From, "*.safetensors"))
+			warnUnchecked(cmd.ErrOrStderr(), checkpoint.MissingSums(files))
 			out, err := g.Generate([]byte(prompt), tokens, temperature, seed)
 			if err != nil {
 				return err
