@@ -20,7 +20,7 @@ case $stage in
 0) trap '' USR1; sleep 0.05
    echo "pipetrain-status: stage=0 action=- peer=-1 for=1ms"
    echo "pipetrain: writing runs/x/metrics.jsonl: write runs/x/metrics.jsonl: no space left on device"
-   echo "pipetrain-repeats: ran out of disk space writing runs/x/metrics.jsonl"
+   echo "pipetrain-repeats: ran out of disk space in runs/x"
    sleep ` + exit0 + `; exit 3;;
 1) sleep ` + sleep1 + `; echo "pipetrain-status: stage=1 action=1F3 peer=0 for=2ms"
    echo "pipetrain: stage 1, step 4: 1F3: waiting for activation of step 4 micro-batch 3 from stage 0 (127.0.0.1:7101): peer closed the link: EOF"; exit 1;;
@@ -52,7 +52,7 @@ func TestCauseIsBlamedNotTheStageThatLostIt(t *testing.T) {
 			if err.Error() != want {
 				t.Errorf("message\n%s\nwant\n%s", err, want)
 			}
-			if !se.Repeats() || se.RepeatsWhy != "ran out of disk space writing runs/x/metrics.jsonl" {
+			if !se.Repeats() || se.RepeatsWhy != "ran out of disk space in runs/x" {
 				t.Errorf("Repeats %v, RepeatsWhy %q", se.Repeats(), se.RepeatsWhy)
 			}
 			if strings.Contains(out.String(), "pipetrain-repeats") {

@@ -74,7 +74,7 @@ type StageError struct {
 	// its output gave none, and LastLine is all there is.
 	Reason string
 	// RepeatsWhy says why a restart would fail the same way, when the
-	// process said so (see FormatRepeats): "ran out of disk space writing ...".
+	// process said so (see FormatRepeats): "ran out of disk space in runs/x".
 	RepeatsWhy string
 	// Hung is set when Stage did not fail but stopped making progress; Why
 	// says how that was found and Detector is the stage that failed.

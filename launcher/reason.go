@@ -102,8 +102,8 @@ func (r *reason) saidAt() time.Time {
 const repeatsPrefix = "pipetrain-repeats:"
 
 // FormatRepeats is the line a stage process prints when a restart would fail
-// as it did; why completes "stage 0 ...", e.g. "ran out of disk space writing
-// runs/x/metrics.jsonl".
+// as it did; why completes "stage 0 ...", e.g. "ran out of disk space in
+// runs/x".
 func FormatRepeats(why string) string { return repeatsPrefix + " " + why }
 
 // parseRepeats reads a line printed by FormatRepeats.

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/pprof"
 	"syscall"
 
@@ -64,9 +65,9 @@ func repeatCause(err error) string {
 	var refused refusedConfig
 	switch {
 	case errors.Is(err, syscall.ENOSPC):
-		return "ran out of disk space" + writing(err)
+		return "ran out of disk space" + where(err)
 	case errors.Is(err, syscall.EDQUOT):
-		return "ran out of its disk quota" + writing(err)
+		return "ran out of its disk quota" + where(err)
 	case errors.Is(err, stages.ErrNonFinite):
 		return "computed a NaN or infinite value (training diverged)"
 	case errors.Is(err, data.ErrBadData):
@@ -79,11 +80,12 @@ func repeatCause(err error) string {
 	return ""
 }
 
-// writing names the file a failed write was to, if err says: " writing PATH".
-func writing(err error) string {
+// where names the folder of the file a failed write was to, if err says:
+// " in DIR" (the file itself may be a temporary one).
+func where(err error) string {
 	var pathErr *os.PathError
 	if errors.As(err, &pathErr) && pathErr.Path != "" {
-		return " writing " + pathErr.Path
+		return " in " + filepath.Dir(pathErr.Path)
 	}
 	return ""
 }

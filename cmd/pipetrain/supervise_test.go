@@ -26,9 +26,9 @@ var permanent = []struct {
 	why  string
 }{
 	{"disk full", fmt.Errorf("stage 0: writing metrics: %w", &os.PathError{Op: "write", Path: "runs/x/metrics.jsonl", Err: syscall.ENOSPC}),
-		"ran out of disk space writing runs/x/metrics.jsonl"},
+		"ran out of disk space in runs/x"},
 	{"quota", fmt.Errorf("checkpoint: %w", &os.PathError{Op: "write", Path: "runs/x/checkpoints/step-50/stage-0.safetensors", Err: syscall.EDQUOT}),
-		"ran out of its disk quota writing runs/x/checkpoints/step-50/stage-0.safetensors"},
+		"ran out of its disk quota in runs/x/checkpoints/step-50"},
 	{"non-finite", fmt.Errorf("loss became NaN at step 4 (stage 1): %w", stages.ErrNonFinite), "computed a NaN or infinite value (training diverged)"},
 	{"bad data", fmt.Errorf("data: train-labels: label 5 of example 3 is not below model.classes 5: %w", data.ErrBadData), "found data the model cannot train on"},
 	{"replicas", fmt.Errorf("stage 0: step 9: %w", stages.ErrDiverged), "found its replicas diverged"},
