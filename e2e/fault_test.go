@@ -164,7 +164,7 @@ func TestKilledStageRecoversBitIdentical(t *testing.T) {
 	_, out, done := start(t, env, "launch", "--config", cfg, "--steps", fmt.Sprint(steps), "--run-dir", dir)
 	waitForStep(t, dir, killAt, 2*time.Minute, out)
 	text := killAndAwaitRecovery(t, stagePID(t, dir, victim), fmt.Sprintf("stage %d", victim), out, done)
-	for _, want := range []string{fmt.Sprintf("stage %d failed", victim), "signal: killed", "restarting from the checkpoint of step", "steps lost", "resumed from the checkpoint of step"} {
+	for _, want := range []string{fmt.Sprintf("stage %d failed", victim), "signal: killed", "restarting from the checkpoint of step", " lost), restart 1 of 3", "resumed from the checkpoint of step"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("launch output lacks %q:\n%s", want, text)
 		}
