@@ -126,6 +126,10 @@ type Problem struct {
 	Stages       int
 	MicroBatches int   // fixed, or 0 to let Solve choose among Candidates
 	Candidates   []int // micro-batch counts to try when MicroBatches == 0 (each must divide Batch)
+	// PreferMicroBatches, when among Candidates, is tried first rather than
+	// in increasing order: with a Margin, another count is chosen only when
+	// it is faster by more than it (the count changes the training).
+	PreferMicroBatches int
 	// Batch is the global batch (samples per step), which replicas share.
 	// Costs scale linearly with the micro-batch size Batch/Replicas/m
 	// relative to MicroBatch (see the package comment for this
@@ -250,8 +254,8 @@ func Schedules() []string { return []string{"gpipe", "1f1b", "zb-h1"} }
 func VSchedules() []string { return []string{"zb-v", "dualpipev"} }
 
 // Solve returns the best plan. For each candidate (micro-batch count, in
-// increasing order, then schedule, in the order given, then keeping before
-// recomputing) it searches the boundaries, simulating splits with
+// increasing order after PreferMicroBatches, then schedule, in the order
+// given, then keeping before recomputing) it searches the boundaries, simulating splits with
 // schedule.Simulate, and keeps the first candidate whose fastest split is
 // within Problem.Margin of the fastest of all (ties within a relative 1e-12
 // without a margin): a candidate later in that order is chosen only when it
@@ -307,6 +311,10 @@ func Solve(p Problem) (*Plan, error) {
 		counts = slices.Clone(p.Candidates)
 		slices.Sort(counts)
 		counts = slices.Compact(counts)
+		if k := slices.Index(counts, p.PreferMicroBatches); k > 0 {
+			// The count that leaves the training as it is comes first.
+			counts = slices.Insert(slices.Delete(counts, k, k+1), 0, p.PreferMicroBatches)
+		}
 	}
 	for _, m := range counts {
 		if err := checkMicroBatches(p, m); err != nil {

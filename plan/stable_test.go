@@ -178,3 +178,43 @@ func TestPreferKeepsTheGivenPlan(t *testing.T) {
 		t.Errorf("with no given plan: chose %v", got)
 	}
 }
+
+// TestPreferredMicroBatchesFirst: the preferred count (the config's, which
+// leaves the training as it is) is weighed first, so another count must beat
+// it by the margin; without a margin the fastest count wins.
+func TestPreferredMicroBatchesFirst(t *testing.T) {
+	base := Problem{Layers: uniform(8, 2), Stages: 4, Batch: 32, MicroBatch: 4, OverheadMS: 0.5,
+		Schedules: []string{"1f1b"}, LatencyMS: 0.2, Candidates: []int{1, 2, 4, 8, 16, 32}}
+	fastest, err := Solve(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 32 micro-batches pay the most overhead: the preferred count here,
+	// slower than the fastest by gain.
+	q := base
+	q.MicroBatches = 32
+	preferred, err := Solve(q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gain := preferred.StepMS/fastest.StepMS - 1
+	if fastest.MicroBatches == 32 || gain <= 0 {
+		t.Fatalf("32 micro-batches are the fastest: %+v", fastest)
+	}
+	for _, margin := range []float64{0, gain * 0.99, gain * 1.01} {
+		p := base
+		p.PreferMicroBatches, p.Margin = 32, margin
+		pl, err := Solve(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case margin == 0 && (pl.MicroBatches != fastest.MicroBatches || pl.StepMS != fastest.StepMS):
+			t.Errorf("no margin: chose %d micro-batches (%.3f ms), want the fastest, %d (%.3f ms)", pl.MicroBatches, pl.StepMS, fastest.MicroBatches, fastest.StepMS)
+		case margin > gain && (pl.MicroBatches != 32 || pl.StepMS != preferred.StepMS):
+			t.Errorf("margin %.4f above the gain %.4f: chose %d micro-batches (%.3f ms), want the preferred 32 (%.3f ms)", margin, gain, pl.MicroBatches, pl.StepMS, preferred.StepMS)
+		case margin > 0 && margin < gain && (pl.MicroBatches == 32 || pl.StepMS > fastest.StepMS*(1+margin)):
+			t.Errorf("margin %.4f below the gain %.4f: chose %d micro-batches (%.3f ms), want another within the margin of %.3f ms", margin, gain, pl.MicroBatches, pl.StepMS, fastest.StepMS)
+		}
+	}
+}

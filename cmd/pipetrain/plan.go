@@ -218,6 +218,14 @@ func runPlan(w io.Writer, o planOptions) error {
 			prob.Candidates = append(prob.Candidates, m)
 		}
 	}
+	if o.allowMicro {
+		// The config's count first, whatever it is: another must beat it
+		// by the margin, since it changes the training.
+		prob.PreferMicroBatches = cfg.Data.MicroBatches
+		if !slices.Contains(prob.Candidates, cfg.Data.MicroBatches) {
+			prob.Candidates = append(prob.Candidates, cfg.Data.MicroBatches)
+		}
+	}
 	for i, lc := range layerCosts {
 		n, err := models.ParamCount(model, i, i+1)
 		if err != nil {
