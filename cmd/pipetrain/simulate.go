@@ -42,6 +42,11 @@ With several chunks per stage (interleaved, zb-v), "measure" and a run
 directory also give each chunk's own costs, on lines below its stage's, and
 the schedules that run the config's chunks are simulated with them (a V's
 chunks on one stage are the model's first and last layers, rarely equal).
+"measure" times one stage at a time; when more of the config's stages run
+on this machine than it has cores (or several are pinned to one CPU), each
+computes at its share of a core in the run, and its measured costs are
+charged for it: a stage on half a core computes at half speed. A "cores:"
+line says so.
 
 Then, for each schedule: the makespan and mean bubble, each stage's busy time,
 bubble and peak stashed activations, a text timeline (a picture, one column
