@@ -243,63 +243,86 @@ func (l *Lowered) playDepth(c Costs, depth int) (*Timeline, error) {
 		Bubble:       make([]float64, p),
 		PeakInFlight: l.Compute().PeakInFlight(),
 	}
-	for moved := true; moved; {
+	// advance runs stage st's ops until one waits for another stage, saying
+	// whether it ran any. With shared, it stops at a computation instead,
+	// giving its start and work (compute), for CoreGroups.share to run.
+	advance := func(st int, shared bool) (start, work float64, compute, moved bool) {
+	run:
+		for ; next[st] < len(l.Ops[st]); next[st]++ {
+			o := l.Ops[st][next[st]]
+			switch {
+			case o.Kind == Compute:
+				d := c.duration(o.Action, v)
+				if n := len(tl.Spans[st]); n > 0 {
+					clock[st] = max(clock[st], tl.Spans[st][n-1].End+c.gap(st))
+				}
+				if shared {
+					return clock[st], d, true, moved
+				}
+				tl.Spans[st] = append(tl.Spans[st], Span{Action: o.Action, Start: clock[st], End: clock[st] + d})
+				tl.Busy[st] += d
+				clock[st] += d
+			case o.isSend():
+				ln := link{from: st, to: o.Peer, down: t.Downstream(o)}
+				// A local hand-off waits for no room: it is no link.
+				if depth > 0 && o.Peer != st && queued[ln]-taken[ln] >= 2*depth {
+					break run // the link is full until the other side receives
+				}
+				m := t.message(o)
+				sent[m], seq[m] = clock[st], queued[ln]
+				queued[ln]++
+			case o.isRecv():
+				m := t.message(o)
+				at, ok := sent[m]
+				if !ok {
+					break run
+				}
+				ln := link{from: o.Peer, to: st, down: t.Downstream(o)}
+				taken[ln] = max(taken[ln], seq[m]+1)
+				if o.Peer != st {
+					at += c.Transfer
+				}
+				clock[st] = max(clock[st], at)
+			case o.Kind == ReduceGrad && c.AllReduce != nil:
+				rings[st].reduce(o.Action.Chunk, clock[st], c.AllReduce[st][o.Action.Chunk])
+			case o.Kind == SyncTied:
+				if c.AllReduce != nil {
+					// The exchange sums reduced gradients.
+					clock[st], tied = max(clock[st], rings[st].free), true
+				}
+				if o.Peer < 0 {
+					break
+				}
+				// Each side sends its half, then waits for the other's.
+				mine := message{grad: true, microBatch: -1 - o.Index, from: -1 - st}
+				if _, ok := sent[mine]; !ok {
+					sent[mine] = clock[st]
+				}
+				at, ok := sent[message{grad: true, microBatch: -1 - o.Index, from: -1 - o.Peer}]
+				if !ok {
+					break run
+				}
+				clock[st] = max(clock[st], at+c.Transfer)
+			}
+			moved = true
+		}
+		return 0, 0, false, moved
+	}
+	if c.Cores.shared() && depth == 0 {
+		c.Cores.share(p, func(st int) (float64, float64, bool, bool) {
+			return advance(st, true)
+		}, func(st int, start, end, busy float64) {
+			o := l.Ops[st][next[st]]
+			tl.Spans[st] = append(tl.Spans[st], Span{Action: o.Action, Start: start, End: end})
+			tl.Busy[st] += busy
+			clock[st] = end
+			next[st]++
+		})
+	}
+	for moved := !c.Cores.shared() || depth > 0; moved; {
 		moved = false
 		for st := range p {
-		run:
-			for ; next[st] < len(l.Ops[st]); next[st]++ {
-				o := l.Ops[st][next[st]]
-				switch {
-				case o.Kind == Compute:
-					d := c.duration(o.Action, v)
-					if n := len(tl.Spans[st]); n > 0 {
-						clock[st] = max(clock[st], tl.Spans[st][n-1].End+c.gap(st))
-					}
-					tl.Spans[st] = append(tl.Spans[st], Span{Action: o.Action, Start: clock[st], End: clock[st] + d})
-					tl.Busy[st] += d
-					clock[st] += d
-				case o.isSend():
-					ln := link{from: st, to: o.Peer, down: t.Downstream(o)}
-					// A local hand-off waits for no room: it is no link.
-					if depth > 0 && o.Peer != st && queued[ln]-taken[ln] >= 2*depth {
-						break run // the link is full until the other side receives
-					}
-					m := t.message(o)
-					sent[m], seq[m] = clock[st], queued[ln]
-					queued[ln]++
-				case o.isRecv():
-					m := t.message(o)
-					at, ok := sent[m]
-					if !ok {
-						break run
-					}
-					ln := link{from: o.Peer, to: st, down: t.Downstream(o)}
-					taken[ln] = max(taken[ln], seq[m]+1)
-					if o.Peer != st {
-						at += c.Transfer
-					}
-					clock[st] = max(clock[st], at)
-				case o.Kind == ReduceGrad && c.AllReduce != nil:
-					rings[st].reduce(o.Action.Chunk, clock[st], c.AllReduce[st][o.Action.Chunk])
-				case o.Kind == SyncTied:
-					if c.AllReduce != nil {
-						// The exchange sums reduced gradients.
-						clock[st], tied = max(clock[st], rings[st].free), true
-					}
-					if o.Peer < 0 {
-						break
-					}
-					// Each side sends its half, then waits for the other's.
-					mine := message{grad: true, microBatch: -1 - o.Index, from: -1 - st}
-					if _, ok := sent[mine]; !ok {
-						sent[mine] = clock[st]
-					}
-					at, ok := sent[message{grad: true, microBatch: -1 - o.Index, from: -1 - o.Peer}]
-					if !ok {
-						break run
-					}
-					clock[st] = max(clock[st], at+c.Transfer)
-				}
+			if _, _, _, m := advance(st, false); m {
 				moved = true
 			}
 		}

@@ -38,6 +38,11 @@ type Costs struct {
 	// timeline. An action starts no earlier than Gap after the previous one
 	// on its stage ends; the first of a step has none. nil means none.
 	Gap []float64 // len == Stages, or nil
+	// Cores, when it puts stages in groups, has the stages of a group share
+	// its cores while they compute at once, each action taking its cost
+	// only at full speed (see CoreGroups). The zero value: every stage
+	// computes at full speed.
+	Cores CoreGroups
 }
 
 // gap is stage st's hand-off between actions (0 without Costs.Gap).
@@ -148,6 +153,8 @@ func (tl *Timeline) AllReduce(st int) float64 {
 // stage's own forward for a backward or input-gradient pass, its own
 // input-gradient pass for a weight pass). It first checks the schedule's
 // structure and returns the same errors as Check, including on deadlock.
+// With Costs.Cores, stages that share cores slow each other while they
+// compute at once (see CoreGroups).
 func Simulate(s *Schedule, c Costs) (*Timeline, error) {
 	x, err := s.validate()
 	if err != nil {
@@ -217,6 +224,9 @@ func (c Costs) check(p, v int) error {
 			}
 		}
 	}
+	if err := c.Cores.check(p); err != nil {
+		return err
+	}
 	if c.AllReduce == nil {
 		return nil
 	}
@@ -273,14 +283,16 @@ func (x *index) deps(a Action) []Action {
 
 // simulate assumes a validated schedule (x is its index) and valid costs.
 //
-// Stages share nothing and sends never block, so an action's start time is
-// determined solely by its stage's previous action and the actions it depends
-// on. Rather than keep an event queue, we therefore sweep the stages
-// repeatedly, running every action whose dependencies have finished, until
-// nothing moves; this yields exactly the times of a discrete-event simulation
-// and is trivially deterministic. If actions remain when nothing moves, every
-// remaining stage is blocked on a dependency that will never finish: a
-// deadlock.
+// Without Costs.Cores stages share nothing and sends never block, so an
+// action's start time is determined solely by its stage's previous action
+// and the actions it depends on. Rather than keep an event queue, we
+// therefore sweep the stages repeatedly, running every action whose
+// dependencies have finished, until nothing moves; this yields exactly the
+// times of a discrete-event simulation and is trivially deterministic. With
+// stages sharing cores an action's end depends on what else computes
+// meanwhile, and CoreGroups.share plays them in time order instead. If
+// actions remain when nothing moves, every remaining stage is blocked on a
+// dependency that will never finish: a deadlock.
 //
 // scale, when not nil, multiplies each action's duration (Expect's draws).
 func simulate(s *Schedule, x *index, c Costs, scale func(Action) float64) (*Timeline, error) {
@@ -313,27 +325,52 @@ func simulate(s *Schedule, x *index, c Costs, scale func(Action) float64) (*Time
 		PeakInFlight: s.PeakInFlight(),
 	}
 	free := make([]float64, p) // when each stage finishes its last action
-	for moved := true; moved; {
+	// next returns stage st's next action, when it can start and its
+	// duration at full speed, or ok false when it has none or its inputs
+	// are not all there yet.
+	next := func(st int) (a Action, start, d float64, ok bool) {
+		n := len(tl.Spans[st])
+		if n == len(s.Actions[st]) {
+			return a, 0, 0, false
+		}
+		a = s.Actions[st][n]
+		t, _, ok := ready(a)
+		if !ok {
+			return a, 0, 0, false
+		}
+		d = c.duration(a, v)
+		if scale != nil {
+			d *= scale(a)
+		}
+		start = max(free[st], t)
+		if n > 0 {
+			start = max(free[st]+c.gap(st), t)
+		}
+		return a, start, d, true
+	}
+	record := func(st int, a Action, start, stop, busy float64) {
+		free[st] = stop
+		end[x.slot(a)] = stop
+		tl.Spans[st] = append(tl.Spans[st], Span{Action: a, Start: start, End: stop})
+		tl.Busy[st] += busy
+	}
+	if c.Cores.shared() {
+		c.Cores.share(p, func(st int) (float64, float64, bool, bool) {
+			_, start, d, ok := next(st)
+			return start, d, ok, false
+		}, func(st int, start, stop, busy float64) {
+			record(st, s.Actions[st][len(tl.Spans[st])], start, stop, busy)
+		})
+	}
+	for moved := !c.Cores.shared(); moved; {
 		moved = false
 		for st := range p {
-			for n := len(tl.Spans[st]); n < len(s.Actions[st]); n++ {
-				a := s.Actions[st][n]
-				t, _, ok := ready(a)
+			for {
+				a, start, d, ok := next(st)
 				if !ok {
 					break
 				}
-				d := c.duration(a, v)
-				if scale != nil {
-					d *= scale(a)
-				}
-				start := max(free[st], t)
-				if n > 0 {
-					start = max(free[st]+c.gap(st), t)
-				}
-				free[st] = start + d
-				end[x.slot(a)] = free[st]
-				tl.Spans[st] = append(tl.Spans[st], Span{Action: a, Start: start, End: free[st]})
-				tl.Busy[st] += d
+				record(st, a, start, start+d, d)
 				moved = true
 			}
 		}
