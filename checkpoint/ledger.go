@@ -21,7 +21,18 @@ import (
 type Ledger struct {
 	stageOf []int // the stage of each rank
 	stages  int
+	plan    Plan
 	steps   map[int]*ledgerStep
+
+	// reached is the newest step each rank has reported; the smallest of
+	// them (or the step resumed from, if newer) is the floor every rank has
+	// passed, below which no step is kept and near which every new step
+	// must lie (admit).
+	reached []int
+	// interrupt is the one step off the plan the ledger has admitted: the
+	// checkpoint a stopped launch writes where its stages agreed to stop
+	// (stages.Pause); 0 while there is none.
+	interrupt int
 
 	held    [][]Held // by rank; nil until the rank reports
 	heldIn  int
@@ -37,13 +48,51 @@ type ledgerStep struct {
 	err      error
 }
 
-// NewLedger makes the ledger of a job whose rank r runs stage stageOf[r].
-func NewLedger(stageOf []int) *Ledger {
+// Plan is the schedule of a run's checkpoints, from its config: the steps a
+// ledger admits reports of.
+type Plan struct {
+	// Every is checkpoint.every: a checkpoint every so many steps and after
+	// the last; 0, none but an interrupted launch's.
+	Every int
+	// Steps is train.steps, the run's last step.
+	Steps int
+}
+
+// onPlan says whether the run checkpoints after step in the course of
+// training (stages' checkpointsAfter).
+func (p Plan) onPlan(step int) bool {
+	return p.Every > 0 && (step%p.Every == 0 || step == p.Steps)
+}
+
+func (p Plan) String() string {
+	if p.Every == 0 {
+		return fmt.Sprintf("no checkpoints but an interrupt's, steps 1-%d", p.Steps)
+	}
+	return fmt.Sprintf("every %d steps and after step %d", p.Every, p.Steps)
+}
+
+// Bounds on what a rank may report: the ledger keeps what it is told, and
+// whoever holds the token may tell it anything.
+const (
+	// maxDigestLen bounds a report's training digest and a part's checksum:
+	// both are SHA-256 sums in hex.
+	maxDigestLen = 64
+	// aheadChecks is how many checkpoints past the floor a new step may be.
+	// A rank reports a step only once the step before it is decided, which
+	// takes every rank, so a genuine report is at most one checkpoint ahead;
+	// the second is slack.
+	aheadChecks = 2
+)
+
+// NewLedger makes the ledger of a job whose rank r runs stage stageOf[r] and
+// whose checkpoints follow plan.
+func NewLedger(stageOf []int, plan Plan) *Ledger {
 	stages := 0
 	for _, s := range stageOf {
 		stages = max(stages, s+1)
 	}
-	return &Ledger{stageOf: slices.Clone(stageOf), stages: stages, steps: map[int]*ledgerStep{}, held: make([][]Held, len(stageOf))}
+	return &Ledger{stageOf: slices.Clone(stageOf), stages: stages, plan: plan, steps: map[int]*ledgerStep{},
+		reached: make([]int, len(stageOf)), held: make([][]Held, len(stageOf))}
 }
 
 // Report records that rank wrote p, its part of step's checkpoint, for a run
@@ -56,14 +105,21 @@ func (l *Ledger) Report(rank, step int, digest string, p Part, now time.Time) er
 	if rank < 0 || rank >= len(l.stageOf) {
 		return fmt.Errorf("rank %d is beyond the job's %d ranks", rank, len(l.stageOf))
 	}
-	if p.Stage != l.stageOf[rank] {
-		return fmt.Errorf("rank %d reported a part of stage %d; it runs stage %d", rank, p.Stage, l.stageOf[rank])
+	if err := l.checkPart(rank, p); err != nil {
+		return err
+	}
+	if len(digest) > maxDigestLen {
+		return fmt.Errorf("rank %d reported a training digest of %d characters; a digest has at most %d", rank, len(digest), maxDigestLen)
 	}
 	st := l.steps[step]
 	if st == nil {
+		if err := l.admit(rank, step); err != nil {
+			return err
+		}
 		st = &ledgerStep{digest: digest, parts: make([]*Part, len(l.stageOf))}
 		l.steps[step] = st
 	}
+	l.reach(rank, step)
 	if st.manifest != nil || st.err != nil {
 		return nil // decided; the caller reads the outcome
 	}
@@ -94,6 +150,73 @@ func (l *Ledger) Report(rank, step int, digest string, p Part, now time.Time) er
 	return nil
 }
 
+// checkPart refuses a part that is not the file rank's stage writes: the
+// manifest made of the parts names them to every rank, which joins each name
+// to its own checkpoint folder.
+func (l *Ledger) checkPart(rank int, p Part) error {
+	if p.Stage != l.stageOf[rank] {
+		return fmt.Errorf("rank %d reported a part of stage %d; it runs stage %d", rank, p.Stage, l.stageOf[rank])
+	}
+	if p.File != PartFile(p.Stage) {
+		return fmt.Errorf("rank %d reported the file %q as its part; stage %d's part is %s", rank, p.File, p.Stage, PartFile(p.Stage))
+	}
+	if len(p.SHA256) > maxDigestLen || p.Bytes < 0 {
+		return fmt.Errorf("rank %d reported a part of %d bytes with a checksum of %d characters: not a part's size and SHA-256", rank, p.Bytes, len(p.SHA256))
+	}
+	return nil
+}
+
+// admit refuses a report that opens a step the run does not checkpoint, or
+// one too far from where the ranks are: each opened step is kept until
+// every rank has passed it, so these bound the ledger's memory.
+func (l *Ledger) admit(rank, step int) error {
+	if step < 1 || step > l.plan.Steps {
+		return fmt.Errorf("rank %d reported a checkpoint of step %d; the run has steps 1-%d", rank, step, l.plan.Steps)
+	}
+	floor := l.floor()
+	if step <= floor {
+		return fmt.Errorf("rank %d reported a checkpoint of step %d; every rank has reached step %d", rank, step, floor)
+	}
+	if l.plan.Every > 0 && step > floor+aheadChecks*l.plan.Every {
+		return fmt.Errorf("rank %d reported a checkpoint of step %d, more than %d checkpoints past step %d, which every rank has reached", rank, step, aheadChecks, floor)
+	}
+	if l.plan.onPlan(step) {
+		return nil
+	}
+	// A stopped launch checkpoints the step its stages agreed to stop
+	// after, wherever it falls, and its stages then exit: one such step
+	// per job.
+	if l.interrupt != 0 {
+		return fmt.Errorf("rank %d reported a checkpoint of step %d, off the run's checkpoints (%v), after step %d's: a stopped run writes one", rank, step, l.plan, l.interrupt)
+	}
+	l.interrupt = step
+	return nil
+}
+
+// reach records that rank reported step and forgets the steps every rank
+// has passed: no rank reports them again.
+func (l *Ledger) reach(rank, step int) {
+	if step <= l.reached[rank] {
+		return
+	}
+	l.reached[rank] = step
+	floor := l.floor()
+	for s := range l.steps {
+		if s < floor {
+			delete(l.steps, s)
+		}
+	}
+}
+
+// floor is the step every rank has reached: the oldest of their newest
+// reports, or the step the run resumed from.
+func (l *Ledger) floor() int {
+	if len(l.reached) == 0 {
+		return l.resume
+	}
+	return max(slices.Min(l.reached), l.resume)
+}
+
 // manifest lists one part per stage, in stage order.
 func (l *Ledger) manifest(step int, st *ledgerStep, now time.Time) *Manifest {
 	m := &Manifest{Step: step, ConfigDigest: st.digest, Stages: l.stages, Committed: now.UTC()}
@@ -112,6 +235,9 @@ func (l *Ledger) manifest(step int, st *ledgerStep, now time.Time) *Manifest {
 // why it never will be; both nil while parts are still to come.
 func (l *Ledger) Outcome(step int) (*Manifest, error) {
 	st := l.steps[step]
+	if st == nil && step < l.floor() {
+		return nil, fmt.Errorf("step %d is no longer awaited: every rank has reported step %d", step, l.floor())
+	}
 	if st == nil {
 		return nil, nil
 	}
@@ -140,8 +266,8 @@ func (l *Ledger) Hold(rank int, held []Held) error {
 		return fmt.Errorf("rank %d is beyond the job's %d ranks", rank, len(l.stageOf))
 	}
 	for _, h := range held {
-		if h.Part.Stage != l.stageOf[rank] {
-			return fmt.Errorf("rank %d holds a part of stage %d; it runs stage %d", rank, h.Part.Stage, l.stageOf[rank])
+		if err := l.checkPart(rank, h.Part); err != nil {
+			return fmt.Errorf("step %d: %w", h.Step, err)
 		}
 	}
 	if l.decided {

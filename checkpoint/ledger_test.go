@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -11,12 +12,15 @@ import (
 // A 2-stage, 2-replica grid: ranks 0, 1 run stage 0, ranks 2, 3 stage 1.
 var grid2x2 = []int{0, 0, 1, 1}
 
+// plan100 checkpoints every 10 steps of 100.
+var plan100 = Plan{Every: 10, Steps: 100}
+
 func part(stage int, sum string) Part {
 	return Part{Stage: stage, File: PartFile(stage), SHA256: sum, Bytes: int64(len(sum))}
 }
 
 func TestLedgerCommitsOnceEveryRankReported(t *testing.T) {
-	l := NewLedger(grid2x2)
+	l := NewLedger(grid2x2, plan100)
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	for rank, sum := range []string{"aa", "aa", "bb"} {
 		if err := l.Report(rank, 10, "d", part(grid2x2[rank], sum), now); err != nil {
@@ -49,7 +53,7 @@ func TestLedgerCommitsOnceEveryRankReported(t *testing.T) {
 }
 
 func TestLedgerRefusesWhatCannotBeCommitted(t *testing.T) {
-	l := NewLedger(grid2x2)
+	l := NewLedger(grid2x2, plan100)
 	now := time.Now()
 	if err := l.Report(4, 10, "d", part(1, "x"), now); err == nil || !strings.Contains(err.Error(), "rank 4 is beyond") {
 		t.Fatalf("rank out of range: %v", err)
@@ -83,7 +87,7 @@ func held(stage int, steps ...int) []Held {
 }
 
 func TestLedgerResumesFromNewestStepEveryRankHolds(t *testing.T) {
-	l := NewLedger(grid2x2)
+	l := NewLedger(grid2x2, plan100)
 	l.Hold(0, held(0, 30, 20, 10))
 	l.Hold(1, held(0, 20, 10))
 	l.Hold(2, held(1, 30, 20))
@@ -99,7 +103,7 @@ func TestLedgerResumesFromNewestStepEveryRankHolds(t *testing.T) {
 	}
 
 	// Nothing in common: start over.
-	l = NewLedger([]int{0, 1})
+	l = NewLedger([]int{0, 1}, plan100)
 	l.Hold(0, held(0, 10))
 	l.Hold(1, nil)
 	if step, decided := l.Resume(); !decided || step != 0 {
@@ -107,7 +111,7 @@ func TestLedgerResumesFromNewestStepEveryRankHolds(t *testing.T) {
 	}
 
 	// A step whose replicas hold different bytes is passed over.
-	l = NewLedger([]int{0, 0})
+	l = NewLedger([]int{0, 0}, plan100)
 	l.Hold(0, []Held{{Step: 20, Part: part(0, "x")}, {Step: 10, Part: part(0, "a")}})
 	l.Hold(1, []Held{{Step: 20, Part: part(0, "y")}, {Step: 10, Part: part(0, "a")}})
 	if step, _ := l.Resume(); step != 10 {
@@ -140,5 +144,116 @@ func TestHeldPartsListsCompleteMatchingParts(t *testing.T) {
 	}
 	if len(got) != 2 || got[0].Step != 20 || got[1].Step != 10 || got[0].Part.Stage != 1 {
 		t.Fatalf("held = %+v, want steps 20 and 10", got)
+	}
+}
+
+// TestLedgerRefusesAPartNamingAnotherFile: a rank (or whoever holds the
+// token and claims its rank) cannot make the manifest every rank writes
+// name a file outside the checkpoint's folder.
+func TestLedgerRefusesAPartNamingAnotherFile(t *testing.T) {
+	l := NewLedger([]int{0, 1}, plan100)
+	now := time.Now()
+	if err := l.Report(0, 10, "d", part(0, "aa"), now); err != nil {
+		t.Fatal(err)
+	}
+	for _, file := range []string{"../../x", "stage-0.safetensors", "./stage-1.safetensors", "/etc/passwd"} {
+		bad := Part{Stage: 1, File: file, SHA256: "bb", Bytes: 2}
+		if err := l.Report(1, 10, "d", bad, now); err == nil || !strings.Contains(err.Error(), "rank 1") || !strings.Contains(err.Error(), strconv.Quote(file)) {
+			t.Fatalf("part naming %q: %v", file, err)
+		}
+		if err := l.Hold(1, []Held{{Step: 10, Part: bad}}); err == nil || !strings.Contains(err.Error(), strconv.Quote(file)) {
+			t.Fatalf("held part naming %q: %v", file, err)
+		}
+	}
+	if m, err := l.Outcome(10); m != nil || err != nil {
+		t.Fatalf("step 10 decided by refused reports: %+v, %v", m, err)
+	}
+	if err := l.Report(1, 10, "d", part(1, "bb"), now); err != nil {
+		t.Fatal(err)
+	}
+	m, err := l.Outcome(10)
+	if err != nil || m == nil || m.Parts[1].File != "stage-1.safetensors" {
+		t.Fatalf("the genuine part: %+v, %v", m, err)
+	}
+	long := part(1, strings.Repeat("f", 65))
+	if err := l.Report(1, 20, "d", long, now); err == nil || !strings.Contains(err.Error(), "rank 1") {
+		t.Fatalf("a 65-character checksum: %v", err)
+	}
+	if err := l.Report(1, 20, strings.Repeat("d", 1<<20), part(1, "bb"), now); err == nil || !strings.Contains(err.Error(), "digest") {
+		t.Fatalf("a 1 MiB digest: %v", err)
+	}
+}
+
+// TestLedgerRefusesStepsOffThePlan: the ledger opens only the steps the run
+// checkpoints (every 10, and the last), near where the ranks are, and one
+// step elsewhere: the one a stopped launch checkpoints.
+func TestLedgerRefusesStepsOffThePlan(t *testing.T) {
+	l := NewLedger([]int{0, 1}, Plan{Every: 10, Steps: 95})
+	now := time.Now()
+	refused := func(step int, want string) {
+		t.Helper()
+		if err := l.Report(1, step, "d", part(1, "bb"), now); err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("step %d: %v, want %q", step, err, want)
+		}
+	}
+	refused(0, "the run has steps 1-95")
+	refused(-10, "the run has steps 1-95")
+	refused(100, "the run has steps 1-95")
+	refused(30, "more than 2 checkpoints past step 0")
+	commit := func(step int) {
+		t.Helper()
+		for rank := range 2 {
+			if err := l.Report(rank, step, "d", part(rank, "cc"), now); err != nil {
+				t.Fatalf("rank %d, step %d: %v", rank, step, err)
+			}
+		}
+		if m, err := l.Outcome(step); m == nil || err != nil {
+			t.Fatalf("step %d not committed: %v", step, err)
+		}
+	}
+	commit(10)
+	commit(20)
+	refused(10, "every rank has reached step 20")
+	// The interrupt's step, off the plan, once.
+	commit(23)
+	refused(27, "off the run's checkpoints (every 10 steps and after step 95), after step 23's")
+
+	// After a resume from step 90, the last step, 95, is on the plan.
+	l = NewLedger([]int{0, 1}, Plan{Every: 10, Steps: 95})
+	l.Hold(0, []Held{{Step: 90, Part: part(0, "aa")}})
+	l.Hold(1, []Held{{Step: 90, Part: part(1, "bb")}})
+	if step, _ := l.Resume(); step != 90 {
+		t.Fatalf("resume = %d", step)
+	}
+	refused(80, "every rank has reached step 90")
+	commit(95)
+
+	// Without checkpoint.every, a stopped launch's step is the only one.
+	l = NewLedger([]int{0, 1}, Plan{Steps: 95})
+	commit(61)
+	refused(95, "off the run's checkpoints (no checkpoints but an interrupt's, steps 1-95), after step 61's")
+}
+
+// TestLedgerStaysBoundedUnderSpammedSteps: a rank reporting every step
+// number leaves the ledger holding a handful of steps, and the run's own
+// checkpoints still commit.
+func TestLedgerStaysBoundedUnderSpammedSteps(t *testing.T) {
+	l := NewLedger([]int{0, 1}, Plan{Every: 10, Steps: 10000})
+	now := time.Now()
+	most := 0
+	for step := 10; step <= 10000; step += 10 {
+		for spam := step; spam < step+100; spam++ {
+			l.Report(1, spam, "d", part(1, "bb"), now)
+			most = max(most, len(l.steps))
+		}
+		for rank := range 2 {
+			l.Report(rank, step, "d", part(rank, "cc"), now)
+		}
+		if m, err := l.Outcome(step); m == nil || err != nil {
+			t.Fatalf("step %d not committed: %v", step, err)
+		}
+	}
+	if most > 4 {
+		t.Fatalf("the ledger held %d steps at once; want at most 4", most)
 	}
 }

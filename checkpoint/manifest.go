@@ -129,6 +129,9 @@ func Commit(ctx context.Context, root string, step, stages int, digest string, k
 // atomically. Ranks that share root may all write the same manifest: the
 // bytes are the same, and each rename replaces a whole file.
 func WriteManifest(root string, m *Manifest) error {
+	if err := m.check(); err != nil {
+		return err
+	}
 	dir := StepDir(root, m.Step)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
@@ -207,7 +210,47 @@ func ReadManifest(dir string) (*Manifest, error) {
 		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, ManifestName), err)
 	}
 	m.Dir = dir
+	if err := m.check(); err != nil {
+		return nil, err
+	}
 	return &m, nil
+}
+
+// check refuses a manifest that names any file but its stages' parts, or
+// one stage's twice: every reader joins the names to the checkpoint's
+// folder, and a name such as ../../x would read, or let export copy, a
+// file outside it. A manifest comes from disk, where anyone who can write
+// the run directory may have edited it, or from rank 0 over the wire.
+func (m *Manifest) check() error {
+	seen := map[int]bool{}
+	for _, p := range m.Parts {
+		if err := m.checkPart(p); err != nil {
+			return err
+		}
+		if seen[p.Stage] {
+			return fmt.Errorf("%s: the manifest lists stage %d's part twice", m.path(), p.Stage)
+		}
+		seen[p.Stage] = true
+	}
+	return nil
+}
+
+// checkPart refuses a part whose file is not the one its stage writes.
+func (m *Manifest) checkPart(p Part) error {
+	if p.Stage < 0 || p.Stage >= m.Stages || p.File != PartFile(p.Stage) {
+		return fmt.Errorf("%s: the manifest names %q as the part of stage %d; a checkpoint of %d stages holds only stage-<i>.safetensors for i below %d",
+			m.path(), p.File, p.Stage, m.Stages, m.Stages)
+	}
+	return nil
+}
+
+// path is the manifest's file, for messages; its step's name when the
+// manifest came over the wire and has no folder yet.
+func (m *Manifest) path() string {
+	if m.Dir == "" {
+		return fmt.Sprintf("the manifest of step %d", m.Step)
+	}
+	return filepath.Join(m.Dir, ManifestName)
 }
 
 // Verify checks every part of a committed checkpoint against the manifest's
@@ -225,7 +268,10 @@ func (m *Manifest) Verify() error {
 }
 
 func (m *Manifest) verify(p Part) error {
-	path := filepath.Join(m.Dir, p.File)
+	if err := m.checkPart(p); err != nil {
+		return err
+	}
+	path := m.PartPath(p.Stage)
 	sum, n, err := fileSum(path)
 	if err != nil {
 		return err

@@ -151,3 +151,64 @@ func TestLatestChecksTheManifestsStep(t *testing.T) {
 		})
 	}
 }
+
+// TestManifestNamesOnlyItsParts: a manifest that names a file outside its
+// folder, even one matching the checksum it gives, is refused where it is
+// read, verified or written, and resuming passes over its checkpoint.
+func TestManifestNamesOnlyItsParts(t *testing.T) {
+	dir := t.TempDir()
+	root := filepath.Join(dir, "checkpoints")
+	for _, step := range []int{10, 20} {
+		writeParts(t, root, step, 2)
+		if _, err := Commit(context.Background(), root, step, 2, "d", 5, time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A file outside the checkpoints, with the bytes the manifest will give.
+	b, err := os.ReadFile(filepath.Join(StepDir(root, 20), PartFile(1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "x"), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m, err := ReadManifest(StepDir(root, 20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Parts[1].File = "../../x"
+	if err := m.Verify(); err == nil || !strings.Contains(err.Error(), `"../../x"`) {
+		t.Fatalf("Verify: %v", err)
+	}
+	if err := m.VerifyPart(1); err == nil || !strings.Contains(err.Error(), `"../../x"`) {
+		t.Fatalf("VerifyPart: %v", err)
+	}
+	if err := WriteManifest(t.TempDir(), m); err == nil || !strings.Contains(err.Error(), `"../../x"`) {
+		t.Fatalf("WriteManifest: %v", err)
+	}
+	tampered, _ := json.Marshal(m)
+	if err := os.WriteFile(filepath.Join(StepDir(root, 20), ManifestName), tampered, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	manifest := filepath.Join(StepDir(root, 20), ManifestName)
+	if _, err := ReadManifest(StepDir(root, 20)); err == nil || !strings.Contains(err.Error(), manifest+`: the manifest names "../../x" as the part of stage 1`) {
+		t.Fatalf("ReadManifest: %v", err)
+	}
+	latest, skipped, err := Latest(root, "d")
+	if err != nil || latest == nil || latest.Step != 10 {
+		t.Fatalf("Latest = %+v, %v: want step 10", latest, err)
+	}
+	if len(skipped) != 1 || !skipped[0].Committed || !strings.Contains(skipped[0].Error(), `"../../x"`) {
+		t.Errorf("skipped: %v", skipped)
+	}
+
+	// A part listed twice, or of a stage the checkpoint lacks.
+	m.Parts[1] = m.Parts[0]
+	if err := WriteManifest(t.TempDir(), m); err == nil || !strings.Contains(err.Error(), "stage 0's part twice") {
+		t.Fatalf("a stage twice: %v", err)
+	}
+	m.Parts[1] = Part{Stage: 2, File: PartFile(2)}
+	if err := WriteManifest(t.TempDir(), m); err == nil || !strings.Contains(err.Error(), "part of stage 2") {
+		t.Fatalf("a stage beyond the checkpoint's: %v", err)
+	}
+}

@@ -16,7 +16,7 @@ import (
 // completes its rendezvous.
 func rvComplete(t *testing.T, world, replicas int, gatherDir string) *Registry {
 	t.Helper()
-	reg := rvServe(t, world, RendezvousOptions{Timeout: 20 * time.Second, Replicas: replicas, GatherDir: gatherDir})
+	reg := rvServe(t, world, RendezvousOptions{Timeout: 20 * time.Second, Replicas: replicas, GatherDir: gatherDir, Checkpoints: checkpoint.Plan{Every: 10, Steps: 100}})
 	var joins []<-chan rvResult
 	for rank := range world {
 		joins = append(joins, rvJoin(reg.Addr(), rvEntry(rank), RendezvousOptions{Timeout: 20 * time.Second}))

@@ -86,6 +86,9 @@ type RendezvousOptions struct {
 	// GatherDir is rank 0's run directory, where the registry writes the
 	// logs other ranks send (Coordinator.Gather); none are taken without.
 	GatherDir string
+	// Checkpoints is the run's checkpoint schedule, for the ledger: a rank
+	// reporting a checkpoint of a step off it is refused.
+	Checkpoints checkpoint.Plan
 }
 
 const defaultRendezvousTimeout = 5 * time.Minute
@@ -162,7 +165,7 @@ func ServeRendezvous(addr string, world int, digest, build string, o RendezvousO
 	r := &Registry{
 		world: world, digest: digest, build: build, timeout: o.Timeout, logf: o.Logf,
 		gatherDir: o.GatherDir,
-		ledger:    checkpoint.NewLedger(stageOf),
+		ledger:    checkpoint.NewLedger(stageOf, o.Checkpoints),
 		gathered:  make([]bool, world),
 		ranks:     make([]*registration, world),
 		changed:   make(chan struct{}),

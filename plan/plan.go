@@ -60,14 +60,17 @@
 //
 // # Core sharing
 //
-// Layer costs are measured by one process with the cores one stage will
-// have. When the Stages×Replicas processes outnumber Problem.Cores, the
-// cores of the machine they share, each computes at Cores/processes of a
-// core while they all compute, and every action (its fixed overhead too)
-// is charged processes/Cores times its measured cost: a stage on half a core
-// computes at half speed. That ignores the moments when some stages idle
-// (the others then get more), so it errs on the slow side; docs/profiling.md
-// gives the figures measured against it. Transfers are not charged more.
+// Layer costs are measured by one process with the threads one stage will
+// have. When the Stages×Replicas processes, each running Problem.Threads
+// BLAS threads, need more than Problem.Cores, the cores of the machine they
+// share, the split is simulated with the processes sharing the cores
+// (schedule.CoreGroups): while stages whose processes need D cores compute
+// at once, each computes at min(1, Cores/D) of its measured speed, so a
+// stage slows the others only while it computes, and one idling in the
+// bubble leaves its cores to them. An action's fixed overhead is compute
+// too; transfers and all-reduces use no core. docs/profiling.md gives the
+// figures measured against it. The bounds of the search (see Solve) hold
+// for this model too: sharing never shortens an action.
 //
 // # Search
 //
@@ -165,10 +168,12 @@ type Problem struct {
 	Recompute  bool
 	InputBytes int64
 	// Cores is how many cores the Stages×Replicas processes share, all on
-	// one machine; 0 means each has at least a core of its own. With more
-	// processes than cores every action is charged processes/Cores times
-	// its measured cost (see Core sharing).
+	// one machine; 0 means each has the cores it needs. When they need
+	// more, those computing at once share them (see Core sharing).
 	Cores float64
+	// Threads is the BLAS threads each process computes with, the cores it
+	// keeps busy while it computes (0 counts as 1).
+	Threads int
 	// Margin is the relative gain a candidate later in Solve's order (more
 	// micro-batches, a later schedule, recomputing) must clear over an
 	// earlier one to be chosen: measured costs vary from run to run, and
@@ -177,14 +182,15 @@ type Problem struct {
 	Margin float64
 }
 
-// sharing is the factor every action's measured cost is charged with when
-// the processes share fewer cores than they are: 1/(their share of a core).
-func (p Problem) sharing() float64 {
-	procs := float64(p.Stages * p.replicas())
-	if p.Cores <= 0 || procs <= p.Cores {
-		return 1
+// cores is how the plan's stages share Cores: one group, each stage
+// keeping its replicas' threads busy while it computes; the zero value
+// (nothing shared) when the processes need no more than Cores.
+func (p Problem) cores() schedule.CoreGroups {
+	demand := float64(p.replicas() * max(1, p.Threads))
+	if p.Cores <= 0 || float64(p.Stages)*demand <= p.Cores {
+		return schedule.CoreGroups{}
 	}
-	return procs / p.Cores
+	return schedule.OneGroup(p.Stages, p.Cores, demand)
 }
 
 // band is the slowest step time that still counts as within the margin of x.
@@ -530,11 +536,9 @@ func newModel(p Problem) (*model, error) {
 		return nil, fmt.Errorf("plan: input bytes must be >= 0, got %d", p.InputBytes)
 	case !finite(p.Cores) || !finite(p.Margin):
 		return nil, fmt.Errorf("plan: cores and margin must be finite and >= 0, got %v and %v", p.Cores, p.Margin)
+	case p.Threads < 0:
+		return nil, fmt.Errorf("plan: threads must be >= 0, got %d", p.Threads)
 	}
-	// Cores shared: every action, the fixed overhead too, runs at the
-	// processes' share of a core.
-	slow := p.sharing()
-	p.OverheadMS *= slow
 	d := &model{p: p, n: n, out: make([]float64, n)}
 	for _, s := range []*[]float64{&d.f, &d.b, &d.i, &d.w, &d.fwdBack, &d.fwdInpt} {
 		*s = make([]float64, n+1)
@@ -549,7 +553,6 @@ func newModel(p Problem) (*model, error) {
 		if l.ActBytes < 0 || l.FixedActBytes < 0 || l.SplitActBytes < 0 || l.ParamBytes < 0 || l.OutBytes < 0 || l.GradBytes < 0 {
 			return nil, fmt.Errorf("plan: layer %d (%s): byte counts must be >= 0", k, l.Name)
 		}
-		l.F, l.B, l.I, l.W = slow*l.F, slow*l.B, slow*l.I, slow*l.W
 		in, wt := l.I, l.W
 		switch {
 		case in == 0 && wt == 0:
@@ -723,7 +726,8 @@ func (c *candidate) simulate(bounds []int) (*Plan, error) {
 		return pl, nil
 	}
 	p := len(bounds)
-	costs := schedule.Costs{F: make([]float64, p), B: make([]float64, p), I: make([]float64, p), W: make([]float64, p)}
+	costs := schedule.Costs{F: make([]float64, p), B: make([]float64, p), I: make([]float64, p), W: make([]float64, p),
+		Cores: c.p.cores()}
 	replicated := c.p.replicas() > 1
 	if replicated {
 		costs.AllReduce = make([][]float64, p)

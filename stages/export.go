@@ -199,7 +199,8 @@ func exportFiles(c *configs.Config, runDir string, which int) (files []string, d
 		return nil, "", 0, fmt.Errorf("%s: checkpoint of %d stages, the config has %d", dir, m.Stages, len(c.Stages))
 	}
 	for _, p := range m.Parts {
-		files = append(files, filepath.Join(dir, p.File))
+		// Verify refused a manifest naming any other file than a part.
+		files = append(files, m.PartPath(p.Stage))
 	}
 	return files, dir, m.Step, nil
 }

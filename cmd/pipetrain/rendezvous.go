@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/cluster"
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/internal/words"
@@ -81,6 +82,7 @@ func join(ctx context.Context, cfg *configs.Config, rank int, address, runDir, a
 	j := &tabled{joined: joined{coord: cluster.Coordinator{Addr: addr, Rank: rank, Options: o}, wait: o.Timeout}}
 	if rank == 0 {
 		o.GatherDir = runDir
+		o.Checkpoints = checkpoint.Plan{Every: cfg.Checkpoint.Every, Steps: cfg.Train.Steps}
 		reg, err := cluster.ServeRendezvous(addr, cfg.Processes(), digest, build, o)
 		if err != nil {
 			return nil, fmt.Errorf("serving the rendezvous (%s): %w", from, err)
