@@ -1,6 +1,8 @@
 package configs
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -34,7 +36,7 @@ func (c *Config) validateAuth(p *Problems) {
 	if t.TLS.Enabled() {
 		c.validateTLSFiles(p)
 	}
-	if t.Token != "" || t.TokenFile != "" || t.TLS.Enabled() {
+	if c.Authenticated() {
 		return
 	}
 	for i, s := range c.Stages {
@@ -128,6 +130,28 @@ func (c *Config) resolve(path string) string {
 		return path
 	}
 	return filepath.Join(filepath.Dir(c.Path), path)
+}
+
+// Authenticated reports whether the config makes its listeners (links,
+// rendezvous, metrics) require a secret: a token (transport.token or
+// token_file) or a client certificate (transport.tls).
+func (c *Config) Authenticated() bool {
+	t := c.Transport
+	return t.Token != "" || t.TokenFile != "" || t.TLS.Enabled()
+}
+
+// TokenVariable hands a process its token through the environment, which
+// other users cannot read, unlike a command line (/proc/PID/cmdline is
+// world-readable). It beats the file's token and token_file (see Load).
+var TokenVariable = EnvName("transport.token")
+
+// NewToken is a fresh shared secret for one run: 32 bytes from crypto/rand,
+// in hex, so that it travels unchanged as gRPC metadata and as an HTTP
+// bearer token.
+func NewToken() string {
+	b := make([]byte, 32)
+	rand.Read(b) // never fails: crypto/rand crashes the program rather than return weak bytes
+	return hex.EncodeToString(b)
 }
 
 // AuthToken is the shared secret of the links: transport.token, or the first

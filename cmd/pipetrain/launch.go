@@ -118,12 +118,26 @@ func launchCmd() *cobra.Command {
 	return c
 }
 
-// localRendezvous gives a launch on this machine a rendezvous when the
-// config's addresses are auto and nothing names one: stage 0 serves it on a
+// localRendezvous gives a launch whose processes meet at a rendezvous what
+// its stages need in their environment. Unless the config sets a token or
+// TLS, that is a token made for this launch alone: rank 0 serves the
+// rendezvous (and through it checkpoint commits and the gather of every
+// rank's files) on a TCP port any local user could otherwise reach. The
+// token goes in the stages' environment only, never on their command line
+// (readable by every user) nor in launch.json: a resume or a restart of
+// every process needs no old one. The same token then guards the links and
+// the metrics. When nothing names the rendezvous, stage 0 serves it on a
 // free loopback port, which every stage learns from MASTER_ADDR/MASTER_PORT.
 func localRendezvous(cfg *configs.Config) ([]string, error) {
-	if !cfg.UsesRendezvous() || cfg.Rendezvous != "" || os.Getenv("MASTER_ADDR") != "" {
+	if !cfg.UsesRendezvous() {
 		return nil, nil
+	}
+	var env []string
+	if !cfg.Authenticated() {
+		env = append(env, configs.TokenVariable+"="+configs.NewToken())
+	}
+	if cfg.Rendezvous != "" || os.Getenv("MASTER_ADDR") != "" {
+		return env, nil
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -131,7 +145,7 @@ func localRendezvous(cfg *configs.Config) ([]string, error) {
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
-	return []string{"MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + strconv.Itoa(port)}, nil
+	return append(env, "MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port)), nil
 }
 
 // loadLaunch loads the config of a new run, or of the run in resumeDir with
