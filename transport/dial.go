@@ -89,20 +89,23 @@ func dialLink(ctx context.Context, conn *grpc.ClientConn, addr string, self Hell
 			cancel()
 			return nil, err
 		}
-		cs, err := conn.NewStream(sctx, &streamDesc, fullMethod)
+		cs, err := conn.NewStream(sctx, &streamDesc, fullMethod, grpc.MaxCallRecvMsgSize(recvLimit(self)))
 		if err == nil {
 			err = cs.SendMsg(frame{(&handshake{Hello: self}).marshal()})
 			if errors.Is(err, io.EOF) {
 				err = nil // the listener ended the stream (a refusal): RecvMsg says why
 			}
 		}
-		var reply []byte
+		reply := helloBytes{limit: helloLimit(self)}
 		if err == nil {
 			err = cs.RecvMsg(&reply)
 		}
+		if reply.err != nil {
+			return abort(fmt.Errorf("%s: %w", who, reply.err))
+		}
 		if err == nil {
 			var hs handshake
-			if err := hs.unmarshal(reply); err != nil {
+			if err := hs.unmarshal(reply.b); err != nil {
 				return abort(fmt.Errorf("%s: %w", who, err))
 			}
 			if hs.Refused != "" {

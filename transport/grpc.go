@@ -17,7 +17,8 @@ import (
 const (
 	windowSize = 64 << 20
 	bufferSize = 1 << 20
-	// maxMsgSize bounds one message (a tensor's header plus payload).
+	// maxMsgSize bounds one message (a tensor's header plus payload) sent;
+	// what a link receives is bounded tighter, by recvLimit.
 	maxMsgSize = 1 << 30
 
 	// Keepalive pings notice a peer that hangs (a stopped process) or whose
@@ -79,6 +80,12 @@ func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	case *received:
 		p.buf = recvBuffers.get(data.Len())
 		data.CopyTo(*p.buf)
+	case *helloBytes:
+		if n := data.Len(); n > p.limit {
+			p.err = badHandshake("%d bytes is longer than the %d bytes a hello for this link can hold", n, p.limit)
+			return p.err
+		}
+		p.b = data.Materialize()
 	default:
 		return fmt.Errorf("%s codec: cannot unmarshal into %T", codecName, v)
 	}
@@ -87,6 +94,30 @@ func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
 
 // received is a message read into a buffer of recvBuffers.
 type received struct{ buf *[]byte }
+
+// helloBytes receives a handshake: one longer than limit (helloLimit) is
+// refused before it is copied out of gRPC's buffers, and err says why
+// (gRPC reports a codec's error as its own).
+type helloBytes struct {
+	limit int
+	b     []byte
+	err   error
+}
+
+// recvLimit is the longest message a link whose local hello is h can
+// legitimately receive: the peer's hello (helloLimit), or a tensor of one of
+// h's shapes, which the handshake makes the peer's too. gRPC refuses a
+// longer message from its length prefix, before reading it.
+func recvLimit(h Hello) int {
+	n := helloLimit(h)
+	for _, s := range h.Shapes {
+		t := Tensor{Kind: Activation, DType: h.DType, Shape: s}
+		if size, err := t.payloadSize(); err == nil { // validate refused any other
+			n = max(n, fixedHeader+8*len(s)+size)
+		}
+	}
+	return min(n, maxMsgSize)
+}
 
 // The service is written by hand (no protoc): one bidirectional stream per
 // neighbour pair carries activations down and gradients up.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"unicode/utf8"
 )
 
 // Group says which axis of the process grid a link runs along.
@@ -176,6 +177,12 @@ func (h Hello) validate() error {
 	if len(h.Shapes) == 0 {
 		return fmt.Errorf("%s: the link has no activation shapes (Hello.Shapes needs one per model chunk)", h.who())
 	}
+	if len(h.Shapes) > maxHelloChunks {
+		return fmt.Errorf("%s: the link has %d message shapes, more than the %d a handshake may carry (fewer, larger all-reduce buckets need fewer)", h.who(), len(h.Shapes), maxHelloChunks)
+	}
+	if len(h.ConfigDigest) > maxHelloText || len(h.Address) > maxHelloText {
+		return fmt.Errorf("%s: config digest (%d bytes) or address (%d bytes) is longer than the %d bytes a handshake carries", h.who(), len(h.ConfigDigest), len(h.Address), maxHelloText)
+	}
 	for c, s := range h.Shapes {
 		t := Tensor{Kind: Activation, DType: h.DType, Shape: s}
 		if _, err := t.payloadSize(); err != nil {
@@ -308,6 +315,54 @@ const (
 	flagRing = 1 << 0
 )
 
+// Handshake bounds. A listener decodes a hello before it knows the sender
+// is its neighbour (a process holding the token may send anything), so each
+// field has a limit that is checked before anything is allocated for it.
+const (
+	// maxHelloText bounds the config digest and the address: a digest is 64
+	// hex digits, an address a host name of at most 253 bytes and a port,
+	// or a Unix socket path of at most 108 bytes.
+	maxHelloText = 1 << 10
+	// maxHelloRefusal bounds a refusal's text; marshal cuts a longer one (a
+	// refusal names both stages and at worst both lists of shapes).
+	maxHelloRefusal = 8 << 10
+	// maxHelloChunks bounds the shapes of one link: a pipeline link has one
+	// per model chunk of the stage, a replica ring link one per all-reduce
+	// bucket and replica, plus two. A local hello with more is refused by
+	// validate, before any peer sees it.
+	maxHelloChunks = 1 << 20
+	// minHelloLimit is the least helloLimit allows, whatever the local hello
+	// holds, so that a peer started from another config (more chunks, other
+	// ranks) still gets CheckPeer's message rather than a size error.
+	minHelloLimit = 64 << 10
+)
+
+// helloLimit is the most bytes a peer's handshake may take on a link whose
+// local hello is h. CheckPeer accepts only a peer with h's digest and
+// shapes, so a hello it accepts is no longer than h's encoding with the
+// address and the refusal at their limits; a longer one is refused unread.
+func helloLimit(h Hello) int {
+	n := handshakeFixed + 4*4 + 2*maxHelloText + maxHelloRefusal
+	for _, s := range h.Shapes {
+		n += 1 + 8*len(s)
+	}
+	return max(n, minHelloLimit)
+}
+
+// clip cuts s to at most n bytes, at the start of a UTF-8 sequence, marking
+// the cut.
+func clip(s string, n int) string {
+	const mark = " [cut]"
+	if len(s) <= n {
+		return s
+	}
+	end := n - len(mark)
+	for end > 0 && !utf8.RuneStart(s[end]) {
+		end--
+	}
+	return s[:end] + mark
+}
+
 func appendString(b []byte, s string) []byte {
 	if uint64(len(s)) > math.MaxUint32 {
 		panic("transport: handshake string longer than 4 GiB")
@@ -316,11 +371,13 @@ func appendString(b []byte, s string) []byte {
 	return append(b, s...)
 }
 
-// marshal encodes h. It cannot fail for a hello that passed validate or that
-// unmarshal produced, nor for any other whose Shapes have ranks <= MaxRank.
+// marshal encodes h, cutting a refusal to maxHelloRefusal bytes. It cannot
+// fail for a hello that passed validate or that unmarshal produced, nor for
+// any other whose Shapes have ranks <= MaxRank.
 func (h *handshake) marshal() []byte {
 	x := &h.Hello
-	n := handshakeFixed + 4*4 + len(x.ConfigDigest) + len(x.Address) + len(h.Refused)
+	refused := clip(h.Refused, maxHelloRefusal)
+	n := handshakeFixed + 4*4 + len(x.ConfigDigest) + len(x.Address) + len(refused)
 	for _, s := range x.Shapes {
 		n += 1 + 8*len(s)
 	}
@@ -336,7 +393,7 @@ func (h *handshake) marshal() []byte {
 	}
 	b = appendString(b, x.ConfigDigest)
 	b = appendString(b, x.Address)
-	b = appendString(b, h.Refused)
+	b = appendString(b, refused)
 	if uint64(len(x.Shapes)) > math.MaxUint32 {
 		panic("transport: too many chunks for a handshake")
 	}
@@ -354,28 +411,50 @@ func (h *handshake) marshal() []byte {
 }
 
 // unmarshal decodes a handshake, validating the framing of every field. It
-// never panics and allocates no more than a small multiple of len(b). The
-// hello's values are checked by CheckPeer, not here.
+// never panics, refuses a field beyond its limit (maxHelloText,
+// maxHelloRefusal, maxHelloChunks) before allocating for it, and allocates
+// no more than a small multiple of len(b). The hello's values are checked by
+// CheckPeer, not here.
 func (h *handshake) unmarshal(b []byte) error {
+	var x handshake
+	rest, err := x.unmarshalHead(b)
+	if err != nil {
+		return err
+	}
+	if err := x.unmarshalShapes(rest); err != nil {
+		return err
+	}
+	*h = x
+	return nil
+}
+
+// badHandshake is the error of a malformed handshake.
+func badHandshake(format string, args ...any) error {
+	return fmt.Errorf("protocol error: bad handshake message: "+format, args...)
+}
+
+// unmarshalHead decodes everything before the shapes into h (leaving
+// Shapes nil) and returns the encoded shapes, so that a listener can tell
+// the dialer's group and name, and refuse a dialer it would refuse anyway,
+// without decoding the part of the hello that may be large.
+func (h *handshake) unmarshalHead(b []byte) (shapes []byte, err error) {
 	if len(b) < 4 || string(b[:3]) != handshakeMagic {
-		return fmt.Errorf("protocol error: expected a handshake message, got %d bytes starting %q", len(b), b[:min(len(b), 4)])
+		return nil, fmt.Errorf("protocol error: expected a handshake message, got %d bytes starting %q", len(b), b[:min(len(b), 4)])
 	}
 	if b[3] != handshakeVersion {
-		return fmt.Errorf("protocol error: unsupported handshake version %d (this build speaks version %d): the peer runs an incompatible pipetrain build", b[3], handshakeVersion)
+		return nil, fmt.Errorf("protocol error: unsupported handshake version %d (this build speaks version %d): the peer runs an incompatible pipetrain build", b[3], handshakeVersion)
 	}
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("protocol error: bad handshake message: "+format, args...)
-	}
+	bad := badHandshake
 	if len(b) < handshakeFixed {
-		return bad("%d bytes is shorter than the %d-byte header", len(b), handshakeFixed)
+		return nil, bad("%d bytes is shorter than the %d-byte header", len(b), handshakeFixed)
 	}
 	flags := b[4]
 	if flags&^flagRing != 0 {
-		return bad("unknown flags %#x", flags)
+		return nil, bad("unknown flags %#x", flags)
 	}
 	group := Group(b[6])
 	if group != PipelineGroup && group != ReplicaGroup {
-		return bad("unknown link group %d", b[6])
+		return nil, bad("unknown link group %d", b[6])
 	}
 	i32 := func(off int) int { return int(int32(binary.LittleEndian.Uint32(b[off:]))) }
 	x := Hello{
@@ -388,20 +467,16 @@ func (h *handshake) unmarshal(b []byte) error {
 		Replicas: i32(19),
 	}
 	rest := b[handshakeFixed:]
-	u32 := func(what string) (int, error) {
+	str := func(what string, limit int) (string, error) {
 		if len(rest) < 4 {
-			return 0, bad("truncated %s", what)
+			return "", bad("truncated %s length", what)
 		}
-		v := binary.LittleEndian.Uint32(rest)
+		n := uint64(binary.LittleEndian.Uint32(rest))
 		rest = rest[4:]
-		return int(v), nil
-	}
-	str := func(what string) (string, error) {
-		n, err := u32(what + " length")
-		if err != nil {
-			return "", err
+		if n > uint64(limit) {
+			return "", bad("%s of %d bytes exceeds the %d-byte limit", what, n, limit)
 		}
-		if uint64(n) > uint64(len(rest)) {
+		if n > uint64(len(rest)) {
 			return "", bad("%s of %d bytes is longer than the %d bytes left", what, n, len(rest))
 		}
 		s := string(rest[:n])
@@ -409,51 +484,74 @@ func (h *handshake) unmarshal(b []byte) error {
 		return s, nil
 	}
 	var refused string
-	var err error
-	if x.ConfigDigest, err = str("config digest"); err != nil {
-		return err
+	if x.ConfigDigest, err = str("config digest", maxHelloText); err != nil {
+		return nil, err
 	}
-	if x.Address, err = str("address"); err != nil {
-		return err
+	if x.Address, err = str("address", maxHelloText); err != nil {
+		return nil, err
 	}
-	if refused, err = str("refusal"); err != nil {
-		return err
+	if refused, err = str("refusal", maxHelloRefusal); err != nil {
+		return nil, err
 	}
-	chunks, err := u32("chunk count")
-	if err != nil {
-		return err
+	*h = handshake{Hello: x, Refused: refused}
+	return rest, nil
+}
+
+// unmarshalShapes decodes the chunk count and shapes that unmarshalHead
+// left into h.Hello.Shapes, which it sets only on success. A first pass
+// checks the framing and counts the dimensions, so that all the shapes
+// share one array: two allocations, whatever the chunk count.
+func (h *handshake) unmarshalShapes(b []byte) error {
+	bad := badHandshake
+	if len(b) < 4 {
+		return bad("truncated chunk count")
 	}
-	if uint64(chunks) > uint64(len(rest)) { // each chunk takes at least its rank byte
-		return bad("%d chunks do not fit in the %d bytes left", chunks, len(rest))
+	chunks := uint64(binary.LittleEndian.Uint32(b))
+	b = b[4:]
+	if chunks > maxHelloChunks {
+		return bad("%d chunks exceed the limit of %d", chunks, maxHelloChunks)
 	}
-	x.Shapes = make([][]int, chunks)
-	for c := range x.Shapes {
-		if len(rest) < 1 {
+	if chunks > uint64(len(b)) { // each chunk takes at least its rank byte
+		return bad("%d chunks do not fit in the %d bytes left", chunks, len(b))
+	}
+	dims, off := 0, 0
+	for c := range int(chunks) {
+		if off >= len(b) {
 			return bad("truncated shape of chunk %d", c)
 		}
-		rank := int(rest[0])
-		rest = rest[1:]
+		rank := int(b[off])
+		off++
 		if rank > MaxRank {
 			return bad("chunk %d: rank %d exceeds %d", c, rank, MaxRank)
 		}
-		if len(rest) < 8*rank {
+		if len(b)-off < 8*rank {
 			return bad("truncated shape of chunk %d", c)
 		}
-		s := make([]int, rank)
-		for i := range s {
-			d := binary.LittleEndian.Uint64(rest[8*i:])
-			if d > maxPayload {
+		for i := range rank {
+			if d := binary.LittleEndian.Uint64(b[off+8*i:]); d > maxPayload {
 				return bad("chunk %d: dimension %d of %d is out of range", c, i, d)
 			}
-			s[i] = int(d)
 		}
-		rest = rest[8*rank:]
-		x.Shapes[c] = s
+		off += 8 * rank
+		dims += rank
 	}
-	if len(rest) != 0 {
-		return bad("%d unexpected bytes after the shapes", len(rest))
+	if off != len(b) {
+		return bad("%d unexpected bytes after the shapes", len(b)-off)
 	}
-	*h = handshake{Hello: x, Refused: refused}
+	shapes, all := make([][]int, chunks), make([]int, dims)
+	off = 0
+	for c := range shapes {
+		rank := int(b[off])
+		off++
+		s := all[:rank:rank]
+		all = all[rank:]
+		for i := range s {
+			s[i] = int(binary.LittleEndian.Uint64(b[off+8*i:]))
+		}
+		off += 8 * rank
+		shapes[c] = s
+	}
+	h.Hello.Shapes = shapes
 	return nil
 }
 

@@ -118,9 +118,14 @@ func Listen(addr string, self Hello, opts Options, more ...Hello) (*Server, erro
 			r.self.Address = listenAddr(lis)
 		}
 	}
+	recv := 0
+	for _, r := range roles {
+		recv = max(recv, recvLimit(r.self))
+	}
 	s := &Server{
 		roles: roles, opts: opts, lis: lis,
-		gs:   grpc.NewServer(listenOptions(opts, roles[0].self.name())...),
+		gs: grpc.NewServer(append(listenOptions(opts, roles[0].self.name()),
+			grpc.MaxRecvMsgSize(recv))...),
 		done: make(chan struct{}),
 	}
 	s.gs.RegisterService(&serviceDesc, s)
@@ -258,14 +263,22 @@ func (s *Server) serveLink(stream grpc.ServerStream) error {
 	}
 	defer s.handlers.exit()
 
-	var b []byte
-	if err := stream.RecvMsg(&b); err != nil {
+	hb := helloBytes{limit: s.helloLimit()}
+	if err := stream.RecvMsg(&hb); err != nil {
+		switch {
+		case hb.err != nil:
+			return s.badHello(hb.err)
+		case status.Code(err) == codes.ResourceExhausted: // gRPC refused it by its length prefix
+			return s.badHello(badHandshake("%s", status.Convert(err).Message()))
+		}
 		return err // the dialer went away before its hello
 	}
+	// The head names the dialer and its group: enough to refuse a dialer
+	// that could never be accepted before decoding its shapes.
 	var hs handshake
-	if err := hs.unmarshal(b); err != nil {
-		s.reportAll(fmt.Errorf("%s: from a dialer: %w", s.roles[0].self.who(), err))
-		return status.Error(codes.InvalidArgument, err.Error())
+	shapes, err := hs.unmarshalHead(hb.b)
+	if err != nil {
+		return s.badHello(err)
 	}
 	r := s.role(hs.Hello.Group)
 	if r == nil {
@@ -275,12 +288,21 @@ func (s *Server) serveLink(stream grpc.ServerStream) error {
 		s.reportAll(err)
 		return status.Error(codes.FailedPrecondition, err.Error())
 	}
-	err := CheckPeer(r.self, hs.Hello, false)
+	if limit := helloLimit(r.self); len(hb.b) > limit {
+		return s.badHello(badHandshake("%d bytes is longer than the %d bytes a %s hello for %s can hold", len(hb.b), limit, r.self.Group, r.self.who()))
+	}
+	if s.isConnected(r) {
+		return s.refuseDuplicate(stream, r, hs.Hello)
+	}
+	if err := hs.unmarshalShapes(shapes); err != nil {
+		return s.badHello(err)
+	}
+	err = CheckPeer(r.self, hs.Hello, false)
 	mismatch := err != nil
 	if !mismatch {
 		s.mu.Lock()
 		if r.connected { // a duplicate dialer is not Accept's concern
-			err = &HandshakeError{fmt.Sprintf("%s refused %s: an upstream neighbour is already connected", r.self.name(), hs.Hello.name())}
+			err = duplicateDialer(r, hs.Hello)
 		}
 		r.connected = true
 		s.mu.Unlock()
@@ -332,6 +354,43 @@ func (s *Server) serveLink(stream grpc.ServerStream) error {
 	case <-release: // Close gave up waiting for the flush
 	}
 	return nil
+}
+
+// helloLimit is the longest hello any of s's roles accepts, the limit on
+// the first message of a stream.
+func (s *Server) helloLimit() int {
+	n := 0
+	for _, r := range s.roles {
+		n = max(n, helloLimit(r.self))
+	}
+	return n
+}
+
+// badHello refuses a stream whose hello is malformed or too long, and tells
+// every role's Accept why.
+func (s *Server) badHello(err error) error {
+	s.reportAll(fmt.Errorf("%s: from a dialer: %w", s.roles[0].self.who(), err))
+	return status.Error(codes.InvalidArgument, err.Error())
+}
+
+// isConnected says whether r already has its link.
+func (s *Server) isConnected(r *role) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return r.connected
+}
+
+// duplicateDialer is the refusal of a dialer that arrives once r has its link.
+func duplicateDialer(r *role, dialer Hello) error {
+	return &HandshakeError{fmt.Sprintf("%s refused %s: an upstream neighbour is already connected", r.self.name(), dialer.name())}
+}
+
+// refuseDuplicate refuses a dialer for r's group once r has its link, from
+// the hello's head alone; Accept is not told, since its link is fine.
+func (s *Server) refuseDuplicate(stream grpc.ServerStream, r *role, dialer Hello) error {
+	err := duplicateDialer(r, dialer)
+	stream.SendMsg(frame{(&handshake{Hello: r.self, Refused: err.Error()}).marshal()})
+	return status.Error(codes.FailedPrecondition, err.Error())
 }
 
 // authenticate refuses a stream without the token before anything is read
