@@ -176,3 +176,38 @@ func TestExportErrorsNameTheFault(t *testing.T) {
 		t.Errorf("no weights: %s", got)
 	}
 }
+
+// TestExportRefusesAManifestNamingOtherFiles: a checkpoint's manifest
+// edited to name a file outside the run directory, with that file's
+// checksum, is refused by export rather than read.
+func TestExportRefusesAManifestNamingOtherFiles(t *testing.T) {
+	cfgPath, runDir := fakeRun(t, true)
+	dir := checkpoint.StepDir(filepath.Join(runDir, "checkpoints"), 4)
+	b, err := os.ReadFile(filepath.Join(dir, checkpoint.PartFile(1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(filepath.Dir(runDir), "x"), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	manifest := filepath.Join(dir, checkpoint.ManifestName)
+	text, err := os.ReadFile(manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tampered := strings.Replace(string(text), `"stage-1.safetensors"`, `"../../../x"`, 1)
+	if tampered == string(text) {
+		t.Fatalf("%s names no stage-1.safetensors:\n%s", manifest, text)
+	}
+	if err := os.WriteFile(manifest, []byte(tampered), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "model.safetensors")
+	got, err := runCommand(t, newRoot(), "export", runDir, "--config", cfgPath, "--out", out, "--checkpoint", "4")
+	if err == nil || !strings.Contains(err.Error(), manifest+`: the manifest names "../../../x" as the part of stage 1`) {
+		t.Fatalf("export of the tampered checkpoint: %v\n%s", err, got)
+	}
+	if _, err := os.Stat(out); err == nil {
+		t.Errorf("the refused export wrote %s", out)
+	}
+}
