@@ -4,12 +4,16 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -31,7 +35,18 @@ import (
 //	    and the final reply is                               {"gathered":{"rank":2,"files":5}}
 //
 // All of them need the rendezvous to have completed: a rank that is not in
-// the table has nothing to coordinate.
+// the table has nothing to coordinate. Each first message also carries
+// "secret", the secret the rank joined with: the token lets a process speak
+// to the registry, the secret lets it speak for one rank, so that a holder
+// of the token cannot commit, resume or gather in another process's name.
+//
+// What a gather may write is bounded by what the rank itself writes: only
+// the files RendezvousOptions.Owns gives the rank, named exactly as it
+// gives them (no ".", "..", absolute or uncleaned path), each at most once
+// and no larger than its bound, so a rank sends at most the sum of its
+// files' bounds; a rank gathers once, and everything is written through an
+// os.Root on the run directory, so that no symbolic link leads outside it.
+// A refusal names the rank, the file and why, and rank 0 logs it.
 
 // partReport is a rank's checkpoint part, written to its disk.
 type partReport struct {
@@ -74,6 +89,26 @@ type gatherEnd struct {
 // gatherIDFile holds the registry's gather token in rank 0's run directory.
 const gatherIDFile = ".pipetrain-gather-id"
 
+// maxSecret bounds the secret a joiner registers; NewSecret's are 26 bytes.
+const maxSecret = 128
+
+// NewSecret draws a process's rendezvous secret (RendezvousOptions.Secret).
+func NewSecret() string { return rand.Text() }
+
+// same says whether e with secret is g again: the process that registered
+// it, retrying, rather than another process claiming its rank.
+func (g *registration) same(e Entry, secret string) bool {
+	return g.entry == e && subtle.ConstantTimeCompare([]byte(g.secret), []byte(secret)) == 1
+}
+
+// registeredTwice is the refusal of e, whose rank g holds.
+func registeredTwice(g *registration, e Entry) string {
+	if g.entry.Address == e.Address {
+		return fmt.Sprintf("rank %d registered twice from %s, by two processes (their secrets differ)", e.Rank, e.Address)
+	}
+	return fmt.Sprintf("rank %d registered twice: from %s and %s", e.Rank, g.entry.Address, e.Address)
+}
+
 // gatherChunk bounds a file piece: JSON carries bytes as base64, and a
 // service message is at most 16 MiB.
 const gatherChunk = 4 << 20
@@ -103,10 +138,33 @@ func (r *Registry) coordinates(m message) error {
 		if r.err != nil {
 			return fmt.Errorf("the rendezvous failed: %v", r.err)
 		}
-		return nil
+		return r.speaksFor(m)
 	default:
 		return errors.New("coordination before every rank registered")
 	}
+}
+
+// speaksFor checks that m carries the secret of the rank it speaks for,
+// once the table is complete.
+func (r *Registry) speaksFor(m message) error {
+	var rank int
+	var kind string
+	switch {
+	case m.Part != nil:
+		rank, kind = m.Part.Rank, "checkpoint part"
+	case m.Held != nil:
+		rank, kind = m.Held.Rank, "held list"
+	default:
+		rank, kind = m.Gather.Rank, "gather"
+	}
+	if rank < 0 || rank >= r.world {
+		return fmt.Errorf("a %s as rank %d, beyond the job's %d ranks (0-%d)", kind, rank, r.world, r.world-1)
+	}
+	g := r.ranks[rank] // complete and fixed once done
+	if g.secret == "" || subtle.ConstantTimeCompare([]byte(g.secret), []byte(m.Secret)) != 1 {
+		return fmt.Errorf("a %s as rank %d without the secret rank %d joined with: only the process that joined as rank %d speaks for it", kind, rank, rank, rank)
+	}
+	return nil
 }
 
 // coordinate serves one coordination call, opened by m.
@@ -189,105 +247,226 @@ func (r *Registry) receiveGather(c *transport.ServiceStream, g gatherStart) (mes
 	if r.gatherDir == "" {
 		return message{Refused: r.who() + " takes no logs: rank 0 has no run directory to gather into"}, nil
 	}
+	if err := r.claimGather(c.Context(), g.Rank); err != nil {
+		return r.refuseGather(g.Rank, err), nil
+	}
+	gathered := false
+	defer func() { r.releaseGather(g.Rank, gathered) }()
 	end := gatherEnd{Rank: g.Rank, Share: g.ID == r.gatherID}
 	if !end.Share {
 		if err := c.Send(message{Gather: &gatherStart{Rank: g.Rank}}.marshal()); err != nil {
 			return message{}, err
 		}
-		for {
-			b, err := c.Recv()
-			if err != nil {
-				return message{}, err
-			}
-			var m message
-			if err := m.unmarshal(b); err != nil {
-				return message{}, err
-			}
-			if m.Gathered != nil {
-				if m.Gathered.Files != end.Files {
-					return message{Failed: fmt.Sprintf("%s: rank %d sent %d files and announced %d", r.who(), g.Rank, end.Files, m.Gathered.Files)}, nil
-				}
-				break
-			}
-			if m.File == nil {
-				return message{}, fmt.Errorf("protocol error: rank %d sent neither a file nor the end of its gathering", g.Rank)
-			}
-			if err := r.receiveFile(c, *m.File); err != nil {
-				return message{Failed: fmt.Sprintf("%s: rank %d's %s: %v", r.who(), g.Rank, m.File.Path, err)}, nil
-			}
-			end.Files++
+		n, err := r.receiveFiles(c, g.Rank)
+		var no *gatherRefusal
+		switch {
+		case errors.As(err, &no):
+			return r.refuseGather(g.Rank, err), nil
+		case err != nil:
+			msg := fmt.Sprintf("%s: rank %d's logs: %v", r.who(), g.Rank, err)
+			r.logf("%s", msg)
+			return message{Failed: msg}, nil
 		}
+		end.Files = n
 	}
-	r.mu.Lock()
-	r.gathered[g.Rank] = true
-	r.broadcastLocked()
-	r.mu.Unlock()
+	gathered = true
 	return message{Gathered: &end}, nil
 }
 
-// receiveFile receives one file, starting with first, its pieces following
-// on c.
-func (r *Registry) receiveFile(c *transport.ServiceStream, first fileChunk) error {
-	rel := filepath.FromSlash(first.Path)
-	if !filepath.IsLocal(rel) || strings.HasPrefix(rel, "checkpoints") || filepath.Base(rel) == gatherIDFile {
-		return fmt.Errorf("not a log of the run directory")
-	}
-	dst := filepath.Join(r.gatherDir, rel)
-	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-		return err
-	}
-	h := sha256.New()
-	var sum string
-	// A temporary name of this call's own: two ranks may send the same
-	// file (the same bytes) at once.
-	f, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".gathering-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	f.Close()
-	err = checkpoint.WriteAtomic(tmp, func(w io.Writer) error {
-		chunk := first
-		for {
-			if chunk.Path != first.Path {
-				return fmt.Errorf("protocol error: a piece of %s inside %s", chunk.Path, first.Path)
-			}
-			w.Write(chunk.Data)
-			h.Write(chunk.Data)
-			if chunk.Last {
-				sum = chunk.SHA256
-				return nil
-			}
-			b, err := c.Recv()
-			if err != nil {
-				return err
-			}
-			var m message
-			if err := m.unmarshal(b); err != nil {
-				return err
-			}
-			if m.File == nil {
-				return fmt.Errorf("protocol error: %s ended without its last piece", first.Path)
-			}
-			chunk = *m.File
-		}
-	})
-	if err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != sum {
-		os.Remove(tmp)
-		return fmt.Errorf("arrived with sha256 %.12s, sent with %.12s", got, sum)
-	}
-	if old, err := fileSHA256(dst); err == nil && old == sum {
-		return os.Remove(tmp)
-	}
-	return os.Rename(tmp, dst)
+// gatherRefusal is what a rank may not send: the file (or "" for the whole
+// gathering) and why.
+type gatherRefusal struct {
+	path string
+	why  string
 }
 
-func fileSHA256(path string) (string, error) {
-	f, err := os.Open(path)
+func (e *gatherRefusal) Error() string {
+	if e.path == "" {
+		return e.why
+	}
+	return e.path + ": " + e.why
+}
+
+func refuseFile(path, format string, args ...any) error {
+	return &gatherRefusal{path: path, why: fmt.Sprintf(format, args...)}
+}
+
+// refuseGather logs a refused gathering of rank and is the rank's reply.
+func (r *Registry) refuseGather(rank int, err error) message {
+	msg := fmt.Sprintf("rank %d's logs: %v", rank, err)
+	r.refused(msg)
+	return message{Refused: r.who() + " refused " + msg}
+}
+
+// claimGather makes this call rank's one gathering. A rank whose logs are
+// in is refused; a call of the rank still under way (its connection
+// dropped and the rank retried) is waited for.
+func (r *Registry) claimGather(ctx context.Context, rank int) error {
+	for {
+		r.mu.Lock()
+		gathered, arriving, changed := r.gathered[rank], r.arriving[rank], r.changed
+		if !gathered && !arriving {
+			r.arriving[rank] = true
+		}
+		r.mu.Unlock()
+		switch {
+		case gathered:
+			return refuseFile("", "rank %d has sent its logs already, and a rank sends them once", rank)
+		case !arriving:
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// releaseGather ends rank's gathering, which brought its logs in or not.
+func (r *Registry) releaseGather(rank int, gathered bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.arriving[rank] = false
+	r.gathered[rank] = r.gathered[rank] || gathered
+	r.broadcastLocked()
+}
+
+// receiveFiles receives rank's files until the end of its gathering and
+// returns how many arrived.
+func (r *Registry) receiveFiles(c *transport.ServiceStream, rank int) (int, error) {
+	var owned map[string]int64
+	if r.owns != nil {
+		owned = r.owns(rank)
+	}
+	root, err := os.OpenRoot(r.gatherDir)
+	if err != nil {
+		return 0, err
+	}
+	defer root.Close()
+	st, err := root.Stat(".")
+	if err != nil {
+		return 0, err
+	}
+	// Gathered files are as private as the directory they land in.
+	dirMode := st.Mode().Perm()
+	fileMode := dirMode &^ 0o111
+	sent := map[string]bool{}
+	for {
+		b, err := c.Recv()
+		if err != nil {
+			return len(sent), err
+		}
+		var m message
+		if err := m.unmarshal(b); err != nil {
+			return len(sent), refuseFile("", "%v", err)
+		}
+		if m.Gathered != nil {
+			if m.Gathered.Files != len(sent) {
+				return len(sent), refuseFile("", "rank %d sent %d files and announced %d", rank, len(sent), m.Gathered.Files)
+			}
+			return len(sent), nil
+		}
+		if m.File == nil {
+			return len(sent), refuseFile("", "protocol error: rank %d sent neither a file nor the end of its gathering", rank)
+		}
+		limit, err := ownedFile(rank, m.File.Path, owned)
+		if err == nil && sent[m.File.Path] {
+			err = refuseFile(m.File.Path, "sent twice")
+		}
+		if err != nil {
+			return len(sent), err
+		}
+		sent[m.File.Path] = true
+		if err := receiveFile(c, root, *m.File, limit, dirMode, fileMode); err != nil {
+			return len(sent), err
+		}
+	}
+}
+
+// ownedFile checks a path a rank sends against owned, the files it writes,
+// as given by RendezvousOptions.Owns, and returns the file's bound.
+func ownedFile(rank int, p string, owned map[string]int64) (int64, error) {
+	if p == "" || path.IsAbs(p) || path.Clean(p) != p || !filepath.IsLocal(filepath.FromSlash(p)) {
+		return 0, refuseFile(p, "not a clean relative path inside the run directory")
+	}
+	limit, ok := owned[p]
+	if !ok {
+		list := slices.Sorted(maps.Keys(owned))
+		return 0, refuseFile(p, "not a file rank %d writes (it may send: %s)", rank, strings.Join(list, ", "))
+	}
+	return limit, nil
+}
+
+// receiveFile receives one file, starting with first, its pieces following
+// on c, into root: under a temporary name of its own, then renamed.
+func receiveFile(c *transport.ServiceStream, root *os.Root, first fileChunk, limit int64, dirMode, fileMode os.FileMode) (err error) {
+	rel := first.Path
+	dir := path.Dir(rel)
+	if err := root.MkdirAll(dir, dirMode); err != nil {
+		return fmt.Errorf("%s: %w", rel, err)
+	}
+	tmp := path.Join(dir, "."+path.Base(rel)+".gathering-"+rand.Text())
+	f, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, fileMode)
+	if err != nil {
+		return fmt.Errorf("%s: %w", rel, err)
+	}
+	defer func() {
+		if err != nil {
+			f.Close()
+			root.Remove(tmp)
+		}
+	}()
+	h := sha256.New()
+	var size int64
+	chunk := first
+	for {
+		if chunk.Path != rel {
+			return refuseFile(rel, "protocol error: a piece of %s inside it", chunk.Path)
+		}
+		if size += int64(len(chunk.Data)); size > limit {
+			return refuseFile(rel, "more than the %d bytes its writer can write into it", limit)
+		}
+		if _, err := f.Write(chunk.Data); err != nil {
+			return fmt.Errorf("%s: %w", rel, err)
+		}
+		h.Write(chunk.Data)
+		if chunk.Last {
+			break
+		}
+		b, err := c.Recv()
+		if err != nil {
+			return err
+		}
+		var m message
+		if err := m.unmarshal(b); err != nil {
+			return refuseFile(rel, "%v", err)
+		}
+		if m.File == nil {
+			return refuseFile(rel, "protocol error: it ended without its last piece")
+		}
+		chunk = *m.File
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != chunk.SHA256 {
+		return refuseFile(rel, "arrived with sha256 %.12s, sent with %.12s", got, chunk.SHA256)
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("%s: %w", rel, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("%s: %w", rel, err)
+	}
+	if old, err := rootFileSHA256(root, rel); err == nil && old == chunk.SHA256 {
+		return root.Remove(tmp)
+	}
+	if err := root.Rename(tmp, rel); err != nil {
+		return fmt.Errorf("%s: %w", rel, err)
+	}
+	return nil
+}
+
+func rootFileSHA256(root *os.Root, rel string) (string, error) {
+	f, err := root.Open(rel)
 	if err != nil {
 		return "", err
 	}
@@ -379,7 +558,7 @@ func (co Coordinator) exchange(ctx context.Context, first message, more func(*tr
 // Commit reports p, this rank's part of step's checkpoint, and returns the
 // step's manifest once every rank has reported its own.
 func (co Coordinator) Commit(ctx context.Context, step int, digest string, p checkpoint.Part) (*checkpoint.Manifest, error) {
-	reply, err := co.exchange(ctx, message{Part: &partReport{Rank: co.Rank, Step: step, Digest: digest, Part: p}}, nil)
+	reply, err := co.exchange(ctx, message{Part: &partReport{Rank: co.Rank, Step: step, Digest: digest, Part: p}, Secret: co.Options.Secret}, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -392,7 +571,7 @@ func (co Coordinator) Commit(ctx context.Context, step int, digest string, p che
 // Resume reports the parts this rank holds and returns the step every rank
 // resumes from (0: from the start), once every rank has reported.
 func (co Coordinator) Resume(ctx context.Context, held []checkpoint.Held) (int, error) {
-	reply, err := co.exchange(ctx, message{Held: &heldReport{Rank: co.Rank, Parts: held}}, nil)
+	reply, err := co.exchange(ctx, message{Held: &heldReport{Rank: co.Rank, Parts: held}, Secret: co.Options.Secret}, nil)
 	if err != nil {
 		return 0, err
 	}
@@ -414,7 +593,7 @@ func (co Coordinator) Gather(ctx context.Context, runDir string, files []string)
 			present = append(present, rel)
 		}
 	}
-	reply, err := co.exchange(ctx, message{Gather: &gatherStart{Rank: co.Rank, ID: string(id)}}, func(c *transport.ServiceStream, m message) (bool, error) {
+	reply, err := co.exchange(ctx, message{Gather: &gatherStart{Rank: co.Rank, ID: string(id)}, Secret: co.Options.Secret}, func(c *transport.ServiceStream, m message) (bool, error) {
 		if m.Gather == nil {
 			return false, nil // the final reply
 		}

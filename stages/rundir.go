@@ -34,20 +34,97 @@ import (
 // that share another folder each send their own, never a neighbour's that
 // may still be being written.
 func Outputs(c *configs.Config, stage, replica int) []string {
+	var out []string
+	for _, o := range outputs(c, stage, replica) {
+		out = append(out, o.path)
+	}
+	return out
+}
+
+// OutputLimits bounds each of Outputs' files by the most bytes the process
+// can write into it, so that rank 0 can refuse more from a rank that sends
+// its logs (cluster.RendezvousOptions.Owns):
+//
+//   - the event log: 1 KiB per event (every field at its widest takes about
+//     330 bytes), for at most 4 events per micro-batch and chunk in a step (F,
+//     RF, B or I, W), an all-reduce per chunk and the optimizer step, over
+//     train.steps (a resumed run truncates the steps it repeats);
+//   - the final weights: the stage's parameters at the model's float size,
+//     plus 64 KiB and 512 bytes per tensor of safetensors header;
+//   - metrics.jsonl: 1 KiB per step (a line, an evaluation's included, takes
+//     about 250 bytes);
+//   - run.json: 1 MiB, plus 64 bytes per action of every stage, for the
+//     schedule it may hold;
+//   - the clock (a line per restart of the stage), eval.json and the
+//     checksum file: 1 MiB each.
+func OutputLimits(c *configs.Config, stage, replica int) (map[string]int64, error) {
+	out := map[string]int64{}
+	for _, o := range outputs(c, stage, replica) {
+		n, err := o.limit()
+		if err != nil {
+			return nil, fmt.Errorf("stage %d: bounding %s: %w", stage, o.path, err)
+		}
+		out[o.path] = n
+	}
+	return out, nil
+}
+
+// output is one of Outputs' files and its bound.
+type output struct {
+	path  string
+	limit func() (int64, error)
+}
+
+func outputs(c *configs.Config, stage, replica int) []output {
+	const kib, mib = 1 << 10, 1 << 20
+	fixed := func(n int64) func() (int64, error) { return func() (int64, error) { return n, nil } }
 	rel := func(path string) string { return strings.TrimPrefix(path, "/") }
-	out := []string{rel(runlog.ReplicaEventsFile("", stage, replica)), rel(runlog.ReplicaClockFile("", stage, replica))}
+	steps, micro, chunks := int64(c.Train.Steps), int64(c.Data.MicroBatches), int64(max(1, c.VirtualStages))
+	events := steps * (chunks*(4*micro+1) + 1) * kib
+	out := []output{
+		{rel(runlog.ReplicaEventsFile("", stage, replica)), fixed(events)},
+		{rel(runlog.ReplicaClockFile("", stage, replica)), fixed(mib)},
+	}
 	if replica != 0 {
 		return out
 	}
 	weights := filepath.Join("weights", fmt.Sprintf("stage-%d.safetensors", stage))
-	out = append(out, weights, checkpoint.SumPath(weights))
+	out = append(out, output{weights, func() (int64, error) { return weightsLimit(c, stage) }}, output{checkpoint.SumPath(weights), fixed(mib)})
 	if stage == 0 {
-		out = append(out, "run.json")
+		actions := int64(len(c.Stages)) * chunks * 4 * micro
+		out = append(out, output{"run.json", fixed(mib + 64*actions)})
 	}
 	if stage == c.LossStage() {
-		out = append(out, "metrics.jsonl", "eval.json")
+		out = append(out, output{"metrics.jsonl", fixed(steps * kib)}, output{"eval.json", fixed(mib)})
 	}
 	return out
+}
+
+// weightsLimit bounds stage's final weights file: its parameters, worked
+// out from the layers' sizes without building them, and the header.
+func weightsLimit(c *configs.Config, stage int) (int64, error) {
+	model, err := models.Build(c.Model)
+	if err != nil {
+		return 0, err
+	}
+	size := int64(64 << 10)
+	for chunk := range max(1, c.VirtualStages) {
+		first, last := c.ChunkLayers(stage, chunk)
+		part := *model
+		part.Layers = model.Layers[first:last]
+		params, err := models.TorchParams(&part)
+		if err != nil {
+			return 0, err
+		}
+		for _, p := range params {
+			n := int64(dtypeSize(model))
+			for _, d := range p.Shape {
+				n *= int64(d)
+			}
+			size += n + 512 + int64(len(p.Name))
+		}
+	}
+	return size, nil
 }
 
 // writeRunInfo writes run.json (stage 0): what profile needs to know of the run.

@@ -77,11 +77,13 @@ func join(ctx context.Context, cfg *configs.Config, rank int, address, runDir, a
 	if err != nil {
 		return nil, err
 	}
-	o := cluster.RendezvousOptions{Token: link.Token, TLS: link.TLS, Timeout: cfg.Transport.ConnectTimeout, Replicas: cfg.Replicas()}
+	// The secret binds this process's checkpoint parts and logs to the rank
+	// it joins as: holding the token is not enough to speak for a rank.
+	o := cluster.RendezvousOptions{Token: link.Token, TLS: link.TLS, Timeout: cfg.Transport.ConnectTimeout, Replicas: cfg.Replicas(), Secret: cluster.NewSecret()}
 	digest, build := cfg.Digest(), cluster.Build()
 	j := &tabled{joined: joined{coord: cluster.Coordinator{Addr: addr, Rank: rank, Options: o}, wait: o.Timeout}}
 	if rank == 0 {
-		o.GatherDir = runDir
+		o.GatherDir, o.Owns = runDir, gatherable(cfg)
 		o.Checkpoints = checkpoint.Plan{Every: cfg.Checkpoint.Every, Steps: cfg.Train.Steps}
 		reg, err := cluster.ServeRendezvous(addr, cfg.Processes(), digest, build, o)
 		if err != nil {
@@ -96,6 +98,22 @@ func join(ctx context.Context, cfg *configs.Config, rank int, address, runDir, a
 		return nil, err
 	}
 	return j, nil
+}
+
+// gatherable is what rank 0 takes from each rank that sends its logs: its
+// own files (stages.Outputs), each bounded by what the rank can write into
+// it (stages.OutputLimits). A rank whose bounds cannot be worked out sends
+// nothing.
+func gatherable(cfg *configs.Config) func(rank int) map[string]int64 {
+	return func(rank int) map[string]int64 {
+		stage, replica := cfg.Position(rank)
+		limits, err := stages.OutputLimits(cfg, stage, replica)
+		if err != nil {
+			fmt.Printf("pipetrain: rank 0 takes no logs from rank %d: %v\n", rank, err)
+			return nil
+		}
+		return limits
+	}
 }
 
 // gather brings the run's logs into rank 0's run directory: every other
