@@ -53,6 +53,7 @@ fuzz:
 	$(call fuzz_target,FuzzTensorUnmarshal,transport) || $(call fuzz_target,FuzzTensorUnmarshal,transport)
 	$(call fuzz_target,FuzzHandshake,transport) || $(call fuzz_target,FuzzHandshake,transport)
 	$(call fuzz_target,FuzzConfigLoad,configs) || $(call fuzz_target,FuzzConfigLoad,configs)
+	$(call fuzz_target,FuzzRendezvousMessage,cluster) || $(call fuzz_target,FuzzRendezvousMessage,cluster)
 
 # The interop tests (stages/torch_test.go) hold pipetrain's weights against PyTorch.
 test: APT_PACKAGES += python3-torch

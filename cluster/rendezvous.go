@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/transport"
@@ -65,6 +66,56 @@ type Entry struct {
 
 func (e Entry) String() string { return fmt.Sprintf("rank %d (%s)", e.Rank, e.Address) }
 
+// Bounds on the rendezvous's text. A joiner's message is read before
+// anything about it is known (holding the token is enough to send one), so
+// its fields are bounded on receipt, before any of them is logged or kept,
+// and so is what the registry logs and keeps of its refusals.
+const (
+	// maxEntryText bounds each text field of an entry: an address is a host
+	// name of at most 253 bytes and a port, a config digest 64 hex digits,
+	// a build (Build) about 100 bytes.
+	maxEntryText = 1 << 10
+	// maxJoinMessage bounds a join message, checked before it is decoded:
+	// an entry's text at its limit, JSON-escaped (up to 6 bytes a byte),
+	// and a secret.
+	maxJoinMessage = 32 << 10
+	// maxReplyText bounds a refusal or failure a joiner reads from the
+	// registry; a longer one is cut.
+	maxReplyText = 64 << 10
+	// maxRefusalText bounds a refusal as the registry logs and keeps it.
+	// At most maxRefusalsKept distinct ones are kept (64 KiB in all), and
+	// the first maxRefusalsLogged are logged in full; after them only a
+	// count is logged, at every power of two.
+	maxRefusalText    = 1 << 10
+	maxRefusalsKept   = 64
+	maxRefusalsLogged = 16
+)
+
+// check refuses an entry with a text field longer than maxEntryText,
+// naming the field but not repeating it.
+func (e Entry) check() error {
+	for _, f := range []struct{ name, value string }{{"address", e.Address}, {"config digest", e.ConfigDigest}, {"build", e.Build}} {
+		if len(f.value) > maxEntryText {
+			return fmt.Errorf("rank %d: its %s is %d bytes, more than the %d an entry may hold", e.Rank, f.name, len(f.value), maxEntryText)
+		}
+	}
+	return nil
+}
+
+// clip cuts s to at most n bytes, at the start of a UTF-8 sequence, marking
+// the cut.
+func clip(s string, n int) string {
+	const mark = " [cut]"
+	if len(s) <= n {
+		return s
+	}
+	end := n - len(mark)
+	for end > 0 && !utf8.RuneStart(s[end]) {
+		end--
+	}
+	return s[:end] + mark
+}
+
 // RendezvousOptions tune ServeRendezvous and JoinRendezvous. Zero values
 // take the defaults.
 type RendezvousOptions struct {
@@ -89,17 +140,6 @@ type RendezvousOptions struct {
 	// Checkpoints is the run's checkpoint schedule, for the ledger: a rank
 	// reporting a checkpoint of a step off it is refused.
 	Checkpoints checkpoint.Plan
-	// Owns lists, for a rank, the files it may send into GatherDir (paths
-	// relative to it, with slashes), each with the most bytes the rank can
-	// legitimately have written into it; the registry asks once per rank.
-	// Without it no file is taken, only gathers into a shared directory.
-	Owns func(rank int) map[string]int64
-	// Secret is this process's own (NewSecret): JoinRendezvous registers it
-	// with the rank, and a Coordinator presents it with every call, so that
-	// rank 0 takes a rank's checkpoint parts and logs only from the process
-	// that joined as that rank, not from anyone who holds the token. A
-	// rank that joins without one can coordinate nothing.
-	Secret string
 }
 
 const defaultRendezvousTimeout = 5 * time.Minute
@@ -139,14 +179,13 @@ type Registry struct {
 
 	gatherDir string
 	gatherID  string // the token in gatherDir that tells a rank it shares the directory
-	owns      func(rank int) map[string]int64
 
 	mu       sync.Mutex
 	ledger   *checkpoint.Ledger // commits and the resume agreement, after the table
 	gathered []bool             // ranks whose logs are in
-	arriving []bool             // ranks whose logs are on their way
 	ranks    []*registration    // by rank; nil until the rank registers
 	refusals []string           // distinct, in order, for the timeout's message
+	refusedN int                // refusals so far, for the log's count
 	changed  chan struct{}      // closed and replaced whenever ranks change
 	done     chan struct{}      // closed once table or err is set
 	table    []Entry
@@ -158,7 +197,6 @@ type Registry struct {
 // may briefly have two, and a rank with none has left.
 type registration struct {
 	entry   Entry
-	secret  string // what the rank's coordination calls must present
 	waiting int
 }
 
@@ -179,10 +217,8 @@ func ServeRendezvous(addr string, world int, digest, build string, o RendezvousO
 	r := &Registry{
 		world: world, digest: digest, build: build, timeout: o.Timeout, logf: o.Logf,
 		gatherDir: o.GatherDir,
-		owns:      o.Owns,
 		ledger:    checkpoint.NewLedger(stageOf, o.Checkpoints),
 		gathered:  make([]bool, world),
-		arriving:  make([]bool, world),
 		ranks:     make([]*registration, world),
 		changed:   make(chan struct{}),
 		done:      make(chan struct{}),
@@ -300,13 +336,11 @@ func (r *Registry) broadcastLocked() {
 // register checks e and adds it, or says why not ("rank 5 (ADDR): ...").
 // waiting reports whether the call should now wait for the outcome (and
 // withdraw if it ends first).
-func (r *Registry) register(e Entry, secret string) (refusal string, waiting bool) {
+func (r *Registry) register(e Entry) (refusal string, waiting bool) {
 	refuse := func(format string, args ...any) string {
 		return e.String() + ": " + fmt.Sprintf(format, args...)
 	}
 	switch {
-	case len(secret) > maxSecret:
-		return refuse("its secret is %d bytes, more than %d", len(secret), maxSecret), false
 	case e.Rank < 0 || e.Rank >= r.world:
 		return refuse("rank %d is beyond the job's %d ranks (0-%d)", e.Rank, r.world, r.world-1), false
 	case e.ConfigDigest != r.digest:
@@ -320,20 +354,20 @@ func (r *Registry) register(e Entry, secret string) (refusal string, waiting boo
 	case <-r.done:
 		// A rank whose connection dropped as the table went out may ask
 		// again and get it; anyone else only hears the outcome.
-		if r.err == nil && !r.ranks[e.Rank].same(e, secret) {
-			return refuse("%s", registeredTwice(r.ranks[e.Rank], e)), false
+		if r.err == nil && r.table[e.Rank] != e {
+			return refuse("rank %d registered twice: from %s and %s", e.Rank, r.table[e.Rank].Address, e.Address), false
 		}
 		return "", false
 	default:
 	}
 	if g := r.ranks[e.Rank]; g != nil {
-		if !g.same(e, secret) {
-			return refuse("%s", registeredTwice(g, e)), false
+		if g.entry != e {
+			return refuse("rank %d registered twice: from %s and %s", e.Rank, g.entry.Address, e.Address), false
 		}
 		g.waiting++
 		return "", true
 	}
-	r.ranks[e.Rank] = &registration{entry: e, secret: secret, waiting: 1}
+	r.ranks[e.Rank] = &registration{entry: e, waiting: 1}
 	r.broadcastLocked()
 	if slices.Contains(r.ranks, nil) {
 		return "", true
@@ -369,13 +403,23 @@ func (r *Registry) withdraw(e Entry) {
 	}
 }
 
-// refused logs a refusal and keeps it for the timeout's message.
+// refused logs a refusal and keeps it for the timeout's message, both
+// bounded (maxRefusalText, maxRefusalsKept, maxRefusalsLogged), so that
+// a process that knocks again and again cannot fill rank 0's log or memory.
 func (r *Registry) refused(msg string) {
-	r.logf("%s refused %s", r.who(), msg)
+	msg = clip(msg, maxRefusalText)
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if !slices.Contains(r.refusals, msg) && len(r.refusals) < 64 {
+	r.refusedN++
+	n := r.refusedN
+	if !slices.Contains(r.refusals, msg) && len(r.refusals) < maxRefusalsKept {
 		r.refusals = append(r.refusals, msg)
+	}
+	r.mu.Unlock()
+	switch {
+	case n <= maxRefusalsLogged:
+		r.logf("%s refused %s", r.who(), msg)
+	case n&(n-1) == 0:
+		r.logf("%s has refused %d calls (the first %d are logged in full); the latest: %s", r.who(), n, maxRefusalsLogged, clip(msg, 256))
 	}
 }
 
@@ -399,7 +443,7 @@ func (r *Registry) serve(c *transport.ServiceStream) error {
 		return c.Send(message{Refused: fmt.Sprintf("%s refused a joiner from %s: %v", r.who(), c.Peer(), err)}.marshal())
 	}
 	e := *m.Join
-	refusal, waiting := r.register(e, m.Secret)
+	refusal, waiting := r.register(e)
 	if refusal != "" {
 		r.refused(fmt.Sprintf("%s (joiner from %s)", refusal, c.Peer()))
 		return c.Send(message{Refused: r.who() + " refused " + refusal}.marshal())
@@ -453,7 +497,7 @@ func JoinRendezvous(ctx context.Context, addr string, e Entry, o RendezvousOptio
 	}
 	jctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
-	join := message{Join: &e, Secret: o.Secret}.marshal()
+	join := message{Join: &e}.marshal()
 	var table []Entry
 	var progress *message // the last one heard, for a timeout's message
 	err := rendezvousService.Call(jctx, addr, o.transport(), func(c *transport.ServiceStream) error {
@@ -543,12 +587,6 @@ type message struct {
 	Gather    *gatherStart         `json:"gather,omitempty"`
 	File      *fileChunk           `json:"file,omitempty"`
 	Gathered  *gatherEnd           `json:"gathered,omitempty"`
-
-	// Secret rides with a join (the secret the rank registers) and with
-	// the first message of a coordination call (the same secret, proving
-	// the caller is the process that joined as the rank); no other
-	// message carries one.
-	Secret string `json:"secret,omitempty"`
 }
 
 func (m message) marshal() []byte {
@@ -564,20 +602,29 @@ func (m message) marshal() []byte {
 // another version is refused as such rather than misread, then the rest
 // strictly. The first pass also rejects anything after the message.
 func (m *message) unmarshal(b []byte) error {
+	// The first pass skips every value but the version (a join's too, into
+	// an empty struct), so it allocates nothing for them; a value of an
+	// unexpected type is left to the second pass to name.
 	var v struct {
-		Version *int `json:"rendezvous"`
+		Version *int      `json:"rendezvous"`
+		Join    *struct{} `json:"join"`
 	}
-	if json.Unmarshal(b, &v) != nil || v.Version == nil {
+	var typeErr *json.UnmarshalTypeError
+	if err := json.Unmarshal(b, &v); (err != nil && !errors.As(err, &typeErr)) || v.Version == nil {
 		return fmt.Errorf("protocol error: expected a rendezvous message, got %d bytes starting %q", len(b), b[:min(len(b), 16)])
 	}
 	if *v.Version != rendezvousVersion {
 		return fmt.Errorf("protocol error: unsupported rendezvous version %d (this build speaks version %d): the ranks run different pipetrain builds", *v.Version, rendezvousVersion)
 	}
+	if v.Join != nil && len(b) > maxJoinMessage {
+		return fmt.Errorf("protocol error: bad rendezvous message: a join of %d bytes, more than the %d one may take", len(b), maxJoinMessage)
+	}
 	d := json.NewDecoder(bytes.NewReader(b))
 	d.DisallowUnknownFields()
 	var out message
 	if err := d.Decode(&out); err != nil {
-		return fmt.Errorf("protocol error: bad rendezvous message: %v", err)
+		// The decoder's message may quote the input (an unknown field's name).
+		return fmt.Errorf("protocol error: bad rendezvous message: %s", clip(err.Error(), maxRefusalText))
 	}
 	kinds := 0
 	for _, set := range []bool{out.Join != nil, out.Registered != nil, out.Table != nil, out.Refused != "", out.Failed != "",
@@ -589,7 +636,28 @@ func (m *message) unmarshal(b []byte) error {
 	if kinds != 1 {
 		return fmt.Errorf("protocol error: bad rendezvous message: %d kinds of content, want 1", kinds)
 	}
+	if err := out.checkText(); err != nil {
+		return fmt.Errorf("protocol error: bad rendezvous message: %w", err)
+	}
 	*m = out
+	return nil
+}
+
+// checkText bounds the text of the rendezvous's own kinds on receipt:
+// entries (a join, a table) are refused beyond maxEntryText, a refusal or
+// failure is cut to maxReplyText.
+func (m *message) checkText() error {
+	if m.Join != nil {
+		if err := m.Join.check(); err != nil {
+			return fmt.Errorf("join of %w", err)
+		}
+	}
+	for i, e := range m.Table {
+		if err := e.check(); err != nil {
+			return fmt.Errorf("entry %d of the table, %w", i, err)
+		}
+	}
+	m.Refused, m.Failed = clip(m.Refused, maxReplyText), clip(m.Failed, maxReplyText)
 	return nil
 }
 
