@@ -140,6 +140,17 @@ type RendezvousOptions struct {
 	// Checkpoints is the run's checkpoint schedule, for the ledger: a rank
 	// reporting a checkpoint of a step off it is refused.
 	Checkpoints checkpoint.Plan
+	// Owns lists, for a rank, the files it may send into GatherDir (paths
+	// relative to it, with slashes), each with the most bytes the rank can
+	// legitimately have written into it; the registry asks once per rank.
+	// Without it no file is taken, only gathers into a shared directory.
+	Owns func(rank int) map[string]int64
+	// Secret is this process's own (NewSecret): JoinRendezvous registers it
+	// with the rank, and a Coordinator presents it with every call, so that
+	// rank 0 takes a rank's checkpoint parts and logs only from the process
+	// that joined as that rank, not from anyone who holds the token. A
+	// rank that joins without one can coordinate nothing.
+	Secret string
 }
 
 const defaultRendezvousTimeout = 5 * time.Minute
@@ -179,10 +190,12 @@ type Registry struct {
 
 	gatherDir string
 	gatherID  string // the token in gatherDir that tells a rank it shares the directory
+	owns      func(rank int) map[string]int64
 
 	mu       sync.Mutex
 	ledger   *checkpoint.Ledger // commits and the resume agreement, after the table
 	gathered []bool             // ranks whose logs are in
+	arriving []bool             // ranks whose logs are on their way
 	ranks    []*registration    // by rank; nil until the rank registers
 	refusals []string           // distinct, in order, for the timeout's message
 	refusedN int                // refusals so far, for the log's count
@@ -197,6 +210,7 @@ type Registry struct {
 // may briefly have two, and a rank with none has left.
 type registration struct {
 	entry   Entry
+	secret  string // what the rank's coordination calls must present
 	waiting int
 }
 
@@ -217,8 +231,10 @@ func ServeRendezvous(addr string, world int, digest, build string, o RendezvousO
 	r := &Registry{
 		world: world, digest: digest, build: build, timeout: o.Timeout, logf: o.Logf,
 		gatherDir: o.GatherDir,
+		owns:      o.Owns,
 		ledger:    checkpoint.NewLedger(stageOf, o.Checkpoints),
 		gathered:  make([]bool, world),
+		arriving:  make([]bool, world),
 		ranks:     make([]*registration, world),
 		changed:   make(chan struct{}),
 		done:      make(chan struct{}),
@@ -336,11 +352,13 @@ func (r *Registry) broadcastLocked() {
 // register checks e and adds it, or says why not ("rank 5 (ADDR): ...").
 // waiting reports whether the call should now wait for the outcome (and
 // withdraw if it ends first).
-func (r *Registry) register(e Entry) (refusal string, waiting bool) {
+func (r *Registry) register(e Entry, secret string) (refusal string, waiting bool) {
 	refuse := func(format string, args ...any) string {
 		return e.String() + ": " + fmt.Sprintf(format, args...)
 	}
 	switch {
+	case len(secret) > maxSecret:
+		return refuse("its secret is %d bytes, more than %d", len(secret), maxSecret), false
 	case e.Rank < 0 || e.Rank >= r.world:
 		return refuse("rank %d is beyond the job's %d ranks (0-%d)", e.Rank, r.world, r.world-1), false
 	case e.ConfigDigest != r.digest:
@@ -354,20 +372,20 @@ func (r *Registry) register(e Entry) (refusal string, waiting bool) {
 	case <-r.done:
 		// A rank whose connection dropped as the table went out may ask
 		// again and get it; anyone else only hears the outcome.
-		if r.err == nil && r.table[e.Rank] != e {
-			return refuse("rank %d registered twice: from %s and %s", e.Rank, r.table[e.Rank].Address, e.Address), false
+		if r.err == nil && !r.ranks[e.Rank].same(e, secret) {
+			return refuse("%s", registeredTwice(r.ranks[e.Rank], e)), false
 		}
 		return "", false
 	default:
 	}
 	if g := r.ranks[e.Rank]; g != nil {
-		if g.entry != e {
-			return refuse("rank %d registered twice: from %s and %s", e.Rank, g.entry.Address, e.Address), false
+		if !g.same(e, secret) {
+			return refuse("%s", registeredTwice(g, e)), false
 		}
 		g.waiting++
 		return "", true
 	}
-	r.ranks[e.Rank] = &registration{entry: e, waiting: 1}
+	r.ranks[e.Rank] = &registration{entry: e, secret: secret, waiting: 1}
 	r.broadcastLocked()
 	if slices.Contains(r.ranks, nil) {
 		return "", true
@@ -443,7 +461,7 @@ func (r *Registry) serve(c *transport.ServiceStream) error {
 		return c.Send(message{Refused: fmt.Sprintf("%s refused a joiner from %s: %v", r.who(), c.Peer(), err)}.marshal())
 	}
 	e := *m.Join
-	refusal, waiting := r.register(e)
+	refusal, waiting := r.register(e, m.Secret)
 	if refusal != "" {
 		r.refused(fmt.Sprintf("%s (joiner from %s)", refusal, c.Peer()))
 		return c.Send(message{Refused: r.who() + " refused " + refusal}.marshal())
@@ -497,7 +515,7 @@ func JoinRendezvous(ctx context.Context, addr string, e Entry, o RendezvousOptio
 	}
 	jctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
-	join := message{Join: &e}.marshal()
+	join := message{Join: &e, Secret: o.Secret}.marshal()
 	var table []Entry
 	var progress *message // the last one heard, for a timeout's message
 	err := rendezvousService.Call(jctx, addr, o.transport(), func(c *transport.ServiceStream) error {
@@ -587,6 +605,12 @@ type message struct {
 	Gather    *gatherStart         `json:"gather,omitempty"`
 	File      *fileChunk           `json:"file,omitempty"`
 	Gathered  *gatherEnd           `json:"gathered,omitempty"`
+
+	// Secret rides with a join (the secret the rank registers) and with
+	// the first message of a coordination call (the same secret, proving
+	// the caller is the process that joined as the rank); no other
+	// message carries one.
+	Secret string `json:"secret,omitempty"`
 }
 
 func (m message) marshal() []byte {
