@@ -64,9 +64,11 @@ micro-batch is computed, never the training: the same losses and weights,
 bit for bit.
 
 Each layer is timed with the BLAS threads a stage will have (compute.blas_threads,
-or this machine's cores shared among the processes), and when the processes
-outnumber the cores every action is charged for the sharing: a process on
-half a core computes at half speed.
+or this machine's cores shared among the processes), and when the processes'
+threads outnumber the cores, each split is simulated with the stages sharing
+them while they compute at once: stages computing together with T threads
+on C cores each run at C/T of their measured speed, and a stage idling in the
+bubble leaves its cores to the others.
 
 Measured costs vary from run to run by a few percent, so a plan must beat the
 given config, and a later candidate (more micro-batches, a later schedule in
@@ -203,8 +205,9 @@ func runPlan(w io.Writer, o planOptions) error {
 		// Recomputation costs a forward per micro-batch: worth weighing
 		// only where memory is short.
 		Recompute: limit > 0, InputBytes: int64(model.ShapeAt(0, micro).TotalSize() * size),
-		Cores:  cores.cores,
-		Margin: o.margin / 100,
+		Cores:   cores.cores,
+		Threads: cores.threads,
+		Margin:  o.margin / 100,
 	}
 	switch {
 	case o.micro > 0:
@@ -386,9 +389,9 @@ func (c planCost) describe() string {
 	switch {
 	case c.cores == 0:
 		return s + "; cores shared not charged: " + c.why
-	case float64(c.processes) > c.cores:
-		return fmt.Sprintf("%s; %d processes share %g cores, so every action is charged %.2fx its time here (a process on %.2f of a core)",
-			s, c.processes, c.cores, float64(c.processes)/c.cores, c.cores/float64(c.processes))
+	case float64(c.processes*c.threads) > c.cores:
+		return fmt.Sprintf("%s; %d processes share %g cores: those computing at once each run at cores/threads of their speed here (%.2f while all %d do)",
+			s, c.processes, c.cores, min(1, c.cores/float64(c.processes*c.threads)), c.processes)
 	}
 	return fmt.Sprintf("%s; %d processes on %g cores: none shares one", s, c.processes, c.cores)
 }

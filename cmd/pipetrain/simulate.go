@@ -42,11 +42,16 @@ With several chunks per stage (interleaved, zb-v), "measure" and a run
 directory also give each chunk's own costs, on lines below its stage's, and
 the schedules that run the config's chunks are simulated with them (a V's
 chunks on one stage are the model's first and last layers, rarely equal).
-"measure" times one stage at a time; when more of the config's stages run
-on this machine than it has cores (or several are pinned to one CPU), each
-computes at its share of a core in the run, and its measured costs are
-charged for it: a stage on half a core computes at half speed. A "cores:"
-line says so.
+"measure" times one stage at a time; when the config's stages on this
+machine need more cores than it has (their BLAS threads, every replica's; or
+several are pinned to one CPU), they share them in the run, and the
+simulation shares them too, but only while they compute at once: stages
+computing together on C cores with T threads between them each run at C/T
+of their measured speed (at full speed when T <= C), and a stage idling in
+the bubble leaves its cores to the others. A "cores:" line says which
+stages share which cores. Costs from a run directory already hold the
+sharing of that run, and given costs are taken as they are: neither is
+shared again.
 
 Then, for each schedule: the makespan and mean bubble, each stage's busy time,
 bubble and peak stashed activations, a text timeline (a picture, one column
@@ -323,8 +328,7 @@ type simCosts struct {
 	// whose chunks hold the layers chunks was measured on.
 	topology schedule.Topology
 
-	// sharing says which stages' measured costs were charged for sharing
-	// cores, and how much; "" when none were.
+	// sharing says which stages share cores (Costs.Cores), when some do.
 	sharing string
 
 	runTransfer       time.Duration // a run's measured mean link delay; 0 if none
@@ -363,10 +367,10 @@ func simulationCosts(cfg *configs.Config, model *models.Model, from string, reps
 			}
 		}
 		c.source = fmt.Sprintf("measured on this machine, median of %d", reps)
-		// Measured one stage at a time; in the run they compute at once.
-		shared := stageSharing(cfg)
-		c.charge(shared.slow)
-		c.sharing = shared.note
+		// Measured one stage at a time; in the run they compute at once,
+		// sharing the cores of the machine or those they are pinned to.
+		shared := stagesCores(cfg)
+		c.Cores, c.sharing = shared.groups, shared.note
 		if !splittable(model) { // MeasureCosts could not time I and W apart
 			c.iwAssumed = fmt.Sprintf("model %s cannot split its backward", cfg.Model.Name)
 			c.iwStages = allStages(p)
@@ -509,7 +513,7 @@ func (c simCosts) print(w io.Writer, cfg *configs.Config, split bool) {
 		}
 	}
 	if c.sharing != "" {
-		fmt.Fprintf(w, "  cores: %s; the costs above are the measured ones times that\n", c.sharing)
+		fmt.Fprintf(w, "  cores: %s; the costs above are timed alone, and stages that compute at once there run at cores/threads of their speed while they do\n", c.sharing)
 	}
 	if slices.Contains(c.bStages, true) {
 		fmt.Fprintf(w, "  * B: not measured, taken as I + W: %s\n", c.bDerived)
@@ -930,89 +934,121 @@ func memoryPredictor(cfg *configs.Config, model *models.Model) func(*schedule.Sc
 	}
 }
 
-// chunkSplits reports whether a stage runs a chunk's backward split, as the
-
-// coreSharing is how much slower each stage of a config computes in a run
-// than when it is measured alone here with its thread count: stages on this
-// machine that outnumber its cores each compute at their share of a core
-// (docs/profiling.md, "Stages that share cores").
-type coreSharing struct {
-	slow []float64 // per stage, at least 1
-	note string    // what is shared, for the header; "" when nothing is
+// stageCores is how a config's stages share this machine's cores while they
+// compute (docs/profiling.md, "Stages that share cores").
+type stageCores struct {
+	groups schedule.CoreGroups // the zero value when no group has more demand than cores
+	note   string              // what is shared, for the header; "" when nothing is
 }
 
-// stageSharing works out cfg's sharing. A stage pinned to CPUs (cpus) has
-// each CPU's share among the pinned stages that list it; an unpinned stage
-// on this machine shares its cores with the other unpinned processes here
-// (every replica's). A stage's share is set against the threads it runs
-// with (cfg.Threads): one thread on half a core computes at half speed. A
-// stage on another host is not charged: its cores are not known here.
-func stageSharing(cfg *configs.Config) coreSharing {
+// coreGroup is one set of cores and the stages here that compute on it.
+type coreGroup struct {
+	cpus   []int // the CPUs pinned stages list; nil for the unpinned group
+	cores  int
+	stages []int
+}
+
+// stagesCores works out which of cfg's stages share cores, for the
+// simulator's processor sharing (schedule.CoreGroups). Stages pinned to CPUs
+// (cpus) share those CPUs: stages whose lists overlap form one group of the
+// CPUs they list between them. The unpinned stages here (every replica's
+// process) share the machine's other cores, or, when the pinned stages
+// list them all, every core with the pinned stages in one group. A stage
+// keeps its threads (cfg.Threads) busy while it computes, times its
+// replicas. A stage on another host is in no group: its cores are not
+// known here.
+func stagesCores(cfg *configs.Config) stageCores {
 	p := len(cfg.Stages)
-	out := coreSharing{slow: make([]float64, p)}
-	pinned := make([][]int, p)
-	onCPU := map[int]int{} // pinned stages listing each CPU
-	unpinned, here := 0, 0 // processes here on no list, and in all
+	var groups []coreGroup
+	var unpinned []int
+	pinnedCPUs := map[int]bool{}
 	for s := range p {
-		out.slow[s] = 1
 		if !cfg.CPUsCheckedHere(s) {
 			continue
 		}
-		here += cfg.Replicas()
-		if cpus, err := affinity.Parse(cfg.Stages[s].CPUs); err == nil && len(cpus) > 0 {
-			pinned[s] = cpus
-			for _, c := range cpus {
-				onCPU[c]++
-			}
+		cpus, err := affinity.Parse(cfg.Stages[s].CPUs)
+		if err != nil || len(cpus) == 0 {
+			unpinned = append(unpinned, s)
 			continue
 		}
-		unpinned += cfg.Replicas()
+		g := coreGroup{stages: []int{s}}
+		for _, c := range cpus {
+			pinnedCPUs[c] = true
+		}
+		// Merge the groups whose CPUs this stage's list overlaps.
+		kept := groups[:0]
+		for _, other := range groups {
+			if slices.ContainsFunc(cpus, func(c int) bool { return slices.Contains(other.cpus, c) }) {
+				g.stages = append(g.stages, other.stages...)
+				cpus = append(cpus, other.cpus...)
+				continue
+			}
+			kept = append(kept, other)
+		}
+		slices.Sort(cpus)
+		g.cpus = slices.Compact(cpus)
+		g.cores = len(g.cpus)
+		slices.Sort(g.stages)
+		groups = append(kept, g)
 	}
-	cores := float64(runtime.NumCPU())
-	var shared []string
-	var charged []int
-	for s := range p {
-		if !cfg.CPUsCheckedHere(s) {
-			continue
-		}
-		share := cores / float64(max(unpinned, 1))
-		if pinned[s] != nil {
-			share = 0
-			for _, c := range pinned[s] {
-				share += 1 / float64(onCPU[c])
+	if len(unpinned) > 0 {
+		all := runtime.NumCPU()
+		if free := all - len(pinnedCPUs); free > 0 {
+			groups = append(groups, coreGroup{cores: free, stages: unpinned})
+		} else {
+			// Every core is pinned: the unpinned stages run on them too.
+			one := coreGroup{cores: all, stages: unpinned}
+			for _, g := range groups {
+				one.stages = append(one.stages, g.stages...)
 			}
+			slices.Sort(one.stages)
+			groups = []coreGroup{one}
 		}
-		if slow := float64(cfg.Threads(s)) / share; slow > 1 {
-			out.slow[s] = slow
-			shared = append(shared, fmt.Sprintf("%.2f of a core for %s (%.2fx)", share, words.Count(cfg.Threads(s), "thread"), slow))
-			charged = append(charged, s)
+	}
+	out := stageCores{groups: schedule.CoreGroups{Group: make([]int, p), Demand: make([]float64, p)}}
+	for s := range p {
+		out.groups.Group[s], out.groups.Demand[s] = -1, float64(cfg.Threads(s)*cfg.Replicas())
+	}
+	var shared []string
+	for k, g := range groups {
+		out.groups.Cores = append(out.groups.Cores, float64(g.cores))
+		var demand float64
+		for _, s := range g.stages {
+			out.groups.Group[s] = k
+			demand += out.groups.Demand[s]
+		}
+		if demand > float64(g.cores) {
+			shared = append(shared, g.describe(cfg, demand))
 		}
 	}
 	if len(shared) == 0 {
-		return out
+		return stageCores{}
 	}
-	what := fmt.Sprintf("%s share this machine's %d cores: ", words.Count(here, "stage process"), int(cores))
-	if len(charged) == p && len(slices.Compact(slices.Clone(shared))) == 1 {
-		out.note = what + "each stage computes on " + shared[0]
-		return out
-	}
-	for k, s := range charged {
-		shared[k] = fmt.Sprintf("stage %d on %s", s, shared[k])
-	}
-	out.note = what + strings.Join(shared, ", ")
+	out.note = strings.Join(shared, "; ")
 	return out
 }
 
-// charge multiplies each stage's measured costs, its chunks' too, by its
-// slowdown.
-func (c *simCosts) charge(slow []float64) {
-	for s, k := range slow {
-		c.F[s], c.B[s], c.I[s], c.W[s] = k*c.F[s], k*c.B[s], k*c.I[s], k*c.W[s]
-		if c.chunks != nil {
-			for ch := range c.chunks[s] {
-				x := &c.chunks[s][ch]
-				x.F, x.B, x.I, x.W = k*x.F, k*x.B, k*x.I, k*x.W
-			}
-		}
+// describe says which stages share g's cores, with the threads they keep
+// busy between them.
+func (g coreGroup) describe(cfg *configs.Config, demand float64) string {
+	names := make([]string, len(g.stages))
+	for k, s := range g.stages {
+		names[k] = strconv.Itoa(s)
 	}
+	where := fmt.Sprintf("this machine's %s", words.Count(g.cores, "core"))
+	if g.cpus != nil {
+		where = fmt.Sprintf("%s %s", words.Plural(len(g.cpus), "CPU"), cpuList(g.cpus))
+	}
+	return fmt.Sprintf("%s %s (%s of %s) share %s",
+		words.Plural(len(g.stages), "stage"), strings.Join(names, ", "), words.Count(int(demand), "BLAS thread"),
+		words.Count(len(g.stages)*cfg.Replicas(), "process"), where)
+}
+
+// cpuList writes CPUs as affinity.Parse reads them.
+func cpuList(cpus []int) string {
+	s := make([]string, len(cpus))
+	for k, c := range cpus {
+		s[k] = strconv.Itoa(c)
+	}
+	return strings.Join(s, ",")
 }

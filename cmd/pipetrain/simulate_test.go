@@ -4,13 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
 	"reflect"
 	"regexp"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -748,10 +748,13 @@ func TestSimulateInterleavedZB(t *testing.T) {
 	}
 }
 
-// TestSimulateChargesSharedCores: stages pinned to one CPU share it, each at
-// its share of a core, and costs measured here are charged for it; stages on
-// CPUs of their own, given costs and a run's costs (which ran shared) are not.
-func TestSimulateChargesSharedCores(t *testing.T) {
+// TestSimulateSharesCores: stages pinned to overlapping CPUs share them,
+// the unpinned ones the machine's other cores; measured costs are simulated
+// with the stages sharing those cores while they compute at once (with no
+// transfer the one core never idles, so three stages on it take exactly
+// their total work), given costs and a run's costs (which ran shared) are
+// not shared again.
+func TestSimulateSharesCores(t *testing.T) {
 	three := strings.Replace(simMLP, `address: 127.0.0.1:7002}`, `address: 127.0.0.1:7002, cpus: "0"}
   - {layers: "2", address: 127.0.0.1:7003, cpus: "0"}`, 1)
 	three = strings.Replace(three, `layers: "1-2", address`, `layers: "1", address`, 1)
@@ -760,29 +763,51 @@ func TestSimulateChargesSharedCores(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	shared := stageSharing(cfg)
-	if !slices.Equal(shared.slow, []float64{3, 3, 3}) || shared.note != "3 stage processes share this machine's "+strconv.Itoa(runtime.NumCPU())+" cores: each stage computes on 0.33 of a core for 1 thread (3.00x)" {
+	shared := stagesCores(cfg)
+	want := schedule.CoreGroups{Group: []int{0, 0, 0}, Cores: []float64{1}, Demand: []float64{1, 1, 1}}
+	if !reflect.DeepEqual(shared.groups, want) || shared.note != "stages 0, 1, 2 (3 BLAS threads of 3 processes) share CPU 0" {
 		t.Errorf("three stages on CPU 0: %+v", shared)
 	}
-	c := simCosts{Costs: schedule.Costs{F: []float64{1, 2, 3}, B: []float64{2, 4, 6}, I: []float64{1, 2, 3}, W: []float64{1, 2, 3}},
-		chunks: [][]schedule.ChunkCost{{{F: 1, B: 2, I: 1, W: 1}}, {{F: 2}}, {{F: 3}}}}
-	c.charge([]float64{3, 1, 2})
-	if !slices.Equal(c.F, []float64{3, 2, 6}) || !slices.Equal(c.B, []float64{6, 4, 12}) || !slices.Equal(c.W, []float64{3, 2, 6}) ||
-		c.chunks[0][0] != (schedule.ChunkCost{F: 3, B: 6, I: 3, W: 3}) || c.chunks[2][0].F != 6 {
-		t.Errorf("charged %+v", c)
+	c := simCosts{Costs: schedule.Costs{F: []float64{1, 2, 3}, B: []float64{2, 4, 6}, I: []float64{1, 2, 3}, W: []float64{1, 2, 3}, Cores: shared.groups}}
+	s, err := schedule.Build("1f1b", 3, 4, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tl, err := simulateOne(io.Discard, s, c.forSchedule(s), func(*schedule.Schedule) []int64 { return nil }, "", false, 0, &replication{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if work := 4 * (1 + 2 + 3 + 2 + 4 + 6.0); tl.Makespan != work {
+		t.Errorf("3 stages on one core: step %v, want their work, %v", tl.Makespan, work)
 	}
 
-	one := strings.Replace(simMLP, `address: 127.0.0.1:7001}`, `address: 127.0.0.1:7001, cpus: "0"}`, 1)
-	if cfg, err := configs.Load(writeSimConfig(t, one)); err != nil || stageSharing(cfg).note != "" && runtime.NumCPU() > 1 {
-		t.Errorf("a stage pinned to CPU 0 and one free: %v %+v", err, stageSharing(cfg))
+	if runtime.NumCPU() >= 2 {
+		// Lists that overlap make one group of the CPUs they list; the stage
+		// on two CPUs runs two threads.
+		chain := strings.Replace(three, `address: 127.0.0.1:7002, cpus: "0"`, `address: 127.0.0.1:7002, cpus: "0,1"`, 1)
+		chain = strings.Replace(chain, `address: 127.0.0.1:7003, cpus: "0"`, `address: 127.0.0.1:7003, cpus: "1"`, 1)
+		cfg, err := configs.Load(writeSimConfig(t, chain))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := stagesCores(cfg); !reflect.DeepEqual(got.groups.Group, []int{0, 0, 0}) || !reflect.DeepEqual(got.groups.Cores, []float64{2}) ||
+			got.note != "stages 0, 1, 2 (4 BLAS threads of 3 processes) share CPUs 0,1" {
+			t.Errorf("stages on CPUs 0, 0-1 and 1: %+v", got)
+		}
+		// A stage on CPU 0 and one free to run on the other cores: as
+		// many cores as threads, nothing shared.
+		one := strings.Replace(simMLP, `address: 127.0.0.1:7001}`, `address: 127.0.0.1:7001, cpus: "0"}`, 1)
+		if cfg, err := configs.Load(writeSimConfig(t, one)); err != nil || stagesCores(cfg).groups.Group != nil {
+			t.Errorf("a stage pinned to CPU 0 and one free: %v %+v", err, stagesCores(cfg))
+		}
 	}
 
 	out, err := runCommand(t, simulateCmd(), "--config", writeSimConfig(t, three), "--schedule", "1f1b", "--reps", "1")
-	if err != nil || !strings.Contains(out, "\n  cores: "+shared.note+"; the costs above are the measured ones times that\n") {
+	if err != nil || !strings.Contains(out, "\n  cores: "+shared.note+"; the costs above are timed alone") {
 		t.Errorf("measured costs: %v\n%s", err, out)
 	}
-	out, err = runCommand(t, simulateCmd(), "--config", writeSimConfig(t, three), "--schedule", "1f1b", "--costs", "f=1,b=2")
-	if err != nil || strings.Contains(out, "cores:") || !strings.Contains(out, "stage 2  F 1.000 ms  B 2.000 ms") {
-		t.Errorf("given costs were charged: %v\n%s", err, out)
+	out, err = runCommand(t, simulateCmd(), "--config", writeSimConfig(t, three), "--schedule", "1f1b", "--costs", "f=1,b=2", "--transfer", "0")
+	if err != nil || strings.Contains(out, "cores:") || !strings.Contains(out, "1f1b: makespan 18.00 ms") {
+		t.Errorf("given costs were shared: %v\n%s", err, out)
 	}
 }
