@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/pipetrain/pipetrain/runlog"
 )
 
 // A run's checkpoints live under one root folder, one folder per step:
@@ -69,7 +71,7 @@ func PartFile(stage int) string { return fmt.Sprintf("stage-%d.safetensors", sta
 // It returns the part as a manifest lists it.
 func WritePart(root string, step, stage int, tensors []Tensor, meta map[string]string) (Part, error) {
 	dir := StepDir(root, step)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := runlog.MkdirAll(dir); err != nil {
 		return Part{}, err
 	}
 	sum, size, err := WriteChecked(filepath.Join(dir, PartFile(stage)), tensors, meta)
@@ -133,7 +135,7 @@ func WriteManifest(root string, m *Manifest) error {
 		return err
 	}
 	dir := StepDir(root, m.Step)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := runlog.MkdirAll(dir); err != nil {
 		return err
 	}
 	b, _ := json.MarshalIndent(m, "", "  ")

@@ -7,8 +7,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pipetrain/pipetrain/runlog"
 )
 
 func writeParts(t *testing.T, root string, step, stages int) {
@@ -211,4 +214,41 @@ func TestManifestNamesOnlyItsParts(t *testing.T) {
 	if err := WriteManifest(t.TempDir(), m); err == nil || !strings.Contains(err.Error(), "part of stage 2") {
 		t.Fatalf("a stage beyond the checkpoint's: %v", err)
 	}
+}
+
+// umask is the process's file mode creation mask, which takes bits from
+// the folders MkdirAll creates.
+func umask() os.FileMode {
+	m := syscall.Umask(0)
+	syscall.Umask(m)
+	return os.FileMode(m)
+}
+
+// TestCheckpointsAreTheOwnersAlone: a checkpoint's folders are 0700 and its
+// part, checksum and manifest 0600, unless the run directory is shared.
+func TestCheckpointsAreTheOwnersAlone(t *testing.T) {
+	for _, share := range []bool{false, true} {
+		runlog.ShareRunDirs(share)
+		root := filepath.Join(t.TempDir(), "checkpoints")
+		writeParts(t, root, 10, 1)
+		if _, err := Commit(context.Background(), root, 10, 1, "d", 2, time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+		dir, file := os.FileMode(0o700), os.FileMode(0o600)
+		if share {
+			dir, file = 0o755&^umask(), 0o644
+		}
+		for _, p := range []string{root, StepDir(root, 10)} {
+			if st, err := os.Stat(p); err != nil || st.Mode().Perm() != dir {
+				t.Errorf("shared %v: %s: mode %v, %v; want %v", share, p, st.Mode().Perm(), err, dir)
+			}
+		}
+		for _, name := range []string{PartFile(0), "stage-0.sha256", ManifestName} {
+			p := filepath.Join(StepDir(root, 10), name)
+			if st, err := os.Stat(p); err != nil || st.Mode().Perm() != file {
+				t.Errorf("shared %v: %s: mode %v, %v; want %v", share, p, st.Mode().Perm(), err, file)
+			}
+		}
+	}
+	runlog.ShareRunDirs(false)
 }

@@ -18,6 +18,8 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+
+	"github.com/pipetrain/pipetrain/runlog"
 )
 
 // Tensor is one named array. Exactly one of F32 and F64 is set.
@@ -126,7 +128,8 @@ func WriteSum(path string, tensors []Tensor, meta map[string]string) (string, er
 }
 
 // WriteAtomic writes a file through fill so that path never holds a partial
-// file; the file ends with mode 0644.
+// file; the file ends with runlog.FileMode (0600, or 0644 in a shared run
+// directory).
 func WriteAtomic(path string, fill func(io.Writer) error) (err error) {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
@@ -139,9 +142,9 @@ func WriteAtomic(path string, fill func(io.Writer) error) (err error) {
 			os.Remove(f.Name())
 		}
 	}()
-	// CreateTemp makes the file private (0600); the finished file is an
-	// ordinary output, readable as any other the program writes.
-	if err = f.Chmod(0o644); err != nil {
+	// CreateTemp makes the file 0600; the finished file has the mode of
+	// every other the run writes.
+	if err = f.Chmod(runlog.FileMode()); err != nil {
 		return err
 	}
 	bw := bufio.NewWriterSize(f, 1<<20)

@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/pipetrain/pipetrain/runlog"
 )
 
 func TestRoundTrip(t *testing.T) {
@@ -90,17 +92,27 @@ func TestReadAllMergesStages(t *testing.T) {
 	}
 }
 
-// TestWriteAtomicIsReadableByOthers: outputs (weights, plots, launch.json) are
-// not private files, and a failed write leaves nothing behind.
-func TestWriteAtomicIsReadableByOthers(t *testing.T) {
+// TestWriteAtomicTakesTheRunDirMode: what a run writes (weights,
+// checkpoints, launch.json) is its owner's alone unless the run directory
+// is shared, and a failed write leaves nothing behind.
+func TestWriteAtomicTakesTheRunDirMode(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "out.svg")
-	if err := WriteAtomic(path, func(w io.Writer) error { _, err := w.Write([]byte("<svg/>")); return err }); err != nil {
-		t.Fatal(err)
+	write := func() {
+		t.Helper()
+		if err := WriteAtomic(path, func(w io.Writer) error { _, err := w.Write([]byte("<svg/>")); return err }); err != nil {
+			t.Fatal(err)
+		}
 	}
-	st, err := os.Stat(path)
-	if err != nil || st.Mode().Perm() != 0o644 {
-		t.Fatalf("mode %v, %v; want 0644", st.Mode().Perm(), err)
+	write()
+	if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v, %v; want 0600", st.Mode().Perm(), err)
+	}
+	runlog.ShareRunDirs(true)
+	defer runlog.ShareRunDirs(false)
+	write()
+	if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o644 {
+		t.Fatalf("shared: mode %v, %v; want 0644", st.Mode().Perm(), err)
 	}
 	failed := filepath.Join(dir, "failed.svg")
 	if err := WriteAtomic(failed, func(io.Writer) error { return io.ErrUnexpectedEOF }); err == nil {

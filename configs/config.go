@@ -17,6 +17,7 @@ import (
 
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/optim"
+	"github.com/pipetrain/pipetrain/runlog"
 	"github.com/pipetrain/pipetrain/schedule"
 )
 
@@ -53,6 +54,9 @@ type Config struct {
 	// other settings.
 	Checkpoint Checkpoint `mapstructure:"checkpoint" json:"-"`
 	Recovery   Recovery   `mapstructure:"recovery" json:"-"`
+	// RunDirMode is who may read what the run writes: private (its owner)
+	// or shared (every user); see runlog.DirMode. Not part of the digest.
+	RunDirMode string `mapstructure:"run_dir_mode" json:"-"`
 
 	// Path is the file the config was read from; it is not part of the digest.
 	Path string `mapstructure:"-" json:"-"`
@@ -267,6 +271,7 @@ var defaults = map[string]any{
 	"checkpoint.every":          50,
 	"checkpoint.keep":           3,
 	"recovery.max_restarts":     3,
+	"run_dir_mode":              runlog.ModePrivate,
 }
 
 // Load reads a YAML config, applies PIPETRAIN_* environment overrides (a key's dots
@@ -393,6 +398,9 @@ func (c *Config) Validate() error {
 	if c.Recovery.MaxRestarts < 0 {
 		p.add("recovery.max_restarts", "must be 0 or more, got %d", c.Recovery.MaxRestarts)
 	}
+	if !slices.Contains(runDirModes, c.RunDirMode) {
+		p.add("run_dir_mode", "unknown mode %q (known: %s)", c.RunDirMode, strings.Join(runDirModes, ", "))
+	}
 	c.validateAuth(p)
 	c.validateReplicas(p)
 	c.validateStages(p, model)
@@ -402,6 +410,9 @@ func (c *Config) Validate() error {
 	}
 	return nil
 }
+
+// runDirModes are the values of run_dir_mode.
+var runDirModes = []string{runlog.ModePrivate, runlog.ModeShared}
 
 // compressions are the values of transport.compression; "" means the first,
 // none.

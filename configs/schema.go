@@ -71,6 +71,7 @@ func enums() map[string][]string {
 		"train.optimizer.name":  optim.Names(),
 		"schedule":              append(schedule.Names(), "custom"),
 		"transport.compression": compressions,
+		"run_dir_mode":          runDirModes,
 		"stages[i].device":      devices,
 		"stages[i].recompute":   RecomputeModes,
 	}
@@ -211,6 +212,7 @@ var keyDocs = map[string]string{
 	"checkpoint.keep":       "Complete checkpoints kept; older ones are deleted.",
 	"recovery":              "What launch does when a stage fails.",
 	"recovery.max_restarts": "Times launch restarts a failed job from its newest complete checkpoint (0: stop at the first failure).",
+	"run_dir_mode":          "Who may read the run directory: private (folders 0700, files 0600: its owner alone) or shared (0755 and 0644: every user of the host); --share-run-dir sets shared. See docs/security.md.",
 }
 
 // schemaBuilder makes the schema of a type, recording the keys it met and

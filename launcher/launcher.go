@@ -16,6 +16,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/pipetrain/pipetrain/runlog"
 )
 
 // Options describe one launch.
@@ -166,7 +168,7 @@ func Run(ctx context.Context, o Options) error {
 		o.Grace = 5 * time.Second
 	}
 	logDir := filepath.Join(o.RunDir, "logs")
-	if err := os.MkdirAll(logDir, 0o755); err != nil {
+	if err := runlog.MkdirAll(logDir); err != nil {
 		return err
 	}
 	var outMu sync.Mutex
@@ -343,7 +345,7 @@ func start(o Options, i, r int, logDir string, outMu *sync.Mutex) (*child, error
 	if o.Resume {
 		flags = os.O_WRONLY | os.O_CREATE | os.O_APPEND
 	}
-	logFile, err := os.OpenFile(filepath.Join(logDir, LogFile(i, r, replicas)), flags, 0o644)
+	logFile, err := os.OpenFile(filepath.Join(logDir, LogFile(i, r, replicas)), flags, runlog.FileMode())
 	if err == nil && o.Attempt > 0 {
 		_, err = fmt.Fprintf(logFile, "--- restart %d, resuming from the newest complete checkpoint ---\n", o.Attempt)
 	}

@@ -42,10 +42,11 @@ func (l *eventLog) close() {
 
 // openLog creates a log file, or opens it for appending.
 func openLog(path string, resume bool) (*os.File, error) {
+	flags := os.O_WRONLY | os.O_CREATE | os.O_TRUNC
 	if resume {
-		return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+		flags = os.O_WRONLY | os.O_CREATE | os.O_APPEND
 	}
-	return os.Create(path)
+	return os.OpenFile(path, flags, runlog.FileMode())
 }
 
 // bootIDFile is where Linux gives the boot id, drawn at random at every boot

@@ -495,7 +495,7 @@ func (r *Runtime) stopAfter(ctx, commitCtx context.Context, first, done int) err
 
 func (r *Runtime) open() error {
 	for _, d := range []string{"events", "weights"} {
-		if err := os.MkdirAll(filepath.Join(r.runDir, d), 0o755); err != nil {
+		if err := runlog.MkdirAll(filepath.Join(r.runDir, d)); err != nil {
 			return err
 		}
 	}

@@ -23,6 +23,7 @@ type runFlags struct {
 	config string
 	runDir string
 	steps  int
+	share  bool // --share-run-dir
 	// cmd is the command the flags are registered on, to tell a --steps
 	// given as 0 from one not given.
 	cmd *cobra.Command
@@ -38,6 +39,7 @@ func (f *runFlags) register(c *cobra.Command, defaultRunDir string) {
 	}
 	c.Flags().StringVar(&f.runDir, "run-dir", defaultRunDir, usage)
 	c.Flags().IntVar(&f.steps, "steps", 0, "override train.steps")
+	registerShare(c, &f.share)
 	c.MarkFlagRequired("config")
 }
 
@@ -48,7 +50,7 @@ func (f *runFlags) load() (*configs.Config, error) {
 	if err := f.checkSteps(); err != nil {
 		return nil, err
 	}
-	c, err := configs.Load(f.config)
+	c, err := loadShared(f.config, f.share)
 	if err != nil {
 		return nil, err
 	}
@@ -79,6 +81,26 @@ func (f *runFlags) checkSteps() error {
 		return fmt.Errorf("--steps %d: want 1 or more (leave it out to train the config's train.steps)", f.steps)
 	}
 	return nil
+}
+
+func registerShare(c *cobra.Command, share *bool) {
+	c.Flags().BoolVar(share, "share-run-dir", false, "let every user read the run directory (run_dir_mode: shared; default: folders 0700, files 0600)")
+}
+
+// loadShared loads a config for a command that writes a run directory and
+// makes this process write it with the config's run_dir_mode. share
+// (--share-run-dir) sets the mode through its variable, which the stages
+// launch starts inherit and launch.json records for a resume.
+func loadShared(path string, share bool) (*configs.Config, error) {
+	if share {
+		os.Setenv("PIPETRAIN_RUN_DIR_MODE", runlog.ModeShared)
+	}
+	c, err := configs.Load(path)
+	if err != nil {
+		return nil, err
+	}
+	runlog.ShareRunDirs(c.RunDirMode == runlog.ModeShared)
+	return c, nil
 }
 
 // runFiles are what launch, its stages and reference write into a run

@@ -8,11 +8,11 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pipetrain/pipetrain/cluster"
-	"github.com/pipetrain/pipetrain/configs"
 )
 
 func gatherCmd() *cobra.Command {
 	var config, runDir string
+	var share bool
 	c := &cobra.Command{
 		Use:   "gather --config FILE --run-dir DIR",
 		Short: "Collect every rank's logs and weights into rank 0's run directory (run one per rank, as the stages were)",
@@ -28,7 +28,7 @@ and the weights then work from rank 0's directory.`,
   srun pipetrain gather --config run.yaml --run-dir /local/runs/gpt`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := configs.Load(config)
+			cfg, err := loadShared(config, share)
 			if err != nil {
 				return err
 			}
@@ -54,6 +54,7 @@ and the weights then work from rank 0's directory.`,
 	}
 	c.Flags().StringVarP(&config, "config", "c", "", "the run's config (YAML)")
 	c.Flags().StringVar(&runDir, "run-dir", "runs/latest", "this rank's run directory")
+	registerShare(c, &share)
 	c.MarkFlagRequired("config")
 	return c
 }

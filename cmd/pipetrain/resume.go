@@ -65,7 +65,7 @@ func newLaunchInfo(f runFlags, cfg *configs.Config) (launchInfo, error) {
 }
 
 func writeLaunchInfo(runDir string, info launchInfo) error {
-	if err := os.MkdirAll(runDir, 0o755); err != nil {
+	if err := runlog.MkdirAll(runDir); err != nil {
 		return err
 	}
 	b, _ := json.MarshalIndent(info, "", "  ")
