@@ -33,15 +33,15 @@ stages:
   - {layers: "1", address: auto, metrics_address: "%s"}
 `
 
-// waitForLine waits for a line of out matching re and returns re's first
-// group, failing if the process ends first.
-func waitForLine(t *testing.T, out *syncBuffer, done chan error, re string) string {
+// waitForLine waits for the n-th line of out matching re (n from 1) and
+// returns re's first group in it, failing if the process ends first.
+func waitForLine(t *testing.T, out *syncBuffer, done chan error, re string, n int) string {
 	t.Helper()
 	pattern := regexp.MustCompile(re)
 	deadline := time.Now().Add(time.Minute)
 	for time.Now().Before(deadline) {
-		if m := pattern.FindStringSubmatch(out.String()); m != nil {
-			return m[1]
+		if m := pattern.FindAllStringSubmatch(out.String(), -1); len(m) >= n {
+			return m[n-1][1]
 		}
 		select {
 		case err := <-done:
@@ -174,7 +174,8 @@ func interrupt(t *testing.T, launch *exec.Cmd, out *syncBuffer, done chan error)
 // (joins and gathers), stage 1's link and its metrics refuse a process
 // without the token. The stages share one fresh random token, which the
 // metrics accept; it is in their environment only, on no command line and
-// in no file of the run directory. launch --resume makes a new one.
+// in no file of the run directory. A restart after a killed stage keeps it
+// and refuses the same probes; launch --resume makes a new one.
 func TestLaunchAuthenticatesItsRendezvous(t *testing.T) {
 	needData(t)
 	dir := t.TempDir()
@@ -186,8 +187,8 @@ func TestLaunchAuthenticatesItsRendezvous(t *testing.T) {
 	cfg := loadConfig(t, path)
 	runDir := filepath.Join(dir, "run")
 	launch, out, done := start(t, nil, "launch", "--config", path, "--run-dir", runDir)
-	rendezvous := waitForLine(t, out, done, `\[stage 0\] pipetrain: serving the rendezvous for 2 processes at (\S+) `)
-	link := waitForLine(t, out, done, `\[stage 1\] pipetrain: stage 1 listens on (\S+);`)
+	const served, listens = `\[stage 0\] pipetrain: serving the rendezvous for 2 processes at (\S+) `, `\[stage 1\] pipetrain: stage 1 listens on (\S+);`
+	rendezvous, link := waitForLine(t, out, done, served, 1), waitForLine(t, out, done, listens, 1)
 	waitForStep(t, runDir, 2, time.Minute, out)
 
 	probeWithoutToken(t, cfg, rendezvous, link, metrics)
@@ -203,6 +204,25 @@ func TestLaunchAuthenticatesItsRendezvous(t *testing.T) {
 		t.Errorf("reading stage 1's metrics with the launch's token: status %d %v, want 200", code, err)
 	}
 	checkNotInCommandLines(t, runDir, launch.Process.Pid, token)
+
+	// A supervised restart starts every process again, with the launch's
+	// token, and they guard the new rendezvous and links with it.
+	const progress = `\[stage 1\] (step \d+/)`
+	logged := len(regexp.MustCompile(progress).FindAllString(out.String(), -1))
+	killed := stagePID(t, runDir, 1)
+	if err := syscall.Kill(killed, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitForLine(t, out, done, `(pipetrain: stage 1 failed after step \d+; restarting from .*, restart 1 of 3)`, 1)
+	rendezvous, link = waitForLine(t, out, done, served, 2), waitForLine(t, out, done, listens, 2)
+	waitForLine(t, out, done, progress, logged+2) // the one it may have printed as it was killed, then the restart's
+	for i := range 2 {
+		if got := stageToken(t, runDir, i); got != token {
+			t.Errorf("restarted stage %d holds another token than the launch's", i)
+		}
+	}
+	probeWithoutToken(t, cfg, rendezvous, link, metrics)
+	checkNotInCommandLines(t, runDir, launch.Process.Pid, token)
 	interrupt(t, launch, out, done)
 	checkNotInRunDir(t, runDir, token)
 
@@ -213,7 +233,7 @@ func TestLaunchAuthenticatesItsRendezvous(t *testing.T) {
 	}
 	from := ms[len(ms)-1].Step
 	launch, out, done = start(t, nil, "launch", "--resume", runDir)
-	waitForLine(t, out, done, `(pipetrain: resuming \S+ from the checkpoint of step \d+)`)
+	waitForLine(t, out, done, `(pipetrain: resuming \S+ from the checkpoint of step \d+)`, 1)
 	waitForStep(t, runDir, from+2, time.Minute, out)
 	resumed := stageToken(t, runDir, 0)
 	if resumed == "" || resumed == token {
