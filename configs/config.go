@@ -398,7 +398,7 @@ func (c *Config) Validate() error {
 	if c.Recovery.MaxRestarts < 0 {
 		p.add("recovery.max_restarts", "must be 0 or more, got %d", c.Recovery.MaxRestarts)
 	}
-	if !slices.Contains(runDirModes, c.RunDirMode) {
+	if c.RunDirMode != "" && !slices.Contains(runDirModes, c.RunDirMode) {
 		p.add("run_dir_mode", "unknown mode %q (known: %s)", c.RunDirMode, strings.Join(runDirModes, ", "))
 	}
 	c.validateAuth(p)
@@ -411,7 +411,7 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// runDirModes are the values of run_dir_mode.
+// runDirModes are the values of run_dir_mode; "" means the first, private.
 var runDirModes = []string{runlog.ModePrivate, runlog.ModeShared}
 
 // compressions are the values of transport.compression; "" means the first,

@@ -59,8 +59,9 @@ func Schema() ([]byte, error) {
 
 // enums are the keys whose values validation takes from a fixed list, with
 // that list. Validation also accepts "" for model.dtype, model.activation,
-// transport.compression, stages[i].device and stages[i].recompute, meaning
-// the first value; the schema leaves "" out, as nobody means to write it.
+// transport.compression, run_dir_mode, stages[i].device and
+// stages[i].recompute, meaning the first value; the schema leaves "" out, as
+// nobody means to write it.
 func enums() map[string][]string {
 	return map[string][]string{
 		"model.name":            models.Names(),
