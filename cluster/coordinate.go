@@ -391,7 +391,10 @@ func ownedFile(rank int, p string, owned map[string]int64) (int64, error) {
 		return 0, refuseFile(p, "not a clean relative path inside the run directory")
 	}
 	limit, ok := owned[p]
-	if !ok {
+	switch {
+	case len(owned) == 0:
+		return 0, refuseFile(p, "rank 0 takes no files from rank %d (it knows none that rank %d writes)", rank, rank)
+	case !ok:
 		list := slices.Sorted(maps.Keys(owned))
 		return 0, refuseFile(p, "not a file rank %d writes (it may send: %s)", rank, strings.Join(list, ", "))
 	}
@@ -503,7 +506,8 @@ func (r *Registry) WaitGathered(ctx context.Context) error {
 }
 
 // Coordinator is a rank's side of the coordination: it reaches rank 0's
-// registry at Addr with Options' security. Each method is one call, safe to
+// registry at Addr with Options' security, and speaks for Rank with
+// Options.Secret, the secret the rank joined with. Each method is one call, safe to
 // make from several goroutines at once.
 type Coordinator struct {
 	Addr    string

@@ -392,3 +392,15 @@ func TestWaitGatheredNamesMissingRanks(t *testing.T) {
 	defer cancel()
 	rvWantErr(t, "wait", reg.WaitGathered(ctx), "the logs of rank 1, 2 did not arrive")
 }
+
+// A registry told no rank's files takes none, and says so.
+func TestGatherWithoutOwnsTakesNoFile(t *testing.T) {
+	rvLeaks(t)
+	root := t.TempDir()
+	reg := rvCompleteWith(t, 2, RendezvousOptions{Timeout: 20 * time.Second, GatherDir: root, Logf: (&rvLog{}).logf})
+	err := rvGatherAs(reg.Addr(), "", 1, reg.secrets[1], rvChunk("events/stage-1.jsonl", "{}\n"))
+	rvWantErr(t, "a file", err, "rank 1's logs: events/stage-1.jsonl: rank 0 takes no files from rank 1")
+	if _, err := os.Stat(filepath.Join(root, "events")); err == nil {
+		t.Error("a file was gathered")
+	}
+}
