@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -76,4 +78,40 @@ func TestInterruptCheckpointsAndResumes(t *testing.T) {
 		t.Errorf("the resume did not start from step %d:\n%s", stop, r.out)
 	}
 	sameRun(t, clean, dir, steps)
+}
+
+// TestInterruptCommitsThroughTheRendezvous: stages that meet at a
+// rendezvous commit checkpoints through rank 0's ledger, which refuses
+// steps off the checkpoint schedule; the step a Ctrl-C stops at is off it
+// (checkpoints are off here) and must still commit, and the run resume
+// from it.
+func TestInterruptCommitsThroughTheRendezvous(t *testing.T) {
+	needData(t)
+	body := gridMLP + "\nschedule: 1f1b\nstages:\n  - {layers: \"0-1\", address: auto}\n  - {layers: \"2-3\", address: auto}\n"
+	cfg := filepath.Join(t.TempDir(), "auto.yaml")
+	if err := os.WriteFile(cfg, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	cmd, out, done := start(t, nil, "launch", "--config", cfg, "--steps", "400", "--run-dir", dir)
+	waitForStep(t, dir, 5, 2*time.Minute, out)
+	cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatalf("launch still running a minute after SIGINT:\n%s", out.String())
+	}
+	text := out.String()
+	m := regexp.MustCompile(`every stage stopped after step (\d+); the checkpoint of step (\d+) is complete`).FindStringSubmatch(text)
+	if code := cmd.ProcessState.ExitCode(); code != 130 || m == nil || m[1] != m[2] {
+		t.Fatalf("exit status %d after SIGINT; want 130 and a complete checkpoint:\n%s", code, text)
+	}
+	if strings.Contains(text, "refused") {
+		t.Errorf("rank 0 refused a report:\n%s", text)
+	}
+	if r := run(t, 3*time.Minute, nil, "launch", "--resume", dir); r.err != nil {
+		t.Fatalf("launch --resume: %v\n%s", r.err, r.out)
+	} else if !strings.Contains(r.out, "from the checkpoint of step "+m[1]) {
+		t.Errorf("the resume did not start from step %s:\n%s", m[1], r.out)
+	}
 }
