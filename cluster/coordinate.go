@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/pipetrain/pipetrain/checkpoint"
+	"github.com/pipetrain/pipetrain/runlog"
 	"github.com/pipetrain/pipetrain/transport"
 )
 
@@ -119,7 +120,7 @@ func writeGatherID(dir string) (string, error) {
 		return "", err
 	}
 	id := hex.EncodeToString(b)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := runlog.MkdirAll(dir); err != nil {
 		return "", err
 	}
 	return id, checkpoint.WriteAtomic(filepath.Join(dir, gatherIDFile), func(w io.Writer) error {
@@ -344,13 +345,9 @@ func (r *Registry) receiveFiles(c *transport.ServiceStream, rank int) (int, erro
 		return 0, err
 	}
 	defer root.Close()
-	st, err := root.Stat(".")
-	if err != nil {
-		return 0, err
-	}
-	// Gathered files are as private as the directory they land in.
-	dirMode := st.Mode().Perm()
-	fileMode := dirMode &^ 0o111
+	// Gathered files take the modes of every other file of the run
+	// directory (run_dir_mode), whatever the folder they land in allows.
+	dirMode, fileMode := runlog.DirMode(), runlog.FileMode()
 	sent := map[string]bool{}
 	for {
 		b, err := c.Recv()

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/pipetrain/pipetrain/checkpoint"
+	"github.com/pipetrain/pipetrain/runlog"
 	"github.com/pipetrain/pipetrain/transport"
 )
 
@@ -152,6 +153,11 @@ func rvOwns(rank int) map[string]int64 {
 func TestGatherCopiesPrivateRunDirectories(t *testing.T) {
 	rvLeaks(t)
 	root := t.TempDir()
+	// A folder others may list: what is gathered into it is the run's
+	// owner's alone all the same (run_dir_mode private, the default).
+	if err := os.Chmod(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	var log rvLog
 	reg := rvCompleteWith(t, 4, RendezvousOptions{Timeout: 20 * time.Second, GatherDir: root, Owns: rvOwns, Logf: log.logf})
 	private := t.TempDir()
@@ -192,6 +198,10 @@ func TestGatherCopiesPrivateRunDirectories(t *testing.T) {
 		}
 		if !wanted && err == nil {
 			t.Fatalf("%s was gathered", rel)
+		}
+		if wanted {
+			wantMode(t, filepath.Join(root, rel), runlog.PrivateFile)
+			wantMode(t, filepath.Dir(filepath.Join(root, rel)), runlog.PrivateDir)
 		}
 	}
 	if left, _ := filepath.Glob(filepath.Join(root, "*", ".*gathering*")); len(left) != 0 {
@@ -402,5 +412,17 @@ func TestGatherWithoutOwnsTakesNoFile(t *testing.T) {
 	rvWantErr(t, "a file", err, "rank 1's logs: events/stage-1.jsonl: rank 0 takes no files from rank 1")
 	if _, err := os.Stat(filepath.Join(root, "events")); err == nil {
 		t.Error("a file was gathered")
+	}
+}
+
+// wantMode fails the test unless path has exactly the permission bits mode.
+func wantMode(t *testing.T, path string, mode os.FileMode) {
+	t.Helper()
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := st.Mode().Perm(); got != mode {
+		t.Errorf("%s: mode %v, want %v", path, got, mode)
 	}
 }
