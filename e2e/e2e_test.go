@@ -393,7 +393,7 @@ func TestLaunchStopsAllWhenOneStageFails(t *testing.T) {
 	if r.err == nil {
 		t.Fatalf("launch succeeded with stage 2's port taken:\n%s", r.out)
 	}
-	if !regexp.MustCompile(`pipetrain: stage 2 failed \(exit status 1\); its last output: .*` + regexp.QuoteMeta(c.Stages[2].Address)).MatchString(r.out) {
+	if !regexp.MustCompile(`pipetrain: stage 2 failed \(exit status 1\): .*cannot listen on .*` + regexp.QuoteMeta(c.Stages[2].Address)).MatchString(r.out) {
 		t.Errorf("launch did not name stage 2 and its address:\n%s", r.out)
 	}
 	if r.took > 15*time.Second {
