@@ -8,7 +8,16 @@ import (
 	"gorgonia.org/tensor"
 )
 
-func init() { Register("cnn", buildCNN) }
+func init() {
+	Register(family{name: "cnn", build: buildCNN, doc: FamilyDoc{
+		Summary: "conv layers, then a Dense classifier",
+		Keys: []KeyDoc{
+			{Key: "input", Doc: "The pixels of a square single-channel image (784 = 28x28)."},
+			{Key: "classes", Doc: classesDoc},
+			{Key: "channels", Doc: "Output channels of each conv layer: conv0, conv1, ..., each a 3x3 convolution, ReLU and 2x2 max pool, then the Dense layer fc."},
+		},
+	}})
+}
 
 // buildCNN makes a small image classifier: one conv layer per entry of
 // Channels ("conv0", "conv1", ...: 3x3 conv with padding 1, ReLU, 2x2 max
@@ -51,6 +60,34 @@ func buildCNN(spec Spec) (*Model, error) {
 	}
 	m.Layers = append(m.Layers, &Dense{name: "fc", In: in * h * h, Out: spec.Classes, dt: dt})
 	return m, nil
+}
+
+// ConvSpec describes a Conv layer for NewConv.
+type ConvSpec struct {
+	// Name is the layer's global name; its parameters are Name.weight
+	// ([Out, In, 3, 3]) and Name.bias, and it seeds their initial values.
+	Name    string
+	In, Out int // channels
+	// Size is the input image's height and width, at least 2 to pool.
+	Size int
+	// DType is the dtype of the parameters and activations; the zero
+	// value is float32.
+	DType tensor.Dtype
+}
+
+// NewConv makes the Conv layer s describes, for a model composed outside
+// this package; errors name the field at fault.
+func NewConv(s ConvSpec) (*Conv, error) {
+	var check specCheck
+	layerName(&check, s.Name)
+	check.atLeast("in", s.In, 1)
+	check.atLeast("out", s.Out, 1)
+	check.atLeast("size", s.Size, 2)
+	dt := layerDType(&check, s.DType)
+	if err := check.layerErr("conv", s.Name); err != nil {
+		return nil, err
+	}
+	return &Conv{name: s.Name, In: s.In, Out: s.Out, Size: s.Size, dt: dt}, nil
 }
 
 // Conv is 3x3 convolution (padding 1, stride 1) with bias, ReLU and 2x2 max

@@ -8,7 +8,19 @@ import (
 	"gorgonia.org/tensor"
 )
 
-func init() { Register("gpt", buildGPT) }
+func init() {
+	Register(family{name: "gpt", build: buildGPT, doc: FamilyDoc{
+		Summary: "a GPT-style decoder, for dataset text",
+		Keys: []KeyDoc{
+			{Key: "layers", Doc: "Transformer blocks: the model's layers are embed, block0 to blockN-1, and head."},
+			{Key: "width", Doc: "Model width, the embedding size."},
+			{Key: "heads", Doc: "Attention heads; they must divide model.width."},
+			{Key: "context", Doc: "Tokens per example."},
+			{Key: "vocab", Doc: "Vocabulary size: 256 with the byte tokenizer, the corpus's symbol count with char."},
+			{Key: "tie_embeddings", Doc: "Makes the LM head use the token embedding matrix; the two stages holding it keep both copies identical."},
+		},
+	}})
+}
 
 // gptInitSD is GPT-2's standard deviation for embeddings and projections.
 const gptInitSD = 0.02

@@ -8,7 +8,20 @@ import (
 	"gorgonia.org/tensor"
 )
 
-func init() { Register("mlp", buildMLP) }
+func init() {
+	Register(family{name: "mlp", build: buildMLP, doc: FamilyDoc{
+		Summary: "Dense layers",
+		Keys: []KeyDoc{
+			{Key: "input", Doc: "Features of an example."},
+			{Key: "hidden", Doc: "Widths of the hidden Dense layers, in order: the layers are fc0, fc1, ..., the last emitting the classes."},
+			{Key: "classes", Doc: classesDoc},
+			{Key: "activation", Doc: "Activation of every Dense layer but the last, which emits logits.", Values: Activations()},
+		},
+	}})
+}
+
+// classesDoc is what model.classes means to the classifiers.
+const classesDoc = "Classes predicted; every label of the data must be below it."
 
 // buildMLP makes Input -> Hidden... -> Classes with one Dense layer per arrow; every
 // layer but the last applies the activation, the last emits logits.
@@ -66,6 +79,36 @@ func Activations() []string {
 		out[i] = a.name
 	}
 	return out
+}
+
+// DenseSpec describes a Dense layer for NewDense.
+type DenseSpec struct {
+	// Name is the layer's global name; its parameters are Name.weight
+	// ([In, Out]) and Name.bias, and it seeds their initial values.
+	Name    string
+	In, Out int
+	// Activation is one of Activations, or "" for none (logits).
+	Activation string
+	// DType is the dtype of the parameters and activations; the zero
+	// value is float32.
+	DType tensor.Dtype
+}
+
+// NewDense makes the Dense layer s describes, for a model composed outside
+// this package; errors name the field at fault.
+func NewDense(s DenseSpec) (*Dense, error) {
+	var check specCheck
+	layerName(&check, s.Name)
+	check.atLeast("in", s.In, 1)
+	check.atLeast("out", s.Out, 1)
+	if s.Activation != "" && activation(s.Activation) == nil {
+		check.add("activation", "unknown activation %q (known: %s)", s.Activation, strings.Join(Activations(), ", "))
+	}
+	dt := layerDType(&check, s.DType)
+	if err := check.layerErr("dense", s.Name); err != nil {
+		return nil, err
+	}
+	return &Dense{name: s.Name, In: s.In, Out: s.Out, Act: s.Activation, dt: dt}, nil
 }
 
 // Dense is y = act(x W + b) on [batch, In] inputs.

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"sort"
 	"strings"
 
 	G "gorgonia.org/gorgonia"
@@ -140,10 +139,6 @@ type Model struct {
 // Targets is TargetsPerExample with zero read as 1.
 func (m *Model) Targets() int { return max(m.TargetsPerExample, 1) }
 
-// Builder makes a Model from its spec; it validates the sizes it needs and
-// reports every problem it finds as SpecErrors.
-type Builder func(Spec) (*Model, error)
-
 // SpecError is one problem of a Spec. Field is the key in the config's model
 // section ("dtype", "hidden[1]"), so a config can report it as model.<Field>.
 type SpecError struct {
@@ -189,36 +184,46 @@ func (c *specCheck) dtype(s string) tensor.Dtype {
 	return dt
 }
 
+// layerName reports an empty layer name: parameters are named after it.
+func layerName(c *specCheck, name string) {
+	if name == "" {
+		c.add("name", "empty; parameters are named after their layer")
+	}
+}
+
+// layerDType checks a layer's dtype, the zero value meaning float32.
+func layerDType(c *specCheck, dt tensor.Dtype) tensor.Dtype {
+	for _, d := range dtypes {
+		if d.dt == dt {
+			return dt
+		}
+	}
+	if dt == (tensor.Dtype{}) {
+		return dtypes[0].dt
+	}
+	c.add("dtype", "%v is not one of %s", dt, strings.Join(DTypes(), ", "))
+	return dt
+}
+
+// layerErr is nil when nothing was reported, else every problem of the
+// layer spec, naming the layer.
+func (c *specCheck) layerErr(kind, name string) error {
+	if len(c.errs) == 0 {
+		return nil
+	}
+	parts := make([]string, len(c.errs))
+	for i, e := range c.errs {
+		parts[i] = e.Field + ": " + e.Msg
+	}
+	return fmt.Errorf("%s layer %q: %s", kind, name, strings.Join(parts, "; "))
+}
+
 // err is nil when nothing was reported.
 func (c *specCheck) err() error {
 	if len(c.errs) == 0 {
 		return nil
 	}
 	return c.errs
-}
-
-var registry = map[string]Builder{}
-
-// Register adds a model builder under name; models register themselves in init.
-func Register(name string, b Builder) { registry[name] = b }
-
-// Names lists the registered model names, sorted.
-func Names() []string {
-	out := make([]string, 0, len(registry))
-	for n := range registry {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out
-}
-
-// Build looks up spec.Name and builds the model.
-func Build(spec Spec) (*Model, error) {
-	b, ok := registry[spec.Name]
-	if !ok {
-		return nil, SpecErrors{{Field: "name", Msg: fmt.Sprintf("unknown model %q (known: %s)", spec.Name, strings.Join(Names(), ", "))}}
-	}
-	return b(spec)
 }
 
 // dtypes are the dtype names a config may give, the default first.

@@ -81,52 +81,83 @@ func TorchParams(m *Model) ([]TorchParam, error) {
 	return out, nil
 }
 
-// layerTorchParams lists one layer's parameters in Build's order, with
-// pipetrain's shapes, PyTorch's names and whether the layouts transpose.
+// TorchNamed is a layer that knows the PyTorch names and layouts of its
+// parameters. Every layer of a model that is exported, or started from
+// PyTorch's weights, must be one.
+type TorchNamed interface {
+	Layer
+	// TorchParams lists the layer's parameters in Build's order, with
+	// pipetrain's shapes, PyTorch's names and whether the layouts
+	// transpose; TorchShape and Copy are left to the model's map.
+	TorchParams() []TorchParam
+}
+
+// layerTorchParams is l's part of the map.
 func layerTorchParams(l Layer) ([]TorchParam, error) {
-	same := func(name, torch string, shape ...int) TorchParam {
-		return TorchParam{Name: name, Torch: torch, Shape: shape}
+	n, ok := l.(TorchNamed)
+	if !ok {
+		return nil, fmt.Errorf("layer %s (%T) has no PyTorch names", l.Name(), l)
 	}
-	dense := func(name, torch string, in, out int) []TorchParam {
-		return []TorchParam{
-			{Name: name + ".weight", Torch: torch + ".weight", Shape: []int{in, out}, Transpose: true},
-			same(name+".bias", torch+".bias", out),
-		}
+	return n.TorchParams(), nil
+}
+
+// torchSame is a parameter laid out alike on both sides.
+func torchSame(name, torch string, shape ...int) TorchParam {
+	return TorchParam{Name: name, Torch: torch, Shape: shape}
+}
+
+// torchLinear is a dense weight [in, out] and its bias, as nn.Linear holds
+// them under torch.weight [out, in] and torch.bias.
+func torchLinear(name, torch string, in, out int) []TorchParam {
+	return []TorchParam{
+		{Name: name + ".weight", Torch: torch + ".weight", Shape: []int{in, out}, Transpose: true},
+		torchSame(name+".bias", torch+".bias", out),
 	}
-	switch l := l.(type) {
-	case *Dense:
-		return dense(l.name, l.name, l.In, l.Out), nil
-	case *Conv:
-		return []TorchParam{
-			same(l.name+".weight", l.name+".weight", l.Out, l.In, convKernel, convKernel),
-			same(l.name+".bias", l.name+".bias", l.Out),
-		}, nil
-	case *gptEmbed:
-		return []TorchParam{
-			same("embed.tok", "tok_emb.weight", l.sz.vocab, l.sz.width),
-			same("embed.pos", "pos_emb.weight", l.sz.context, l.sz.width),
-		}, nil
-	case *gptBlock:
-		w, b := l.sz.width, l.name+"."
-		t := "blocks." + strings.TrimPrefix(l.name, "block") + "."
-		norm := func(n string) []TorchParam {
-			return []TorchParam{same(b+n+".gain", t+n+".weight", w), same(b+n+".bias", t+n+".bias", w)}
-		}
-		var out []TorchParam
-		out = append(out, norm("ln1")...)
-		for _, n := range []string{"attn.q", "attn.k", "attn.v", "attn.proj"} {
-			out = append(out, dense(b+n, t+n, w, w)...)
-		}
-		out = append(out, norm("ln2")...)
-		out = append(out, dense(b+"mlp.fc", t+"mlp.fc", w, 4*w)...)
-		return append(out, dense(b+"mlp.proj", t+"mlp.proj", 4*w, w)...), nil
-	case *gptHead:
-		w := l.sz.width
-		out := []TorchParam{same("head.ln.gain", "ln_f.weight", w), same("head.ln.bias", "ln_f.bias", w)}
-		if l.sz.tied {
-			return append(out, same("head.tok", "tok_emb.weight", l.sz.vocab, w)), nil
-		}
-		return append(out, TorchParam{Name: "head.weight", Torch: "head.weight", Shape: []int{w, l.sz.vocab}, Transpose: true}), nil
+}
+
+// TorchParams: nn.Linear under the layer's own name.
+func (d *Dense) TorchParams() []TorchParam { return torchLinear(d.name, d.name, d.In, d.Out) }
+
+// TorchParams: nn.Conv2d under the layer's own name.
+func (c *Conv) TorchParams() []TorchParam {
+	return []TorchParam{
+		torchSame(c.name+".weight", c.name+".weight", c.Out, c.In, convKernel, convKernel),
+		torchSame(c.name+".bias", c.name+".bias", c.Out),
 	}
-	return nil, fmt.Errorf("layer %s (%T) has no PyTorch names", l.Name(), l)
+}
+
+// TorchParams: the two nn.Embedding tables.
+func (l *gptEmbed) TorchParams() []TorchParam {
+	return []TorchParam{
+		torchSame("embed.tok", "tok_emb.weight", l.sz.vocab, l.sz.width),
+		torchSame("embed.pos", "pos_emb.weight", l.sz.context, l.sz.width),
+	}
+}
+
+// TorchParams: blocks.<i> of the module's nn.ModuleList.
+func (l *gptBlock) TorchParams() []TorchParam {
+	w, b := l.sz.width, l.name+"."
+	t := "blocks." + strings.TrimPrefix(l.name, "block") + "."
+	norm := func(n string) []TorchParam {
+		return []TorchParam{torchSame(b+n+".gain", t+n+".weight", w), torchSame(b+n+".bias", t+n+".bias", w)}
+	}
+	var out []TorchParam
+	out = append(out, norm("ln1")...)
+	for _, n := range []string{"attn.q", "attn.k", "attn.v", "attn.proj"} {
+		out = append(out, torchLinear(b+n, t+n, w, w)...)
+	}
+	out = append(out, norm("ln2")...)
+	out = append(out, torchLinear(b+"mlp.fc", t+"mlp.fc", w, 4*w)...)
+	return append(out, torchLinear(b+"mlp.proj", t+"mlp.proj", 4*w, w)...)
+}
+
+// TorchParams: ln_f, then the untied head.weight or the tied copy of the
+// token table.
+func (l *gptHead) TorchParams() []TorchParam {
+	w := l.sz.width
+	out := []TorchParam{torchSame("head.ln.gain", "ln_f.weight", w), torchSame("head.ln.bias", "ln_f.bias", w)}
+	if l.sz.tied {
+		return append(out, torchSame("head.tok", "tok_emb.weight", l.sz.vocab, w))
+	}
+	return append(out, TorchParam{Name: "head.weight", Torch: "head.weight", Shape: []int{w, l.sz.vocab}, Transpose: true})
 }

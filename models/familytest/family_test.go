@@ -1,0 +1,197 @@
+// Package familytest_test registers a model family from outside package
+// models, as a program embedding pipetrain would: its own validation, its
+// own documentation, layers composed from models' exported constructors and
+// a layer type of its own with its PyTorch names. It lives apart from
+// models' tests so that the toy family does not join the registry those
+// tests list.
+package familytest_test
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/pipetrain/pipetrain/models"
+	G "gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
+)
+
+// toy is "two Dense layers and a learned per-class scale": model.hidden must
+// give exactly one width.
+type toy struct{}
+
+func (toy) Name() string { return "toy" }
+
+func (toy) Doc() models.FamilyDoc {
+	return models.FamilyDoc{Summary: "two Dense layers and a scale", Keys: []models.KeyDoc{
+		{Key: "input", Doc: "Features of an example."},
+		{Key: "hidden", Doc: "The one hidden width."},
+		{Key: "classes", Doc: "Classes predicted."},
+	}}
+}
+
+func (toy) Build(spec models.Spec) (*models.Model, error) {
+	var errs models.SpecErrors
+	if spec.Input < 1 {
+		errs = append(errs, models.SpecError{Field: "input", Msg: fmt.Sprintf("must be at least 1, got %d", spec.Input)})
+	}
+	if len(spec.Hidden) != 1 {
+		errs = append(errs, models.SpecError{Field: "hidden", Msg: fmt.Sprintf("%d widths; the toy model has one hidden layer", len(spec.Hidden))})
+	}
+	if spec.Classes < 2 {
+		errs = append(errs, models.SpecError{Field: "classes", Msg: fmt.Sprintf("must be at least 2, got %d", spec.Classes)})
+	}
+	dt, err := models.ParseDType(spec.DType)
+	if err != nil {
+		errs = append(errs, models.SpecError{Field: "dtype", Msg: err.Error()})
+	}
+	if len(errs) > 0 {
+		return nil, errs
+	}
+	in, err := models.NewDense(models.DenseSpec{Name: "in", In: spec.Input, Out: spec.Hidden[0], Activation: "tanh", DType: dt})
+	if err != nil {
+		return nil, err
+	}
+	out, err := models.NewDense(models.DenseSpec{Name: "out", In: spec.Hidden[0], Out: spec.Classes, DType: dt})
+	if err != nil {
+		return nil, err
+	}
+	return &models.Model{Spec: spec, DType: dt, Example: tensor.Shape{spec.Input}, Classes: spec.Classes,
+		Layers: []models.Layer{in, out, &scale{n: spec.Classes, dt: dt}}}, nil
+}
+
+// scale is y = x ⊙ s with s one learned factor per column, a layer type
+// models does not have; PyTorch holds s as "scale.s".
+type scale struct {
+	n  int
+	dt tensor.Dtype
+}
+
+func (l *scale) Name() string                          { return "scale" }
+func (l *scale) OutShape(in tensor.Shape) tensor.Shape { return in.Clone() }
+
+func (l *scale) Build(g *G.ExprGraph, x *G.Node, seed uint64) (models.Built, error) {
+	s := G.NewVector(g, l.dt, G.WithShape(l.n), G.WithName("scale.s"), G.WithInit(G.Ones()))
+	y, err := G.BroadcastHadamardProd(x, s, nil, []byte{0})
+	if err != nil {
+		return models.Built{}, fmt.Errorf("scale: %w", err)
+	}
+	return models.Built{Out: y, Params: []*G.Node{s}}, nil
+}
+
+func (l *scale) TorchParams() []models.TorchParam {
+	return []models.TorchParam{{Name: "scale.s", Torch: "scale.s", Shape: []int{l.n}}}
+}
+
+func init() { models.Register(toy{}) }
+
+// TestOutsideFamilyBuilds: a family registered from outside is listed, built
+// by models.Build, counted and mapped to PyTorch names, its own layer type's
+// through models.TorchNamed.
+func TestOutsideFamilyBuilds(t *testing.T) {
+	if !slices.Contains(models.Names(), "toy") {
+		t.Fatalf("Names() = %v, want toy among them", models.Names())
+	}
+	if f, ok := models.Lookup("toy"); !ok || f.Doc().Summary == "" {
+		t.Fatalf("Lookup(toy) = %v, %v", f, ok)
+	}
+	m, err := models.Build(models.Spec{Name: "toy", Input: 5, Hidden: []int{4}, Classes: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.ShapeAt(len(m.Layers), 2); !got.Eq(tensor.Shape{2, 3}) {
+		t.Errorf("output shape %v, want (2, 3)", got)
+	}
+	if n, err := models.ParamCount(m, 0, len(m.Layers)); err != nil || n != 5*4+4+4*3+3+3 {
+		t.Errorf("ParamCount = %d, %v; want %d", n, err, 5*4+4+4*3+3+3)
+	}
+	ps, err := models.TorchParams(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, p := range ps {
+		got = append(got, fmt.Sprintf("%s %v %s %v %v", p.Name, p.Shape, p.Torch, p.TorchShape, p.Transpose))
+	}
+	want := []string{"in.weight [5 4] in.weight [4 5] true", "in.bias [4] in.bias [4] false",
+		"out.weight [4 3] out.weight [3 4] true", "out.bias [3] out.bias [3] false", "scale.s [3] scale.s [3] false"}
+	if !slices.Equal(got, want) {
+		t.Errorf("TorchParams:\n%q\nwant\n%q", got, want)
+	}
+}
+
+// TestOutsideFamilyReportsEveryProblem: the family's own validation comes
+// back through models.Build field by field, as the built-in families' does.
+func TestOutsideFamilyReportsEveryProblem(t *testing.T) {
+	_, err := models.Build(models.Spec{Name: "toy", Input: 0, Hidden: []int{4, 4}, Classes: 1})
+	var got models.SpecErrors
+	if !errors.As(err, &got) {
+		t.Fatalf("error %v (%T), want SpecErrors", err, err)
+	}
+	var fields []string
+	for _, e := range got {
+		fields = append(fields, e.Field)
+	}
+	if !slices.Equal(fields, []string{"input", "hidden", "classes"}) {
+		t.Errorf("problems in %v (%v), want input, hidden, classes", fields, err)
+	}
+	if !strings.Contains(err.Error(), "model.hidden: 2 widths") {
+		t.Errorf("Error() = %q, want model.hidden named", err)
+	}
+}
+
+// TestLayerWithoutTorchNames: a model with a layer that is no
+// models.TorchNamed has no PyTorch map, and the error names the layer.
+func TestLayerWithoutTorchNames(t *testing.T) {
+	d, err := models.NewDense(models.DenseSpec{Name: "fc", In: 2, Out: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &models.Model{Spec: models.Spec{Name: "bare"}, DType: tensor.Float32, Example: tensor.Shape{2}, Classes: 2,
+		Layers: []models.Layer{d, unnamed{d}}}
+	if _, err := models.TorchParams(m); err == nil || !strings.Contains(err.Error(), "layer fc2") || !strings.Contains(err.Error(), "no PyTorch names") {
+		t.Errorf("TorchParams = %v, want layer fc2 named as having no PyTorch names", err)
+	}
+}
+
+// unnamed is a layer that does not say its PyTorch names.
+type unnamed struct{ d *models.Dense }
+
+func (u unnamed) Name() string                          { return "fc2" }
+func (u unnamed) OutShape(in tensor.Shape) tensor.Shape { return u.d.OutShape(in) }
+func (u unnamed) Build(g *G.ExprGraph, x *G.Node, seed uint64) (models.Built, error) {
+	return u.d.Build(g, x, seed)
+}
+
+// TestLayerConstructorsCheckTheirSpecs: NewDense and NewConv refuse a bad
+// spec naming the layer and every field at fault, and make the layers the
+// built-in families make from a good one.
+func TestLayerConstructorsCheckTheirSpecs(t *testing.T) {
+	_, err := models.NewDense(models.DenseSpec{In: 0, Out: 3, Activation: "gelu"})
+	if err == nil || !strings.Contains(err.Error(), `dense layer "": name: empty`) || !strings.Contains(err.Error(), "; in: must be at least 1, got 0") || !strings.Contains(err.Error(), `; activation: unknown activation "gelu"`) {
+		t.Errorf("NewDense: %v", err)
+	}
+	_, err = models.NewConv(models.ConvSpec{Name: "conv0", In: 1, Out: 2, Size: 1, DType: tensor.Int32})
+	if err == nil || !strings.Contains(err.Error(), `conv layer "conv0": size: must be at least 2, got 1; dtype: int32 is not one of float32, float64`) {
+		t.Errorf("NewConv: %v", err)
+	}
+	m, err := models.Build(models.Spec{Name: "cnn", Input: 64, Channels: []int{2}, Classes: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conv, err := models.NewConv(models.ConvSpec{Name: "conv0", In: 1, Out: 2, Size: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc, err := models.NewDense(models.DenseSpec{Name: "fc", In: 2 * 4 * 4, Out: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, l := range []models.Layer{conv, fc} {
+		if got, want := fmt.Sprintf("%+v", l), fmt.Sprintf("%+v", m.Layers[i]); got != want {
+			t.Errorf("layer %d: %s, the cnn family makes %s", i, got, want)
+		}
+	}
+}
