@@ -26,6 +26,11 @@ type Plan struct {
 	Buckets               [][2]int // half-open element ranges
 }
 
+// BucketElems is how many elements of elemSize bytes a bucket of at most
+// bucketBytes holds: whole elements, and at least one. The replicas' plans
+// (NewPlan) and every model of their cost cut buckets with it.
+func BucketElems(bucketBytes, elemSize int) int { return max(1, bucketBytes/elemSize) }
+
 // NewPlan plans an all-reduce of n elements among ranks in buckets of at
 // most bucketElems (0: one bucket).
 func NewPlan(n, bucketElems, ranks int) (Plan, error) {

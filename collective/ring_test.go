@@ -243,3 +243,16 @@ func TestMismatchedStepsAreRefused(t *testing.T) {
 		t.Fatalf("rank 0: %v", errs[0])
 	}
 }
+
+func TestBucketElemsHoldsWholeElements(t *testing.T) {
+	for _, c := range []struct{ bytes, size, want int }{
+		{1 << 20, 4, 1 << 18}, // float32
+		{1 << 20, 8, 1 << 17}, // float64
+		{10, 4, 2},            // a partial element is left out
+		{3, 8, 1},             // at least one element
+	} {
+		if got := BucketElems(c.bytes, c.size); got != c.want {
+			t.Errorf("BucketElems(%d, %d) = %d, want %d", c.bytes, c.size, got, c.want)
+		}
+	}
+}

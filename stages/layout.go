@@ -98,7 +98,7 @@ func NewReplicaLayout(c *configs.Config, i, r int) (*Layout, error) {
 // planReduction plans each chunk's all-reduce over its gradients: all of
 // the chunk's parameters, flattened in order.
 func (l *Layout) planReduction() error {
-	bucket := max(1, l.Config.BucketBytes()/dtypeSize(l.Model))
+	bucket := collective.BucketElems(l.Config.BucketBytes(), dtypeSize(l.Model))
 	l.Plans = nil
 	for _, lr := range l.Ranges {
 		n, err := models.ParamCount(l.Model, lr[0], lr[1])
@@ -173,7 +173,7 @@ func ReferenceLayout(c *configs.Config) (*Layout, error) {
 		// One plan per model stage, in model order: the pieces the
 		// replicas' stages reduce, which follow one another in the
 		// reference's parameter list.
-		bucket := max(1, c.BucketBytes()/dtypeSize(model))
+		bucket := collective.BucketElems(c.BucketBytes(), dtypeSize(model))
 		for k := range c.ModelStages() {
 			first, last := c.ChunkLayers(c.Place(k))
 			n, err := models.ParamCount(model, first, last)

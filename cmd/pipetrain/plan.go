@@ -19,6 +19,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/pipetrain/pipetrain/checkpoint"
+	"github.com/pipetrain/pipetrain/collective"
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/engine"
 	"github.com/pipetrain/pipetrain/internal/affinity"
@@ -144,7 +145,7 @@ func runPlan(w io.Writer, o planOptions) error {
 	}
 	size := int(model.DType.Size())
 	// Buckets hold whole elements, as the collective plan cuts them.
-	bucket := max(1, cfg.BucketBytes()/size) * size
+	bucket := collective.BucketElems(cfg.BucketBytes(), size) * size
 	ring, err := o.ring.resolve(cfg.Replicas(), bucket)
 	if err != nil {
 		return err
@@ -199,7 +200,7 @@ func runPlan(w io.Writer, o planOptions) error {
 	prob := plan.Problem{
 		Stages: nStages, Batch: cfg.Data.BatchSize, MicroBatch: micro, OverheadMS: 0.05,
 		Schedules: names, MemoryLimit: limit,
-		TransferBytesPerMS: 2e6, LatencyMS: 0.1,
+		TransferBytesPerMS: schedule.Loopback.BytesPerMS(), LatencyMS: schedule.Loopback.LatencyMS(),
 		Replicas: cfg.Replicas(), AllReduceBytesPerMS: ring.bytesPerSecond / 1000, AllReduceLatencyMS: ms(ring.latency),
 		BucketBytes: int64(bucket),
 		// Recomputation costs a forward per micro-batch: worth weighing

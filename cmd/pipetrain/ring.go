@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pipetrain/pipetrain/collective"
+	"github.com/pipetrain/pipetrain/schedule"
 )
 
 // ringFlags are --allreduce-bandwidth and --allreduce-latency, which simulate
@@ -18,9 +19,9 @@ type ringFlags struct {
 
 // The ring's figures when not given: those EstimateTransfer takes for a
 // message over gRPC on loopback, which the ring's links are too.
-const (
-	defaultAllReduceBandwidth = 2e9 // bytes per second
-	defaultAllReduceLatency   = 100 * time.Microsecond
+var (
+	defaultAllReduceBandwidth = schedule.Loopback.BytesPerSecond
+	defaultAllReduceLatency   = schedule.Loopback.Latency
 )
 
 const ringBandwidthUsage = "bytes per second one replica sends on the all-reduce ring, e.g. 1.2GB/s, or measure: time the ring here on loopback (default 2GB/s, gRPC on loopback)"
