@@ -25,11 +25,11 @@ import (
 // values, which the tests hold against Validate. Draft 7 is the one
 // yaml-language-server, behind most editors' YAML support, implements in full.
 func Schema() ([]byte, error) {
-	b := schemaBuilder{keys: map[string]bool{}, enums: enums()}
+	b := schemaBuilder{keys: map[string]bool{}, enums: enums(), docs: allKeyDocs()}
 	root := b.value(reflect.TypeFor[Config](), "")
 	// A table entry that names no key is a key that was renamed or removed.
 	for table, keys := range map[string][]string{
-		"defaults": slices.Collect(maps.Keys(defaults)), "keyDocs": slices.Collect(maps.Keys(keyDocs)),
+		"defaults": slices.Collect(maps.Keys(defaults)), "keyDocs": slices.Collect(maps.Keys(b.docs)),
 		"enums": slices.Collect(maps.Keys(b.enums)), "minimums": slices.Collect(maps.Keys(minimums)),
 		"positive": slices.Collect(maps.Keys(positive)), "commaLists": slices.Collect(maps.Keys(commaLists)),
 		"patterns": slices.Collect(maps.Keys(patterns)),
@@ -63,10 +63,9 @@ func Schema() ([]byte, error) {
 // stages[i].recompute, meaning the first value; the schema leaves "" out, as
 // nobody means to write it.
 func enums() map[string][]string {
-	return map[string][]string{
+	e := map[string][]string{
 		"model.name":            models.Names(),
 		"model.dtype":           models.DTypes(),
-		"model.activation":      models.Activations(),
 		"data.dataset":          datasets,
 		"data.tokenizer":        tokenizers,
 		"train.optimizer.name":  optim.Names(),
@@ -76,6 +75,8 @@ func enums() map[string][]string {
 		"stages[i].device":      devices,
 		"stages[i].recompute":   RecomputeModes,
 	}
+	maps.Copy(e, modelEnums())
+	return e
 }
 
 // minimums are the least values validation accepts for numeric keys whatever
@@ -128,23 +129,11 @@ const durationDoc = " A Go duration such as 30s, 1m30s or 500ms (an integer coun
 
 // keyDocs describe every config key, as editors show them. Lists of values
 // (schedules, models) are left to the schema's enumerations, which follow
-// the code.
+// the code; the model families describe their own keys (modelKeyDocs).
 var keyDocs = map[string]string{
-	"name":                 "The run's name: a run directory defaults to runs/NAME-TIME (the config file's name when empty).",
-	"model":                "The model: a registered name and its sizes; each model reads the keys it needs.",
-	"model.name":           "The model: mlp (Dense layers), cnn (conv layers, then a Dense classifier) or gpt (a GPT-style decoder, for dataset text).",
-	"model.dtype":          "The floating-point type of weights, activations and gradients.",
-	"model.input":          "Features of an example (mlp), or the pixels of a square single-channel image (cnn; 784 = 28x28).",
-	"model.hidden":         "Widths of the hidden Dense layers (mlp), in order: the layers are fc0, fc1, ..., the last emitting the classes.",
-	"model.classes":        "Classes predicted (mlp, cnn); every label of the data must be below it.",
-	"model.activation":     "Activation of every Dense layer but the last, which emits logits (mlp).",
-	"model.layers":         "Transformer blocks (gpt): the model's layers are embed, block0 to blockN-1, and head.",
-	"model.width":          "Model width, the embedding size (gpt).",
-	"model.heads":          "Attention heads (gpt); they must divide model.width.",
-	"model.context":        "Tokens per example (gpt).",
-	"model.vocab":          "Vocabulary size (gpt): 256 with the byte tokenizer, the corpus's symbol count with char.",
-	"model.tie_embeddings": "Makes the LM head use the token embedding matrix (gpt); the two stages holding it keep both copies identical.",
-	"model.channels":       "Output channels of each conv layer (cnn): conv0, conv1, ..., each a 3x3 convolution, ReLU and 2x2 max pool, then the Dense layer fc.",
+	"name":        "The run's name: a run directory defaults to runs/NAME-TIME (the config file's name when empty).",
+	"model":       "The model: a registered name and its sizes; each model reads the keys it needs.",
+	"model.dtype": "The floating-point type of weights, activations and gradients.",
 
 	"data":               "Where examples come from and how a step's batch is cut.",
 	"data.dataset":       "fashion-mnist: the images in data.dir; text: data.corpus, tokenized, for a language model (model gpt).",
@@ -216,11 +205,82 @@ var keyDocs = map[string]string{
 	"run_dir_mode":          "Who may read the run directory: private (folders 0700, files 0600: its owner alone) or shared (0755 and 0644: every user of the host); --share-run-dir sets shared. See docs/security.md.",
 }
 
+// allKeyDocs are keyDocs and the descriptions the registered model
+// families give of the model section's keys (modelKeyDocs).
+func allKeyDocs() map[string]string {
+	docs := maps.Clone(keyDocs)
+	maps.Copy(docs, modelKeyDocs())
+	return docs
+}
+
+// modelKeyDocs describes model.name by the registered families' summaries,
+// and each key a family reads by what it means to each family that reads it
+// ("cnn: ... mlp: ..."), families that give the same description grouped
+// ("cnn, mlp: ...").
+func modelKeyDocs() map[string]string {
+	var families []string
+	byKey := map[string][][2]string{} // key: (doc, families) in name order
+	for _, name := range models.Names() {
+		f, _ := models.Lookup(name)
+		doc := f.Doc()
+		families = append(families, fmt.Sprintf("%s (%s)", name, doc.Summary))
+		for _, k := range doc.Keys {
+			key := "model." + k.Key
+			grouped := false
+			for i, d := range byKey[key] {
+				if d[0] == k.Doc {
+					byKey[key][i][1] += ", " + name
+					grouped = true
+				}
+			}
+			if !grouped {
+				byKey[key] = append(byKey[key], [2]string{k.Doc, name})
+			}
+		}
+	}
+	docs := map[string]string{"model.name": "The model: " + orList(families) + "."}
+	for key, ds := range byKey {
+		parts := make([]string, len(ds))
+		for i, d := range ds {
+			parts[i] = d[1] + ": " + d[0]
+		}
+		docs[key] = strings.Join(parts, " ")
+	}
+	return docs
+}
+
+// orList joins items as "a, b or c".
+func orList(items []string) string {
+	if len(items) < 2 {
+		return strings.Join(items, "")
+	}
+	return strings.Join(items[:len(items)-1], ", ") + " or " + items[len(items)-1]
+}
+
+// modelEnums are the values of the model keys whose families list them, in
+// the families' order, each value once.
+func modelEnums() map[string][]string {
+	e := map[string][]string{}
+	for _, name := range models.Names() {
+		f, _ := models.Lookup(name)
+		for _, k := range f.Doc().Keys {
+			key := "model." + k.Key
+			for _, v := range k.Values {
+				if !slices.Contains(e[key], v) {
+					e[key] = append(e[key], v)
+				}
+			}
+		}
+	}
+	return e
+}
+
 // schemaBuilder makes the schema of a type, recording the keys it met and
 // what it could not describe.
 type schemaBuilder struct {
 	keys  map[string]bool
 	enums map[string][]string
+	docs  map[string]string // allKeyDocs
 	errs  []string
 }
 
@@ -288,7 +348,7 @@ func (b *schemaBuilder) value(t reflect.Type, key string) map[string]any {
 func (b *schemaBuilder) property(t reflect.Type, key string) map[string]any {
 	b.keys[key] = true
 	n := b.value(t, key)
-	doc, ok := keyDocs[key]
+	doc, ok := b.docs[key]
 	if !ok {
 		b.errs = append(b.errs, fmt.Sprintf("%s has no description; add one to keyDocs in configs/schema.go", key))
 	}

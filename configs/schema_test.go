@@ -298,7 +298,7 @@ func TestSchemaDescribesEveryKey(t *testing.T) {
 				if key != "" {
 					k = key + "." + name
 				}
-				if strings.TrimSpace(keyDocs[k]) == "" {
+				if strings.TrimSpace(allKeyDocs()[k]) == "" {
 					t.Errorf("%s has no description; add one to keyDocs in configs/schema.go", k)
 				}
 				if p, ok := props[name].(map[string]any); ok {

@@ -7,12 +7,16 @@
 package familytest_test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/models"
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
@@ -193,5 +197,50 @@ func TestLayerConstructorsCheckTheirSpecs(t *testing.T) {
 		if got, want := fmt.Sprintf("%+v", l), fmt.Sprintf("%+v", m.Layers[i]); got != want {
 			t.Errorf("layer %d: %s, the cnn family makes %s", i, got, want)
 		}
+	}
+}
+
+// TestOutsideFamilyInConfigs: a config naming the toy family is validated by
+// it, every problem named as a model field, and the config schema lists the
+// family and takes its description of the keys it reads.
+func TestOutsideFamilyInConfigs(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "toy.yaml")
+	yaml := "model: {name: toy, input: 5, hidden: [4, 4], classes: 1}\nstages:\n  - {layers: \"0-2\", address: 127.0.0.1:7001}\n"
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := configs.Load(path)
+	var p *configs.Problems
+	if !errors.As(err, &p) {
+		t.Fatalf("Load: %v (%T), want *configs.Problems", err, err)
+	}
+	for _, want := range []string{"model.hidden: 2 widths; the toy model has one hidden layer", "model.classes: must be at least 2, got 1"} {
+		if !slices.Contains(p.Items, want) {
+			t.Errorf("Load's problems %q lack %q", p.Items, want)
+		}
+	}
+	raw, err := configs.Schema()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var schema struct {
+		Properties struct {
+			Model struct {
+				Properties map[string]struct {
+					Description string
+					Enum        []string
+				}
+			}
+		}
+	}
+	if err := json.Unmarshal(raw, &schema); err != nil {
+		t.Fatal(err)
+	}
+	keys := schema.Properties.Model.Properties
+	if name := keys["name"]; !slices.Contains(name.Enum, "toy") || !strings.Contains(name.Description, "toy (two Dense layers and a scale)") {
+		t.Errorf("model.name in the schema: %+v, want toy listed and described", name)
+	}
+	if got, want := keys["hidden"].Description, "mlp: Widths of the hidden Dense layers, in order: the layers are fc0, fc1, ..., the last emitting the classes. toy: The one hidden width."; got != want {
+		t.Errorf("model.hidden in the schema: %q, want %q", got, want)
 	}
 }
