@@ -1,6 +1,7 @@
 package models
 
 import (
+	"errors"
 	"fmt"
 	"math"
 
@@ -94,6 +95,75 @@ func gptSizesOf(spec Spec) (gptSizes, error) {
 		layers: spec.Layers, width: spec.Width, heads: spec.Heads, context: spec.Context,
 		vocab: spec.Vocab, tied: spec.TieEmbeddings, dt: dt,
 	}, nil
+}
+
+// GPTSpec is what every GPT layer needs to know of its model, for
+// NewGPTEmbed, NewGPTBlock and NewGPTHead: the sizes of model gpt's config
+// section. Layers matters to every block, whose residual projections start
+// smaller the deeper the model.
+type GPTSpec struct {
+	Layers, Width, Heads, Context, Vocab int
+	// TieEmbeddings makes the head use a copy of the token table (see
+	// Model.Tied, which a model composing these layers must then set).
+	TieEmbeddings bool
+	// DType is the dtype of parameters and activations; the zero value is
+	// float32.
+	DType tensor.Dtype
+}
+
+// gptSizesFor validates a GPTSpec as model gpt validates its section; errors
+// name the layer and the field at fault.
+func gptSizesFor(kind, name string, s GPTSpec) (gptSizes, error) {
+	var check specCheck
+	dt := layerDType(&check, s.DType)
+	dtName := ""
+	if len(check.errs) == 0 {
+		dtName = dt.String()
+	}
+	sz, err := gptSizesOf(Spec{DType: dtName, Layers: s.Layers, Width: s.Width, Heads: s.Heads,
+		Context: s.Context, Vocab: s.Vocab, TieEmbeddings: s.TieEmbeddings})
+	var errs SpecErrors
+	if errors.As(err, &errs) {
+		check.errs = append(check.errs, errs...)
+	}
+	if err := check.layerErr(kind, name); err != nil {
+		return gptSizes{}, err
+	}
+	return sz, nil
+}
+
+// NewGPTEmbed makes model gpt's layer "embed": token and learned position
+// embeddings, (batch, context) token ids in, (batch*context, width) out.
+func NewGPTEmbed(s GPTSpec) (Layer, error) {
+	sz, err := gptSizesFor("gpt embedding", "embed", s)
+	if err != nil {
+		return nil, err
+	}
+	return &gptEmbed{sz: sz}, nil
+}
+
+// NewGPTBlock makes model gpt's block i of s.Layers, "block<i>": a pre-norm
+// transformer block on (batch*context, width) activations.
+func NewGPTBlock(i int, s GPTSpec) (Layer, error) {
+	name := fmt.Sprintf("block%d", i)
+	if i < 0 || i >= s.Layers {
+		return nil, fmt.Errorf("gpt block layer %q: index %d outside the model's %d blocks", name, i, s.Layers)
+	}
+	sz, err := gptSizesFor("gpt block", name, s)
+	if err != nil {
+		return nil, err
+	}
+	return &gptBlock{name: name, sz: sz}, nil
+}
+
+// NewGPTHead makes model gpt's layer "head": the final LayerNorm and the LM
+// head, (batch*context, width) in, (batch*context, vocab) logits out.
+func NewGPTHead(s GPTSpec) (Layer, error) {
+	sz, err := gptSizesFor("gpt head", "head", s)
+	if err != nil {
+		return nil, err
+	}
+	return &gptHead{sz: sz}, nil
 }
 
 // batchOf recovers the number of sequences from a (batch*context, width) input.

@@ -244,3 +244,41 @@ func TestOutsideFamilyInConfigs(t *testing.T) {
 		t.Errorf("model.hidden in the schema: %q, want %q", got, want)
 	}
 }
+
+// TestGPTLayersComposeOutside: the GPT's layers built one by one from
+// GPTSpec are the layers model gpt builds, and a bad spec is refused naming
+// the layer and each field.
+func TestGPTLayersComposeOutside(t *testing.T) {
+	m, err := models.Build(models.Spec{Name: "gpt", DType: "float64", Layers: 2, Width: 8, Heads: 2, Context: 5, Vocab: 11, TieEmbeddings: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := models.GPTSpec{Layers: 2, Width: 8, Heads: 2, Context: 5, Vocab: 11, TieEmbeddings: true, DType: tensor.Float64}
+	var layers []models.Layer
+	add := func(l models.Layer, err error) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		layers = append(layers, l)
+	}
+	add(models.NewGPTEmbed(s))
+	for i := range s.Layers {
+		add(models.NewGPTBlock(i, s))
+	}
+	add(models.NewGPTHead(s))
+	if len(layers) != len(m.Layers) {
+		t.Fatalf("%d layers composed, model gpt has %d", len(layers), len(m.Layers))
+	}
+	for i, l := range layers {
+		if got, want := fmt.Sprintf("%+v", l), fmt.Sprintf("%+v", m.Layers[i]); got != want {
+			t.Errorf("layer %d: %s, model gpt makes %s", i, got, want)
+		}
+	}
+	_, err = models.NewGPTBlock(0, models.GPTSpec{Layers: 1, Width: 8, Heads: 3, Context: 0, Vocab: 11})
+	if err == nil || err.Error() != `gpt block layer "block0": context: must be at least 1, got 0; heads: 3 does not divide model.width 8` {
+		t.Errorf("NewGPTBlock: %v", err)
+	}
+	if _, err := models.NewGPTBlock(2, s); err == nil || !strings.Contains(err.Error(), "index 2 outside the model's 2 blocks") {
+		t.Errorf("NewGPTBlock(2): %v", err)
+	}
+}
