@@ -19,3 +19,9 @@ const missingHint = ""
 func load([]string) (*openBLAS, string, error) {
 	return nil, "", errors.New("this pipetrain was built without the library loader (-tags nodlopen)")
 }
+
+func loadKernels(names []string, _ string) (*openBLAS, string, error) { return load(names) }
+
+func probing() {}
+
+func availableCores() []string { return nil }

@@ -30,8 +30,10 @@ type openBLAS struct {
 		sgemm, dgemm, sgemv, dgemv, sger, dger, saxpy, daxpy, sscal, dscal, sdot, ddot uintptr
 	}
 	setThreadsFn uintptr
-	sdotC        func(n int32, x uintptr, incX int32, y uintptr, incY int32) float32
-	ddotC        func(n int32, x uintptr, incX int32, y uintptr, incY int32) float64
+	// lib is the library's handle, for the symbols the kernel choice reads.
+	lib   uintptr
+	sdotC func(n int32, x uintptr, incX int32, y uintptr, incY int32) float32
+	ddotC func(n int32, x uintptr, incX int32, y uintptr, incY int32) float64
 }
 
 // missingHint follows the reason no OpenBLAS was found.
@@ -58,7 +60,7 @@ func load(names []string) (*openBLAS, string, error) {
 }
 
 func resolve(lib uintptr) (*openBLAS, error) {
-	o := &openBLAS{}
+	o := &openBLAS{lib: lib}
 	for _, s := range []struct {
 		name string
 		at   *uintptr

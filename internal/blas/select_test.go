@@ -8,12 +8,15 @@ import (
 
 // restore puts back the choice the process started with.
 func restore(t *testing.T) {
-	t.Cleanup(func() { choose(os.Getenv(Env)) })
+	t.Cleanup(func() {
+		policy, _ := ParseKernels(os.Getenv(KernelsEnv))
+		choose(os.Getenv(Env), policy)
+	})
 }
 
 func TestGonumWhenAskedFor(t *testing.T) {
 	restore(t)
-	choose("gonum")
+	choose("gonum", "auto")
 	if Name() != "gonum" || Library() != "" || Err() != nil {
 		t.Fatalf("gonum asked for: name %q library %q err %v", Name(), Library(), Err())
 	}
@@ -28,18 +31,18 @@ func TestGonumWhenAskedFor(t *testing.T) {
 func TestMissingLibraryIsAnErrorOnlyWhenRequired(t *testing.T) {
 	restore(t)
 	missing := "/nonexistent/libopenblas.so.0"
-	choose(missing)
+	choose(missing, "auto")
 	if Name() != "gonum" || Err() == nil || !strings.Contains(Err().Error(), Env+"="+missing) {
 		t.Fatalf("a missing named library: name %q err %v", Name(), Err())
 	}
 	saved := searched
 	t.Cleanup(func() { searched = saved })
 	searched = []string{missing}
-	choose("")
+	choose("", "auto")
 	if Name() != "gonum" || Err() != nil || !strings.Contains(Describe(1), "no OpenBLAS") {
 		t.Fatalf("auto without a library: name %q err %v describe %q", Name(), Err(), Describe(1))
 	}
-	choose("openblas")
+	choose("openblas", "auto")
 	if Err() == nil || !strings.Contains(Err().Error(), Env+"=openblas") {
 		t.Fatalf("openblas required without a library: err %v", Err())
 	}
@@ -51,7 +54,7 @@ func TestNotABLASIsRefused(t *testing.T) {
 		t.Skip("this build loads no library (-tags nodlopen)")
 	}
 	// libc is loadable everywhere pipetrain runs, and has no sgemm_.
-	choose("libc.so.6")
+	choose("libc.so.6", "auto")
 	if Err() == nil || !strings.Contains(Err().Error(), "not an OpenBLAS") {
 		t.Fatalf("libc as BLAS: err %v", Err())
 	}
