@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pipetrain/pipetrain/internal/blas/cores"
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/optim"
 	"github.com/pipetrain/pipetrain/runlog"
@@ -114,6 +115,11 @@ type Compute struct {
 	// Results differ in the last bits between thread counts, so a fixed count
 	// is what makes runs on different machines bit-identical.
 	BLASThreads int `mapstructure:"blas_threads" json:"blas_threads"`
+	// BLASKernels is OpenBLAS's kernel set: "auto" (the library's unless it
+	// fell below the CPU and a better set passes a self-test), "library"
+	// (the library's own choice, or OPENBLAS_CORETYPE's), or a core type
+	// (Haswell, SkylakeX, ...) fixed for every host. "" means auto.
+	BLASKernels string `mapstructure:"blas_kernels" json:"blas_kernels"`
 }
 
 // Transport tunes the links between neighbouring stages.
@@ -257,6 +263,7 @@ var defaults = map[string]any{
 	"all_reduce.bucket_bytes":   DefaultBucketBytes,
 	"all_reduce.check_every":    10,
 	"compute.blas_threads":      0,
+	"compute.blas_kernels":      "auto",
 	"transport.connect_timeout": "30s",
 	"transport.queue_depth":     4,
 	"transport.recv_timeout":    "2m",
@@ -365,6 +372,11 @@ func (c *Config) Validate() error {
 	if c.Compute.BLASThreads < 0 {
 		p.add("compute.blas_threads", "must be 0 (a fair share of the machine) or a thread count, got %d", c.Compute.BLASThreads)
 	}
+	if k := strings.TrimSpace(c.Compute.BLASKernels); k != "" && !strings.EqualFold(k, "auto") && !strings.EqualFold(k, "library") {
+		if _, ok := cores.Lookup(k); !ok {
+			p.add("compute.blas_kernels", "unknown kernel set %q: auto, library or an OpenBLAS core type (%s)", k, strings.Join(cores.Names(), ", "))
+		}
+	}
 	if c.Transport.ConnectTimeout <= 0 {
 		p.add("transport.connect_timeout", "must be positive, got %v", c.Transport.ConnectTimeout)
 	}
@@ -410,6 +422,11 @@ func (c *Config) Validate() error {
 	}
 	return nil
 }
+
+// blasKernels are the values of compute.blas_kernels: auto, library and
+// OpenBLAS's core types (which validation takes in any case, as
+// OPENBLAS_CORETYPE does).
+func blasKernels() []string { return append([]string{"auto", "library"}, cores.Names()...) }
 
 // runDirModes are the values of run_dir_mode; "" means the first, private.
 var runDirModes = []string{runlog.ModePrivate, runlog.ModeShared}

@@ -25,7 +25,9 @@ const envPrefix = "PIPETRAIN_"
 // before any config: it picks the library a process computes with.
 // PIPETRAIN_REQUIRE_ALL (internal/testenv.RequireAllEnv) is read by the
 // tests, which CI runs with it set, and every pipetrain they start inherits it.
-var nonConfigEnv = map[string]bool{"PIPETRAIN_BLAS": true, "PIPETRAIN_REQUIRE_ALL": true}
+// PIPETRAIN_BLAS_PROBE and PIPETRAIN_BLAS_CHOSEN pass internal/blas's
+// kernel choice to the child processes and the restarted process it makes.
+var nonConfigEnv = map[string]bool{"PIPETRAIN_BLAS": true, "PIPETRAIN_REQUIRE_ALL": true, "PIPETRAIN_BLAS_PROBE": true, "PIPETRAIN_BLAS_CHOSEN": true}
 
 // secretKeys are keys whose values never appear in messages.
 var secretKeys = map[string]bool{"transport.token": true}

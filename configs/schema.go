@@ -72,6 +72,7 @@ func enums() map[string][]string {
 		"schedule":              append(schedule.Names(), "custom"),
 		"transport.compression": compressions,
 		"run_dir_mode":          runDirModes,
+		"compute.blas_kernels":  blasKernels(),
 		"stages[i].device":      devices,
 		"stages[i].recompute":   RecomputeModes,
 	}
@@ -168,6 +169,7 @@ var keyDocs = map[string]string{
 	"rendezvous":     "host:port where rank 0 serves the table of addresses when stages have address auto; by default MASTER_ADDR:MASTER_PORT, else the first host of SLURM_JOB_NODELIST.",
 
 	"compute":              "How each process computes.",
+	"compute.blas_kernels": "OpenBLAS's kernel set (core type). auto: the library's own choice unless it is below what the CPU runs (Prescott's SSE3 kernels on an AVX2 or AVX-512 CPU the library does not know) and a better set of this build passes a self-test against the Go kernels and is faster; library: the library's own choice (or OPENBLAS_CORETYPE's); a core type (Haswell, Zen, SkylakeX, Cooperlake, ...): that set on every host, refused where the CPU cannot run it or it fails the self-test. Kernel sets differ in the last bits, so stages with different sets refuse to link. PIPETRAIN_COMPUTE_BLAS_KERNELS sets it before OpenBLAS loads; a config file's value restarts stage and reference once to load it.",
 	"compute.blas_threads": "OpenBLAS threads in every stage process and in the reference. 0: each stage a fair share of its machine (or of the CPUs it is pinned to), the reference the whole machine. Results differ in the last bits between thread counts, so a fixed count makes runs on different machines bit-identical.",
 
 	"transport":                 "The links between neighbouring stages.",
