@@ -74,6 +74,12 @@ type Compute struct {
 	BLAS        string `json:"blas"`         // "openblas", or "gonum" (pure Go)
 	BLASThreads int    `json:"blas_threads"` // threads per product
 	Kernels     string `json:"kernels"`      // the float32 loops: "avx2" or the Go loops
+	// BLASKernels is OpenBLAS's kernel set (its core type: "Haswell"), ""
+	// with gonum or in logs written before the field existed, and
+	// BLASKernelsReason why it is the one ("OpenBLAS chose Prescott for this
+	// CPU; using Cooperlake: 3.0x faster in the self-test").
+	BLASKernels       string `json:"blas_kernels,omitempty"`
+	BLASKernelsReason string `json:"blas_kernels_reason,omitempty"`
 }
 
 // StepNumber is the number the training log, metrics.jsonl and checkpoints

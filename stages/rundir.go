@@ -128,10 +128,16 @@ func weightsLimit(c *configs.Config, stage int) (int64, error) {
 }
 
 // writeRunInfo writes run.json (stage 0): what profile needs to know of the run.
+// computeRecord is what this process computes with, for run.json.
+func computeRecord(threads int) *runlog.Compute {
+	core, why := blas.Kernels()
+	return &runlog.Compute{BLAS: blas.Name(), BLASThreads: threads, Kernels: models.Kernels(), BLASKernels: core, BLASKernelsReason: why}
+}
+
 func (r *Runtime) writeRunInfo() error {
 	theory, _ := schedule.TheoreticalBubble(r.schedName, r.stages, r.cfg.Data.MicroBatches, len(r.engines))
 	info := runlog.RunInfo{Schedule: r.schedName, Stages: r.stages, MicroBatches: r.cfg.Data.MicroBatches, Steps: r.cfg.Train.Steps, Chunks: len(r.engines), TheoreticalBubble: theory,
-		BatchSize: r.cfg.Data.BatchSize, Compute: &runlog.Compute{BLAS: blas.Name(), BLASThreads: r.threads, Kernels: models.Kernels()}}
+		BatchSize: r.cfg.Data.BatchSize, Compute: computeRecord(r.threads)}
 	if n := r.cfg.Replicas(); n > 1 {
 		info.Replicas = n
 	}

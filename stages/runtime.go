@@ -143,6 +143,9 @@ func New(o Options) (*Runtime, error) {
 	if err := blas.Err(); err != nil {
 		return nil, err
 	}
+	if err := blas.Satisfies(c.Compute.BLASKernels); err != nil {
+		return nil, err
+	}
 	threads := c.Threads(l.Stage)
 	if l.Reference {
 		threads = cmp.Or(o.Threads, c.ReferenceThreads())

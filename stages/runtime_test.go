@@ -507,7 +507,8 @@ func TestRunInfoSaysWhatItComputedWith(t *testing.T) {
 	if err := json.Unmarshal(b, &info); err != nil {
 		t.Fatal(err)
 	}
-	want := runlog.Compute{BLAS: blas.Name(), BLASThreads: c.Threads(0), Kernels: models.Kernels()}
+	core, why := blas.Kernels()
+	want := runlog.Compute{BLAS: blas.Name(), BLASThreads: c.Threads(0), Kernels: models.Kernels(), BLASKernels: core, BLASKernelsReason: why}
 	if info.Compute == nil || *info.Compute != want {
 		t.Errorf("run.json compute %+v, want %+v", info.Compute, want)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/internal/blas"
 	"github.com/pipetrain/pipetrain/internal/words"
 	"github.com/pipetrain/pipetrain/runlog"
 	"github.com/pipetrain/pipetrain/stages"
@@ -52,6 +53,12 @@ func (f *runFlags) load() (*configs.Config, error) {
 	}
 	c, err := loadShared(f.config, f.share)
 	if err != nil {
+		return nil, err
+	}
+	// OpenBLAS fixed its kernels when this process started, before the
+	// config was read: a config asking for others restarts the process once
+	// with them (their variable set, which launch's stages inherit).
+	if err := blas.Reload(c.Compute.BLASKernels); err != nil {
 		return nil, err
 	}
 	if err := c.CheckData(); err != nil {

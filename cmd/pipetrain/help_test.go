@@ -106,13 +106,15 @@ func TestEveryCommandHasExamples(t *testing.T) {
 }
 
 // TestVersionSaysWhatItComputesWith: the version command names the build,
-// the BLAS and the float32 kernels this binary uses.
+// the BLAS with its kernel set and why, and the float32 kernels this binary
+// uses.
 func TestVersionSaysWhatItComputesWith(t *testing.T) {
 	out, err := runCommand(t, newRoot(), "version")
 	if err != nil {
 		t.Fatal(err)
 	}
-	products := map[string]string{"openblas": "matrix products: OpenBLAS (" + blas.Library() + ")\n", "gonum": "matrix products: gonum's Go kernels ("}[blas.Name()]
+	core, why := blas.Kernels()
+	products := map[string]string{"openblas": "matrix products: OpenBLAS (" + blas.Library() + "), " + core + " kernels (" + why + ")\n", "gonum": "matrix products: gonum's Go kernels ("}[blas.Name()]
 	for _, w := range []string{"pipetrain ", runtime.Version(), products, "float32 kernels: " + models.Kernels() + "\n", fmt.Sprintf("cores: %d\n", runtime.NumCPU())} {
 		if !strings.Contains(out, w) {
 			t.Errorf("missing %q in\n%s", w, out)

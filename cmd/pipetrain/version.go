@@ -32,6 +32,9 @@ func versionCmd() *cobra.Command {
 func writeVersion(w io.Writer) {
 	fmt.Fprintf(w, "pipetrain %s, %s %s/%s\n", buildVersion(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
 	fmt.Fprintf(w, "%s\n", blas.Describe(0))
+	if b := blas.Build(); b != "" {
+		fmt.Fprintf(w, "%s\n", b)
+	}
 	fmt.Fprintf(w, "float32 kernels: %s\n", models.Kernels())
 	fmt.Fprintf(w, "cores: %d\n", runtime.NumCPU())
 }

@@ -84,6 +84,10 @@ func choose(want, policy string) {
 		return
 	case "", "auto":
 		impl, lib, err := loadKernels(searched, policy)
+		if err != nil && policy != "auto" && policy != "library" {
+			choice.err = err // kernels fixed for every host: no quiet fallback
+			return
+		}
 		if err != nil {
 			choice.notLoaded = err.Error()
 			return
@@ -238,4 +242,17 @@ func environWithout(names ...string) []string {
 		}
 	}
 	return out
+}
+
+// Build says which OpenBLAS build is loaded and which kernel sets it has,
+// for the CPU named: "" with gonum.
+func Build() string {
+	if choice.impl == nil {
+		return ""
+	}
+	s := fmt.Sprintf("OpenBLAS build: %s; CPU: %s", choice.kernels.config, cores.Host())
+	if have := availableCores(); len(have) > 0 {
+		s += "; kernel sets: " + strings.Join(have, ", ")
+	}
+	return s
 }

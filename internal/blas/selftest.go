@@ -136,7 +136,7 @@ func compare[T float32 | float64](what string, tA, tB blas.Transpose, m, n, k, l
 }
 
 // sgemmRate is g's single-call sgemm speed in GFLOP/s on a 128×512×512
-// product (a micro-batch of 128 through a 512-wide layer): the best of 5
+// product (a micro-batch of 128 through a 512-wide layer): the best of 10
 // timed calls after one to warm up, a few milliseconds in all.
 func sgemmRate(g gemmer) float64 {
 	const m, n, k = 128, 512, 512
@@ -148,7 +148,7 @@ func sgemmRate(g gemmer) float64 {
 		b[i] = float32(i%5) - 2
 	}
 	best := time.Duration(math.MaxInt64)
-	for i := range 6 {
+	for i := range 11 {
 		start := time.Now()
 		g.Sgemm(blas.NoTrans, blas.NoTrans, m, n, k, 1, a, k, b, n, 0, c, n)
 		if d := time.Since(start); i > 0 && d < best {
