@@ -124,21 +124,13 @@ func Export(c *configs.Config, runDir string, which int, out string) (*Exported,
 	return &Exported{From: from, Step: step, Tensors: tensors, Meta: meta, Unchecked: unchecked}, nil
 }
 
-// specKeys are the keys of the model section each model family reads; the
-// others, which a config may carry with their defaults, mean nothing to it.
-var specKeys = map[string][]string{
-	"mlp": {"input", "hidden", "classes", "activation"},
-	"cnn": {"input", "channels", "classes"},
-	"gpt": {"layers", "width", "heads", "context", "vocab", "tie_embeddings"},
-}
-
 // exportSpec is the model section as an export records it (model_spec):
-// the name, the dtype and the keys of the model's own family, so that a
-// GPT's spec does not carry an MLP's sizes. A model outside specKeys keeps
-// every key.
+// the name, the dtype and the keys its family documents reading
+// (models.FamilyDoc), so that a GPT's spec does not carry an MLP's sizes. A
+// model no family registers keeps every key.
 func exportSpec(m models.Spec) ([]byte, error) {
 	b, err := json.Marshal(m)
-	keys, known := specKeys[m.Name]
+	f, known := models.Lookup(m.Name)
 	if err != nil || !known {
 		return b, err
 	}
@@ -147,9 +139,9 @@ func exportSpec(m models.Spec) ([]byte, error) {
 		return nil, err
 	}
 	own := map[string]any{"name": all["name"], "dtype": all["dtype"]}
-	for _, k := range keys {
-		if v, ok := all[k]; ok {
-			own[k] = v
+	for _, k := range f.Doc().Keys {
+		if v, ok := all[k.Key]; ok {
+			own[k.Key] = v
 		}
 	}
 	return json.Marshal(own)
