@@ -5,6 +5,7 @@
 // the split backward of zero-bubble schedules (Input, then a separately
 // compiled weight-gradient program), the weights and their optimizer step,
 // register reuse between runs, and the cost measurements plan and simulate
-// use. It knows nothing of links or schedules: the stage executor
-// (package stages) decides what runs when and moves the tensors.
+// use. It knows nothing of configs, links or schedules: the stage executor
+// (package stages) decides what runs when and moves the tensors, and the
+// callers of the cost and memory models hand them plain values (Pipeline).
 package engine

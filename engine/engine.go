@@ -10,7 +10,6 @@ import (
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
-	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/optim"
 )
@@ -658,13 +657,13 @@ func (e *Engine) Step(o *optim.Optimizer) error {
 	return nil
 }
 
-// NewOptimizer makes the configured optimizer for this engine's parameters.
-func (e *Engine) NewOptimizer(c configs.Optimizer) (*optim.Optimizer, error) {
+// NewOptimizer makes the optimizer spec describes for this engine's parameters.
+func (e *Engine) NewOptimizer(spec optim.Spec) (*optim.Optimizer, error) {
 	shapes := make([]tensor.Shape, len(e.params))
 	for i, p := range e.params {
 		shapes[i] = p.Shape().Clone()
 	}
-	return optim.New(c, e.Model.DType, shapes)
+	return optim.New(spec, e.Model.DType, shapes)
 }
 
 // Gradients returns the summed gradient of each parameter, in Params order.

@@ -10,8 +10,8 @@ import (
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
-	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/models"
+	"github.com/pipetrain/pipetrain/optim"
 )
 
 func smallMLP(t *testing.T, dtype string) *models.Model {
@@ -327,7 +327,7 @@ func TestEngineRejectsMisuse(t *testing.T) {
 	}
 	_, err = e.Forward(0, in, []int{0, 1})
 	refused(t, "second forward of an in-flight micro-batch", err, "micro-batch 0: forward run twice before its backward")
-	sgd, err := e.NewOptimizer(configs.Optimizer{Name: "sgd", LR: 0.1})
+	sgd, err := e.NewOptimizer(optim.Spec{Name: "sgd", LR: 0.1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -508,7 +508,7 @@ func checkSplitBitIdentical(t *testing.T, m *models.Model, cuts [][2]int, xs []*
 				t.Errorf("%s gradient is all zeros: the comparison shows nothing", name)
 			}
 		}
-		adam := configs.Optimizer{Name: "adam", LR: 0.01, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8}
+		adam := optim.Spec{Name: "adam", LR: 0.01, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8}
 		fo, err := fused[i].NewOptimizer(adam)
 		if err != nil {
 			t.Fatal(err)

@@ -9,10 +9,9 @@ import (
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
-	"github.com/pipetrain/pipetrain/configs"
-	"github.com/pipetrain/pipetrain/internal/blas"
 	"github.com/pipetrain/pipetrain/internal/stats"
 	"github.com/pipetrain/pipetrain/models"
+	"github.com/pipetrain/pipetrain/schedule"
 )
 
 // Cost is the measured time of one micro-batch's actions on one model piece, and
@@ -34,31 +33,34 @@ type Cost struct {
 	OutBytes int64
 }
 
-// MeasureCosts times each stage's chunks on this machine: forward, fused backward,
-// and the split input and weight gradients, on random micro-batches of the
-// configured shapes. Each figure is the median of reps runs after one warm-up,
-// the chunks taking turns (see measureAll). The result is indexed [stage][chunk].
-func MeasureCosts(c *configs.Config, reps int) ([][]Cost, error) {
-	blas.SetThreads(c.Threads(0))
-	model, err := models.Build(c.Model)
+// MeasureCosts times each stage's chunks of p on this machine: forward, fused
+// backward, and the split input and weight gradients, on random micro-batches
+// of p's shapes, with the BLAS threads the process has set. Each figure is
+// the median of reps runs after one warm-up, the chunks taking turns (see
+// measureAll). The result is indexed [stage][chunk], as p.Chunks.
+func MeasureCosts(spec models.Spec, p Pipeline, reps int) ([][]Cost, error) {
+	model, err := models.Build(spec)
 	if err != nil {
 		return nil, err
 	}
 	var ranges [][2]int
-	for s := range c.Stages {
-		for chunk := 0; chunk < c.VirtualStages; chunk++ {
-			first, last := c.ChunkLayers(s, chunk)
-			ranges = append(ranges, [2]int{first, last})
+	var places [][2]int // the stage and chunk of each range
+	for s, chunks := range p.Chunks {
+		for chunk, r := range chunks {
+			ranges, places = append(ranges, r), append(places, [2]int{s, chunk})
 		}
 	}
-	costs, err := measureAll(model, ranges, c.MicroBatchSize(), c.Train.Seed, reps, stats.Median[time.Duration])
+	costs, err := measureAll(model, ranges, p.Batch, p.Seed, reps, stats.Median[time.Duration])
 	if err != nil {
-		i := len(costs)
-		return nil, fmt.Errorf("stage %d chunk %d: %w", i/c.VirtualStages, i%c.VirtualStages, err)
+		if i := len(costs); i < len(places) {
+			return nil, fmt.Errorf("stage %d chunk %d: %w", places[i][0], places[i][1], err)
+		}
+		return nil, err
 	}
-	out := make([][]Cost, len(c.Stages))
+	out := make([][]Cost, len(p.Chunks))
 	for i, cost := range costs {
-		out[i/c.VirtualStages] = append(out[i/c.VirtualStages], cost)
+		s := places[i][0]
+		out[s] = append(out[s], cost)
 	}
 	return out, nil
 }
@@ -274,14 +276,8 @@ func randomTokens(r *rand.Rand, dt tensor.Dtype, shape tensor.Shape, vocab int) 
 	return t
 }
 
-// EstimateTransfer is the time to move the largest activation between stages over
-// gRPC on loopback: its size at 2 GB/s plus 100us per message, as measured here.
-func EstimateTransfer(c *configs.Config, m *models.Model) time.Duration {
-	var largest int
-	for k := 1; k < c.ModelStages(); k++ {
-		s, ch := c.Place(k)
-		first, _ := c.ChunkLayers(s, ch)
-		largest = max(largest, m.ShapeAt(first, c.MicroBatchSize()).TotalSize()*int(m.DType.Size()))
-	}
-	return 100*time.Microsecond + time.Duration(float64(largest)/2e9*float64(time.Second))
+// EstimateTransfer is the time to move the largest activation between the
+// chunks of p over gRPC on loopback (schedule.Loopback).
+func EstimateTransfer(p Pipeline, m *models.Model) time.Duration {
+	return schedule.Loopback.Time(int64(p.largestInput(m)))
 }

@@ -7,7 +7,6 @@ import (
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
-	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/schedule"
 )
@@ -160,29 +159,32 @@ func MeasureMemory(model *models.Model, first, last, batch int, seed uint64, o O
 	return m, nil
 }
 
-// OptionsFor is how stage's engine for chunk is built to run actions, the
-// stage's share of the schedule, under config c: split where the schedule
-// splits the chunk's backward, recomputing where it recomputes the chunk's
-// forwards, and selective where the stage asks for it.
-func OptionsFor(c *configs.Config, actions []schedule.Action, stage, chunk int) Options {
+// OptionsFor is how a stage's engine for chunk is built to run actions, the
+// stage's share of the schedule: split where the schedule splits the chunk's
+// backward, recomputing where it recomputes the chunk's forwards, and
+// selective where the stage asks for it.
+func OptionsFor(actions []schedule.Action, chunk int, selective bool) Options {
 	return Options{
 		Split:     schedule.SplitsChunk(actions, chunk),
 		Recompute: schedule.RecomputesChunk(actions, chunk),
-		Selective: c.RecomputesSelective(stage),
+		Selective: selective,
 	}
 }
 
 // PredictMemory is, per stage, the peak activation memory the schedule s
-// makes each stage of config c hold: every chunk's sizes measured once
+// makes each stage of p hold: every chunk's sizes measured once
 // (MeasureMemory), multiplied out along the stage's actions
 // (schedule.PeakMemory). Its sizes, per stage and chunk, come back too.
-func PredictMemory(c *configs.Config, m *models.Model, s *schedule.Schedule) ([]int64, [][]schedule.ChunkMemory, error) {
+func PredictMemory(p Pipeline, m *models.Model, s *schedule.Schedule) ([]int64, [][]schedule.ChunkMemory, error) {
 	sizes := make([][]schedule.ChunkMemory, s.Stages)
 	for st := range s.Stages {
 		sizes[st] = make([]schedule.ChunkMemory, max(s.Chunks, 1))
 		for ch := range sizes[st] {
-			first, last := c.ChunkLayers(st, ch)
-			mem, err := MeasureMemory(m, first, last, c.MicroBatchSize(), c.Train.Seed, OptionsFor(c, s.Actions[st], st, ch))
+			first, last, err := p.chunk(st, ch)
+			if err != nil {
+				return nil, nil, err
+			}
+			mem, err := MeasureMemory(m, first, last, p.Batch, p.Seed, OptionsFor(s.Actions[st], ch, p.selective(st)))
 			if err != nil {
 				return nil, nil, fmt.Errorf("stage %d chunk %d: %w", st, ch, err)
 			}

@@ -104,7 +104,7 @@ func TestRecomputationSavesMemory(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		peak, _, err := engine.PredictMemory(c, model, s)
+		peak, _, err := engine.PredictMemory(EnginePipeline(c), model, s)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -147,7 +147,7 @@ func (r *Runtime) writeRunInfo() error {
 	if sched := r.layout.Schedule.Compute(); sched.Stages == len(r.cfg.Stages) {
 		// A prediction that cannot be made leaves the profile without one;
 		// it is no reason to stop a run.
-		if peak, _, err := engine.PredictMemory(r.cfg, r.layout.Model, sched); err == nil {
+		if peak, _, err := engine.PredictMemory(EnginePipeline(r.cfg), r.layout.Model, sched); err == nil {
 			info.PredictedStashBytes = peak
 		}
 	}

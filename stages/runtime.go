@@ -156,7 +156,7 @@ func New(o Options) (*Runtime, error) {
 	sched := lowered.Compute()
 	r.actions, r.ops, r.schedName = sched.Actions[r.stage], lowered.Ops[r.stage], sched.Name
 	for chunk, lr := range ranges {
-		opts := engine.OptionsFor(c, r.actions, r.stage, chunk)
+		opts := engine.OptionsFor(r.actions, chunk, c.RecomputesSelective(r.stage))
 		if l.Reference {
 			opts.Selective = false // the reference keeps every activation: recomputation is checked against it
 		}

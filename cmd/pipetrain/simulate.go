@@ -19,10 +19,12 @@ import (
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/engine"
 	"github.com/pipetrain/pipetrain/internal/affinity"
+	"github.com/pipetrain/pipetrain/internal/blas"
 	"github.com/pipetrain/pipetrain/internal/words"
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/profile"
 	"github.com/pipetrain/pipetrain/schedule"
+	"github.com/pipetrain/pipetrain/stages"
 	"github.com/pipetrain/pipetrain/timeline"
 )
 
@@ -192,7 +194,7 @@ func runSimulate(w io.Writer, o simulateOptions) error {
 	case costs.runTransfer > 0:
 		costs.Transfer, costs.transferFrom = ms(costs.runTransfer), "the run's measured mean link delay"
 	default:
-		costs.Transfer, costs.transferEstimated = ms(engine.EstimateTransfer(cfg, model)), true
+		costs.Transfer, costs.transferEstimated = ms(engine.EstimateTransfer(stages.EnginePipeline(cfg), model)), true
 	}
 	costs.print(w, cfg, splittable(model))
 	repl.print(w)
@@ -350,7 +352,8 @@ func simulationCosts(cfg *configs.Config, model *models.Model, from string, reps
 	switch {
 	case from == "measure":
 		reps = max(reps, 1)
-		measured, err := engine.MeasureCosts(cfg, reps)
+		blas.SetThreads(cfg.Threads(0))
+		measured, err := engine.MeasureCosts(cfg.Model, stages.EnginePipeline(cfg), reps)
 		if err != nil {
 			return c, err
 		}
@@ -910,7 +913,7 @@ func memoryPredictor(cfg *configs.Config, model *models.Model) func(*schedule.Sc
 	}
 	measured := map[key]schedule.ChunkMemory{}
 	keyOf := func(s *schedule.Schedule, st, ch int) key {
-		return key{st, ch, engine.OptionsFor(cfg, s.Actions[st], st, ch)}
+		return key{st, ch, engine.OptionsFor(s.Actions[st], ch, cfg.RecomputesSelective(st))}
 	}
 	return func(s *schedule.Schedule) []int64 {
 		if s.Stages != len(cfg.Stages) || max(s.Chunks, 1) != max(cfg.VirtualStages, 1) ||

@@ -20,6 +20,7 @@ import (
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/profile"
 	"github.com/pipetrain/pipetrain/schedule"
+	"github.com/pipetrain/pipetrain/stages"
 )
 
 // simMLP is a 2-stage MLP small enough to measure in a test; with m = 4 every
@@ -706,7 +707,7 @@ func TestSimulatePredictsActivationMemory(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		peak, _, err := engine.PredictMemory(cfg, model, s)
+		peak, _, err := engine.PredictMemory(stages.EnginePipeline(cfg), model, s)
 		if err != nil {
 			t.Fatal(err)
 		}
