@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pipetrain/pipetrain/cluster"
+	"github.com/pipetrain/pipetrain/stages"
 )
 
 func gatherCmd() *cobra.Command {
@@ -44,12 +45,12 @@ and the weights then work from rank 0's directory.`,
 				return fmt.Errorf("%s: %w", cfg.Path, err)
 			}
 			host, _ := os.Hostname()
-			j, err := join(cmd.Context(), cfg, r.Rank, "gather@"+host, runDir, addr, from)
+			j, err := stages.Join(cmd.Context(), cfg, r.Rank, "gather@"+host, runDir, addr, from, os.Stdout)
 			if err != nil {
 				return fmt.Errorf("rank %d: %w", r.Rank, err)
 			}
-			defer j.stop()
-			return j.gather(cmd.Context(), cfg, runDir)
+			defer j.Stop()
+			return j.Gather(cmd.Context(), cfg, runDir, os.Stdout)
 		},
 	}
 	c.Flags().StringVarP(&config, "config", "c", "", "the run's config (YAML)")

@@ -3,10 +3,8 @@ package main
 import (
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/signal"
-	"runtime"
 	"strings"
 	"syscall"
 
@@ -14,7 +12,6 @@ import (
 
 	"github.com/pipetrain/pipetrain/cluster"
 	"github.com/pipetrain/pipetrain/configs"
-	"github.com/pipetrain/pipetrain/internal/affinity"
 	"github.com/pipetrain/pipetrain/launcher"
 	"github.com/pipetrain/pipetrain/stages"
 )
@@ -59,77 +56,16 @@ func stageCmd() *cobra.Command {
 			if replica < 0 || replica >= cfg.Replicas() {
 				return fmt.Errorf("--replica %d: %s has data_parallel %d, so replicas 0-%d", replica, cfg.Path, cfg.Replicas(), cfg.Replicas()-1)
 			}
-			if list := cfg.Stages[index].CPUs; list != "" {
-				cpus, _ := affinity.Parse(list) // checked by Validate
-				if err := affinity.Pin(cpus); err != nil {
-					return fmt.Errorf("stages[%d].cpus: %w", index, err)
-				}
+			err = stages.RunProcess(cmd.Context(), stages.ProcessOptions{Config: cfg, Stage: index, Replica: replica, RunDir: f.runDir, Resume: resume, Pause: pause,
+				Started: func(rt *stages.Runtime) { go answerStatusQueries(queries, rt) },
+				// The launcher reads what the stage was waiting for when it
+				// gave up, to follow the chain to the stage that hung.
+				Failed: func(rt *stages.Runtime) { fmt.Println(statusLine(rt)) },
+			})
+			if errors.Is(err, stages.ErrPaused) {
+				return interruptedStage{err}
 			}
-			// Set only where it lowers the count: setting GOMAXPROCS at all
-			// ends Go's own updates of it (to a container's CPU limit).
-			if n := schedulerProcs(cfg, index, os.Getenv("GOMAXPROCS"), runtime.GOMAXPROCS(0)); n != runtime.GOMAXPROCS(0) {
-				runtime.GOMAXPROCS(n)
-			}
-			var bound net.Listener
-			var job *joined
-			if cfg.UsesRendezvous() {
-				if job, err = rendezvous(cmd.Context(), cfg, index, replica, f.runDir); err != nil {
-					return err
-				}
-				defer job.stop()
-				bound = job.lis
-			}
-			layout, err := stages.NewReplicaLayout(cfg, index, replica)
-			if err != nil {
-				if bound != nil {
-					bound.Close()
-				}
-				return err
-			}
-			layout.Listener = bound
-			links, err := stages.Connect(cmd.Context(), layout)
-			if err != nil {
-				return err
-			}
-			defer links.Close()
-			o := stages.Options{Layout: layout, Config: cfg, Stage: index, RunDir: f.runDir, Prev: links.Prev, Next: links.Next,
-				ReplicaPrev: links.ReplicaPrev, ReplicaNext: links.ReplicaNext, Log: os.Stdout, Resume: resume, Pause: pause}
-			if job != nil {
-				o.Coordinator = job.coord
-			}
-			rt, err := stages.New(o)
-			if err != nil {
-				return err
-			}
-			if addr := cfg.Stages[index].MetricsAddress; addr != "" {
-				// The metrics require the links' token or certificate, if any.
-				auth, err := stages.MetricsAuthFor(cfg, index)
-				if err != nil {
-					return err
-				}
-				stop, _, err := stages.ServeMetricsAuth(addr, rt.Metrics(), auth)
-				if err != nil {
-					return fmt.Errorf("stages[%d].metrics_address: %w", index, err)
-				}
-				defer stop()
-				fmt.Printf("stage %d: Prometheus metrics on %s://%s/metrics\n", index, auth.Scheme(), addr)
-			}
-			go answerStatusQueries(queries, rt)
-			if err := rt.Run(cmd.Context()); err != nil {
-				if errors.Is(err, stages.ErrPaused) {
-					return interruptedStage{err}
-				}
-				if cmd.Context().Err() == nil {
-					// The launcher reads what the stage was waiting for when
-					// it gave up, to follow the chain to the stage that hung.
-					fmt.Println(statusLine(rt))
-				}
-				return err
-			}
-			if job != nil {
-				return job.gather(cmd.Context(), cfg, f.runDir)
-			}
-			return nil
+			return err
 		},
 	}
 	f.register(c, "runs/latest")
@@ -177,19 +113,4 @@ func answerStatusQueries(queries <-chan os.Signal, rt *stages.Runtime) {
 func statusLine(rt *stages.Runtime) string {
 	a := rt.Activity()
 	return launcher.FormatStatus(launcher.Status{Stage: a.Stage, Replica: a.Replica, Action: a.Action, Peer: a.Peer, Ring: a.PeerReplica >= 0, PeerReplica: a.PeerReplica, For: a.For})
-}
-
-// schedulerProcs is the GOMAXPROCS a stage process runs with: its share of
-// the machine's cores (configs.CoreShare) where stages share them, unless the
-// environment sets GOMAXPROCS (env), and never more than it has (current).
-// Go otherwise gives every process as many Ps as the machine has cores, and
-// a stage waiting for its neighbour spins on them, taking cycles from the
-// stages that compute: four stages of a 1024-wide MLP on two cores trained
-// 3% faster with one P each (median of six launches each, 1816 against 1762
-// samples/s).
-func schedulerProcs(cfg *configs.Config, stage int, env string, current int) int {
-	if env != "" {
-		return current
-	}
-	return min(current, cfg.CoreShare(stage))
 }
