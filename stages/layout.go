@@ -10,6 +10,7 @@ import (
 	"github.com/pipetrain/pipetrain/collective"
 
 	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/internal/blas"
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/schedule"
 	"github.com/pipetrain/pipetrain/transport"
@@ -82,7 +83,8 @@ func NewReplicaLayout(c *configs.Config, i, r int) (*Layout, error) {
 	p := len(c.Stages)
 	hello := func(from int) transport.Hello {
 		return transport.Hello{Stage: i, Stages: p, ConfigDigest: c.Digest(), Address: c.Address(i, r),
-			DType: dt, Shapes: LinkShapes(c, model, from), Ring: NeedsRing(c, model), Replica: r, Replicas: l.Replicas}
+			DType: dt, Shapes: LinkShapes(c, model, from), Ring: NeedsRing(c, model), Replica: r, Replicas: l.Replicas,
+			Kernels: blas.KernelSet()}
 	}
 	l.Up, l.Down = hello((i+p-1)%p), hello(i)
 	if l.Replicas > 1 {
@@ -90,7 +92,7 @@ func NewReplicaLayout(c *configs.Config, i, r int) (*Layout, error) {
 			return nil, err
 		}
 		l.Reduce = transport.Hello{Group: transport.ReplicaGroup, Stage: i, Stages: p, Replica: r, Replicas: l.Replicas,
-			ConfigDigest: c.Digest(), Address: c.Address(i, r), DType: dt, Shapes: l.reduceShapes(dt)}
+			ConfigDigest: c.Digest(), Address: c.Address(i, r), DType: dt, Shapes: l.reduceShapes(dt), Kernels: blas.KernelSet()}
 	}
 	return l, nil
 }

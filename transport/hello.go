@@ -61,6 +61,11 @@ type Hello struct {
 	// of the same stage.
 	Replica  int
 	Replicas int
+	// Kernels names the matrix kernels the sender computes with
+	// (internal/blas.KernelSet: "OpenBLAS Haswell", "gonum"), which change
+	// a product's last bits: both sides must agree on it. "" says nothing
+	// (a process that computes nothing the run's results depend on).
+	Kernels string
 }
 
 // who is how messages refer to a process without its address: "stage 2",
@@ -180,8 +185,8 @@ func (h Hello) validate() error {
 	if len(h.Shapes) > maxHelloChunks {
 		return fmt.Errorf("%s: the link has %d message shapes, more than the %d a handshake may carry (fewer, larger all-reduce buckets need fewer)", h.who(), len(h.Shapes), maxHelloChunks)
 	}
-	if len(h.ConfigDigest) > maxHelloText || len(h.Address) > maxHelloText {
-		return fmt.Errorf("%s: config digest (%d bytes) or address (%d bytes) is longer than the %d bytes a handshake carries", h.who(), len(h.ConfigDigest), len(h.Address), maxHelloText)
+	if len(h.ConfigDigest) > maxHelloText || len(h.Address) > maxHelloText || len(h.Kernels) > maxHelloText {
+		return fmt.Errorf("%s: config digest (%d bytes), address (%d bytes) or kernels (%d bytes) is longer than the %d bytes a handshake carries", h.who(), len(h.ConfigDigest), len(h.Address), len(h.Kernels), maxHelloText)
 	}
 	for c, s := range h.Shapes {
 		t := Tensor{Kind: Activation, DType: h.DType, Shape: s}
@@ -206,8 +211,8 @@ func (e *HandshakeError) Error() string { return e.Msg }
 // Ring the last stage dialing stage 0). On the replica ring the stage count,
 // Ring, the stage and the replica count are equal, and the dialer is the
 // listener's upstream replica (listener.Replica == (dialer.Replica+1) mod
-// Replicas). On both, the config digest, dtype and the per-chunk shape list
-// are equal. In messages the remote value comes first:
+// Replicas). On both, the config digest, the matrix kernels, dtype and the
+// per-chunk shape list are equal. In messages the remote value comes first:
 //
 //	stage 2 (127.0.0.1:7102) refused stage 1 (127.0.0.1:7101): config digest 3fa2c1 differs from 9b01de
 //	stage 2 (127.0.0.1:7102) refused stage 1 (127.0.0.1:7101): chunk 1 activation shape [32 256] float32 differs from [32 128] float32
@@ -265,6 +270,9 @@ func CheckPeer(local, remote Hello, dialer bool) error {
 	if remote.ConfigDigest != local.ConfigDigest {
 		return refuse("config digest %s differs from %s (started from different configs or overrides)", short(remote.ConfigDigest), short(local.ConfigDigest))
 	}
+	if remote.Kernels != local.Kernels {
+		return refuse("matrix kernels %q differ from %q: they round differently, so the run would not equal its reference (give every host the same with compute.blas_kernels: a core type all their CPUs run, such as Haswell)", remote.Kernels, local.Kernels)
+	}
 	if len(remote.Shapes) != len(local.Shapes) {
 		return refuse("chunk count %d differs from %d (activation shapes %v vs %v)", len(remote.Shapes), len(local.Shapes), remote.Shapes, local.Shapes)
 	}
@@ -287,7 +295,7 @@ type handshake struct {
 //
 //	magic    [3]byte "PTH"
 //	version  uint8   (2)
-//	flags    uint8   bit 0: Ring; the other bits are zero
+//	flags    uint8   bit 0: Ring; bit 7: kernels follow the refusal; the other bits are zero
 //	dtype    uint8
 //	group    uint8   0 pipeline, 1 replica ring
 //	stage    int32
@@ -297,6 +305,7 @@ type handshake struct {
 //	digest   uint32 length, then the bytes of ConfigDigest
 //	address  uint32 length, then the bytes of Address
 //	refused  uint32 length, then the bytes of Refused
+//	kernels  with flag bit 7 only: uint32 length (>= 1), then the bytes of Kernels
 //	chunks   uint32 count, then per chunk:
 //	           rank uint8 (<= MaxRank), dims rank × int64 (each >= 0)
 //
@@ -312,16 +321,18 @@ const (
 	handshakeVersion = 2
 	handshakeFixed   = 3 + 1 + 1 + 1 + 1 + 4*4
 
-	flagRing = 1 << 0
+	flagRing    = 1 << 0
+	flagKernels = 1 << 7 // a build before Hello.Kernels refuses it as an unknown flag
 )
 
 // Handshake bounds. A listener decodes a hello before it knows the sender
 // is its neighbour (a process holding the token may send anything), so each
 // field has a limit that is checked before anything is allocated for it.
 const (
-	// maxHelloText bounds the config digest and the address: a digest is 64
-	// hex digits, an address a host name of at most 253 bytes and a port,
-	// or a Unix socket path of at most 108 bytes.
+	// maxHelloText bounds the config digest, the address and the kernels: a
+	// digest is 64 hex digits, an address a host name of at most 253 bytes
+	// and a port, or a Unix socket path of at most 108 bytes, the kernels a
+	// library and a core type's name.
 	maxHelloText = 1 << 10
 	// maxHelloRefusal bounds a refusal's text; marshal cuts a longer one (a
 	// refusal names both stages and at worst both lists of shapes).
@@ -342,7 +353,7 @@ const (
 // shapes, so a hello it accepts is no longer than h's encoding with the
 // address and the refusal at their limits; a longer one is refused unread.
 func helloLimit(h Hello) int {
-	n := handshakeFixed + 4*4 + 2*maxHelloText + maxHelloRefusal
+	n := handshakeFixed + 5*4 + 3*maxHelloText + maxHelloRefusal
 	for _, s := range h.Shapes {
 		n += 1 + 8*len(s)
 	}
@@ -377,7 +388,7 @@ func appendString(b []byte, s string) []byte {
 func (h *handshake) marshal() []byte {
 	x := &h.Hello
 	refused := clip(h.Refused, maxHelloRefusal)
-	n := handshakeFixed + 4*4 + len(x.ConfigDigest) + len(x.Address) + len(refused)
+	n := handshakeFixed + 5*4 + len(x.ConfigDigest) + len(x.Address) + len(refused) + len(x.Kernels)
 	for _, s := range x.Shapes {
 		n += 1 + 8*len(s)
 	}
@@ -387,6 +398,9 @@ func (h *handshake) marshal() []byte {
 	if x.Ring {
 		flags |= flagRing
 	}
+	if x.Kernels != "" {
+		flags |= flagKernels
+	}
 	b = append(b, handshakeVersion, flags, byte(x.DType), byte(x.Group))
 	for _, v := range [...]int{x.Stage, x.Stages, x.Replica, x.Replicas} {
 		b = binary.LittleEndian.AppendUint32(b, uint32(int32(v)))
@@ -394,6 +408,9 @@ func (h *handshake) marshal() []byte {
 	b = appendString(b, x.ConfigDigest)
 	b = appendString(b, x.Address)
 	b = appendString(b, refused)
+	if x.Kernels != "" {
+		b = appendString(b, x.Kernels)
+	}
 	if uint64(len(x.Shapes)) > math.MaxUint32 {
 		panic("transport: too many chunks for a handshake")
 	}
@@ -449,7 +466,7 @@ func (h *handshake) unmarshalHead(b []byte) (shapes []byte, err error) {
 		return nil, bad("%d bytes is shorter than the %d-byte header", len(b), handshakeFixed)
 	}
 	flags := b[4]
-	if flags&^flagRing != 0 {
+	if flags&^(flagRing|flagKernels) != 0 {
 		return nil, bad("unknown flags %#x", flags)
 	}
 	group := Group(b[6])
@@ -492,6 +509,14 @@ func (h *handshake) unmarshalHead(b []byte) (shapes []byte, err error) {
 	}
 	if refused, err = str("refusal", maxHelloRefusal); err != nil {
 		return nil, err
+	}
+	if flags&flagKernels != 0 {
+		if x.Kernels, err = str("kernels", maxHelloText); err != nil {
+			return nil, err
+		}
+		if x.Kernels == "" {
+			return nil, bad("the kernels flag with no kernels") // one encoding per hello
+		}
 	}
 	*h = handshake{Hello: x, Refused: refused}
 	return rest, nil
