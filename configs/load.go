@@ -89,8 +89,10 @@ func keysOf(t reflect.Type) *keyTree {
 // keyName is the config key of a struct field, as mapstructure names it;
 // ok is false for a field that is no key.
 func keyName(f reflect.StructField) (name string, ok bool) {
-	name, _, _ = strings.Cut(f.Tag.Get("mapstructure"), ",")
-	if !f.IsExported() || name == "-" {
+	name, opts, _ := strings.Cut(f.Tag.Get("mapstructure"), ",")
+	if !f.IsExported() || name == "-" || opts == "remain" {
+		// A remain field (models.Spec.Own) holds the keys the others do
+		// not; they are checked by the model's family (familyKeys).
 		return "", false
 	}
 	if name == "" {
@@ -146,7 +148,7 @@ func LoadUnchecked(path string) (*Config, error) {
 	if b, err := os.ReadFile(path); err == nil {
 		var doc map[string]any
 		if yaml.Unmarshal(b, &doc) == nil {
-			unknownKeys(p, schema, doc, "")
+			unknownKeys(p, withFamilyKeys(schema, v.GetString("model.name")), doc, "")
 		}
 	}
 	p.Items = append(p.Items, envProblems...)

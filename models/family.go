@@ -1,7 +1,12 @@
 package models
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
+	"maps"
+	"reflect"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -36,8 +41,13 @@ type FamilyDoc struct {
 
 // KeyDoc describes one model-section key as one family reads it.
 type KeyDoc struct {
-	// Key is the key inside the model section, e.g. "hidden".
+	// Key is the key inside the model section, e.g. "hidden", in lower
+	// case, as configs match keys without regard to case.
 	Key string
+	// Type is "" for a key that is a field of Spec, and for a key of the
+	// family's own, which it finds in Spec.Own, the key's JSON Schema type:
+	// "integer", "number", "string", "boolean" or "array".
+	Type string
 	// Doc is one or more sentences on what the key means to the family.
 	Doc string
 	// Values, when not nil, lists every value the family accepts, the
@@ -89,3 +99,46 @@ type family struct {
 func (f family) Name() string                 { return f.name }
 func (f family) Build(s Spec) (*Model, error) { return f.build(s) }
 func (f family) Doc() FamilyDoc               { return f.doc }
+
+// DecodeOwn decodes the family's own keys, spec.Own, into v, a pointer to a
+// struct whose json tags name the keys. It decodes key by key, so that it
+// reports every key whose value has the wrong type, as SpecErrors naming the
+// key, in key order; a key v lacks is left alone (configs refuse a key no
+// family documents before any family builds).
+func DecodeOwn(spec Spec, v any) error {
+	var errs SpecErrors
+	for _, k := range slices.Sorted(maps.Keys(spec.Own)) {
+		b, err := json.Marshal(map[string]any{k: spec.Own[k]})
+		if err == nil {
+			err = json.Unmarshal(b, v)
+		}
+		var te *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &te):
+			errs = append(errs, SpecError{Field: k, Msg: fmt.Sprintf("a %s, want %s", te.Value, kindWord(te.Type.Kind()))})
+		case err != nil:
+			errs = append(errs, SpecError{Field: k, Msg: err.Error()})
+		}
+	}
+	if len(errs) > 0 {
+		return errs
+	}
+	return nil
+}
+
+// kindWord names a Go kind as a config's value.
+func kindWord(k reflect.Kind) string {
+	switch {
+	case k >= reflect.Int && k <= reflect.Uint64:
+		return "an integer"
+	case k == reflect.Float32 || k == reflect.Float64:
+		return "a number"
+	case k == reflect.Bool:
+		return "a boolean"
+	case k == reflect.Slice || k == reflect.Array:
+		return "a list"
+	case k == reflect.Map || k == reflect.Struct:
+		return "a section"
+	}
+	return "a " + k.String()
+}

@@ -34,6 +34,12 @@ type Spec struct {
 
 	// Channels are the output channels of each conv layer (model "cnn").
 	Channels []int `mapstructure:"channels" json:"channels,omitempty"`
+
+	// Own holds the keys of the section that are none of the fields above:
+	// the keys a family reads that no other does (KeyDoc with a Type),
+	// which it decodes itself with DecodeOwn. A config refuses every other
+	// key by name.
+	Own map[string]any `mapstructure:",remain" json:"own,omitempty"`
 }
 
 // Layer is one unit a config can place on a stage. Build adds the layer's ops to a

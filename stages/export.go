@@ -142,6 +142,8 @@ func exportSpec(m models.Spec) ([]byte, error) {
 	for _, k := range f.Doc().Keys {
 		if v, ok := all[k.Key]; ok {
 			own[k.Key] = v
+		} else if v, ok := m.Own[k.Key]; ok {
+			own[k.Key] = v // a key of the family's own, in Spec.Own
 		}
 	}
 	return json.Marshal(own)

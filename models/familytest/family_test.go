@@ -7,6 +7,7 @@
 package familytest_test
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -33,6 +34,7 @@ func (toy) Doc() models.FamilyDoc {
 		{Key: "input", Doc: "Features of an example."},
 		{Key: "hidden", Doc: "The one hidden width."},
 		{Key: "classes", Doc: "Classes predicted."},
+		{Key: "gain", Type: "number", Doc: "The scale's initial value (1 when not given)."},
 	}}
 }
 
@@ -51,6 +53,13 @@ func (toy) Build(spec models.Spec) (*models.Model, error) {
 	if err != nil {
 		errs = append(errs, models.SpecError{Field: "dtype", Msg: err.Error()})
 	}
+	own := struct {
+		Gain *float64 `json:"gain"`
+	}{}
+	var ownErrs models.SpecErrors
+	if errors.As(models.DecodeOwn(spec, &own), &ownErrs) {
+		errs = append(errs, ownErrs...)
+	}
 	if len(errs) > 0 {
 		return nil, errs
 	}
@@ -63,26 +72,43 @@ func (toy) Build(spec models.Spec) (*models.Model, error) {
 		return nil, err
 	}
 	return &models.Model{Spec: spec, DType: dt, Example: tensor.Shape{spec.Input}, Classes: spec.Classes,
-		Layers: []models.Layer{in, out, &scale{n: spec.Classes, dt: dt}}}, nil
+		Layers: []models.Layer{in, out, &scale{n: spec.Classes, gain: cmp.Or(own.Gain, &one), dt: dt}}}, nil
 }
 
 // scale is y = x ⊙ s with s one learned factor per column, a layer type
 // models does not have; PyTorch holds s as "scale.s".
 type scale struct {
-	n  int
-	dt tensor.Dtype
+	n    int
+	gain *float64
+	dt   tensor.Dtype
 }
+
+var one = 1.0
 
 func (l *scale) Name() string                          { return "scale" }
 func (l *scale) OutShape(in tensor.Shape) tensor.Shape { return in.Clone() }
 
 func (l *scale) Build(g *G.ExprGraph, x *G.Node, seed uint64) (models.Built, error) {
-	s := G.NewVector(g, l.dt, G.WithShape(l.n), G.WithName("scale.s"), G.WithInit(G.Ones()))
+	init := tensor.New(tensor.Of(l.dt), tensor.WithShape(l.n))
+	for i := range l.n {
+		if err := init.SetAt(convert(*l.gain, l.dt), i); err != nil {
+			return models.Built{}, err
+		}
+	}
+	s := G.NewVector(g, l.dt, G.WithShape(l.n), G.WithName("scale.s"), G.WithValue(init))
 	y, err := G.BroadcastHadamardProd(x, s, nil, []byte{0})
 	if err != nil {
 		return models.Built{}, fmt.Errorf("scale: %w", err)
 	}
 	return models.Built{Out: y, Params: []*G.Node{s}}, nil
+}
+
+// convert is v in dtype dt.
+func convert(v float64, dt tensor.Dtype) any {
+	if dt == tensor.Float32 {
+		return float32(v)
+	}
+	return v
 }
 
 func (l *scale) TorchParams() []models.TorchParam {
@@ -280,5 +306,67 @@ func TestGPTLayersComposeOutside(t *testing.T) {
 	}
 	if _, err := models.NewGPTBlock(2, s); err == nil || !strings.Contains(err.Error(), "index 2 outside the model's 2 blocks") {
 		t.Errorf("NewGPTBlock(2): %v", err)
+	}
+}
+
+// TestOutsideFamilyOwnKeys: a key only the toy family reads (gain, in
+// models.Spec.Own) is taken in a config naming it and decoded by the family;
+// misspelt, of the wrong type, or in a config of another family, it is
+// refused naming model.gain; the schema lists it with its type.
+func TestOutsideFamilyOwnKeys(t *testing.T) {
+	const base = "model: {name: %s, input: 5, hidden: [4], classes: 3, %s}\nstages:\n  - {layers: \"0-2\", address: 127.0.0.1:7001}\n"
+	modelProblems := func(family, extra string) ([]string, *configs.Config) {
+		path := filepath.Join(t.TempDir(), "c.yaml")
+		if err := os.WriteFile(path, []byte(fmt.Sprintf(base, family, extra)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		c, err := configs.LoadUnchecked(path)
+		if err != nil {
+			t.Fatalf("%s: %v", extra, err)
+		}
+		var p *configs.Problems
+		var out []string
+		if errors.As(c.Validate(), &p) {
+			for _, item := range p.Items {
+				if strings.HasPrefix(item, "model") {
+					out = append(out, item)
+				}
+			}
+		}
+		return out, c
+	}
+	if got, c := modelProblems("toy", "gain: 0.5"); len(got) > 0 {
+		t.Errorf("gain: 0.5: %q", got)
+	} else if m, err := models.Build(c.Model); err != nil {
+		t.Error(err)
+	} else if g := m.Layers[2].(*scale).gain; *g != 0.5 {
+		t.Errorf("the scale starts at %v, want 0.5", *g)
+	}
+	for _, c := range []struct{ family, extra, want string }{
+		{"toy", "gian: 0.5", "model.gian: unknown key (did you mean gain?)"},
+		{"toy", "gain: big", "model.gain: a string, want a number"},
+		{"mlp", "gain: 0.5", "model.gain: unknown key"},
+	} {
+		got, _ := modelProblems(c.family, c.extra)
+		if len(got) != 1 || !strings.HasPrefix(got[0], c.want) {
+			t.Errorf("model %s with %s: problems %q, want one starting %q", c.family, c.extra, got, c.want)
+		}
+	}
+	raw, err := configs.Schema()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var schema struct {
+		Properties struct {
+			Model struct {
+				Properties map[string]map[string]any
+			}
+		}
+	}
+	if err := json.Unmarshal(raw, &schema); err != nil {
+		t.Fatal(err)
+	}
+	if gain := schema.Properties.Model.Properties["gain"]; gain["type"] != "number" || gain["description"] != "toy: The scale's initial value (1 when not given)." {
+		t.Errorf("model.gain in the schema: %v", gain)
 	}
 }
