@@ -3,9 +3,11 @@ package configs
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -153,5 +155,62 @@ stages:
 	}
 	if err := c.CheckData(); err != nil {
 		t.Errorf("vocab 4: %v", err)
+	}
+}
+
+// TestCheckDataReadsNoWholeCorpus: validating a text config finds the corpus
+// and its vocabulary without loading it: a 64 MiB corpus costs the check
+// less than a MiB of memory, with either tokenizer, and a wrong vocabulary
+// is still found by the char tokenizer's one streaming pass.
+func TestCheckDataReadsNoWholeCorpus(t *testing.T) {
+	root := t.TempDir()
+	corpus := filepath.Join(root, "corpus.txt")
+	f, err := os.Create(corpus)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// "ab" then zero bytes (a sparse file): three symbols.
+	if _, err := f.WriteString("ab"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(64 << 20); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	config := filepath.Join(root, "gpt.yaml")
+	for _, tc := range []struct {
+		tokenizer string
+		vocab     int
+		want      string
+	}{
+		{"byte", 256, ""},
+		{"char", 3, ""},
+		{"char", 4, config + ": model.vocab is 4; the char tokenizer finds 3 symbols in " + corpus},
+	} {
+		text := fmt.Sprintf(`
+model: {name: gpt, vocab: %d, context: 4, width: 8, heads: 2, layers: 2}
+data: {dataset: text, corpus: corpus.txt, tokenizer: %s, batch_size: 8, micro_batches: 4}
+train: {steps: 5, optimizer: {name: sgd, lr: 0.1}}
+stages:
+  - {layers: "0-1", address: 127.0.0.1:7001}
+  - {layers: "2-3", address: 127.0.0.1:7002}
+`, tc.vocab, tc.tokenizer)
+		if err := os.WriteFile(config, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		c, err := Load(config)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		err = c.CheckData()
+		runtime.ReadMemStats(&after)
+		if got := fmt.Sprint(err); tc.want == "" && err != nil || tc.want != "" && got != tc.want {
+			t.Errorf("%s tokenizer, vocab %d: err = %v, want %q", tc.tokenizer, tc.vocab, err, tc.want)
+		}
+		if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 1<<20 {
+			t.Errorf("%s tokenizer: checking a 64 MiB corpus allocated %d bytes", tc.tokenizer, alloc)
+		}
 	}
 }

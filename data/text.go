@@ -61,6 +61,11 @@ func NewCharTokenizer(corpus []byte) (*CharTokenizer, error) {
 	for _, b := range corpus {
 		seen[b] = true
 	}
+	return charTokenizer(&seen)
+}
+
+// charTokenizer numbers the bytes seen marks, in increasing order.
+func charTokenizer(seen *[256]bool) (*CharTokenizer, error) {
 	t := &CharTokenizer{}
 	for b := range 256 {
 		t.ids[b] = -1
@@ -130,10 +135,8 @@ func (t *CharTokenizer) Decode(ids []int32) ([]byte, error) {
 // same on every machine with the same files. At most maxBytes are read (0 for
 // no cap); the cap cuts the last file short. Symbolic links are not followed.
 func LoadCorpus(path, glob string, maxBytes int64) ([]byte, error) {
-	if glob != "" {
-		if _, err := filepath.Match(glob, ""); err != nil {
-			return nil, fmt.Errorf("data: file pattern %q: %w", glob, err)
-		}
+	if err := checkGlob(glob); err != nil {
+		return nil, err
 	}
 	files, err := corpusFiles(path, glob)
 	if err != nil {
@@ -155,6 +158,16 @@ func LoadCorpus(path, glob string, maxBytes int64) ([]byte, error) {
 		return nil, fmt.Errorf("data: corpus %s is empty", path)
 	}
 	return out, nil
+}
+
+// checkGlob refuses a malformed file pattern.
+func checkGlob(glob string) error {
+	if glob != "" {
+		if _, err := filepath.Match(glob, ""); err != nil {
+			return fmt.Errorf("data: file pattern %q: %w", glob, err)
+		}
+	}
+	return nil
 }
 
 // corpusFiles lists the files LoadCorpus reads, sorted.

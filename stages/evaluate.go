@@ -64,7 +64,7 @@ func (r *Runtime) evaluate(ctx context.Context, tag int) (*EvalResult, error) {
 	res.Accuracy = float64(res.Correct) / float64(res.Examples)
 	res.Loss /= float64(res.Examples)
 	what := r.feed.name()
-	if _, text := r.feed.(*textFeed); text {
+	if r.feed.src.NextToken() {
 		res.Perplexity = math.Exp(res.Loss)
 		fmt.Fprintf(r.log, "%s loss %.4f, perplexity %.2f, next-token accuracy %.2f%% (%d tokens)\n", what, res.Loss, res.Perplexity, 100*res.Accuracy, res.Examples)
 	} else {

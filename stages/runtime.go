@@ -51,10 +51,11 @@ type Options struct {
 	ReplicaPrev, ReplicaNext transport.Link
 	// Log receives human-readable progress lines.
 	Log io.Writer
-	// Train and Test are loaded from Config.Data when nil.
+	// Train, Test and Text are data already loaded, handed to the dataset's
+	// kind (fashion-mnist reads Train and Test, text the tokenized corpus
+	// Text); what the kind needs and is not handed, it loads from Config.Data.
 	Train, Test *data.Dataset
-	// Text is the tokenized corpus of a text dataset, loaded when nil.
-	Text *data.Text
+	Text        *data.Text
 	// Resume continues from the newest complete checkpoint in RunDir, if any.
 	Resume bool
 	// Threads is the reference's BLAS thread count; 0 takes
@@ -280,36 +281,7 @@ func (r *Runtime) holdsLoss() bool {
 }
 
 func (r *Runtime) loadData(o Options, model *models.Model) error {
-	c := r.cfg
-	first, last := r.holdsFirst(), r.holdsLoss()
-	if c.Data.Dataset == "text" {
-		text := o.Text
-		if text == nil {
-			var err error
-			if text, err = c.LoadText(); err != nil {
-				return err
-			}
-		}
-		f, err := newTextFeed(c, text, model)
-		r.feed = f
-		return err
-	}
-	f := &imageFeed{trainSet: o.Train, testSet: o.Test, batch: c.MicroBatchSize()}
-	var err error
-	if f.trainSet == nil {
-		if f.trainSet, err = data.LoadFashionMNIST(c.DataDir(), "train", first, last); err != nil {
-			return err
-		}
-	}
-	if f.testSet == nil && (c.Train.Evaluate || c.Train.EvalEvery > 0) {
-		if f.testSet, err = data.LoadFashionMNIST(c.DataDir(), "test", first, last); err != nil {
-			return err
-		}
-	}
-	if err := f.check(c, model); err != nil {
-		return err
-	}
-	f.sampler, err = data.NewSampler(c.Train.Seed, f.trainSet.N, c.Data.BatchSize)
+	f, err := r.openFeed(o, r.cfg.DataModel(model))
 	r.feed = f
 	return err
 }
