@@ -92,7 +92,7 @@ func keyName(f reflect.StructField) (name string, ok bool) {
 	name, opts, _ := strings.Cut(f.Tag.Get("mapstructure"), ",")
 	if !f.IsExported() || name == "-" || opts == "remain" {
 		// A remain field (models.Spec.Own) holds the keys the others do
-		// not; they are checked by the model's family (familyKeys).
+		// not; withFamilyKeys admits the own keys of the family named.
 		return "", false
 	}
 	if name == "" {
