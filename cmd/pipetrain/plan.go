@@ -15,7 +15,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/pipetrain/pipetrain/collective"
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/engine"
 	"github.com/pipetrain/pipetrain/internal/affinity"
@@ -141,8 +140,7 @@ func runPlan(w io.Writer, o planOptions) error {
 		return err
 	}
 	size := int(model.DType.Size())
-	// Buckets hold whole elements, as the collective plan cuts them.
-	bucket := collective.BucketElems(cfg.BucketBytes(), size) * size
+	bucket := predict.BucketBytes(cfg, model)
 	ring, err := o.ring.resolve(cfg.Replicas(), bucket)
 	if err != nil {
 		return err
@@ -157,7 +155,7 @@ func runPlan(w io.Writer, o planOptions) error {
 		return fmt.Errorf("--out %s exists; --force replaces it", out)
 	}
 	names := strings.Split(o.schedules, ",")
-	if !splittable(model) {
+	if !predict.Splittable(model) {
 		// Zero-bubble schedules need layers that split their backward.
 		names = slices.DeleteFunc(names, func(n string) bool { return n == "zb-h1" || n == "zb-v" || n == "dualpipev" })
 	}
@@ -484,14 +482,4 @@ func human(b int64) string {
 	default:
 		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
 	}
-}
-
-// splittable reports whether every layer can split its backward (zero-bubble).
-func splittable(m *models.Model) bool {
-	for _, l := range m.Layers {
-		if _, ok := l.(models.Splittable); !ok {
-			return false
-		}
-	}
-	return true
 }

@@ -4,10 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,16 +13,11 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/pipetrain/pipetrain/collective"
 	"github.com/pipetrain/pipetrain/configs"
-	"github.com/pipetrain/pipetrain/engine"
-	"github.com/pipetrain/pipetrain/internal/affinity"
-	"github.com/pipetrain/pipetrain/internal/blas"
 	"github.com/pipetrain/pipetrain/internal/words"
 	"github.com/pipetrain/pipetrain/models"
-	"github.com/pipetrain/pipetrain/profile"
+	"github.com/pipetrain/pipetrain/predict"
 	"github.com/pipetrain/pipetrain/schedule"
-	"github.com/pipetrain/pipetrain/stages"
 	"github.com/pipetrain/pipetrain/timeline"
 )
 
@@ -184,29 +177,26 @@ func runSimulate(w io.Writer, o simulateOptions) error {
 	if err != nil {
 		return err
 	}
-	costs, err := simulationCosts(cfg, model, o.costs, o.reps)
+	costs, err := predict.ResolveCosts(cfg, model, o.costs, o.reps)
 	if err != nil {
 		return err
 	}
-	switch {
-	case o.transferSet:
-		costs.Transfer, costs.transferFrom = ms(o.transfer), "given by --transfer"
-	case costs.runTransfer > 0:
-		costs.Transfer, costs.transferFrom = ms(costs.runTransfer), "the run's measured mean link delay"
-	default:
-		costs.Transfer, costs.transferEstimated = ms(engine.EstimateTransfer(stages.EnginePipeline(cfg), model)), true
+	var transfer *time.Duration
+	if o.transferSet {
+		transfer = &o.transfer
 	}
-	costs.print(w, cfg, splittable(model))
+	costs.SetTransfer(cfg, model, transfer)
+	printCosts(w, costs, cfg, predict.Splittable(model))
 	repl.print(w)
 
-	stash := memoryPredictor(cfg, model)
+	stash := predict.MemoryPredictor(cfg, model)
 	var zb, oneF *schedule.Timeline
 	for _, p := range plans {
 		if p.sched == nil {
 			fmt.Fprintf(w, "\n%s: not applicable here: %s\n", p.name, p.skip)
 			continue
 		}
-		tl, err := simulateOne(w, p.sched, repl.costs(costs.forSchedule(p.sched), p.sched.Chunks), stash, o.svg, o.lowered, len(model.Tied), repl)
+		tl, err := simulateOne(w, p.sched, repl.Costs(costs.ForSchedule(p.sched), p.sched.Chunks), stash, o.svg, o.lowered, len(model.Tied), repl)
 		if err != nil {
 			return err
 		}
@@ -225,7 +215,7 @@ func runSimulate(w io.Writer, o simulateOptions) error {
 		if err != nil {
 			return err
 		}
-		if oneF, err = schedule.Simulate(s, repl.costs(costs.Costs, 1)); err != nil {
+		if oneF, err = schedule.Simulate(s, repl.Costs(costs.Costs, 1)); err != nil {
 			return err
 		}
 	}
@@ -312,178 +302,11 @@ func simulationPlan(cfg *configs.Config, model *models.Model, o simulateOptions)
 	return out, nil
 }
 
-// simCosts are the simulator's per-stage costs in ms, with where they came
-// from and which of them were not measured.
-type simCosts struct {
-	schedule.Costs
-	source    string // where F and B (and I and W) came from
-	iwAssumed string // why I and W are B/2 on the stages in iwStages; "" when measured or given
-	iwStages  []bool
-	bDerived  string // why B is I + W on the stages in bStages; "" when measured
-	bStages   []bool
-
-	// chunks is each stage's chunks' own costs, where they were measured or
-	// taken from a run with the config's chunks; nil otherwise (each chunk
-	// then costs a v-th of its stage). A V's chunks on one stage are the
-	// model's first and last layers, not halves of one range.
-	chunks [][]schedule.ChunkCost
-	// topology is the config's stages, chunks and placement: the schedules
-	// whose chunks hold the layers chunks was measured on.
-	topology schedule.Topology
-
-	// sharing says which stages share cores (Costs.Cores), when some do.
-	sharing string
-
-	runTransfer       time.Duration // a run's measured mean link delay; 0 if none
-	transferFrom      string        // where Transfer came from, when it was not estimated
-	transferEstimated bool
-}
-
-// simulationCosts returns per-stage action costs in ms, from --costs: "measure",
-// a run directory, or uniform costs f=F,b=B[,w=W].
-func simulationCosts(cfg *configs.Config, model *models.Model, from string, reps int) (simCosts, error) {
-	p := len(cfg.Stages)
-	c := simCosts{
-		Costs:    schedule.Costs{F: make([]float64, p), B: make([]float64, p), I: make([]float64, p), W: make([]float64, p)},
-		iwStages: make([]bool, p),
-		bStages:  make([]bool, p),
-		topology: cfg.Topology(),
-	}
-	switch {
-	case from == "measure":
-		reps = max(reps, 1)
-		blas.SetThreads(cfg.Threads(0))
-		measured, err := engine.MeasureCosts(cfg.Model, stages.EnginePipeline(cfg), reps)
-		if err != nil {
-			return c, err
-		}
-		for s, chunks := range measured {
-			var own []schedule.ChunkCost
-			for _, m := range chunks {
-				c.F[s] += ms(m.F)
-				c.B[s] += ms(m.B)
-				c.I[s] += ms(m.I)
-				c.W[s] += ms(m.W)
-				own = append(own, schedule.ChunkCost{F: ms(m.F), B: ms(m.B), I: ms(m.I), W: ms(m.W)})
-			}
-			if len(chunks) > 1 {
-				c.chunks = append(c.chunks, own)
-			}
-		}
-		c.source = fmt.Sprintf("measured on this machine, median of %d", reps)
-		// Measured one stage at a time; in the run they compute at once,
-		// sharing the cores of the machine or those they are pinned to.
-		shared := stagesCores(cfg)
-		c.Cores, c.sharing = shared.groups, shared.note
-		if !splittable(model) { // MeasureCosts could not time I and W apart
-			c.iwAssumed = fmt.Sprintf("model %s cannot split its backward", cfg.Model.Name)
-			c.iwStages = allStages(p)
-		}
-		return c, nil
-	case strings.Contains(from, "="):
-		u, err := parseUniform(from)
-		if err != nil {
-			return c, err
-		}
-		for s := range c.F {
-			c.F[s], c.B[s], c.I[s], c.W[s] = u.f, u.b, u.b-u.w, u.w
-		}
-		c.source = "given by --costs " + from
-		if !u.wGiven {
-			c.iwAssumed = "--costs gave no w=W"
-			c.iwStages = allStages(p)
-		}
-		return c, nil
-	}
-	info, events, err := readCostsRun(from)
-	if err != nil {
-		return c, err
-	}
-	if info.Stages != p {
-		return c, fmt.Errorf("--costs %s: the run had %d stages, %s has %d", from, info.Stages, cfg.Path, p)
-	}
-	if rep, err := profile.Analyse(info, events, 1); err == nil {
-		c.runTransfer, _ = rep.MeanTransfer()
-	}
-	run := "the run"
-	c.source = "from the events of " + from
-	if info.Schedule != "" {
-		run = "the " + info.Schedule + " run"
-		c.source += ", a " + info.Schedule + " run"
-	}
-	means := profile.MeanCosts(events, 1)
-	sc := profile.ScheduleCosts(means, info.Chunks, 0)
-	c.F, c.B, c.Gap = sc.F, sc.B, sc.Gap
-	if info.Chunks == cfg.VirtualStages {
-		c.chunks = sc.Chunks
-	}
-	if sc.I == nil { // not every stage split its backward: assume half each
-		c.iwAssumed = run + " split no backward, so it timed no I or W"
-		for s := range c.B {
-			c.I[s], c.W[s] = c.B[s]/2, c.B[s]/2
-			c.iwStages[s] = true
-			if means[s].I > 0 { // MeanCosts gave this stage B = I + W
-				c.bStages[s] = true
-				c.iwAssumed = run + " did not split the backward on every stage"
-				c.bDerived = run + " split the backward on that stage, so it timed no whole one"
-			}
-		}
-		return c, nil
-	}
-	c.I, c.W = sc.I, sc.W
-	c.bDerived = run + " split every backward, so it timed no whole one"
-	c.bStages = allStages(p)
-	return c, nil
-}
-
-// forSchedule returns the costs to simulate s with: the chunks' own costs
-// where s runs the config's chunks in the config's placement, and per-stage
-// costs otherwise (a what-if with other chunks, or interleaved on a V's
-// config, would place the layers otherwise).
-func (c simCosts) forSchedule(s *schedule.Schedule) schedule.Costs {
-	out := c.Costs
-	if c.chunks != nil && s.Chunks > 1 && s.Topology() == c.topology {
-		out.Chunks = c.chunks
-	}
-	return out
-}
-
-// readCostsRun reads the run directory --costs names, saying what --costs
-// expects when it is not one.
-func readCostsRun(dir string) (profile.RunInfo, [][]profile.Event, error) {
-	want := `want "measure", a run directory (pipetrain launch --run-dir) or f=F,b=B[,w=W] in ms`
-	st, err := os.Stat(dir)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return profile.RunInfo{}, nil, fmt.Errorf("--costs %s: no such file or directory; %s", dir, want)
-	case err != nil:
-		return profile.RunInfo{}, nil, fmt.Errorf("--costs %s: %w", dir, err)
-	case !st.IsDir():
-		return profile.RunInfo{}, nil, fmt.Errorf("--costs %s: not a directory; %s", dir, want)
-	}
-	if _, err := os.Stat(filepath.Join(dir, "run.json")); errors.Is(err, fs.ErrNotExist) {
-		return profile.RunInfo{}, nil, fmt.Errorf("--costs %s: not a run directory (it has no run.json); %s", dir, want)
-	}
-	info, events, err := profile.ReadRun(dir)
-	if err != nil {
-		return info, nil, fmt.Errorf("--costs %s: %w", dir, err)
-	}
-	return info, events, nil
-}
-
-func allStages(p int) []bool {
-	out := make([]bool, p)
-	for i := range out {
-		out[i] = true
-	}
-	return out
-}
-
-// print writes the header and each stage's costs, marking with * every cost
+// printCosts writes the header and each stage's costs, marking with * every cost
 // that was not measured and explaining each kind of mark on a line below.
 // I and W are shown only when the model can split its backward: no schedule
 // that runs them is simulated otherwise.
-func (c simCosts) print(w io.Writer, cfg *configs.Config, split bool) {
+func printCosts(w io.Writer, c predict.Costs, cfg *configs.Config, split bool) {
 	mark := func(b bool) string {
 		if b {
 			return "*"
@@ -491,41 +314,41 @@ func (c simCosts) print(w io.Writer, cfg *configs.Config, split bool) {
 		return ""
 	}
 	transfer := fmt.Sprintf("transfer %.3f ms", c.Transfer)
-	if c.transferEstimated {
+	if c.TransferEstimated {
 		transfer += "*"
 	} else {
-		transfer += " (" + c.transferFrom + ")"
+		transfer += " (" + c.TransferFrom + ")"
 	}
-	fmt.Fprintf(w, "%s: %s, %s; costs per micro-batch %s; %s\n", cfg.Path, words.Count(len(cfg.Stages), "stage"), words.Count(cfg.Data.MicroBatches, "micro-batch"), c.source, transfer)
+	fmt.Fprintf(w, "%s: %s, %s; costs per micro-batch %s; %s\n", cfg.Path, words.Count(len(cfg.Stages), "stage"), words.Count(cfg.Data.MicroBatches, "micro-batch"), c.Source, transfer)
 	for s := range c.F {
-		fmt.Fprintf(w, "  stage %d  F %.3f ms  B %.3f ms%s", s, c.F[s], c.B[s], mark(c.bStages[s]))
+		fmt.Fprintf(w, "  stage %d  F %.3f ms  B %.3f ms%s", s, c.F[s], c.B[s], mark(c.BStages[s]))
 		if split {
-			fmt.Fprintf(w, "  (I %.3f%s + W %.3f%s ms)", c.I[s], mark(c.iwStages[s]), c.W[s], mark(c.iwStages[s]))
+			fmt.Fprintf(w, "  (I %.3f%s + W %.3f%s ms)", c.I[s], mark(c.IWStages[s]), c.W[s], mark(c.IWStages[s]))
 		}
 		if c.Gap != nil {
 			fmt.Fprintf(w, "  hand-off %.3f ms", c.Gap[s])
 		}
 		fmt.Fprintln(w)
-		if c.chunks != nil {
-			for k, x := range c.chunks[s] {
-				fmt.Fprintf(w, "    chunk %d  F %.3f ms  B %.3f ms%s", k, x.F, x.B, mark(c.bStages[s]))
+		if c.ChunkCosts != nil {
+			for k, x := range c.ChunkCosts[s] {
+				fmt.Fprintf(w, "    chunk %d  F %.3f ms  B %.3f ms%s", k, x.F, x.B, mark(c.BStages[s]))
 				if split {
-					fmt.Fprintf(w, "  (I %.3f%s + W %.3f%s ms)", x.I, mark(c.iwStages[s]), x.W, mark(c.iwStages[s]))
+					fmt.Fprintf(w, "  (I %.3f%s + W %.3f%s ms)", x.I, mark(c.IWStages[s]), x.W, mark(c.IWStages[s]))
 				}
 				fmt.Fprintln(w)
 			}
 		}
 	}
-	if c.sharing != "" {
-		fmt.Fprintf(w, "  cores: %s; the costs above are timed alone, and stages that compute at once there run at cores/threads of their speed while they do\n", c.sharing)
+	if c.Sharing != "" {
+		fmt.Fprintf(w, "  cores: %s; the costs above are timed alone, and stages that compute at once there run at cores/threads of their speed while they do\n", c.Sharing)
 	}
-	if slices.Contains(c.bStages, true) {
-		fmt.Fprintf(w, "  * B: not measured, taken as I + W: %s\n", c.bDerived)
+	if slices.Contains(c.BStages, true) {
+		fmt.Fprintf(w, "  * B: not measured, taken as I + W: %s\n", c.BDerived)
 	}
-	if split && slices.Contains(c.iwStages, true) {
-		fmt.Fprintf(w, "  * I, W: not measured, assumed B/2 each: %s\n", c.iwAssumed)
+	if split && slices.Contains(c.IWStages, true) {
+		fmt.Fprintf(w, "  * I, W: not measured, assumed B/2 each: %s\n", c.IWAssumed)
 	}
-	if c.transferEstimated {
+	if c.TransferEstimated {
 		fmt.Fprintln(w, "  * transfer: not measured, estimated from the largest activation's size at 2 GB/s plus 100 us (--transfer sets it)")
 	}
 }
@@ -533,10 +356,10 @@ func (c simCosts) print(w io.Writer, cfg *configs.Config, split bool) {
 // zbVerdict compares zb-h1's simulated step with 1F1B's on the same costs,
 // and names the stages whose split backward costs clearly more than the
 // fused one, the usual reason zb-h1 loses.
-func zbVerdict(zb, oneF *schedule.Timeline, c simCosts) string {
+func zbVerdict(zb, oneF *schedule.Timeline, c predict.Costs) string {
 	var dearer []string
 	for s := range c.B {
-		if c.iwStages[s] || c.bStages[s] || c.B[s] <= 0 {
+		if c.IWStages[s] || c.BStages[s] || c.B[s] <= 0 {
 			continue // I + W is B by assumption or by construction
 		}
 		if r := (c.I[s] + c.W[s]) / c.B[s]; r > 1.05 {
@@ -547,7 +370,7 @@ func zbVerdict(zb, oneF *schedule.Timeline, c simCosts) string {
 			}
 		}
 	}
-	assumed := slices.Contains(c.iwStages, true)
+	assumed := slices.Contains(c.IWStages, true)
 	var b strings.Builder
 	switch {
 	case zb.Makespan >= oneF.Makespan:
@@ -565,40 +388,6 @@ func zbVerdict(zb, oneF *schedule.Timeline, c simCosts) string {
 		b.WriteString(" I and W were assumed B/2 each, not measured (--costs measure, or the directory of a zb-h1 run, times them).")
 	}
 	return b.String()
-}
-
-// uniform is --costs f=F,b=B[,w=W].
-type uniform struct {
-	f, b, w float64
-	wGiven  bool
-}
-
-func parseUniform(s string) (uniform, error) {
-	u := uniform{w: -1}
-	for _, kv := range strings.Split(s, ",") {
-		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
-		x, err := strconv.ParseFloat(v, 64)
-		if !ok || err != nil || x < 0 {
-			return uniform{}, fmt.Errorf("--costs %q: write f=F,b=B[,w=W] with non-negative ms", s)
-		}
-		switch strings.ToLower(k) {
-		case "f":
-			u.f = x
-		case "b":
-			u.b = x
-		case "w":
-			u.w, u.wGiven = x, true
-		default:
-			return uniform{}, fmt.Errorf("--costs %q: unknown key %q (f, b, w)", s, k)
-		}
-	}
-	if !u.wGiven {
-		u.w = u.b / 2
-	}
-	if u.f <= 0 || u.b <= 0 || u.w > u.b {
-		return uniform{}, fmt.Errorf("--costs %q: need f > 0, b > 0 and w <= b", s)
-	}
-	return u, nil
 }
 
 // simulateOne lowers s (adding its sends, receives, reductions and the
@@ -733,46 +522,31 @@ func setReplicas(cfg *configs.Config, o simulateOptions) error {
 // replication is the data-parallel side of a simulation: the replicas, the
 // ring their all-reduces take, and each stage's gradient bytes.
 type replication struct {
-	replicas, configured int // the replicas simulated, and the config's
-	stages, batch        int
-	show                 bool                   // the config has replicas or --replicas was given
-	ring                 schedule.RingAllReduce // in ms
-	grads                [][]int64              // per stage, per chunk of the config; nil with one replica
-	figures              ringFigures
+	predict.Replication
+	configured    int // the config's replicas
+	stages, batch int
+	show          bool // the config has replicas or --replicas was given
+	figures       ringFigures
 }
 
 // newReplication sets up the all-reduces of cfg (after --replicas; the
 // config itself has configured replicas).
 func newReplication(cfg *configs.Config, model *models.Model, o simulateOptions, configured int) (*replication, error) {
-	r := &replication{replicas: cfg.Replicas(), configured: configured, stages: len(cfg.Stages), batch: cfg.Data.BatchSize,
+	r := &replication{configured: configured, stages: len(cfg.Stages), batch: cfg.Data.BatchSize,
 		show: cfg.Replicas() > 1 || o.replicas > 0}
-	size := int(model.DType.Size())
-	// Buckets hold whole elements, as the collective plan cuts them.
-	bucket := collective.BucketElems(cfg.BucketBytes(), size) * size
 	flags := o.ring
-	if r.replicas == 1 && flags.bandwidth == "measure" {
+	if cfg.Replicas() == 1 && flags.bandwidth == "measure" {
 		flags.bandwidth = "" // nothing to all-reduce, so nothing to measure
 	}
 	var err error
-	if r.figures, err = flags.resolve(r.replicas, bucket); err != nil {
+	if r.figures, err = flags.resolve(cfg.Replicas(), predict.BucketBytes(cfg, model)); err != nil {
 		return nil, err
 	}
-	r.ring = schedule.RingAllReduce{Replicas: r.replicas, Bandwidth: r.figures.bytesPerSecond / 1000, Latency: ms(r.figures.latency), BucketBytes: int64(bucket)}
-	if r.replicas == 1 {
-		return r, nil
+	m, err := predict.NewReplication(cfg, model, schedule.Link{BytesPerSecond: r.figures.bytesPerSecond, Latency: r.figures.latency})
+	if err != nil {
+		return nil, err
 	}
-	for s := range cfg.Stages {
-		var chunks []int64
-		for chunk := 0; chunk < cfg.VirtualStages; chunk++ {
-			first, last := cfg.ChunkLayers(s, chunk)
-			n, err := models.ParamCount(model, first, last)
-			if err != nil {
-				return nil, err
-			}
-			chunks = append(chunks, int64(n*size))
-		}
-		r.grads = append(r.grads, chunks)
-	}
+	r.Replication = *m
 	return r, nil
 }
 
@@ -783,34 +557,6 @@ func parseBandwidth(s string) (float64, error) {
 		return 0, fmt.Errorf("%q is not a rate like 1.2GB/s or 500MiB/s", s)
 	}
 	return float64(b), nil
-}
-
-// costs returns c with the all-reduces of a schedule of the given chunks per
-// stage. A schedule with other chunks than the config's (interleaved as a
-// what-if) has the stage's gradients spread evenly over its chunks.
-func (r *replication) costs(c schedule.Costs, chunks int) schedule.Costs {
-	if r.replicas <= 1 {
-		return c
-	}
-	c.AllReduce = make([][]float64, len(r.grads))
-	for s, g := range r.grads {
-		bytes := g
-		if len(g) != chunks {
-			var total int64
-			for _, b := range g {
-				total += b
-			}
-			bytes = make([]int64, chunks)
-			for k := range bytes {
-				bytes[k] = total / int64(chunks)
-			}
-			bytes[0] += total % int64(chunks)
-		}
-		for _, b := range bytes {
-			c.AllReduce[s] = append(c.AllReduce[s], r.ring.Time(b))
-		}
-	}
-	return c
 }
 
 // print writes the replicas, the ring's figures and each stage's gradients
@@ -825,24 +571,24 @@ func (r *replication) print(w io.Writer) {
 		}
 		return "*"
 	}
-	from := fmt.Sprintf("data_parallel %d", r.replicas)
-	if r.replicas != r.configured {
-		from = fmt.Sprintf("--replicas %d; the config has %d", r.replicas, r.configured)
+	from := fmt.Sprintf("data_parallel %d", r.Replicas)
+	if r.Replicas != r.configured {
+		from = fmt.Sprintf("--replicas %d; the config has %d", r.Replicas, r.configured)
 	}
 	fmt.Fprintf(w, "  %s of each stage (%s): %s, %d samples per replica a step",
-		words.Count(r.replicas, "replica"), from, words.Count(r.stages*r.replicas, "process"), r.batch/r.replicas)
-	if r.replicas == 1 {
+		words.Count(r.Replicas, "replica"), from, words.Count(r.stages*r.Replicas, "process"), r.batch/r.Replicas)
+	if r.Replicas == 1 {
 		fmt.Fprintln(w, ", nothing to all-reduce")
 		return
 	}
 	fmt.Fprintf(w, "; ring all-reduce at %s/s%s plus %.3f ms%s a message, buckets of %s\n",
-		decimal(r.ring.Bandwidth*1000), mark(r.figures.bwKnown), r.ring.Latency, mark(r.figures.latKnown), human(r.ring.BucketBytes))
-	for s, g := range r.grads {
+		decimal(r.Ring.Bandwidth*1000), mark(r.figures.bwKnown), r.Ring.Latency, mark(r.figures.latKnown), human(r.Ring.BucketBytes))
+	for s, g := range r.Grads {
 		var bytes int64
 		var t float64
 		for _, b := range g {
 			bytes += b
-			t += r.ring.Time(b)
+			t += r.Ring.Time(b)
 		}
 		fmt.Fprintf(w, "  stage %d  gradients %s  all-reduce %.3f ms%s\n", s, human(bytes), t, mark(r.figures.bwKnown && r.figures.latKnown))
 	}
@@ -881,7 +627,7 @@ func (r *replication) printStep(w io.Writer, tl *schedule.Timeline) {
 	if !r.show {
 		return
 	}
-	fmt.Fprintf(w, "  %d stages × %s: step %.2f ms, %.0f samples/s (batch %d)", r.stages, words.Count(r.replicas, "replica"), tl.Makespan, 1000*float64(r.batch)/tl.Makespan, r.batch)
+	fmt.Fprintf(w, "  %d stages × %s: step %.2f ms, %.0f samples/s (batch %d)", r.stages, words.Count(r.Replicas, "replica"), tl.Makespan, 1000*float64(r.batch)/tl.Makespan, r.batch)
 	if tl.Exposed != nil {
 		fmt.Fprintf(w, ", all-reduce exposed %.2f ms", slices.Max(tl.Exposed))
 	}
@@ -899,160 +645,4 @@ func decimal(b float64) string {
 		}
 	}
 	return strconv.FormatFloat(b, 'g', 4, 64) + " B"
-}
-
-// memoryPredictor predicts each stage's peak activation memory under a
-// schedule (engine.PredictMemory), measuring each stage's chunk once per
-// kind of backward; nil for a schedule whose chunks are not the config's, or
-// placed otherwise (its layers would be placed otherwise), or when a chunk
-// cannot be built.
-func memoryPredictor(cfg *configs.Config, model *models.Model) func(*schedule.Schedule) []int64 {
-	type key struct {
-		stage, chunk int
-		opts         engine.Options
-	}
-	measured := map[key]schedule.ChunkMemory{}
-	keyOf := func(s *schedule.Schedule, st, ch int) key {
-		return key{st, ch, engine.OptionsFor(s.Actions[st], ch, cfg.RecomputesSelective(st))}
-	}
-	return func(s *schedule.Schedule) []int64 {
-		if s.Stages != len(cfg.Stages) || max(s.Chunks, 1) != max(cfg.VirtualStages, 1) ||
-			s.Chunks > 1 && s.Placement != cfg.Placement() {
-			return nil
-		}
-		for st := range s.Stages {
-			for ch := range max(s.Chunks, 1) {
-				k := keyOf(s, st, ch)
-				if _, ok := measured[k]; ok {
-					continue
-				}
-				first, last := cfg.ChunkLayers(st, ch)
-				m, err := engine.MeasureMemory(model, first, last, cfg.MicroBatchSize(), cfg.Train.Seed, k.opts)
-				if err != nil {
-					return nil
-				}
-				measured[k] = m
-			}
-		}
-		return s.PeakMemory(func(st, ch int) schedule.ChunkMemory { return measured[keyOf(s, st, ch)] })
-	}
-}
-
-// stageCores is how a config's stages share this machine's cores while they
-// compute (docs/profiling.md, "Stages that share cores").
-type stageCores struct {
-	groups schedule.CoreGroups // the zero value when no group has more demand than cores
-	note   string              // what is shared, for the header; "" when nothing is
-}
-
-// coreGroup is one set of cores and the stages here that compute on it.
-type coreGroup struct {
-	cpus   []int // the CPUs pinned stages list; nil for the unpinned group
-	cores  int
-	stages []int
-}
-
-// stagesCores works out which of cfg's stages share cores, for the
-// simulator's processor sharing (schedule.CoreGroups). Stages pinned to CPUs
-// (cpus) share those CPUs: stages whose lists overlap form one group of the
-// CPUs they list between them. The unpinned stages here (every replica's
-// process) share the machine's other cores, or, when the pinned stages
-// list them all, every core with the pinned stages in one group. A stage
-// keeps its threads (cfg.Threads) busy while it computes, times its
-// replicas. A stage on another host is in no group: its cores are not
-// known here.
-func stagesCores(cfg *configs.Config) stageCores {
-	p := len(cfg.Stages)
-	var groups []coreGroup
-	var unpinned []int
-	pinnedCPUs := map[int]bool{}
-	for s := range p {
-		if !cfg.CPUsCheckedHere(s) {
-			continue
-		}
-		cpus, err := affinity.Parse(cfg.Stages[s].CPUs)
-		if err != nil || len(cpus) == 0 {
-			unpinned = append(unpinned, s)
-			continue
-		}
-		g := coreGroup{stages: []int{s}}
-		for _, c := range cpus {
-			pinnedCPUs[c] = true
-		}
-		// Merge the groups whose CPUs this stage's list overlaps.
-		kept := groups[:0]
-		for _, other := range groups {
-			if slices.ContainsFunc(cpus, func(c int) bool { return slices.Contains(other.cpus, c) }) {
-				g.stages = append(g.stages, other.stages...)
-				cpus = append(cpus, other.cpus...)
-				continue
-			}
-			kept = append(kept, other)
-		}
-		slices.Sort(cpus)
-		g.cpus = slices.Compact(cpus)
-		g.cores = len(g.cpus)
-		slices.Sort(g.stages)
-		groups = append(kept, g)
-	}
-	if len(unpinned) > 0 {
-		all := runtime.NumCPU()
-		if free := all - len(pinnedCPUs); free > 0 {
-			groups = append(groups, coreGroup{cores: free, stages: unpinned})
-		} else {
-			// Every core is pinned: the unpinned stages run on them too.
-			one := coreGroup{cores: all, stages: unpinned}
-			for _, g := range groups {
-				one.stages = append(one.stages, g.stages...)
-			}
-			slices.Sort(one.stages)
-			groups = []coreGroup{one}
-		}
-	}
-	out := stageCores{groups: schedule.CoreGroups{Group: make([]int, p), Demand: make([]float64, p)}}
-	for s := range p {
-		out.groups.Group[s], out.groups.Demand[s] = -1, float64(cfg.Threads(s)*cfg.Replicas())
-	}
-	var shared []string
-	for k, g := range groups {
-		out.groups.Cores = append(out.groups.Cores, float64(g.cores))
-		var demand float64
-		for _, s := range g.stages {
-			out.groups.Group[s] = k
-			demand += out.groups.Demand[s]
-		}
-		if demand > float64(g.cores) {
-			shared = append(shared, g.describe(cfg, demand))
-		}
-	}
-	if len(shared) == 0 {
-		return stageCores{}
-	}
-	out.note = strings.Join(shared, "; ")
-	return out
-}
-
-// describe says which stages share g's cores, with the threads they keep
-// busy between them.
-func (g coreGroup) describe(cfg *configs.Config, demand float64) string {
-	names := make([]string, len(g.stages))
-	for k, s := range g.stages {
-		names[k] = strconv.Itoa(s)
-	}
-	where := fmt.Sprintf("this machine's %s", words.Count(g.cores, "core"))
-	if g.cpus != nil {
-		where = fmt.Sprintf("%s %s", words.Plural(len(g.cpus), "CPU"), cpuList(g.cpus))
-	}
-	return fmt.Sprintf("%s %s (%s of %s) share %s",
-		words.Plural(len(g.stages), "stage"), strings.Join(names, ", "), words.Count(int(demand), "BLAS thread"),
-		words.Count(len(g.stages)*cfg.Replicas(), "process"), where)
-}
-
-// cpuList writes CPUs as affinity.Parse reads them.
-func cpuList(cpus []int) string {
-	s := make([]string, len(cpus))
-	for k, c := range cpus {
-		s[k] = strconv.Itoa(c)
-	}
-	return strings.Join(s, ",")
 }

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,6 +17,7 @@ import (
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/engine"
 	"github.com/pipetrain/pipetrain/models"
+	"github.com/pipetrain/pipetrain/predict"
 	"github.com/pipetrain/pipetrain/profile"
 	"github.com/pipetrain/pipetrain/schedule"
 	"github.com/pipetrain/pipetrain/stages"
@@ -398,15 +398,15 @@ func TestZBVerdict(t *testing.T) {
 		}
 		return s
 	}
-	costs := func(i0, w0 float64) simCosts {
-		c := simCosts{Costs: schedule.Costs{
+	costs := func(i0, w0 float64) predict.Costs {
+		c := predict.Costs{Costs: schedule.Costs{
 			F: []float64{0.9, 0.35, 0.22, 0.09}, B: []float64{1, 0.46, 0.3, 0.11},
 			I: []float64{i0, 0.25, 0.15, 0.06}, W: []float64{w0, 0.21, 0.15, 0.05},
 			Transfer: 0.13,
-		}, iwStages: make([]bool, 4), bStages: make([]bool, 4)}
+		}, IWStages: make([]bool, 4), BStages: make([]bool, 4)}
 		return c
 	}
-	verdict := func(c simCosts) string {
+	verdict := func(c predict.Costs) string {
 		zb, err := schedule.Simulate(build("zb-h1"), c.Costs)
 		if err != nil {
 			t.Fatal(err)
@@ -425,7 +425,7 @@ func TestZBVerdict(t *testing.T) {
 		t.Errorf("I + W = 0.9 B: %s", v)
 	}
 	assumed := costs(0.5, 0.5)
-	assumed.iwStages = []bool{true, true, true, true}
+	assumed.IWStages = []bool{true, true, true, true}
 	if v := verdict(assumed); !strings.HasPrefix(v, "zb-h1 would shorten the step here") || !strings.Contains(v, "assumed, not measured") {
 		t.Errorf("I and W assumed: %s", v)
 	}
@@ -764,17 +764,13 @@ func TestSimulateSharesCores(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	shared := stagesCores(cfg)
-	want := schedule.CoreGroups{Group: []int{0, 0, 0}, Cores: []float64{1}, Demand: []float64{1, 1, 1}}
-	if !reflect.DeepEqual(shared.groups, want) || shared.note != "stages 0, 1, 2 (3 BLAS threads of 3 processes) share CPU 0" {
-		t.Errorf("three stages on CPU 0: %+v", shared)
-	}
-	c := simCosts{Costs: schedule.Costs{F: []float64{1, 2, 3}, B: []float64{2, 4, 6}, I: []float64{1, 2, 3}, W: []float64{1, 2, 3}, Cores: shared.groups}}
+	shared := predict.StageCores(cfg) // its groups are tested in predict
+	c := predict.Costs{Costs: schedule.Costs{F: []float64{1, 2, 3}, B: []float64{2, 4, 6}, I: []float64{1, 2, 3}, W: []float64{1, 2, 3}, Cores: shared.Groups}}
 	s, err := schedule.Build("1f1b", 3, 4, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tl, err := simulateOne(io.Discard, s, c.forSchedule(s), func(*schedule.Schedule) []int64 { return nil }, "", false, 0, &replication{})
+	tl, err := simulateOne(io.Discard, s, c.ForSchedule(s), func(*schedule.Schedule) []int64 { return nil }, "", false, 0, &replication{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -782,29 +778,8 @@ func TestSimulateSharesCores(t *testing.T) {
 		t.Errorf("3 stages on one core: step %v, want their work, %v", tl.Makespan, work)
 	}
 
-	if runtime.NumCPU() >= 2 {
-		// Lists that overlap make one group of the CPUs they list; the stage
-		// on two CPUs runs two threads.
-		chain := strings.Replace(three, `address: 127.0.0.1:7002, cpus: "0"`, `address: 127.0.0.1:7002, cpus: "0,1"`, 1)
-		chain = strings.Replace(chain, `address: 127.0.0.1:7003, cpus: "0"`, `address: 127.0.0.1:7003, cpus: "1"`, 1)
-		cfg, err := configs.Load(writeSimConfig(t, chain))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := stagesCores(cfg); !reflect.DeepEqual(got.groups.Group, []int{0, 0, 0}) || !reflect.DeepEqual(got.groups.Cores, []float64{2}) ||
-			got.note != "stages 0, 1, 2 (4 BLAS threads of 3 processes) share CPUs 0,1" {
-			t.Errorf("stages on CPUs 0, 0-1 and 1: %+v", got)
-		}
-		// A stage on CPU 0 and one free to run on the other cores: as
-		// many cores as threads, nothing shared.
-		one := strings.Replace(simMLP, `address: 127.0.0.1:7001}`, `address: 127.0.0.1:7001, cpus: "0"}`, 1)
-		if cfg, err := configs.Load(writeSimConfig(t, one)); err != nil || stagesCores(cfg).groups.Group != nil {
-			t.Errorf("a stage pinned to CPU 0 and one free: %v %+v", err, stagesCores(cfg))
-		}
-	}
-
 	out, err := runCommand(t, simulateCmd(), "--config", writeSimConfig(t, three), "--schedule", "1f1b", "--reps", "1")
-	if err != nil || !strings.Contains(out, "\n  cores: "+shared.note+"; the costs above are timed alone") {
+	if err != nil || !strings.Contains(out, "\n  cores: "+shared.Note+"; the costs above are timed alone") {
 		t.Errorf("measured costs: %v\n%s", err, out)
 	}
 	out, err = runCommand(t, simulateCmd(), "--config", writeSimConfig(t, three), "--schedule", "1f1b", "--costs", "f=1,b=2", "--transfer", "0")
