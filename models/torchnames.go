@@ -59,6 +59,8 @@ func TorchParams(m *Model) ([]TorchParam, error) {
 	for _, pair := range m.Tied {
 		copies[pair[1]] = true
 	}
+	f, _ := Lookup(m.Spec.Name)
+	renamer, _ := f.(TorchRenamer)
 	var out []TorchParam
 	seen := map[string]string{}
 	for _, l := range m.Layers {
@@ -67,6 +69,9 @@ func TorchParams(m *Model) ([]TorchParam, error) {
 			return nil, fmt.Errorf("model %s: %w", m.Spec.Name, err)
 		}
 		for _, p := range ps {
+			if renamer != nil {
+				p.Torch = renamer.TorchName(p)
+			}
 			p.TorchShape, p.Copy = p.Shape, copies[p.Name]
 			if p.Transpose {
 				p.TorchShape = []int{p.Shape[1], p.Shape[0]}
@@ -79,6 +84,18 @@ func TorchParams(m *Model) ([]TorchParam, error) {
 		}
 	}
 	return out, nil
+}
+
+// TorchRenamer is a Family whose PyTorch module names its parameters
+// otherwise than its layers do, e.g. a Hugging Face checkpoint's
+// "model.layers.0.mlp.up_proj.weight" for a block's "block0.mlp.fc.weight".
+// TorchParams asks it for the PyTorch name of each entry its layers give
+// (shapes and layouts stay the layers'), whichever stage's layers the model
+// holds.
+type TorchRenamer interface {
+	Family
+	// TorchName is p's PyTorch name; p.Torch is the layer's.
+	TorchName(p TorchParam) string
 }
 
 // TorchNamed is a layer that knows the PyTorch names and layouts of its

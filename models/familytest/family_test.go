@@ -228,7 +228,8 @@ func TestLayerConstructorsCheckTheirSpecs(t *testing.T) {
 
 // TestOutsideFamilyInConfigs: a config naming the toy family is validated by
 // it, every problem named as a model field, and the config schema lists the
-// family and takes its description of the keys it reads.
+// family and takes its description of the keys it reads (grouped with
+// hf-toy's, which are the same words).
 func TestOutsideFamilyInConfigs(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "toy.yaml")
 	yaml := "model: {name: toy, input: 5, hidden: [4, 4], classes: 1}\nstages:\n  - {layers: \"0-2\", address: 127.0.0.1:7001}\n"
@@ -266,7 +267,7 @@ func TestOutsideFamilyInConfigs(t *testing.T) {
 	if name := keys["name"]; !slices.Contains(name.Enum, "toy") || !strings.Contains(name.Description, "toy (two Dense layers and a scale)") {
 		t.Errorf("model.name in the schema: %+v, want toy listed and described", name)
 	}
-	if got, want := keys["hidden"].Description, "mlp: Widths of the hidden Dense layers, in order: the layers are fc0, fc1, ..., the last emitting the classes. toy: The one hidden width."; got != want {
+	if got, want := keys["hidden"].Description, "hf-toy, toy: The one hidden width. mlp: Widths of the hidden Dense layers, in order: the layers are fc0, fc1, ..., the last emitting the classes."; got != want {
 		t.Errorf("model.hidden in the schema: %q, want %q", got, want)
 	}
 }
@@ -366,7 +367,39 @@ func TestOutsideFamilyOwnKeys(t *testing.T) {
 	if err := json.Unmarshal(raw, &schema); err != nil {
 		t.Fatal(err)
 	}
-	if gain := schema.Properties.Model.Properties["gain"]; gain["type"] != "number" || gain["description"] != "toy: The scale's initial value (1 when not given)." {
+	if gain := schema.Properties.Model.Properties["gain"]; gain["type"] != "number" || gain["description"] != "hf-toy, toy: The scale's initial value (1 when not given)." {
 		t.Errorf("model.gain in the schema: %v", gain)
+	}
+}
+
+// hfToy is toy under Hugging Face-style names: "model." before each of its
+// layers' PyTorch names.
+type hfToy struct{ toy }
+
+func (hfToy) Name() string                         { return "hf-toy" }
+func (hfToy) TorchName(p models.TorchParam) string { return "model." + p.Torch }
+
+func init() { models.Register(hfToy{}) }
+
+// TestFamilyRenamesTorchNames: a models.TorchRenamer family names its
+// parameters on the PyTorch side; layouts stay its layers'.
+func TestFamilyRenamesTorchNames(t *testing.T) {
+	spec := models.Spec{Name: "hf-toy", Input: 5, Hidden: []int{4}, Classes: 3}
+	m, err := models.Build(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps, err := models.TorchParams(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, p := range ps {
+		got = append(got, fmt.Sprintf("%s %s %v", p.Name, p.Torch, p.TorchShape))
+	}
+	want := []string{"in.weight model.in.weight [4 5]", "in.bias model.in.bias [4]", "out.weight model.out.weight [3 4]",
+		"out.bias model.out.bias [3]", "scale.s model.scale.s [3]"}
+	if !slices.Equal(got, want) {
+		t.Errorf("TorchParams:\n%q\nwant\n%q", got, want)
 	}
 }
