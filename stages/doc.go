@@ -6,6 +6,11 @@
 // holding every layer on one chunk, is the one-process reference that
 // pipelined runs must equal bit for bit.
 //
+// RunProcess is a whole stage process, what pipetrain stage runs once it
+// knows its stage and replica: pinning, the rendezvous (Join), the links, the
+// Runtime, its metrics endpoint and the gathering of the run's logs. A Go
+// program embeds a stage by calling it.
+//
 // # Concurrency
 //
 // A Runtime is driven by one goroutine, the one that calls Run: every

@@ -1,10 +1,21 @@
 package stages
 
 import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
 	"runtime"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/data"
 )
 
 // TestStagesShareTheScheduler: stages on one host get Go's scheduler sized to
@@ -35,4 +46,94 @@ func TestStagesShareTheScheduler(t *testing.T) {
 	if got := schedulerProcs(&alone, 3, "", n); got != 1 {
 		t.Errorf("stage pinned to CPU 0: %d procs, want 1", got)
 	}
+}
+
+// TestRunProcessEqualsReference: two stage processes run by RunProcess in
+// this one, over gRPC links on loopback, train what the one-process
+// reference trains, bit for bit; each hands its runtime to Started before it
+// runs, and Failed is not called.
+func TestRunProcessEqualsReference(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0)) // RunProcess lowers it for the process
+	var src strings.Builder
+	for i := 0; src.Len() < 6000; i++ {
+		fmt.Fprintf(&src, "func f%d(x int) int { return x * %d }\n", i%37, i%11)
+	}
+	corpus := filepath.Join(t.TempDir(), "corpus.txt")
+	if err := os.WriteFile(corpus, []byte(src.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	text, err := data.NewText([]byte(src.String()), data.ByteTokenizer{}, 0.2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := gptConfig("1f1b", plain("0-1", "2-4"), false)
+	cfg.Data.Corpus = corpus
+	for i := range cfg.Stages {
+		cfg.Stages[i].Address = freeAddress(t)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+
+	ref := t.TempDir()
+	rt, err := New(Options{Config: cfg, Reference: true, RunDir: ref, Text: text})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	errs := make([]error, len(cfg.Stages))
+	logs := make([]bytes.Buffer, len(cfg.Stages))
+	started := make([]*Runtime, len(cfg.Stages))
+	var wg sync.WaitGroup
+	for i := range cfg.Stages {
+		wg.Go(func() {
+			errs[i] = RunProcess(ctx, ProcessOptions{Config: cfg, Stage: i, RunDir: dir, Log: &logs[i],
+				Started: func(rt *Runtime) { started[i] = rt },
+				Failed:  func(*Runtime) { errs[i] = errors.New("Failed was called") },
+			})
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("stage %d: %v\n%s", i, err, logs[i].String())
+		}
+		if started[i] == nil || started[i].Activity().Stage != i {
+			t.Errorf("stage %d: Started had %v", i, started[i])
+		}
+	}
+	if !strings.Contains(logs[1].String(), "loss") {
+		t.Errorf("stage 1 logged no loss to its Log:\n%s", logs[1].String())
+	}
+	sameRun(t, ref, dir)
+}
+
+// TestRunProcessNamesAStageOffTheGrid: a stage or replica the config does
+// not have is refused before anything is bound.
+func TestRunProcessNamesAStageOffTheGrid(t *testing.T) {
+	cfg := gptConfig("1f1b", plain("0-1", "2-4"), false)
+	cfg.Path = "run.yaml"
+	for _, o := range []ProcessOptions{{Config: cfg, Stage: 2}, {Config: cfg, Stage: -1}, {Config: cfg, Replica: 1}} {
+		err := RunProcess(context.Background(), o)
+		if err == nil || !strings.Contains(err.Error(), "run.yaml has ") {
+			t.Errorf("stage %d replica %d: %v", o.Stage, o.Replica, err)
+		}
+	}
+}
+
+// freeAddress is a loopback address with a port free a moment ago.
+func freeAddress(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
 }
