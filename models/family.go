@@ -35,7 +35,8 @@ type FamilyDoc struct {
 	// Summary says in a few words what the family builds ("Dense layers").
 	Summary string
 	// Keys are the model-section keys the family reads besides name and
-	// dtype, which every family reads.
+	// dtype, which every family reads; an export's model_spec records
+	// these.
 	Keys []KeyDoc
 }
 

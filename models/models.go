@@ -1,6 +1,7 @@
 // Package models holds pipetrain's model zoo: a registry from the model names used
-// in configs to builders that return a model as an ordered list of layers. A stage
-// builds only its own contiguous range of layers into its gorgonia graph.
+// in configs to families (Family), each of which validates its part of the config's
+// model section and builds a model as an ordered list of layers. A stage builds
+// only its own contiguous range of layers into its gorgonia graph.
 package models
 
 import (
