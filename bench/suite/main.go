@@ -90,6 +90,10 @@ var sections = []section{
 }
 
 func main() {
+	if spec, ok := os.LookupEnv(sgemmChildEnv); ok {
+		runSgemmChild(spec) // a compute section's child, timing one kernel set
+		return
+	}
 	var o options
 	out := flag.String("out", "docs/benchmarks.md", "Markdown file to write")
 	only := flag.String("sections", "compute,transport,pipeline,endtoend,compression,allreduce,breakdown,pytorch", "comma-separated sections to run")

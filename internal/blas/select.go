@@ -205,6 +205,11 @@ func Satisfies(policy string) error {
 	return fmt.Errorf("compute.blas_kernels is %s, and this process loaded OpenBLAS's %s kernels under %s (set %s=%s before it starts)", want, k.core, k.policy, KernelsEnv, want)
 }
 
+// KernelSets are the core types the loaded OpenBLAS carries (a DYNAMIC_ARCH
+// build's kernel sets; none with gonum or a single-target build), for a
+// benchmark that measures each through KernelsEnv.
+func KernelSets() []string { return availableCores() }
+
 // belowCPU says whether auto would try other kernels than the library's.
 func belowCPU() bool {
 	return len(cores.Candidates(cores.Host(), availableCores(), choice.kernels.core)) > 0
