@@ -16,9 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pipetrain/pipetrain/configs"
-	"github.com/pipetrain/pipetrain/engine"
 	"github.com/pipetrain/pipetrain/internal/affinity"
-	"github.com/pipetrain/pipetrain/internal/blas"
 	"github.com/pipetrain/pipetrain/internal/words"
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/plan"
@@ -186,15 +184,13 @@ func runPlan(w io.Writer, o planOptions) error {
 	fmt.Fprintf(w, "pipetrain plan: measuring each layer of %s at micro-batch %d (fastest of %d runs, the layers taking turns)...\n", cfg.Path, micro, o.reps)
 	fmt.Fprintf(w, "  %s\n", cores.describe())
 	// Timed with the threads a stage will have, not the whole machine's.
-	blas.SetThreads(cores.threads)
-	engine.SetWorkers(cores.threads)
-	layerCosts, err := engine.MeasureLayers(cfg.Model, micro, cfg.Train.Seed, o.reps)
+	layers, err := predict.PlanLayers(cfg, model, micro, cores.threads, o.reps)
 	if err != nil {
 		return err
 	}
 	prob := plan.Problem{
 		Stages: nStages, Batch: cfg.Data.BatchSize, MicroBatch: micro, OverheadMS: 0.05,
-		Schedules: names, MemoryLimit: limit,
+		Schedules: names, MemoryLimit: limit, Layers: layers,
 		TransferBytesPerMS: schedule.Loopback.BytesPerMS(), LatencyMS: schedule.Loopback.LatencyMS(),
 		Replicas: cfg.Replicas(), AllReduceBytesPerMS: ring.bytesPerSecond / 1000, AllReduceLatencyMS: ms(ring.latency),
 		BucketBytes: int64(bucket),
@@ -225,14 +221,8 @@ func runPlan(w io.Writer, o planOptions) error {
 			prob.Candidates = append(prob.Candidates, cfg.Data.MicroBatches)
 		}
 	}
-	for i, lc := range layerCosts {
-		n, err := models.ParamCount(model, i, i+1)
-		if err != nil {
-			return err
-		}
-		prob.Layers = append(prob.Layers, plan.Layer{Name: model.Layers[i].Name(), F: ms(lc.F), B: ms(lc.B), I: ms(lc.I), W: ms(lc.W),
-			ActBytes: lc.StashBytes - lc.StashFixedBytes, FixedActBytes: lc.StashFixedBytes, SplitActBytes: lc.SplitStashBytes, ParamBytes: lc.ParamBytes, OutBytes: lc.OutBytes, GradBytes: int64(n * size)})
-		fmt.Fprintf(w, "  layer %d %-6s F %.3f ms  B %.3f ms  activations %s  parameters+state %s\n", i, model.Layers[i].Name(), ms(lc.F), ms(lc.B), human(lc.StashBytes), human(lc.ParamBytes))
+	for i, l := range layers {
+		fmt.Fprintf(w, "  layer %d %-6s F %.3f ms  B %.3f ms  activations %s  parameters+state %s\n", i, l.Name, l.F, l.B, human(l.ActBytes+l.FixedActBytes), human(l.ParamBytes))
 	}
 	if o.processes > 0 || cfg.Replicas() > 1 {
 		fmt.Fprintf(w, "  all-reduce: a ring at %s/s plus %.3f ms a message, buckets of %s", decimal(ring.bytesPerSecond), ms(ring.latency), human(prob.BucketBytes))
