@@ -87,6 +87,11 @@ type Data struct {
 	Tokenizer string `mapstructure:"tokenizer" json:"tokenizer,omitempty"` // byte or char
 	// ValFraction of the tokens, taken from the end, are held out for validation.
 	ValFraction float64 `mapstructure:"val_fraction" json:"val_fraction,omitempty"`
+
+	// Own holds the keys of the section that are none of the fields above:
+	// those of the dataset kind's own (data.OwnKeys), which it decodes
+	// itself. A config refuses every other key.
+	Own map[string]any `mapstructure:",remain" json:"own,omitempty"`
 }
 
 // Train holds the optimisation settings.

@@ -2,6 +2,8 @@ package configs
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/pipetrain/pipetrain/data"
@@ -58,6 +60,7 @@ func (c *Config) DataSection() *data.Section {
 		BatchSize: d.BatchSize, MicroBatch: c.microBatchOrZero(), Seed: c.Train.Seed,
 		Evaluate: c.Train.Evaluate || c.Train.EvalEvery > 0,
 		Resolve:  c.resolve,
+		Own:      d.Own,
 	}
 }
 
@@ -90,4 +93,49 @@ func (c *Config) DataDir() string { return c.resolve(c.Data.Dir) }
 // validation tokens, and checks the model's vocabulary fits the tokenizer.
 func (c *Config) LoadText() (*data.Text, error) {
 	return data.LoadText(c.DataSection(), c.Model.Vocab)
+}
+
+// withDatasetKeys is root with the data section extended by the own keys of
+// dataset kind name (data.OwnKeys): the keys a config naming that kind may
+// give besides Data's. A key of another kind's own stays unknown.
+func withDatasetKeys(root *keyTree, name string) *keyTree {
+	own := data.KeysOf(name)
+	if len(own) == 0 {
+		return root
+	}
+	section := &keyTree{keys: maps.Clone(root.keys["data"].keys)}
+	for _, k := range own {
+		section.keys[k.Key] = &keyTree{}
+	}
+	out := &keyTree{keys: maps.Clone(root.keys), entry: root.entry}
+	out.keys["data"] = section
+	return out
+}
+
+// addDatasetKeys adds every registered kind's own keys to the data section
+// of the schema root: a config may give each when it names that kind, which
+// the schema leaves to validation.
+func (b *schemaBuilder) addDatasetKeys(root map[string]any) {
+	section, _ := root["properties"].(map[string]any)["data"].(map[string]any)
+	props, _ := section["properties"].(map[string]any)
+	types := map[string]string{}
+	for _, name := range data.Kinds() {
+		for _, k := range data.KeysOf(name) {
+			key := "data." + k.Key
+			switch {
+			case !slices.Contains(ownKeyTypes, k.Type):
+				b.errs = append(b.errs, fmt.Sprintf("dataset kind %s: %s has type %q, not one of %v", name, key, k.Type, ownKeyTypes))
+				continue
+			case types[key] == "" && props[k.Key] != nil:
+				b.errs = append(b.errs, fmt.Sprintf("dataset kind %s: %s is a field of configs.Data", name, key))
+				continue
+			case types[key] != "" && types[key] != k.Type:
+				b.errs = append(b.errs, fmt.Sprintf("dataset kind %s: %s has type %s, another kind's %s", name, key, k.Type, types[key]))
+				continue
+			}
+			types[key] = k.Type
+			b.keys[key] = true
+			props[k.Key] = map[string]any{"type": k.Type, "description": k.Doc}
+		}
+	}
 }

@@ -148,7 +148,7 @@ func LoadUnchecked(path string) (*Config, error) {
 	if b, err := os.ReadFile(path); err == nil {
 		var doc map[string]any
 		if yaml.Unmarshal(b, &doc) == nil {
-			unknownKeys(p, withFamilyKeys(schema, v.GetString("model.name")), doc, "")
+			unknownKeys(p, withDatasetKeys(withFamilyKeys(schema, v.GetString("model.name")), v.GetString("data.dataset")), doc, "")
 		}
 	}
 	p.Items = append(p.Items, envProblems...)

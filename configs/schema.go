@@ -28,6 +28,7 @@ func Schema() ([]byte, error) {
 	b := schemaBuilder{keys: map[string]bool{}, enums: enums(), docs: allKeyDocs()}
 	root := b.value(reflect.TypeFor[Config](), "")
 	b.addFamilyKeys(root)
+	b.addDatasetKeys(root)
 	// A table entry that names no key is a key that was renamed or removed.
 	for table, keys := range map[string][]string{
 		"defaults": slices.Collect(maps.Keys(defaults)), "keyDocs": slices.Collect(maps.Keys(b.docs)),

@@ -1,7 +1,11 @@
 package data
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
+	"maps"
+	"reflect"
 	"slices"
 	"sync"
 )
@@ -60,6 +64,74 @@ type Section struct {
 	// Resolve takes a path of the config (data.corpus) from the config's
 	// folder; nil leaves paths as they are.
 	Resolve func(path string) string
+	// Own holds the values of the kind's own keys (see OwnKeys), by key.
+	Own map[string]any
+}
+
+// OwnKeys is implemented by a kind that reads data-section keys of its own,
+// beyond Section's fields: a config naming the kind may give them, and the
+// kind finds their values in Section.Own (DecodeOwn decodes them); a config
+// naming another kind refuses them as unknown keys.
+type OwnKeys interface {
+	Keys() []KeyDoc
+}
+
+// KeyDoc describes one key of a kind's own.
+type KeyDoc struct {
+	// Key is the key inside the data section ("shards"), in lower case,
+	// as configs match keys without regard to case.
+	Key string
+	// Type is its JSON Schema type: "integer", "number", "string",
+	// "boolean" or "array".
+	Type string
+	// Doc says in one or more sentences what the key means.
+	Doc string
+}
+
+// DecodeOwn decodes s.Own into v, a pointer to a struct whose json tags name
+// the keys, key by key, reporting through problem each key whose value has
+// the wrong type ("data.shards", "is a string, want an integer").
+func (s *Section) DecodeOwn(v any, problem func(key, format string, args ...any)) {
+	for _, k := range slices.Sorted(maps.Keys(s.Own)) {
+		b, err := json.Marshal(map[string]any{k: s.Own[k]})
+		if err == nil {
+			err = json.Unmarshal(b, v)
+		}
+		var te *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &te):
+			problem("data."+k, "is a %s, want %s", te.Value, kindWord(te.Type.Kind()))
+		case err != nil:
+			problem("data."+k, "%v", err)
+		}
+	}
+}
+
+// kindWord names a Go kind as a config's value.
+func kindWord(k reflect.Kind) string {
+	switch k {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Slice, reflect.Array:
+		return "a list"
+	case reflect.Map, reflect.Struct:
+		return "a section"
+	}
+	return "a string"
+}
+
+// KeysOf returns the own keys of the kind registered as name, if any.
+func KeysOf(name string) []KeyDoc {
+	k, _ := Lookup(name)
+	if o, ok := k.(OwnKeys); ok {
+		return o.Keys()
+	}
+	return nil
 }
 
 // resolve takes path from the config's folder.
