@@ -72,7 +72,9 @@ test-blas:
 	CGO_ENABLED=0 PIPETRAIN_BLAS=gonum go test -count=1 -run $(EQUIVALENCE) ./stages/ ./e2e/
 
 # Go benchmarks with allocation counts, then the measured report docs/benchmarks.md
-# (compute, transport, schedules, end to end, where a step goes, against PyTorch; about 12 minutes on 2 cores). BENCH_FLAGS=-quick for a smoke run.
+# (compute, transport, schedules, end to end, where a step goes, against PyTorch; about 12 minutes on 2 cores). BENCH_FLAGS=-quick for a smoke run;
+# BENCH_FLAGS='-sections compute,pytorch -out /tmp/b.md' runs some sections alone (the file written has only those: merge by hand).
+# The compute section times sgemm under each OpenBLAS kernel set the CPU runs, in child processes; PyTorch runs as installed and with pipetrain's kernel set.
 # PyTorch, measured beside pipetrain in the suite's pytorch section.
 BENCH_APT_PACKAGES := python3-torch
 

@@ -104,3 +104,14 @@ func TestLibraryGapSaysWhenTheLibraryFellBack(t *testing.T) {
 		t.Errorf("libraryGap without sets = %q, want nothing", got)
 	}
 }
+
+func TestKeptNotesAreTheNotesSectionAtTheEnd(t *testing.T) {
+	notes := "\n## Notes\n\nForced Prescott against auto: 3 rounds each, medians.\n"
+	report := "# Benchmarks\n\n## Compute\n\nThe stage reaches 96%.\n" + notes
+	if got := keptNotes(report); got != notes {
+		t.Fatalf("keptNotes = %q, want %q", got, notes)
+	}
+	if got := keptNotes("# Benchmarks\n\n## Compute\n\nNo notes; a line reading ## Notes inside a paragraph is none.\n"); got != "" {
+		t.Fatalf("keptNotes of a report without notes = %q", got)
+	}
+}

@@ -4,7 +4,9 @@
 // baseline measured in the same run.
 //
 //   - compute: one stage's forward+backward GFLOP/s on 1024-wide Dense layers
-//     against plain sgemm calls of the same shapes (compute.go);
+//     against plain sgemm calls of the same shapes under the fastest of
+//     OpenBLAS's kernel sets the CPU runs, the library's own choice beside it,
+//     each set timed in a child process (compute.go, kernels.go);
 //   - transport: gRPC tensor stream throughput and round-trip latency against
 //     raw TCP on loopback (transport.go);
 //   - pipeline: each schedule's simulated makespan, from the run's own action
@@ -19,7 +21,12 @@
 //   - pytorch: samples/s of pipetrain against PyTorch on the same models,
 //     batches and micro-batch split: one process (the MLPs at 1 and 2 BLAS
 //     threads, the GPT at 1) and 4-process pipelines of the MLPs (pipetrain
-//     launch against torch.distributed over gloo) (pytorch.go).
+//     launch against torch.distributed over gloo) (pytorch.go); PyTorch in
+//     one process both as installed and with pipetrain's kernel set
+//     (OPENBLAS_CORETYPE: Debian's torch calls the same OpenBLAS).
+//
+// A "## Notes" section at the end of the -out file, measured by hand, is
+// kept when the file is written again.
 //
 // Usage (make bench builds the binary first):
 //
@@ -42,6 +49,7 @@ import (
 	"time"
 
 	"github.com/pipetrain/pipetrain/internal/blas"
+	"github.com/pipetrain/pipetrain/internal/blas/cores"
 	"github.com/pipetrain/pipetrain/internal/machine"
 	"github.com/pipetrain/pipetrain/internal/stats"
 )
@@ -174,6 +182,9 @@ func main() {
 		}
 	}
 	doc.Write(body.Bytes())
+	if old, err := os.ReadFile(*out); err == nil {
+		doc.WriteString(keptNotes(string(old)))
+	}
 	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
 		fatalf("%v", err)
 	}
@@ -193,10 +204,10 @@ func writeHeader(b *bytes.Buffer, o *options, start time.Time, loadStart, loadEn
 	fmt.Fprintf(b, "(flags: `-reps`, `-run-reps`, `-quick`, `-sections`, see `go run ./bench/suite -h`; `make bench BENCH_FLAGS=-quick` for a rough run in about three minutes). ")
 	fmt.Fprintf(b, "Every figure is the median of several runs, and every ratio is taken against a baseline measured in the same invocation, ")
 	fmt.Fprintf(b, "so a slower or busier machine moves both sides alike. Targets come from the issue that asked for this report; ")
-	fmt.Fprintf(b, "they are checked here, not by the tests.\n\n")
+	fmt.Fprintf(b, "they are checked here, not by the tests. A `## Notes` section at the end, measured by hand with the commands it gives, is kept when the suite writes the file again.\n\n")
 	fmt.Fprintf(b, "## Machine\n\n")
 	fmt.Fprintf(b, "| | |\n|---|---|\n")
-	fmt.Fprintf(b, "| CPU | %s |\n", machine.CPUModel())
+	fmt.Fprintf(b, "| CPU | %s (%s) |\n", machine.CPUModel(), cores.Host())
 	fmt.Fprintf(b, "| cores | %d (GOMAXPROCS %d) |\n", runtime.NumCPU(), runtime.GOMAXPROCS(0))
 	if mem := memTotal(); mem != "" {
 		fmt.Fprintf(b, "| memory | %s |\n", mem)
@@ -205,7 +216,11 @@ func writeHeader(b *bytes.Buffer, o *options, start time.Time, loadStart, loadEn
 		fmt.Fprintf(b, "| kernel | Linux %s |\n", k)
 	}
 	fmt.Fprintf(b, "| Go | %s %s/%s |\n", runtime.Version(), runtime.GOOS, runtime.GOARCH)
-	fmt.Fprintf(b, "| BLAS | %s (threads per process: see each section) |\n", blas.Name())
+	if core, why := blas.Kernels(); core != "" {
+		fmt.Fprintf(b, "| BLAS | %s, %s kernels: %s (threads per process: see each section) |\n", blas.Name(), core, why)
+	} else {
+		fmt.Fprintf(b, "| BLAS | %s (threads per process: see each section) |\n", blas.Name())
+	}
 	fmt.Fprintf(b, "| date | %s |\n", start.UTC().Format("2006-01-02 15:04 MST"))
 	fmt.Fprintf(b, "| load average (1 min) | %.2f at the start, %.2f at the end (the benchmark's own processes included) |\n", loadStart, loadEnd)
 	fmt.Fprintf(b, "| CPU taken by other processes | %s of the machine's CPU time while this ran (%s) |\n", pct(othersTotal), strings.Join(others, ", "))
@@ -217,6 +232,20 @@ func writeHeader(b *bytes.Buffer, o *options, start time.Time, loadStart, loadEn
 	if o.quick {
 		fmt.Fprintf(b, "\nThis is a `-quick` run: fewer repetitions and shorter runs than the defaults, so the figures are rougher.\n")
 	}
+}
+
+// notesHeading starts the part of a report the suite does not write:
+// measurements made by hand with the commands they give, kept when the
+// suite writes the file again.
+const notesHeading = "\n## Notes\n"
+
+// keptNotes is the notes section at the end of a report the suite wrote
+// before (from notesHeading on), "" when it has none.
+func keptNotes(report string) string {
+	if i := strings.LastIndex(report, notesHeading); i >= 0 {
+		return report[i:]
+	}
+	return ""
 }
 
 // waitForQuiet sleeps while the 1-minute load average is above max, for at most d.

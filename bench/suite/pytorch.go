@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/pipetrain/pipetrain/configs"
+	iblas "github.com/pipetrain/pipetrain/internal/blas"
 	"github.com/pipetrain/pipetrain/internal/stats"
 	"github.com/pipetrain/pipetrain/models"
 )
@@ -77,14 +78,41 @@ func torchPython() (string, error) {
 	return "", fmt.Errorf("no python3 with torch (apt-get install python3-torch; make bench installs it)")
 }
 
-// torchPair is one row's figures, per repetition.
-type torchPair struct{ ours, theirs, ratios []float64 }
+// torchPair is one row's figures, per repetition: PyTorch as installed
+// (theirs) and, in one process, with pipetrain's kernel set (same).
+type torchPair struct{ ours, theirs, ratios, same, sameRatios []float64 }
 
 func (p *torchPair) add(ours, theirs float64) {
 	p.ours, p.theirs, p.ratios = append(p.ours, ours), append(p.theirs, theirs), append(p.ratios, ours/theirs)
 }
 
+// addSame records PyTorch's samples/s with pipetrain's kernels, beside the
+// repetition add recorded last.
+func (p *torchPair) addSame(same float64) {
+	p.same, p.sameRatios = append(p.same, same), append(p.sameRatios, p.ours[len(p.ours)-1]/same)
+}
+
 func (p *torchPair) ratio() float64 { return stats.Median(p.ratios) }
+
+// rowSame is row with PyTorch on pipetrain's kernels beside it ("–" where
+// it was not run).
+func (p *torchPair) rowSame(b *bytes.Buffer, cells ...string) {
+	same, ratio := "–", "–"
+	if len(p.same) > 0 {
+		same, ratio = fmt.Sprintf("%.0f", stats.Median(p.same)), fmt.Sprintf("%.2f×", stats.Median(p.sameRatios))
+	}
+	fmt.Fprintf(b, "| %s | %.0f | %.0f | %.2f× | %s | %s |\n", strings.Join(cells, " | "), stats.Median(p.ours), stats.Median(p.theirs), p.ratio(), same, ratio)
+}
+
+// torchKernelsEnv is the environment that gives PyTorch the kernel set
+// pipetrain computes with (Debian's torch calls the same OpenBLAS), nil
+// where pipetrain computes without OpenBLAS's kernel sets.
+func torchKernelsEnv() []string {
+	if core, _ := iblas.Kernels(); core != "" {
+		return []string{"OPENBLAS_CORETYPE=" + core}
+	}
+	return nil
+}
 
 func (p *torchPair) row(b *bytes.Buffer, cells ...string) {
 	fmt.Fprintf(b, "| %s | %.0f | %.0f | %.2f× |\n", strings.Join(cells, " | "), stats.Median(p.ours), stats.Median(p.theirs), p.ratio())
@@ -136,7 +164,9 @@ func runPyTorch(o *options, b *bytes.Buffer) error {
 		gptSteps = max(o.skip+5, torchGPTSteps/4)
 	}
 
-	// One process, the MLPs at 1 and 2 BLAS threads, then the GPT at 1.
+	// One process, the MLPs at 1 and 2 BLAS threads, then the GPT at 1;
+	// PyTorch as installed, then with pipetrain's kernels.
+	kenv := torchKernelsEnv()
 	single := make([][2]torchPair, len(torchMLPs))
 	for i, m := range torchMLPs {
 		for t, threads := range []int{1, 2} {
@@ -151,7 +181,14 @@ func runPyTorch(o *options, b *bytes.Buffer) error {
 					return err
 				}
 				single[i][t].add(sps, tps)
-				logf("pytorch %s, %d thread(s): pipetrain %.0f samples/s, PyTorch %.0f", m.label, threads, sps, tps)
+				same := math.NaN()
+				if kenv != nil {
+					if same, err = torchSamplesPerSec(py, torchScript, torchMLPArgs(m, steps(m.steps), o.skip), threads, kenv...); err != nil {
+						return err
+					}
+					single[i][t].addSame(same)
+				}
+				logf("pytorch %s, %d thread(s): pipetrain %.0f samples/s, PyTorch %.0f, PyTorch with pipetrain's kernels %.0f", m.label, threads, sps, tps, same)
 			}
 		}
 	}
@@ -169,7 +206,14 @@ func runPyTorch(o *options, b *bytes.Buffer) error {
 			return err
 		}
 		gpt.add(sps, tps)
-		logf("pytorch GPT, 1 thread: pipetrain %.0f samples/s, PyTorch %.0f", sps, tps)
+		same := math.NaN()
+		if kenv != nil {
+			if same, err = torchSamplesPerSec(py, torchGPTScript, args, 1, kenv...); err != nil {
+				return err
+			}
+			gpt.addSame(same)
+		}
+		logf("pytorch GPT, 1 thread: pipetrain %.0f samples/s, PyTorch %.0f, PyTorch with pipetrain's kernels %.0f", sps, tps, same)
 	}
 
 	// Four processes: the MLPs as 4-stage pipelines.
@@ -203,19 +247,24 @@ func runPyTorch(o *options, b *bytes.Buffer) error {
 		"and against `%s` on the GPT of `%s` (%s), its global batch of %d windows of %d tokens in %d micro-batches and Adam (lr %g), %d steps a run, 1 BLAS thread. A GPT sample is one window.\n\n",
 		torchScript, steps(torchMLPs[0].steps), steps(torchMLPs[1].steps), torchGPTScript, torchGPTConfig, describeGPT(gptCfg.Model),
 		gptCfg.Data.BatchSize, gptCfg.Model.Context, gptCfg.Data.MicroBatches, gptCfg.Train.Optimizer.LR, gptSteps)
-	fmt.Fprintln(b, "| model | BLAS threads | pipetrain (samples/s) | PyTorch (samples/s) | pipetrain / PyTorch |")
-	fmt.Fprintln(b, "|---|---|---|---|---|")
+	writeTorchKernels(b, kenv)
+	fmt.Fprintln(b, "| model | BLAS threads | pipetrain (samples/s) | PyTorch as installed (samples/s) | pipetrain / PyTorch | PyTorch, pipetrain's kernels (samples/s) | pipetrain / PyTorch, same kernels |")
+	fmt.Fprintln(b, "|---|---|---|---|---|---|---|")
 	lo, hi := math.Inf(1), math.Inf(-1)
+	slo, shi := math.Inf(1), math.Inf(-1) // against PyTorch on pipetrain's kernels
 	var singleMeasured []string
 	for i, m := range torchMLPs {
 		for t, threads := range []int{1, 2} {
 			r := single[i][t].ratio()
 			lo, hi = min(lo, r), max(hi, r)
-			single[i][t].row(b, m.label, strconv.Itoa(threads))
+			if p := single[i][t]; len(p.same) > 0 {
+				slo, shi = min(slo, stats.Median(p.sameRatios)), max(shi, stats.Median(p.sameRatios))
+			}
+			single[i][t].rowSame(b, m.label, strconv.Itoa(threads))
 			singleMeasured = append(singleMeasured, fmt.Sprintf("%s %d thread(s) %.2f×", strings.SplitN(m.label, ":", 2)[0], threads, r))
 		}
 	}
-	gpt.row(b, fmt.Sprintf("GPT: %s, B=%d, m=%d", filepath.Base(torchGPTConfig), gptCfg.Data.BatchSize, gptCfg.Data.MicroBatches), "1")
+	gpt.rowSame(b, fmt.Sprintf("GPT: %s, B=%d, m=%d", filepath.Base(torchGPTConfig), gptCfg.Data.BatchSize, gptCfg.Data.MicroBatches), "1")
 
 	fmt.Fprintf(b, "\n### 4-process pipelines\n\n")
 	fmt.Fprintf(b, "The same MLPs, batches and micro-batches as %d-stage pipelines of one process per stage on loopback, one BLAS thread per process, each stage holding an equal number of the layers: "+
@@ -234,14 +283,29 @@ func runPyTorch(o *options, b *bytes.Buffer) error {
 		pipeMeasured = append(pipeMeasured, fmt.Sprintf("%s %.2f×", strings.SplitN(m.label, ":", 2)[0], r))
 	}
 
-	fmt.Fprintf(b, "\nIn one process pipetrain reaches %s of PyTorch's samples/s on these MLPs and %.2f× on the GPT; as 4-process pipelines, %s on the MLPs. Where a pipetrain step goes is in the section above.\n\n",
-		span(lo, hi), gpt.ratio(), span(plo, phi))
+	fmt.Fprintf(b, "\nIn one process pipetrain reaches %s of PyTorch's samples/s on these MLPs and %.2f× on the GPT", span(lo, hi), gpt.ratio())
+	if len(gpt.same) > 0 {
+		fmt.Fprintf(b, " (%s and %.2f× against PyTorch on the same kernels)", span(slo, shi), stats.Median(gpt.sameRatios))
+	}
+	fmt.Fprintf(b, "; as 4-process pipelines, %s on the MLPs. Where a pipetrain step goes is in the section above.\n\n", span(plo, phi))
 	targets = append(targets,
 		targetResult{"pipetrain one process / PyTorch one process, both MLPs, 1 and 2 BLAS threads", fmt.Sprintf("≥ %.1f×", torchSingleTarget), strings.Join(singleMeasured, ", "), lo >= torchSingleTarget},
 		targetResult{"pipetrain one process / PyTorch one process, GPT, 1 thread", fmt.Sprintf("≥ %.1f×", torchGPTTarget), fmt.Sprintf("%.2f×", gpt.ratio()), gpt.ratio() >= torchGPTTarget},
 		targetResult{"4-stage pipeline / PyTorch 4-process pipeline, both MLPs", fmt.Sprintf("≥ %.1f×", torchPipelineTarget), strings.Join(pipeMeasured, ", "), plo >= torchPipelineTarget},
 	)
 	return nil
+}
+
+// writeTorchKernels says which kernels the two PyTorch columns compute with.
+func writeTorchKernels(b *bytes.Buffer, kenv []string) {
+	core, why := iblas.Kernels()
+	if kenv == nil {
+		fmt.Fprintf(b, "pipetrain computes without OpenBLAS's kernel sets here (%s), so PyTorch runs only as installed.\n\n", iblas.Describe(0))
+		return
+	}
+	fmt.Fprintf(b, "pipetrain computes with OpenBLAS's %s kernels (%s). PyTorch runs as installed, whose OpenBLAS picks its kernels itself, "+
+		"and again with `%s`, the same kernels: where the library falls back below the CPU, the first measures that fallback as much as PyTorch, "+
+		"and the second compares the two frameworks on equal products.\n\n", core, why, strings.Join(kenv, " "))
 }
 
 // span writes a range of ratios, or one ratio when both ends round alike.
@@ -288,7 +352,8 @@ func torchMLPArgs(m torchMLP, steps, skip int) []string {
 
 // torchSamplesPerSec runs one of bench/pytorch's scripts with args and
 // threads BLAS threads (per process) and returns the samples/s it printed.
-func torchSamplesPerSec(py, script string, args []string, threads int) (float64, error) {
+// env is added to the environment (OPENBLAS_CORETYPE for pipetrain's kernels).
+func torchSamplesPerSec(py, script string, args []string, threads int, env ...string) (float64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), torchTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, py, append([]string{script}, append(args, "--threads", strconv.Itoa(threads))...)...)
@@ -300,7 +365,7 @@ func torchSamplesPerSec(py, script string, args []string, threads int) (float64,
 	// two cores, OpenMP's spinning workers starve OpenBLAS's (a 2-thread
 	// step measured 2.7× slower than a 1-thread one here): they sleep.
 	n := strconv.Itoa(threads)
-	cmd.Env = append(os.Environ(), "OPENBLAS_NUM_THREADS="+n, "OMP_NUM_THREADS="+n, "OMP_WAIT_POLICY=PASSIVE")
+	cmd.Env = append(append(os.Environ(), "OPENBLAS_NUM_THREADS="+n, "OMP_NUM_THREADS="+n, "OMP_WAIT_POLICY=PASSIVE"), env...)
 	out, err := cmd.Output()
 	if err != nil {
 		var ee *exec.ExitError
