@@ -27,12 +27,12 @@ func (fashionKind) Check(s *Section, m *Model) error {
 	} else if err != nil {
 		return fmt.Errorf("%s: data.dir: %w", s.Config, err)
 	}
-	for _, split := range ImageSplits(s.Evaluate) {
+	for _, split := range imageSplits(s.Evaluate) {
 		ds, err := LoadFashionMNIST(s.Dir, split, false, true)
 		if err != nil {
 			return fmt.Errorf("%s: data.dir: %w", s.Config, err)
 		}
-		if err := CheckImages(s, ds, m); err != nil {
+		if err := checkImages(s, ds, m); err != nil {
 			return err
 		}
 	}
@@ -40,33 +40,33 @@ func (fashionKind) Check(s *Section, m *Model) error {
 }
 
 func (fashionKind) Open(s *Section, m *Model, o OpenOptions) (Source, error) {
-	return OpenImages(s, m, o)
+	return openImages(s, m, o)
 }
 
-// ImageSplits are the Fashion-MNIST splits a run reads: the training split,
+// imageSplits are the Fashion-MNIST splits a run reads: the training split,
 // and the test split when it evaluates.
-func ImageSplits(evaluate bool) []string {
+func imageSplits(evaluate bool) []string {
 	if evaluate {
 		return []string{"train", "test"}
 	}
 	return []string{"train"}
 }
 
-// CheckImages checks a loaded split against the model, with the error that
+// checkImages checks a loaded split against the model, with the error that
 // names the config: the check Check makes before any stage starts, which a
 // stage makes again on the data it loads or is handed.
-func CheckImages(s *Section, ds *Dataset, m *Model) error {
+func checkImages(s *Section, ds *Dataset, m *Model) error {
 	if err := ds.CheckModel(m.Features(), m.Classes); err != nil {
 		return fmt.Errorf("%s: %w", s.Config, err)
 	}
 	return nil
 }
 
-// OpenImages is the source of an image dataset: o.Train and o.Test when
+// openImages is the source of an image dataset: o.Train and o.Test when
 // handed in, else the splits of Fashion-MNIST in s.Dir (the test split when
 // the run evaluates), loading only the images (o.Inputs) and labels
 // (o.Targets) the stage needs.
-func OpenImages(s *Section, m *Model, o OpenOptions) (Source, error) {
+func openImages(s *Section, m *Model, o OpenOptions) (Source, error) {
 	f := &imageSource{trainSet: o.Train, testSet: o.Test, batch: s.MicroBatch}
 	var err error
 	if f.trainSet == nil {
@@ -83,7 +83,7 @@ func OpenImages(s *Section, m *Model, o OpenOptions) (Source, error) {
 		if ds == nil {
 			continue
 		}
-		if err := CheckImages(s, ds, m); err != nil {
+		if err := checkImages(s, ds, m); err != nil {
 			return nil, err
 		}
 	}

@@ -65,16 +65,16 @@ func (textKind) Check(s *Section, m *Model) error {
 	} else if err := nonEmpty(path, files); err != nil {
 		return fmt.Errorf("%s: data.corpus: %w", s.Config, err)
 	}
-	return CheckVocab(s, m.Vocab, tok, path)
+	return checkVocab(s, m.Vocab, tok, path)
 }
 
 func (textKind) Open(s *Section, m *Model, o OpenOptions) (Source, error) {
-	return OpenText(s, m, o.Text)
+	return openText(s, m, o.Text)
 }
 
-// CorpusPath resolves data.corpus: "go:PKG" to the Go sources of PKG, a
+// corpusPath resolves data.corpus: "go:PKG" to the Go sources of PKG, a
 // relative path against the config's folder.
-func CorpusPath(s *Section) (string, error) {
+func corpusPath(s *Section) (string, error) {
 	if pkg, ok := strings.CutPrefix(s.Corpus, "go:"); ok {
 		return GoSourceDir(pkg)
 	}
@@ -88,7 +88,7 @@ func CorpusPath(s *Section) (string, error) {
 // corpusOf finds the corpus's path and the files LoadText would read, with
 // the errors LoadText gives.
 func corpusOf(s *Section) (string, []string, error) {
-	path, err := CorpusPath(s)
+	path, err := corpusPath(s)
 	if err != nil {
 		return "", nil, fmt.Errorf("%s: data.corpus: %w", s.Config, err)
 	}
@@ -163,7 +163,7 @@ func scanCorpus(files []string, maxBytes int64, seen *[256]bool) (int64, error) 
 // LoadText reads and tokenizes the corpus s names, split into training and
 // validation tokens, and checks that the tokenizer gives vocab symbols.
 func LoadText(s *Section, vocab int) (*Text, error) {
-	path, err := CorpusPath(s)
+	path, err := corpusPath(s)
 	if err != nil {
 		return nil, fmt.Errorf("%s: data.corpus: %w", s.Config, err)
 	}
@@ -177,31 +177,31 @@ func LoadText(s *Section, vocab int) (*Text, error) {
 			return nil, fmt.Errorf("%s: data.corpus: %w", s.Config, err)
 		}
 	}
-	if err := CheckVocab(s, vocab, tok, path); err != nil {
+	if err := checkVocab(s, vocab, tok, path); err != nil {
 		return nil, err
 	}
 	return NewText(corpus, tok, s.ValFraction)
 }
 
-// CheckVocab checks that the tokenizer of the corpus at path gives as many
+// checkVocab checks that the tokenizer of the corpus at path gives as many
 // symbols as model.vocab: a token id at or beyond it would index past the
 // model's embedding and its one-hot rows.
-func CheckVocab(s *Section, vocab int, tok Tokenizer, path string) error {
+func checkVocab(s *Section, vocab int, tok Tokenizer, path string) error {
 	if vocab != tok.Vocab() {
 		return BadData(fmt.Errorf("%s: model.vocab is %d; the %s tokenizer finds %d symbols in %s", s.Config, vocab, s.Tokenizer, tok.Vocab(), path))
 	}
 	return nil
 }
 
-// OpenText is the source of a text dataset: text when handed in (checked
+// openText is the source of a text dataset: text when handed in (checked
 // against model.vocab), else the corpus s names, loaded and tokenized.
-func OpenText(s *Section, m *Model, text *Text) (Source, error) {
+func openText(s *Section, m *Model, text *Text) (Source, error) {
 	if text == nil {
 		var err error
 		if text, err = LoadText(s, m.Vocab); err != nil {
 			return nil, err
 		}
-	} else if err := CheckVocab(s, m.Vocab, text.Tokenizer, s.Corpus); err != nil {
+	} else if err := checkVocab(s, m.Vocab, text.Tokenizer, s.Corpus); err != nil {
 		return nil, err
 	}
 	context := m.Example[0]
