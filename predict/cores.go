@@ -1,6 +1,7 @@
 package predict
 
 import (
+	"cmp"
 	"fmt"
 	"runtime"
 	"slices"
@@ -130,4 +131,47 @@ func cpuList(cpus []int) string {
 		s[k] = strconv.Itoa(c)
 	}
 	return strings.Join(s, ",")
+}
+
+// PlanCores is how the processes of a plan share this machine's cores.
+type PlanCores struct {
+	Cores     float64 // what plan.Problem.Cores gets: 0 when not charged
+	Threads   int     // BLAS threads each stage runs with, and the layers are timed with
+	Processes int
+	Why       string // why sharing is not charged, when it is not
+}
+
+// SharePlanCores works out the cores the plan's processes share and the threads
+// each runs with, as a stage does (configs.Config.CoreShare): the CPUs the
+// config pins its stages to when it pins every one, or this machine's.
+// Stages on other hosts have cores this machine cannot count, so sharing is charged only when every
+// stage runs here.
+func SharePlanCores(cfg *configs.Config, processes int) PlanCores {
+	c := PlanCores{Processes: processes, Cores: float64(runtime.NumCPU())}
+	var pinned []int
+	every := true // every stage is pinned
+	for i, st := range cfg.Stages {
+		if !cfg.CPUsCheckedHere(i) {
+			c.Cores, c.Why = 0, fmt.Sprintf("stage %d (%s) runs on another machine", i, cfg.Address(i, 0))
+			break
+		}
+		cpus, err := affinity.Parse(st.CPUs)
+		every = every && err == nil && len(cpus) > 0
+		if err == nil {
+			for _, cpu := range cpus {
+				if !slices.Contains(pinned, cpu) {
+					pinned = append(pinned, cpu)
+				}
+			}
+		}
+	}
+	if c.Cores > 0 && every {
+		c.Cores = float64(len(pinned)) // the CPUs its stages are pinned to
+	}
+	share := max(1, runtime.NumCPU()/max(processes, 1))
+	if c.Cores > 0 {
+		share = max(1, int(c.Cores)/max(processes, 1))
+	}
+	c.Threads = cmp.Or(cfg.Compute.BLASThreads, share)
+	return c
 }

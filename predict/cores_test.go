@@ -40,3 +40,24 @@ func TestStageCores(t *testing.T) {
 		t.Errorf("a stage pinned to CPU 0 and one free: %+v", got)
 	}
 }
+
+// TestSharePlanCores: a plan's processes share the CPUs every stage is
+// pinned to, each with its share as BLAS threads unless compute.blas_threads
+// says; a stage on another machine leaves the sharing uncharged, and says why.
+func TestSharePlanCores(t *testing.T) {
+	pinned := strings.Replace(mlp2, `address: 127.0.0.1:7001}`, `address: 127.0.0.1:7001, cpus: "0"}`, 1)
+	pinned = strings.Replace(pinned, `address: 127.0.0.1:7002}`, `address: 127.0.0.1:7002, cpus: "0"}`, 1)
+	cfg, _ := load(t, pinned)
+	if got, want := SharePlanCores(cfg, 2), (PlanCores{Cores: 1, Threads: 1, Processes: 2}); got != want {
+		t.Errorf("two stages on CPU 0: %+v, want %+v", got, want)
+	}
+	cfg, _ = load(t, strings.Replace(pinned, "schedule: 1f1b", "schedule: 1f1b\ncompute: {blas_threads: 3}", 1))
+	if got, want := SharePlanCores(cfg, 4), (PlanCores{Cores: 1, Threads: 3, Processes: 4}); got != want {
+		t.Errorf("blas_threads 3: %+v, want %+v", got, want)
+	}
+	cfg, _ = load(t, strings.Replace(mlp2, "127.0.0.1:7002", "192.0.2.1:7002", 1)+"transport: {token: secret}\n")
+	want := PlanCores{Threads: max(1, runtime.NumCPU()/2), Processes: 2, Why: "stage 1 (192.0.2.1:7002) runs on another machine"}
+	if got := SharePlanCores(cfg, 2); got != want {
+		t.Errorf("a stage elsewhere: %+v, want %+v", got, want)
+	}
+}

@@ -1,14 +1,12 @@
 package main
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"io"
 	"math"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,7 +14,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pipetrain/pipetrain/configs"
-	"github.com/pipetrain/pipetrain/internal/affinity"
 	"github.com/pipetrain/pipetrain/internal/words"
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/plan"
@@ -180,11 +177,11 @@ func runPlan(w io.Writer, o planOptions) error {
 	if processes == 0 {
 		processes = nStages * cfg.Replicas()
 	}
-	cores := planCores(cfg, processes)
+	cores := predict.SharePlanCores(cfg, processes)
 	fmt.Fprintf(w, "pipetrain plan: measuring each layer of %s at micro-batch %d (fastest of %d runs, the layers taking turns)...\n", cfg.Path, micro, o.reps)
-	fmt.Fprintf(w, "  %s\n", cores.describe())
+	fmt.Fprintf(w, "  %s\n", describeCores(cores))
 	// Timed with the threads a stage will have, not the whole machine's.
-	layers, err := predict.PlanLayers(cfg, model, micro, cores.threads, o.reps)
+	layers, err := predict.PlanLayers(cfg, model, micro, cores.Threads, o.reps)
 	if err != nil {
 		return err
 	}
@@ -197,8 +194,8 @@ func runPlan(w io.Writer, o planOptions) error {
 		// Recomputation costs a forward per micro-batch: worth weighing
 		// only where memory is short.
 		Recompute: limit > 0, InputBytes: int64(model.ShapeAt(0, micro).TotalSize() * size),
-		Cores:   cores.cores,
-		Threads: cores.threads,
+		Cores:   cores.Cores,
+		Threads: cores.Threads,
 		Margin:  o.margin / 100,
 	}
 	switch {
@@ -326,60 +323,17 @@ func shortPlan(p *plan.Plan, layers int) string {
 	return head
 }
 
-// planCost is how the stages of a plan share this machine's cores.
-type planCost struct {
-	cores     float64 // what plan.Problem.Cores gets: 0 when not charged
-	threads   int     // BLAS threads each stage runs with, and the layers are timed with
-	processes int
-	why       string // why sharing is not charged, when it is not
-}
-
-// planCores works out the cores the plan's processes share and the threads
-// each runs with, as a stage does (configs.Config.CoreShare): the CPUs the
-// config pins its stages to when it pins every one, or this machine's. Stages on other hosts have
-// cores this machine cannot count, so sharing is charged only when every
-// stage runs here.
-func planCores(cfg *configs.Config, processes int) planCost {
-	c := planCost{processes: processes, cores: float64(runtime.NumCPU())}
-	var pinned []int
-	every := true // every stage is pinned
-	for i, st := range cfg.Stages {
-		if !cfg.CPUsCheckedHere(i) {
-			c.cores, c.why = 0, fmt.Sprintf("stage %d (%s) runs on another machine", i, cfg.Address(i, 0))
-			break
-		}
-		cpus, err := affinity.Parse(st.CPUs)
-		every = every && err == nil && len(cpus) > 0
-		if err == nil {
-			for _, cpu := range cpus {
-				if !slices.Contains(pinned, cpu) {
-					pinned = append(pinned, cpu)
-				}
-			}
-		}
-	}
-	if c.cores > 0 && every {
-		c.cores = float64(len(pinned)) // the CPUs its stages are pinned to
-	}
-	share := max(1, runtime.NumCPU()/max(processes, 1))
-	if c.cores > 0 {
-		share = max(1, int(c.cores)/max(processes, 1))
-	}
-	c.threads = cmp.Or(cfg.Compute.BLASThreads, share)
-	return c
-}
-
-// describe says in one line how the layers are timed and charged.
-func (c planCost) describe() string {
-	s := fmt.Sprintf("%d BLAS %s a stage", c.threads, words.Plural(c.threads, "thread"))
+// describeCores says in one line how the layers are timed and charged.
+func describeCores(c predict.PlanCores) string {
+	s := fmt.Sprintf("%d BLAS %s a stage", c.Threads, words.Plural(c.Threads, "thread"))
 	switch {
-	case c.cores == 0:
-		return s + "; cores shared not charged: " + c.why
-	case float64(c.processes*c.threads) > c.cores:
+	case c.Cores == 0:
+		return s + "; cores shared not charged: " + c.Why
+	case float64(c.Processes*c.Threads) > c.Cores:
 		return fmt.Sprintf("%s; %d processes share %g cores: those computing at once each run at cores/threads of their speed here (%.2f while all %d do)",
-			s, c.processes, c.cores, min(1, c.cores/float64(c.processes*c.threads)), c.processes)
+			s, c.Processes, c.Cores, min(1, c.Cores/float64(c.Processes*c.Threads)), c.Processes)
 	}
-	return fmt.Sprintf("%s; %d processes on %g cores: none shares one", s, c.processes, c.cores)
+	return fmt.Sprintf("%s; %d processes on %g cores: none shares one", s, c.Processes, c.Cores)
 }
 
 // printGrids writes the table of the grids --processes considered.

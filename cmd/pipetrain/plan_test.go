@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/predict"
 )
 
 // planMLP is a three-layer MLP small enough to measure in a test, whose
@@ -336,14 +337,14 @@ func TestPlanCoresFromTheConfig(t *testing.T) {
 	for _, tc := range []struct {
 		name, text string
 		processes  int
-		want       planCost
+		want       predict.PlanCores
 		line       string
 	}{
-		{"pinned to one CPU", pinned, 2, planCost{cores: 1, threads: 1, processes: 2}, "1 BLAS thread a stage; 2 processes share 1 cores: those computing at once each run at cores/threads of their speed here (0.50 while all 2 do)"},
-		{"three on it", pinned, 3, planCost{cores: 1, threads: 1, processes: 3}, "(0.33 while all 3 do)"},
-		{"one stage pinned", half, 2, planCost{cores: float64(runtime.NumCPU()), threads: max(1, runtime.NumCPU()/2), processes: 2}, "BLAS thread"},
-		{"blas_threads", threads, 2, planCost{cores: 1, threads: 3, processes: 2}, "3 BLAS threads a stage; 2 processes share 1 cores: those computing at once each run at cores/threads of their speed here (0.17 while all 2 do)"},
-		{"one stage elsewhere", remote, 2, planCost{threads: max(1, runtime.NumCPU()/2), processes: 2, why: "stage 1 (192.0.2.1:7002) runs on another machine"}, "cores shared not charged: stage 1 (192.0.2.1:7002) runs on another machine"},
+		{"pinned to one CPU", pinned, 2, predict.PlanCores{Cores: 1, Threads: 1, Processes: 2}, "1 BLAS thread a stage; 2 processes share 1 cores: those computing at once each run at cores/threads of their speed here (0.50 while all 2 do)"},
+		{"three on it", pinned, 3, predict.PlanCores{Cores: 1, Threads: 1, Processes: 3}, "(0.33 while all 3 do)"},
+		{"one stage pinned", half, 2, predict.PlanCores{Cores: float64(runtime.NumCPU()), Threads: max(1, runtime.NumCPU()/2), Processes: 2}, "BLAS thread"},
+		{"blas_threads", threads, 2, predict.PlanCores{Cores: 1, Threads: 3, Processes: 2}, "3 BLAS threads a stage; 2 processes share 1 cores: those computing at once each run at cores/threads of their speed here (0.17 while all 2 do)"},
+		{"one stage elsewhere", remote, 2, predict.PlanCores{Threads: max(1, runtime.NumCPU()/2), Processes: 2, Why: "stage 1 (192.0.2.1:7002) runs on another machine"}, "cores shared not charged: stage 1 (192.0.2.1:7002) runs on another machine"},
 	} {
 		path := filepath.Join(t.TempDir(), "c.yaml")
 		if err := os.WriteFile(path, []byte(tc.text), 0o644); err != nil {
@@ -353,9 +354,9 @@ func TestPlanCoresFromTheConfig(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
-		got := planCores(cfg, tc.processes)
-		if got != tc.want || !strings.Contains(got.describe(), tc.line) {
-			t.Errorf("%s: %+v, %q; want %+v, %q", tc.name, got, got.describe(), tc.want, tc.line)
+		got := predict.SharePlanCores(cfg, tc.processes)
+		if got != tc.want || !strings.Contains(describeCores(got), tc.line) {
+			t.Errorf("%s: %+v, %q; want %+v, %q", tc.name, got, describeCores(got), tc.want, tc.line)
 		}
 	}
 	out, _, err := runPlanned(t, pinned)
