@@ -11,6 +11,8 @@ import (
 // files named like them, in data.dir.
 type fashionKind struct{}
 
+func init() { Register(fashionKind{}) }
+
 func (fashionKind) Name() string { return "fashion-mnist" }
 
 func (fashionKind) Validate(s *Section, m *Model, problem func(key, format string, args ...any)) {

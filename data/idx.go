@@ -1,7 +1,9 @@
 // Package data loads the Fashion-MNIST training data and text corpora for
 // language models, and picks each step's mini-batch deterministically, so that
 // every pipeline stage of a run agrees on the examples of step k without
-// talking to the others.
+// talking to the others. Each dataset is a Kind registered under the name
+// data.dataset gives (one file and a Register call in its init): the
+// built-in fashion-mnist and text, and those a program registers.
 package data
 
 import (

@@ -259,8 +259,3 @@ func Open(s *Section, m *Model, o OpenOptions) (Source, error) {
 	}
 	return k.Open(s, m, o)
 }
-
-func init() {
-	Register(fashionKind{})
-	Register(textKind{})
-}

@@ -17,6 +17,8 @@ func Tokenizers() []string { return slices.Clone(tokenizers) }
 // textKind is dataset text: data.corpus, tokenized, for a language model.
 type textKind struct{}
 
+func init() { Register(textKind{}) }
+
 func (textKind) Name() string { return "text" }
 
 func (textKind) Validate(s *Section, m *Model, problem func(key, format string, args ...any)) {
