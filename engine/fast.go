@@ -40,6 +40,9 @@ const parallelMin = 1 << 16
 // depend on n.
 func SetWorkers(n int) { workers.Store(int32(n)) }
 
+// Workers is the count SetWorkers last set.
+func Workers() int { return int(workers.Load()) }
+
 // shared runs f over [0, n) in the workers' ranges at once, or whole on the
 // caller's goroutine.
 func shared(n int, f func(lo, hi int)) { parallel.Ranges(n, int(workers.Load()), parallelMin, f) }

@@ -10,7 +10,9 @@ import (
 	"runtime"
 
 	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/engine"
 	"github.com/pipetrain/pipetrain/internal/affinity"
+	"github.com/pipetrain/pipetrain/internal/blas"
 )
 
 // ProcessOptions say which stage process RunProcess runs. Config, Stage and
@@ -43,7 +45,8 @@ type ProcessOptions struct {
 // its stage and replica: it pins the process to the stage's cpus, lowers
 // GOMAXPROCS to the stage's share of the cores (schedulerProcs), meets the
 // other processes at the rendezvous when the config has one, connects the
-// stage's links, builds its Runtime, serves its metrics when the stage has a
+// stage's links, gives its BLAS library and kernels the stage's threads
+// (SetProcessThreads), builds its Runtime, serves its metrics when the stage has a
 // metrics_address, trains, and then, after a rendezvous, gathers the run's
 // logs into rank 0's run directory. The pinning and GOMAXPROCS are the
 // whole process's, as they are a stage process's.
@@ -72,6 +75,7 @@ func RunProcess(ctx context.Context, o ProcessOptions) error {
 	if n := schedulerProcs(cfg, index, os.Getenv("GOMAXPROCS"), runtime.GOMAXPROCS(0)); n != runtime.GOMAXPROCS(0) {
 		runtime.GOMAXPROCS(n)
 	}
+	SetProcessThreads(cfg.Threads(index))
 	var bound net.Listener
 	var job *Joined
 	if cfg.UsesRendezvous() {
@@ -145,4 +149,18 @@ func schedulerProcs(cfg *configs.Config, stage int, env string, current int) int
 		return current
 	}
 	return min(current, cfg.CoreShare(stage))
+}
+
+// SetProcessThreads gives the process's matrix products (OpenBLAS's thread
+// count) and the engine's elementwise kernels n cores. Both are the whole
+// process's, so New leaves them alone: tests and programs build several
+// Runtimes in one process, and none should change another's. RunProcess
+// calls it with the stage's Config.Threads; a program that builds a Runtime
+// itself calls it once before, with the count its Options say (pipetrain
+// reference: Config.ReferenceThreads). OpenBLAS's results depend on the
+// count in the last bits, so every process of a run and its reference must
+// use the same.
+func SetProcessThreads(n int) {
+	blas.SetThreads(n)
+	engine.SetWorkers(n)
 }

@@ -16,6 +16,8 @@ import (
 
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/data"
+	"github.com/pipetrain/pipetrain/engine"
+	"github.com/pipetrain/pipetrain/internal/blas"
 )
 
 // TestStagesShareTheScheduler: stages on one host get Go's scheduler sized to
@@ -136,4 +138,26 @@ func freeAddress(t *testing.T) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
+}
+
+// TestNewLeavesProcessThreads: building Runtimes, a reference's among them,
+// keeps the BLAS and kernel threads the process was given, whatever their
+// configs say: only SetProcessThreads sets them.
+func TestNewLeavesProcessThreads(t *testing.T) {
+	defer SetProcessThreads(max(1, blas.Threads()))
+	SetProcessThreads(3)
+	want := blas.Threads() // 0 with gonum's kernels, which have no threads
+	c := testConfig("1f1b", plain("0-1", "2-3"), 2, "float32", "sgd")
+	c.Compute.BLASThreads = 1
+	silent, _ := secondStage(t, c, t.TempDir())
+	defer silent.Close()
+	if _, err := New(Options{Config: c, Reference: true, RunDir: t.TempDir(), Threads: 2, Train: synthetic(96, 8, 3, 1), Test: synthetic(30, 8, 3, 2)}); err != nil {
+		t.Fatal(err)
+	}
+	if got := engine.Workers(); got != 3 {
+		t.Errorf("engine workers %d after New, want the process's 3", got)
+	}
+	if got := blas.Threads(); got != want {
+		t.Errorf("BLAS threads %d after New, want the process's %d", got, want)
+	}
 }

@@ -59,7 +59,9 @@ type Options struct {
 	// Resume continues from the newest complete checkpoint in RunDir, if any.
 	Resume bool
 	// Threads is the reference's BLAS thread count; 0 takes
-	// Config.ReferenceThreads. Stages take Config.Threads.
+	// Config.ReferenceThreads. Stages take Config.Threads. The runtime's
+	// optimizers use it and its run log records it; the process's BLAS
+	// library and kernels get it from SetProcessThreads, not from New.
 	Threads int
 	// Coordinator commits checkpoints for processes that do not share
 	// RunDir; nil: RunDir is shared, and stage 0 commits by looking at it.
@@ -151,9 +153,7 @@ func New(o Options) (*Runtime, error) {
 	if l.Reference {
 		threads = cmp.Or(o.Threads, c.ReferenceThreads())
 	}
-	blas.SetThreads(threads)
-	engine.SetWorkers(threads)
-	r.threads = threads
+	r.threads = threads // the process's (SetProcessThreads), recorded in the run log
 	sched := lowered.Compute()
 	r.actions, r.ops, r.schedName = sched.Actions[r.stage], lowered.Ops[r.stage], sched.Name
 	for chunk, lr := range ranges {

@@ -49,6 +49,7 @@ func referenceCmd() *cobra.Command {
 				threads = cfg.Threads(0)
 			}
 			fmt.Printf("pipetrain: reference run of %s in one process, %s, run directory %s\n", cfg.Path, words.Count(threads, "BLAS thread"), f.runDir)
+			stages.SetProcessThreads(threads)
 			rt, err := stages.New(stages.Options{Config: cfg, Reference: true, RunDir: f.runDir, Log: os.Stdout, Resume: resume, Threads: threads})
 			if err != nil {
 				return err

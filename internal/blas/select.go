@@ -160,6 +160,15 @@ func SetThreads(n int) {
 	}
 }
 
+// Threads is OpenBLAS's thread count for this process; 0 with gonum's
+// kernels.
+func Threads() int {
+	if choice.impl == nil {
+		return 0
+	}
+	return choice.impl.threads()
+}
+
 // KernelSet names the kernels this process computes with, which change a
 // product's last bits: "OpenBLAS Haswell", or "gonum" for the Go kernels.
 // Every stage of a run and its reference must compute with the same.
