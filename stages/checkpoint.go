@@ -289,10 +289,7 @@ func (r *Runtime) rewindLogs(start int) error {
 	if err := truncateJSONL(runlog.ReplicaEventsFile(r.runDir, r.stage, r.replica), func(s int) bool { return s >= 0 && s < start }); err != nil {
 		return err
 	}
-	if r.holdsLoss() && r.replica == 0 {
-		return truncateJSONL(filepath.Join(r.runDir, "metrics.jsonl"), func(s int) bool { return s <= start })
-	}
-	return nil
+	return r.files.rewind(start)
 }
 
 // awaitCommits lets the process finish committing the last checkpoint before

@@ -2,14 +2,19 @@
 // builds its slice of the model (package engine), connects to its neighbours
 // (Connect), and executes its lowered schedule (schedule.Lower: compute,
 // sends, receives) op by op, step after step (Runtime, execute.go), writing
-// the run directory's logs, metrics, checkpoints and weights. The same Runtime,
+// the run directory's logs, metrics, checkpoints and weights. The runtime
+// says when; types of their own do the side jobs: metricFiles writes
+// metrics.jsonl and eval.json. The same Runtime,
 // holding every layer on one chunk, is the one-process reference that
 // pipelined runs must equal bit for bit.
 //
 // RunProcess is a whole stage process, what pipetrain stage runs once it
 // knows its stage and replica: pinning, the rendezvous (Join), the links, the
 // Runtime, its metrics endpoint and the gathering of the run's logs. A Go
-// program embeds a stage by calling it.
+// program embeds a stage by calling it. What belongs to the whole process
+// (the pinning, GOMAXPROCS, the BLAS threads: SetProcessThreads) is set
+// there, never by New, so Runtimes built side by side in one process (the
+// tests build several) leave each other's settings alone.
 //
 // # Concurrency
 //

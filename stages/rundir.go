@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"time"
 
 	G "gorgonia.org/gorgonia"
 
@@ -165,41 +164,6 @@ func (r *Runtime) writeRunInfo() error {
 		return err
 	}
 	return checkpoint.WriteAtomic(filepath.Join(r.runDir, "run.json"), func(w io.Writer) error {
-		_, err := w.Write(append(b, '\n'))
-		return err
-	})
-}
-
-// Metric is one line of metrics.jsonl.
-type Metric struct {
-	Step          int     `json:"step"`
-	Loss          float64 `json:"loss"`
-	SamplesPerSec float64 `json:"samples_per_sec"`
-	ElapsedSec    float64 `json:"elapsed_s"`
-	// Eval is set on the steps after which the model was evaluated (train.eval_every).
-	Eval *EvalResult `json:"eval,omitempty"`
-}
-
-// writeMetric appends one step's line to metrics.jsonl (last stage).
-func (r *Runtime) writeMetric(step int, loss, rate float64, elapsed time.Duration, eval *EvalResult) error {
-	b, err := json.Marshal(Metric{Step: step, Loss: loss, SamplesPerSec: rate, ElapsedSec: elapsed.Seconds(), Eval: eval})
-	if err != nil {
-		return err
-	}
-	_, err = r.metrics.Write(append(b, '\n'))
-	return err
-}
-
-// writeEval saves the final evaluation as RUN_DIR/eval.json (last stage).
-func (r *Runtime) writeEval(res *EvalResult) error {
-	if res == nil {
-		return nil
-	}
-	b, err := json.MarshalIndent(res, "", "  ")
-	if err != nil {
-		return err
-	}
-	return checkpoint.WriteAtomic(filepath.Join(r.runDir, "eval.json"), func(w io.Writer) error {
 		_, err := w.Write(append(b, '\n'))
 		return err
 	})

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -101,7 +100,7 @@ type Runtime struct {
 	runDir     string
 	log        io.Writer
 	events     *eventLog
-	metrics    *os.File
+	files      *metricFiles // nil but on replica 0 of the stage that computes the loss
 
 	losses []float64 // this step's micro-batch losses (on the stage that computes the loss)
 	// peakStash is the most micro-batch chunks the stage held at once, over
@@ -171,6 +170,9 @@ func New(o Options) (*Runtime, error) {
 		}
 		o.SetWorkers(threads) // the cores the process's products get
 		r.engines, r.optims = append(r.engines, e), append(r.optims, o)
+	}
+	if r.holdsLoss() && r.replica == 0 {
+		r.files = newMetricFiles(r.runDir)
 	}
 	if err := r.initFrom(model); err != nil {
 		return nil, err
@@ -401,7 +403,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 		if r.holdsLoss() && r.replica == 0 {
 			loss := r.stepLoss()
 			rate := float64(r.cfg.Data.BatchSize) / now.Sub(stepStart).Seconds()
-			if err := r.writeMetric(done, loss, rate, now.Sub(start), val); err != nil {
+			if err := r.files.step(done, loss, rate, now.Sub(start), val); err != nil {
 				return err
 			}
 			if done%r.cfg.Train.LogEvery == 0 || done == r.cfg.Train.Steps {
@@ -432,7 +434,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 		return nil
 	}
 	if r.cfg.Train.Evaluate {
-		if err := r.writeEval(final); err != nil {
+		if err := r.files.final(final); err != nil {
 			return err
 		}
 	}
@@ -486,19 +488,12 @@ func (r *Runtime) open() error {
 			return err
 		}
 	}
-	if r.holdsLoss() {
-		if r.metrics, err = openLog(filepath.Join(r.runDir, "metrics.jsonl"), r.resume); err != nil {
-			return err
-		}
-	}
-	return nil
+	return r.files.open(r.resume)
 }
 
 func (r *Runtime) close() {
 	r.events.close()
-	if r.metrics != nil {
-		r.metrics.Close()
-	}
+	r.files.close()
 }
 
 // evaluatesLast reports whether the evaluation after step done, the last, is
