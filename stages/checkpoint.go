@@ -9,12 +9,16 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"time"
 
 	"gorgonia.org/tensor"
 
 	"github.com/pipetrain/pipetrain/checkpoint"
+	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/engine"
 	"github.com/pipetrain/pipetrain/internal/words"
+	"github.com/pipetrain/pipetrain/optim"
 	"github.com/pipetrain/pipetrain/runlog"
 )
 
@@ -28,11 +32,11 @@ func optimStepsKey(chunk int) string { return fmt.Sprintf("optim.steps.%d", chun
 
 // partTensors is everything the stage carries from one step to the next: its
 // parameters and its optimizers' buffers.
-func (r *Runtime) partTensors() ([]checkpoint.Tensor, map[string]string, error) {
+func (k *checkpointer) partTensors() ([]checkpoint.Tensor, map[string]string, error) {
 	var ts []checkpoint.Tensor
-	meta := map[string]string{"stage": fmt.Sprint(r.stage), "training_digest": r.cfg.TrainingDigest()}
-	for c, e := range r.engines {
-		o := r.optims[c]
+	meta := map[string]string{"stage": fmt.Sprint(k.stage), "training_digest": k.cfg.TrainingDigest()}
+	for c, e := range k.engines {
+		o := k.optims[c]
 		meta[optimStepsKey(c)] = strconv.FormatInt(o.Steps(), 10)
 		for i, p := range e.Params() {
 			ts = append(ts, denseTensor(p.Name(), p.Value().(*tensor.Dense)))
@@ -71,40 +75,72 @@ type Coordinator interface {
 	Resume(ctx context.Context, held []checkpoint.Held) (int, error)
 }
 
-// writesCheckpoints says whether this process writes checkpoint parts: one
-// replica per stage on a shared run directory, every process on its own.
-func (r *Runtime) writesCheckpoints() bool { return r.replica == 0 || r.coord != nil }
+// checkpointer keeps a stage's checkpoints: it writes the stage's part
+// after a step (its parameters and optimizer state, all the stage carries
+// from one step to the next), commits the parts in order in the background,
+// and restores the stage from the newest complete checkpoint. The runtime
+// says when.
+type checkpointer struct {
+	cfg           *configs.Config
+	root          string // the run's checkpoint folder
+	stage, stages int
+	replica       int
+	coord         Coordinator // nil: the processes share the run directory
+	engines       []*engine.Engine
+	optims        []*optim.Optimizer // one per engine
+	log           io.Writer
+	name          string         // the process's, for its messages
+	commits       sync.WaitGroup // commits in progress
+	lastCommit    chan struct{}  // closed when the newest commit has ended
+}
 
-// saveCheckpoint writes the stage's part of the checkpoint after step done,
+// writes says whether this process writes checkpoint parts: one replica per
+// stage on a shared run directory, every process on its own.
+func (k *checkpointer) writes() bool { return k.replica == 0 || k.coord != nil }
+
+// clearAfter removes the checkpoints after step first that this process
+// must clear: a fresh run clears them all, as an older run's checkpoints in
+// the same directory must never be resumed from. Stage 0 takes part in
+// every step, so no stage can write one after first before it runs; it
+// clears a shared run directory, and processes with run directories of
+// their own clear their own.
+func (k *checkpointer) clearAfter(first int) error {
+	if (k.stage == 0 && k.replica == 0) || k.coord != nil {
+		return checkpoint.RemoveAfter(k.root, first)
+	}
+	return nil
+}
+
+// save writes the stage's part of the checkpoint after step done,
 // then commits it in the background: through the coordinator, or on a
 // shared run directory by stage 0 once every stage's part is in.
-func (r *Runtime) saveCheckpoint(ctx context.Context, done int) error {
-	ts, meta, err := r.partTensors()
+func (k *checkpointer) save(ctx context.Context, done int) error {
+	ts, meta, err := k.partTensors()
 	if err != nil {
 		return err
 	}
 	meta["step"] = fmt.Sprint(done)
-	root := CheckpointDir(r.runDir)
-	part, err := checkpoint.WritePart(root, done, r.stage, ts, meta)
+	root := k.root
+	part, err := checkpoint.WritePart(root, done, k.stage, ts, meta)
 	if err != nil {
-		return fmt.Errorf("stage %d: checkpoint of step %d: %w", r.stage, done, err)
+		return fmt.Errorf("stage %d: checkpoint of step %d: %w", k.stage, done, err)
 	}
-	if r.coord != nil {
-		r.inOrder(func() { r.commitOverWire(ctx, root, done, part) })
+	if k.coord != nil {
+		k.inOrder(func() { k.commitOverWire(ctx, root, done, part) })
 		return nil
 	}
-	if r.stage != 0 {
+	if k.stage != 0 {
 		return nil
 	}
-	r.inOrder(func() {
+	k.inOrder(func() {
 		// A stage that dies before writing its part leaves this commit waiting;
 		// the run then fails and stopping it cancels ctx.
-		m, err := checkpoint.Commit(ctx, root, done, r.stages, r.cfg.TrainingDigest(), r.cfg.Checkpoint.Keep, 20*time.Millisecond)
+		m, err := checkpoint.Commit(ctx, root, done, k.stages, k.cfg.TrainingDigest(), k.cfg.Checkpoint.Keep, 20*time.Millisecond)
 		if err != nil {
-			fmt.Fprintf(r.log, "stage 0: %v\n", err)
+			fmt.Fprintf(k.log, "stage 0: %v\n", err)
 			return
 		}
-		fmt.Fprintf(r.log, "checkpoint of step %d committed (%s)\n", m.Step, words.Count(len(m.Parts), "part"))
+		fmt.Fprintf(k.log, "checkpoint of step %d committed (%s)\n", m.Step, words.Count(len(m.Parts), "part"))
 	})
 	return nil
 }
@@ -112,12 +148,12 @@ func (r *Runtime) saveCheckpoint(ctx context.Context, done int) error {
 // inOrder runs commit in the background after the commits before it: a
 // later step committed first would prune the earlier one's folder as a
 // crash's leftover while its parts arrive.
-func (r *Runtime) inOrder(commit func()) {
-	prev, ended := r.lastCommit, make(chan struct{})
-	r.lastCommit = ended
-	r.commits.Add(1)
+func (k *checkpointer) inOrder(commit func()) {
+	prev, ended := k.lastCommit, make(chan struct{})
+	k.lastCommit = ended
+	k.commits.Add(1)
 	go func() {
-		defer r.commits.Done()
+		defer k.commits.Done()
 		defer close(ended)
 		if prev != nil {
 			<-prev
@@ -130,25 +166,25 @@ func (r *Runtime) inOrder(commit func()) {
 // says every part is in, writes the step's manifest into this process's
 // own checkpoint folder. The manifest names every stage's part, though
 // this folder holds one; resuming needs only this process's.
-func (r *Runtime) commitOverWire(ctx context.Context, root string, done int, part checkpoint.Part) {
-	m, err := r.coord.Commit(ctx, done, r.cfg.TrainingDigest(), part)
+func (k *checkpointer) commitOverWire(ctx context.Context, root string, done int, part checkpoint.Part) {
+	m, err := k.coord.Commit(ctx, done, k.cfg.TrainingDigest(), part)
 	if err != nil {
 		if ctx.Err() == nil {
-			fmt.Fprintf(r.log, "%s: %v\n", r.name(), err)
+			fmt.Fprintf(k.log, "%s: %v\n", k.name, err)
 		}
 		return
 	}
 	if err := checkpoint.WriteManifest(root, m); err != nil {
-		fmt.Fprintf(r.log, "%s: checkpoint of step %d: %v\n", r.name(), done, err)
+		fmt.Fprintf(k.log, "%s: checkpoint of step %d: %v\n", k.name, done, err)
 		return
 	}
-	if err := checkpoint.Prune(root, r.cfg.Checkpoint.Keep); err != nil {
+	if err := checkpoint.Prune(root, k.cfg.Checkpoint.Keep); err != nil {
 		// Another process pruning the same shared folder; the next commit
 		// prunes again.
-		fmt.Fprintf(r.log, "%s: pruning checkpoints: %v\n", r.name(), err)
+		fmt.Fprintf(k.log, "%s: pruning checkpoints: %v\n", k.name, err)
 	}
-	if r.stage == 0 && r.replica == 0 {
-		fmt.Fprintf(r.log, "checkpoint of step %d committed (%s, reported over the wire)\n", m.Step, words.Count(len(m.Parts), "part"))
+	if k.stage == 0 && k.replica == 0 {
+		fmt.Fprintf(k.log, "checkpoint of step %d committed (%s, reported over the wire)\n", m.Step, words.Count(len(m.Parts), "part"))
 	}
 }
 
@@ -157,12 +193,12 @@ func (r *Runtime) commitOverWire(ctx context.Context, root string, done int, par
 // from another config are passed over, saying why, as long as an older one can
 // be used; when none can, resuming is an error. With a coordinator, the
 // processes agree on the newest step every one of them holds.
-func (r *Runtime) restore(ctx context.Context) (int, error) {
-	root := CheckpointDir(r.runDir)
-	if r.coord != nil {
-		return r.restoreAgreed(ctx, root)
+func (k *checkpointer) restore(ctx context.Context) (int, error) {
+	root := k.root
+	if k.coord != nil {
+		return k.restoreAgreed(ctx, root)
 	}
-	m, skipped, err := checkpoint.Latest(root, r.cfg.TrainingDigest())
+	m, skipped, err := checkpoint.Latest(root, k.cfg.TrainingDigest())
 	if err != nil {
 		return 0, err
 	}
@@ -173,48 +209,48 @@ func (r *Runtime) restore(ctx context.Context) (int, error) {
 			root, bad[0])
 	}
 	for _, s := range skipped {
-		fmt.Fprintf(r.log, "%s: skipping checkpoint: %v\n", r.name(), s)
+		fmt.Fprintf(k.log, "%s: skipping checkpoint: %v\n", k.name, s)
 	}
 	if m == nil {
-		fmt.Fprintf(r.log, "%s: no complete checkpoint in %s; starting from step 0\n", r.name(), root)
+		fmt.Fprintf(k.log, "%s: no complete checkpoint in %s; starting from step 0\n", k.name, root)
 		return 0, nil
 	}
-	if m.Stages != r.stages {
-		return 0, fmt.Errorf("%s: checkpoint has %d stages, the config %d", m.Dir, m.Stages, r.stages)
+	if m.Stages != k.stages {
+		return 0, fmt.Errorf("%s: checkpoint has %d stages, the config %d", m.Dir, m.Stages, k.stages)
 	}
-	if err := r.load(m.PartPath(r.stage)); err != nil {
+	if err := k.load(m.PartPath(k.stage)); err != nil {
 		return 0, err
 	}
 	// Replica 0 wrote the stage's part; every replica starts from it.
-	fmt.Fprintf(r.log, "%s: resumed from the checkpoint of step %d (%s)\n", r.name(), m.Step, m.Dir)
+	fmt.Fprintf(k.log, "%s: resumed from the checkpoint of step %d (%s)\n", k.name, m.Step, m.Dir)
 	return m.Step, nil
 }
 
 // restoreAgreed resumes from the step the coordinator says every process
 // holds, from this process's own part of it.
-func (r *Runtime) restoreAgreed(ctx context.Context, root string) (int, error) {
-	held, err := checkpoint.HeldParts(root, r.stage, r.cfg.TrainingDigest())
+func (k *checkpointer) restoreAgreed(ctx context.Context, root string) (int, error) {
+	held, err := checkpoint.HeldParts(root, k.stage, k.cfg.TrainingDigest())
 	if err != nil {
 		return 0, err
 	}
-	step, err := r.coord.Resume(ctx, held)
+	step, err := k.coord.Resume(ctx, held)
 	if err != nil {
 		return 0, err
 	}
 	if step == 0 {
-		fmt.Fprintf(r.log, "%s: no checkpoint that every process holds; starting from step 0\n", r.name())
+		fmt.Fprintf(k.log, "%s: no checkpoint that every process holds; starting from step 0\n", k.name)
 		return 0, nil
 	}
 	dir := checkpoint.StepDir(root, step)
-	if err := r.load(filepath.Join(dir, checkpoint.PartFile(r.stage))); err != nil {
+	if err := k.load(filepath.Join(dir, checkpoint.PartFile(k.stage))); err != nil {
 		return 0, err
 	}
-	fmt.Fprintf(r.log, "%s: resumed from the checkpoint of step %d, which every process holds (%s)\n", r.name(), step, dir)
+	fmt.Fprintf(k.log, "%s: resumed from the checkpoint of step %d, which every process holds (%s)\n", k.name, step, dir)
 	return step, nil
 }
 
 // load fills the stage's parameters and optimizer state from its part.
-func (r *Runtime) load(path string) error {
+func (k *checkpointer) load(path string) error {
 	tensors, meta, err := checkpoint.Read(path)
 	if err != nil {
 		return err
@@ -223,8 +259,8 @@ func (r *Runtime) load(path string) error {
 	for _, t := range tensors {
 		byName[t.Name] = t
 	}
-	for c, e := range r.engines {
-		o := r.optims[c]
+	for c, e := range k.engines {
+		o := k.optims[c]
 		n, err := strconv.ParseInt(meta[optimStepsKey(c)], 10, 64)
 		if err != nil {
 			return fmt.Errorf("%s: optimizer step count of chunk %d: %w", path, c, err)
@@ -292,19 +328,22 @@ func (r *Runtime) rewindLogs(start int) error {
 	return r.files.rewind(start)
 }
 
-// awaitCommits lets the process finish committing the last checkpoint before
+// await lets the process finish committing the last checkpoint before
 // it exits, for at most the receive timeout: every other stage has written
 // its part by the time it finishes the last step.
-func (r *Runtime) awaitCommits(ctx context.Context) {
+func (k *checkpointer) await(ctx context.Context) {
 	done := make(chan struct{})
 	go func() {
-		r.commits.Wait()
+		k.commits.Wait()
 		close(done)
 	}()
 	select {
 	case <-done:
 	case <-ctx.Done():
-	case <-time.After(r.cfg.Transport.RecvTimeout):
-		fmt.Fprintf(r.log, "stage %d: the last checkpoint was not committed within %v\n", r.stage, r.cfg.Transport.RecvTimeout)
+	case <-time.After(k.cfg.Transport.RecvTimeout):
+		fmt.Fprintf(k.log, "stage %d: the last checkpoint was not committed within %v\n", k.stage, k.cfg.Transport.RecvTimeout)
 	}
 }
+
+// wait waits for every commit in progress to end.
+func (k *checkpointer) wait() { k.commits.Wait() }

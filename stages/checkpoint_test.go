@@ -167,3 +167,49 @@ func sameParams(a, b [][]float32) bool {
 	}
 	return len(a) == len(b) && len(a) > 0
 }
+
+// TestCheckpointerRoundTrip: the part the checkpointer writes after a step
+// loads back into the stage: its parameters, its optimizers' buffers and
+// their step counts.
+func TestCheckpointerRoundTrip(t *testing.T) {
+	c := testConfig("1f1b", plain("0-1", "2-3"), 2, "float32", "adam")
+	silent, rt := secondStage(t, c, t.TempDir())
+	defer silent.Close()
+	k := rt.ckpt
+	o := k.optims[0]
+	o.SetSteps(7)
+	slot := func() []float32 {
+		v, err := o.Slot(o.SlotNames()[0], 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v.Data().([]float32)
+	}
+	for i := range slot() {
+		slot()[i] = 0.25
+	}
+	want := snapshot(rt)
+	if err := k.save(context.Background(), 3); err != nil {
+		t.Fatal(err)
+	}
+	k.wait()
+	for _, e := range rt.engines {
+		for _, p := range e.Params() {
+			clear(p.Value().Data().([]float32))
+		}
+	}
+	o.SetSteps(0)
+	clear(slot())
+	if err := k.load(filepath.Join(checkpoint.StepDir(k.root, 3), checkpoint.PartFile(1))); err != nil {
+		t.Fatal(err)
+	}
+	if !sameParams(snapshot(rt), want) {
+		t.Error("parameters differ from those saved")
+	}
+	if got := o.Steps(); got != 7 {
+		t.Errorf("optimizer steps %d after loading, want the saved 7", got)
+	}
+	if got := slot(); len(got) == 0 || got[0] != 0.25 {
+		t.Errorf("optimizer %s buffer %v after loading, want the saved 0.25s", o.SlotNames()[0], got)
+	}
+}

@@ -4,9 +4,9 @@
 // sends, receives) op by op, step after step (Runtime, execute.go), writing
 // the run directory's logs, metrics, checkpoints and weights. The runtime
 // says when; types of their own do the side jobs: metricFiles writes
-// metrics.jsonl and eval.json. The same Runtime,
-// holding every layer on one chunk, is the one-process reference that
-// pipelined runs must equal bit for bit.
+// metrics.jsonl and eval.json, checkpointer writes, commits and restores
+// checkpoints. The same Runtime, holding every layer on one chunk, is the
+// one-process reference that pipelined runs must equal bit for bit.
 //
 // RunProcess is a whole stage process, what pipetrain stage runs once it
 // knows its stage and replica: pinning, the rendezvous (Join), the links, the
@@ -28,7 +28,7 @@
 //   - Metrics, whose counters are guarded by their own mutex (the Prometheus
 //     handler reads them from its HTTP goroutines).
 //
-// Run starts goroutines of its own only on stage 0, one per checkpoint, to
+// Run's checkpointer starts goroutines only on stage 0, one per checkpoint, to
 // wait for every stage's part and commit the manifest; they end before Run
 // returns, and write to the log only one whole line at a time. The links'
 // own goroutines belong to the transport (see transport.Link).

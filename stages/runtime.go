@@ -8,12 +8,10 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"gorgonia.org/tensor"
 
-	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/collective"
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/data"
@@ -119,14 +117,12 @@ type Runtime struct {
 	spareInputs []*tensor.Dense
 	live        *Metrics
 
-	tied       [][2]string // parameter pairs whose gradients are summed before each step
-	resume     bool
-	act        activity // what the stage is doing, for status queries
-	layout     *Layout
-	coord      Coordinator
-	commits    sync.WaitGroup // checkpoint commits in progress
-	lastCommit chan struct{}  // closed when the newest commit has ended
-	pause      *Pause         // nil: the stage is never paused
+	tied   [][2]string // parameter pairs whose gradients are summed before each step
+	resume bool
+	act    activity // what the stage is doing, for status queries
+	layout *Layout
+	ckpt   *checkpointer
+	pause  *Pause // nil: the stage is never paused
 }
 
 // New builds the stage: its slices of the model, its schedule and its data.
@@ -136,7 +132,7 @@ func New(o Options) (*Runtime, error) {
 		return nil, err
 	}
 	c, model, lowered, ranges := l.Config, l.Model, l.Schedule, l.Ranges
-	r := &Runtime{cfg: c, stage: l.Stage, stages: l.Stages, replica: l.Replica, runDir: o.RunDir, log: o.Log, live: newMetrics(l.Stage), resume: o.Resume, layout: l, coord: o.Coordinator, pause: o.Pause}
+	r := &Runtime{cfg: c, stage: l.Stage, stages: l.Stages, replica: l.Replica, runDir: o.RunDir, log: o.Log, live: newMetrics(l.Stage), resume: o.Resume, layout: l, pause: o.Pause}
 	r.mbBase, r.scaleMBs = l.Replica*c.Data.MicroBatches, l.Replicas*c.Data.MicroBatches
 	if r.log == nil {
 		r.log = io.Discard
@@ -174,6 +170,8 @@ func New(o Options) (*Runtime, error) {
 	if r.holdsLoss() && r.replica == 0 {
 		r.files = newMetricFiles(r.runDir)
 	}
+	r.ckpt = &checkpointer{cfg: c, root: CheckpointDir(r.runDir), stage: r.stage, stages: r.stages, replica: r.replica, coord: o.Coordinator,
+		engines: r.engines, optims: r.optims, log: r.log, name: r.name()}
 	if err := r.initFrom(model); err != nil {
 		return nil, err
 	}
@@ -309,21 +307,15 @@ func (r *Runtime) Run(ctx context.Context) error {
 	first := 0
 	if r.resume {
 		var err error
-		if first, err = r.restore(ctx); err != nil {
+		if first, err = r.ckpt.restore(ctx); err != nil {
 			return fmt.Errorf("stage %d: resuming: %w", r.stage, err)
 		}
 		if err := r.rewindLogs(first); err != nil {
 			return fmt.Errorf("stage %d: resuming: %w", r.stage, err)
 		}
 	}
-	// Stage 0 takes part in every step, so no stage can write a checkpoint after
-	// first before this runs. A fresh run clears them all: an older run's
-	// checkpoints in the same directory must never be resumed from. Processes
-	// with run directories of their own clear their own.
-	if (r.stage == 0 && r.replica == 0) || r.coord != nil {
-		if err := checkpoint.RemoveAfter(CheckpointDir(r.runDir), first); err != nil {
-			return err
-		}
+	if err := r.ckpt.clearAfter(first); err != nil {
+		return err
 	}
 	if err := r.open(); err != nil {
 		return err
@@ -347,7 +339,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 	commitCtx, stopCommits := context.WithCancel(ctx)
 	defer func() {
 		stopCommits()
-		r.commits.Wait()
+		r.ckpt.wait()
 	}()
 	var layers []string
 	for _, e := range r.engines {
@@ -417,7 +409,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 			}
 		}
 		if r.checkpointsAfter(done) {
-			if err := r.saveCheckpoint(commitCtx, done); err != nil {
+			if err := r.ckpt.save(commitCtx, done); err != nil {
 				return err
 			}
 		}
@@ -429,7 +421,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 	}
 	if r.replica > 0 {
 		// Replica 0 evaluates, and writes what the replicas share.
-		r.awaitCommits(ctx)
+		r.ckpt.await(ctx)
 		fmt.Fprintf(r.log, "%s: done in %.1fs\n", r.name(), time.Since(start).Seconds())
 		return nil
 	}
@@ -441,7 +433,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 	if err := r.saveWeights(); err != nil {
 		return err
 	}
-	r.awaitCommits(ctx)
+	r.ckpt.await(ctx)
 	fmt.Fprintf(r.log, "%s: done in %.1fs, peak %s stashed\n", r.name(), time.Since(start).Seconds(), words.Count(r.peakStash, "micro-batch"))
 	return nil
 }
@@ -451,7 +443,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 // after the last.
 func (r *Runtime) checkpointsAfter(done int) bool {
 	every := r.cfg.Checkpoint.Every
-	return every > 0 && r.writesCheckpoints() && (done%every == 0 || done == r.cfg.Train.Steps)
+	return every > 0 && r.ckpt.writes() && (done%every == 0 || done == r.cfg.Train.Steps)
 }
 
 // stopAfter ends a paused stage at the agreed step done (see Pause): it
@@ -461,12 +453,12 @@ func (r *Runtime) checkpointsAfter(done int) bool {
 // it waits for the commit. The final evaluation and weights are left to the
 // resumed run.
 func (r *Runtime) stopAfter(ctx, commitCtx context.Context, first, done int) error {
-	if done > first && r.writesCheckpoints() && !r.checkpointsAfter(done) {
-		if err := r.saveCheckpoint(commitCtx, done); err != nil {
+	if done > first && r.ckpt.writes() && !r.checkpointsAfter(done) {
+		if err := r.ckpt.save(commitCtx, done); err != nil {
 			return err
 		}
 	}
-	r.awaitCommits(ctx)
+	r.ckpt.await(ctx)
 	return fmt.Errorf("%s stopped after step %d: %w", r.name(), done, ErrPaused)
 }
 
