@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pipetrain/pipetrain/compute"
 	"github.com/pipetrain/pipetrain/internal/blas/cores"
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/optim"
@@ -887,21 +888,11 @@ func checkAddress(a string) error {
 	return nil
 }
 
-// devices are the devices this build runs on; "" means the first.
-var devices = []string{"cpu"}
-
-// CheckDevice accepts the devices this build can run on.
+// CheckDevice accepts the devices this build can run on: "" (cpu) or a
+// kind registered with package compute, with an optional ":N" index.
 func CheckDevice(d string) error {
-	switch {
-	case d == "" || slices.Contains(devices, d):
-		return nil
-	case strings.HasPrefix(d, "cuda:"):
-		if _, err := strconv.Atoi(strings.TrimPrefix(d, "cuda:")); err != nil {
-			return fmt.Errorf("%q: write cuda:N with N a GPU index", d)
-		}
-		return fmt.Errorf("%q: this pipetrain was built without CUDA support; use device: cpu", d)
-	}
-	return fmt.Errorf("unknown device %q (known: %s, cuda:N)", d, strings.Join(devices, ", "))
+	_, _, err := compute.Lookup(d)
+	return err
 }
 
 // ChunkLayers returns the layers of a stage's chunk as a half-open range [first, last).

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pipetrain/pipetrain/compute"
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/optim"
 	"github.com/pipetrain/pipetrain/schedule"
@@ -75,7 +76,7 @@ func enums() map[string][]string {
 		"transport.compression": compressions,
 		"run_dir_mode":          runDirModes,
 		"compute.blas_kernels":  blasKernels(),
-		"stages[i].device":      devices,
+		"stages[i].device":      compute.Kinds(),
 		"stages[i].recompute":   RecomputeModes,
 	}
 	maps.Copy(e, modelEnums())

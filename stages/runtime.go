@@ -13,6 +13,7 @@ import (
 	"gorgonia.org/tensor"
 
 	"github.com/pipetrain/pipetrain/collective"
+	"github.com/pipetrain/pipetrain/compute"
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/data"
 	"github.com/pipetrain/pipetrain/engine"
@@ -151,12 +152,16 @@ func New(o Options) (*Runtime, error) {
 	r.threads = threads // the process's (SetProcessThreads), recorded in the run log
 	sched := lowered.Compute()
 	r.actions, r.ops, r.schedName = sched.Actions[r.stage], lowered.Ops[r.stage], sched.Name
+	dev, index, err := r.device()
+	if err != nil {
+		return nil, err
+	}
 	for chunk, lr := range ranges {
 		opts := engine.OptionsFor(r.actions, chunk, c.RecomputesSelective(r.stage))
 		if l.Reference {
 			opts.Selective = false // the reference keeps every activation: recomputation is checked against it
 		}
-		e, err := engine.NewEngine(model, lr[0], lr[1], c.MicroBatchSize(), c.Train.Seed, opts)
+		e, err := openEngine(dev, compute.Spec{Model: model, First: lr[0], Last: lr[1], Batch: c.MicroBatchSize(), Seed: c.Train.Seed, Options: opts, Index: index})
 		if err != nil {
 			return nil, fmt.Errorf("stage %d chunk %d: %w", r.stage, chunk, err)
 		}
@@ -192,6 +197,36 @@ func New(o Options) (*Runtime, error) {
 		return nil, err
 	}
 	return r, nil
+}
+
+// device is the compute device stages[i].device names for the stage, from
+// package compute's registry. The one-process reference computes on the
+// cpu, which every build has.
+func (r *Runtime) device() (compute.Device, int, error) {
+	name := ""
+	if !r.layout.Reference {
+		name = r.cfg.Stages[r.stage].Device
+	}
+	d, index, err := compute.Lookup(name)
+	if err != nil {
+		return nil, 0, fmt.Errorf("stages[%d].device: %w", r.stage, err)
+	}
+	return d, index, nil
+}
+
+// openEngine opens a chunk on d. Checkpoints, initialisation, replicas and
+// tied weights still read and write the chunk's weights as the cpu
+// engine's graph nodes, so a device must hand back an *engine.Engine for now.
+func openEngine(d compute.Device, spec compute.Spec) (*engine.Engine, error) {
+	s, err := d.Open(spec)
+	if err != nil {
+		return nil, err
+	}
+	e, ok := s.(*engine.Engine)
+	if !ok {
+		return nil, fmt.Errorf("device %s: opened a %T; this runtime keeps weights in *engine.Engine", d.Kind(), s)
+	}
+	return e, nil
 }
 
 // layout is the stage's Layout: the one given, or laid out from the config.

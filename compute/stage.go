@@ -1,0 +1,50 @@
+package compute
+
+import (
+	G "gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
+
+	"github.com/pipetrain/pipetrain/optim"
+)
+
+// Stage is one chunk's compute as the stage's executor drives it: the
+// passes of each micro-batch, keyed by its index, and the optimizer step.
+// Tensors cross it in host memory. A Stage is used by one goroutine.
+type Stage interface {
+	// IsFirst and IsLast report whether the chunk holds the model's first
+	// layer (it reads the data) or its last (it computes the loss).
+	IsFirst() bool
+	IsLast() bool
+	// InShape is the shape of a micro-batch's input.
+	InShape() tensor.Shape
+
+	// Forward runs micro-batch mb on in and keeps what its backward needs;
+	// on the last chunk targets are its labels and the result is its loss,
+	// elsewhere the activation to send.
+	Forward(mb int, in *tensor.Dense, targets []int) (*tensor.Dense, error)
+	// Recomputation runs mb's forward again where the stage recomputes,
+	// before its backward or input-gradient pass.
+	Recomputation(mb int) error
+	// LossScale is the output gradient of one micro-batch's loss when the
+	// step's loss is the mean over microBatches.
+	LossScale(microBatches int) G.Value
+	// Backward runs mb's whole backward from its output gradient, adds its
+	// weight gradients to the step's and returns its input gradient.
+	Backward(mb int, grad G.Value) (*tensor.Dense, error)
+	// Input and Weight are Backward in two parts (zero-bubble schedules):
+	// the input gradient first, the weight gradients later.
+	Input(mb int, grad G.Value) (*tensor.Dense, error)
+	Weight(mb int) error
+	// Discard drops what mb kept without a backward.
+	Discard(mb int)
+
+	// NewOptimizer builds an optimizer over the chunk's weights; Step
+	// applies it to the step's summed gradients and zeroes them.
+	NewOptimizer(spec optim.Spec) (*optim.Optimizer, error)
+	Step(o *optim.Optimizer) error
+
+	// InFlight and PeakInFlight count the micro-batches whose activations
+	// the chunk holds, now and at most.
+	InFlight() int
+	PeakInFlight() int
+}
