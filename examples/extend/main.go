@@ -1,8 +1,10 @@
 // Command extend shows pipetrain's seams from outside its packages: it
 // registers a model family of its own (scaled-mlp: Dense layers built with
-// models.NewDense around a layer type the program defines) and a dataset
-// kind of its own (blobs: Gaussian blobs made from the seed, no files),
-// trains a 2-stage pipeline of them over loopback with stages.RunProcess,
+// models.NewDense around a layer type the program defines), a dataset kind
+// of its own (blobs: Gaussian blobs made from the seed, no files) and a
+// compute device of its own (metered: the cpu engine, counting the chunks
+// it opens on each device index), trains a 2-stage pipeline of
+// them over loopback with stages.RunProcess,
 // as two pipetrain stage processes would, trains the same model in one
 // process as pipetrain reference does, and compares the two runs' losses,
 // evaluation and final weights bit for bit. It prints what it compared and
@@ -24,10 +26,12 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
 	"github.com/pipetrain/pipetrain/checkpoint"
+	"github.com/pipetrain/pipetrain/compute"
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/data"
 	"github.com/pipetrain/pipetrain/models"
@@ -39,6 +43,7 @@ import (
 func init() {
 	models.Register(scaledMLP{})
 	data.Register(blobs{})
+	compute.Register(meter)
 }
 
 // scaledMLP is the model family "scaled-mlp": a Dense layer per width of
@@ -280,9 +285,48 @@ func fill(d *data.Dataset, rows []int, x data.Inputs, targets bool) []int {
 	return y
 }
 
+// metered is the device kind "metered": it computes on the cpu device
+// pipetrain registers and counts the chunks it opens. It hands back the cpu
+// device's Stage unwrapped: a stage's runtime still keeps weights in the
+// cpu engine's graph (checkpoints, initialisation, replicas, tied weights),
+// and refuses a Stage of another type.
+type metered struct {
+	mu      sync.Mutex
+	indices []int // the device index of each chunk opened, in order
+}
+
+var meter = &metered{}
+
+func (*metered) Kind() string { return "metered" }
+
+// opened is the device indices of the chunks opened, sorted: the stages
+// open theirs at once.
+func (m *metered) opened() []int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Sorted(slices.Values(m.indices))
+}
+
+// Open opens model stages [spec.First, spec.Last) on the cpu device and
+// counts them; spec.Index is N of stages[i].device "metered:N".
+func (m *metered) Open(spec compute.Spec) (compute.Stage, error) {
+	cpu, _, err := compute.Lookup("cpu")
+	if err != nil {
+		return nil, err
+	}
+	st, err := cpu.Open(spec)
+	if err != nil {
+		return nil, fmt.Errorf("metered:%d: %w", spec.Index, err)
+	}
+	m.mu.Lock()
+	m.indices = append(m.indices, spec.Index)
+	m.mu.Unlock()
+	return st, nil
+}
+
 // config is the run: the family and the kind above, by the names they
-// registered, split over two stages (the scale on stage 0). ADDR0 and ADDR1
-// become free loopback addresses.
+// registered, split over two stages (the scale on stage 0) that compute on
+// the metered device. ADDR0 and ADDR1 become free loopback addresses.
 const config = `name: extend-example
 model:
   name: scaled-mlp
@@ -307,8 +351,8 @@ compute:
   blas_threads: 1
 schedule: 1f1b
 stages:
-  - {layers: "0-1", address: ADDR0}
-  - {layers: "2-3", address: ADDR1}
+  - {layers: "0-1", address: ADDR0, device: metered}
+  - {layers: "2-3", address: ADDR1, device: "metered:1"}
 `
 
 func main() {
@@ -346,6 +390,10 @@ func run(ctx context.Context, out io.Writer, perturb bool) error {
 	if err := pipeline(ctx, cfg, pipe); err != nil {
 		return err
 	}
+	opened := meter.opened()
+	if !slices.Equal(opened, []int{0, 1}) {
+		return fmt.Errorf("the metered device opened chunks on devices %v; want stage 0's on metered:0 and stage 1's on metered:1", opened)
+	}
 	return compare(out, ref, pipe)
 }
 
@@ -378,7 +426,7 @@ func freeAddress() (string, error) {
 }
 
 // reference trains the whole model in one runtime, as pipetrain reference
-// does.
+// does, on the cpu device.
 func reference(ctx context.Context, cfg *configs.Config, runDir string) error {
 	var log bytes.Buffer
 	stages.SetProcessThreads(cfg.ReferenceThreads())
@@ -464,6 +512,7 @@ func compare(out io.Writer, ref, pipe string) error {
 	first, last := mr[0], mr[len(mr)-1]
 	fmt.Fprintf(out, "scaled-mlp on blobs, 2 stages over loopback: loss %.4f at step %d, %.4f at step %d; test accuracy %.4f of %d examples\n",
 		first.Loss, first.Step, last.Loss, last.Step, eval.Accuracy, eval.Examples)
+	fmt.Fprintf(out, "the metered device opened chunks on devices %v\n", meter.opened())
 	fmt.Fprintf(out, "equal to the one-process reference bit for bit: %d losses, the evaluation, %d weight tensors\n", len(mr), len(wr))
 	return nil
 }

@@ -60,7 +60,8 @@ func runProgram(t *testing.T, prog string, args ...string) (int, string, string)
 }
 
 // TestExtendEqualsReference: the program, which registers its own model
-// family and dataset kind, trains them over two stages and finds the
+// family, dataset kind and device kind, trains them over two stages (each
+// on its own index of the device) and finds the
 // pipeline equal to its reference in every loss, the evaluation and every
 // weight; with the reference's learning rate perturbed it finds the
 // difference and exits 1 naming it.
@@ -69,6 +70,9 @@ func TestExtendEqualsReference(t *testing.T) {
 	code, stdout, stderr := runProgram(t, prog)
 	if code != 0 {
 		t.Fatalf("exit status %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	if !strings.Contains(stdout, "the metered device opened chunks on devices [0 1]\n") {
+		t.Errorf("output lacks the chunks the metered device opened:\n%s", stdout)
 	}
 	if !strings.Contains(stdout, "equal to the one-process reference bit for bit: 20 losses, the evaluation, 7 weight tensors") {
 		t.Errorf("output lacks the comparison of 20 losses and 7 weight tensors:\n%s", stdout)
