@@ -43,6 +43,10 @@ type Stage interface {
 	NewOptimizer(spec optim.Spec) (*optim.Optimizer, error)
 	Step(o *optim.Optimizer) error
 
+	// Unshare reports whether the chunk no longer refers to mem, the bytes
+	// of a tensor handed to it (a received message, a data input), so
+	// their owner may reuse them once the micro-batch is finished.
+	Unshare(mem []byte) bool
 	// InFlight and PeakInFlight count the micro-batches whose activations
 	// the chunk holds, now and at most.
 	InFlight() int

@@ -211,7 +211,8 @@ func (x *executor) log(ev runlog.Event, start time.Time) error {
 	return x.record(ev, start)
 }
 
-// Compute runs a compute op on the stage's engines (Computer).
+// Compute runs a compute op on the chunk's compute (Computer), through
+// compute.Stage, whatever device it was opened on.
 func (r *Runtime) Compute(step int, a schedule.Action, in *tensor.Dense) (*tensor.Dense, string, error) {
 	// An event's kind is its action's, as the schedule spells it (runlog's
 	// kinds are those spellings).
@@ -225,7 +226,7 @@ func (r *Runtime) Compute(step int, a schedule.Action, in *tensor.Dense) (*tenso
 	case schedule.Weight:
 		err = r.weight(a)
 	case schedule.Recompute:
-		err = r.engines[a.Chunk].Recomputation(a.MicroBatch)
+		err = r.chunk(a.Chunk).Recomputation(a.MicroBatch)
 	default:
 		err = fmt.Errorf("kind %v not supported by this runtime", a.Kind)
 	}
@@ -236,7 +237,7 @@ func (r *Runtime) Compute(step int, a schedule.Action, in *tensor.Dense) (*tenso
 // elsewhere from the received activation; the last stage keeps the loss.
 // It returns the output to send (nil on the last model stage).
 func (r *Runtime) forward(step int, a schedule.Action, input *tensor.Dense) (*tensor.Dense, error) {
-	e, mb := r.engines[a.Chunk], a.MicroBatch
+	e, mb := r.chunk(a.Chunk), a.MicroBatch
 	var targets []int
 	if e.IsFirst() {
 		input = r.dataInput(e, mb)
@@ -263,7 +264,7 @@ func (r *Runtime) forward(step int, a schedule.Action, input *tensor.Dense) (*te
 // received output gradient (the loss's on the last model stage). It returns
 // the input gradient to send (nil on the first model stage).
 func (r *Runtime) backward(a schedule.Action, in *tensor.Dense) (*tensor.Dense, error) {
-	e, mb := r.engines[a.Chunk], a.MicroBatch
+	e, mb := r.chunk(a.Chunk), a.MicroBatch
 	var grad G.Value = e.LossScale(r.scaleMBs)
 	if !e.IsLast() {
 		grad = in
@@ -291,7 +292,7 @@ func (r *Runtime) backward(a schedule.Action, in *tensor.Dense) (*tensor.Dense, 
 }
 
 func (r *Runtime) weight(a schedule.Action) error {
-	if err := r.engines[a.Chunk].Weight(a.MicroBatch); err != nil {
+	if err := r.chunk(a.Chunk).Weight(a.MicroBatch); err != nil {
 		return err
 	}
 	r.finish(a.Chunk, a.MicroBatch)

@@ -1,7 +1,7 @@
 package stages
 
 import (
-	"github.com/pipetrain/pipetrain/engine"
+	"github.com/pipetrain/pipetrain/compute"
 	"github.com/pipetrain/pipetrain/transport"
 )
 
@@ -10,9 +10,8 @@ import (
 type held []*transport.Tensor
 
 // releaseHeld hands a finished micro-batch's received tensors back to the
-// transport where e no longer refers to their memory (engine.Unshare
-// explains when it still may).
-func releaseHeld(e *engine.Engine, h held) {
+// transport where e no longer refers to their memory (compute.Stage.Unshare).
+func releaseHeld(e compute.Stage, h held) {
 	for _, t := range h {
 		if e.Unshare(t.Data) {
 			t.Release()

@@ -88,6 +88,7 @@ type Runtime struct {
 	shares     []any
 	gradsDone  int
 	engines    []*engine.Engine
+	chunks     []compute.Stage    // what each chunk's device opened, which the executor drives
 	optims     []*optim.Optimizer // one per engine: state and step counts are per parameter list
 	actions    []schedule.Action  // this stage's compute, in order
 	ops        []schedule.Op      // and with its communication: what Run executes
@@ -161,10 +162,11 @@ func New(o Options) (*Runtime, error) {
 		if l.Reference {
 			opts.Selective = false // the reference keeps every activation: recomputation is checked against it
 		}
-		e, err := openEngine(dev, compute.Spec{Model: model, First: lr[0], Last: lr[1], Batch: c.MicroBatchSize(), Seed: c.Train.Seed, Options: opts, Index: index})
+		s, e, err := openChunk(dev, compute.Spec{Model: model, First: lr[0], Last: lr[1], Batch: c.MicroBatchSize(), Seed: c.Train.Seed, Options: opts, Index: index})
 		if err != nil {
 			return nil, fmt.Errorf("stage %d chunk %d: %w", r.stage, chunk, err)
 		}
+		r.chunks = append(r.chunks, s)
 		o, err := e.NewOptimizer(c.Train.Optimizer)
 		if err != nil {
 			return nil, err
@@ -214,19 +216,27 @@ func (r *Runtime) device() (compute.Device, int, error) {
 	return d, index, nil
 }
 
-// openEngine opens a chunk on d. Checkpoints, initialisation, replicas and
-// tied weights still read and write the chunk's weights as the cpu
-// engine's graph nodes, so a device must hand back an *engine.Engine for now.
-func openEngine(d compute.Device, spec compute.Spec) (*engine.Engine, error) {
+// engineHolder is a chunk's compute that keeps its weights in a cpu
+// engine, which it hands out.
+type engineHolder interface{ Engine() *engine.Engine }
+
+// openChunk opens a chunk on d: the compute the executor drives, and the
+// engine holding its weights, since checkpoints, initialisation, replicas
+// and tied weights still read and write them as the cpu engine's graph
+// nodes. The cpu device's compute is that engine; another device's must
+// be one or hold one (Engine() *engine.Engine) for now.
+func openChunk(d compute.Device, spec compute.Spec) (compute.Stage, *engine.Engine, error) {
 	s, err := d.Open(spec)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	e, ok := s.(*engine.Engine)
-	if !ok {
-		return nil, fmt.Errorf("device %s: opened a %T; this runtime keeps weights in *engine.Engine", d.Kind(), s)
+	switch e := s.(type) {
+	case *engine.Engine:
+		return s, e, nil
+	case engineHolder:
+		return s, e.Engine(), nil
 	}
-	return e, nil
+	return nil, nil, fmt.Errorf("device %s: opened a %T, which neither is nor holds (Engine() *engine.Engine) the engine keeping the weights", d.Kind(), s)
 }
 
 // layout is the stage's Layout: the one given, or laid out from the config.
@@ -324,14 +334,18 @@ func (r *Runtime) loadData(o Options, model *models.Model) error {
 // Metrics is the stage's live metrics, for ServeMetrics.
 func (r *Runtime) Metrics() *Metrics { return r.live }
 
+// chunk is chunk c's compute as its device opened it, which the executor
+// drives through compute.Stage.
+func (r *Runtime) chunk(c int) compute.Stage { return r.chunks[c] }
+
 // Engines exposes the stage's compute, one engine per chunk, for tests and tools.
 func (r *Runtime) Engines() []*engine.Engine { return r.engines }
 
 // inFlight is the number of micro-batch chunks whose activations the stage holds.
 func (r *Runtime) inFlight() int {
 	n := 0
-	for _, e := range r.engines {
-		n += e.InFlight()
+	for _, c := range r.chunks {
+		n += c.InFlight()
 	}
 	return n
 }
@@ -547,8 +561,8 @@ func (r *Runtime) trainStep(ctx context.Context, step int) error {
 		return err
 	}
 	t0 := time.Now()
-	for i, e := range r.engines {
-		if err := e.Step(r.optims[i]); err != nil {
+	for i := range r.engines {
+		if err := r.chunk(i).Step(r.optims[i]); err != nil {
 			return fmt.Errorf("optimizer: %w", err)
 		}
 	}
@@ -582,7 +596,7 @@ func (r *Runtime) hold(chunk, mb int, msg *transport.Tensor) {
 // finish releases what micro-batch mb of chunk received, and on the first
 // model stage its data input, now that its backward is done.
 func (r *Runtime) finish(chunk, mb int) {
-	e := r.engines[chunk]
+	e := r.chunk(chunk)
 	k := [2]int{chunk, mb}
 	if h, ok := r.held[k]; ok {
 		delete(r.held, k)
@@ -599,7 +613,7 @@ func (r *Runtime) finish(chunk, mb int) {
 // dataInput is the tensor micro-batch mb's data is gathered into on the
 // first model stage: a spare one (see Runtime.inputs) or a new one, kept
 // until the micro-batch is finished.
-func (r *Runtime) dataInput(e *engine.Engine, mb int) *tensor.Dense {
+func (r *Runtime) dataInput(e compute.Stage, mb int) *tensor.Dense {
 	var in *tensor.Dense
 	if n := len(r.spareInputs); n > 0 {
 		in, r.spareInputs = r.spareInputs[n-1], r.spareInputs[:n-1]
@@ -614,8 +628,8 @@ func (r *Runtime) dataInput(e *engine.Engine, mb int) *tensor.Dense {
 }
 
 // newInput is a zeroed input micro-batch for the first model stage.
-func (r *Runtime) newInput(e *engine.Engine) *tensor.Dense {
-	return tensor.New(tensor.Of(e.Model.DType), tensor.WithShape(e.InShape()...))
+func (r *Runtime) newInput(e compute.Stage) *tensor.Dense {
+	return tensor.New(tensor.Of(r.layout.Model.DType), tensor.WithShape(e.InShape()...))
 }
 
 // stepLoss is the mean of the micro-batch losses, summed in micro-batch order so
