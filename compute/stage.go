@@ -4,8 +4,13 @@ import (
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
+	"github.com/pipetrain/pipetrain/engine"
 	"github.com/pipetrain/pipetrain/optim"
 )
+
+// Weight is one of a chunk's weights in host memory, named as checkpoints
+// and exports name it.
+type Weight = engine.Weight
 
 // Stage is one chunk's compute as the stage's executor drives it: the
 // passes of each micro-batch, keyed by its index, and the optimizer step.
@@ -42,6 +47,14 @@ type Stage interface {
 	// applies it to the step's summed gradients and zeroes them.
 	NewOptimizer(spec optim.Spec) (*optim.Optimizer, error)
 	Step(o *optim.Optimizer) error
+
+	// Weights are the chunk's weights in host memory, in the order its
+	// optimizer holds them, named as checkpoints name them; the caller only
+	// reads them. A device computing elsewhere copies them out.
+	Weights() []Weight
+	// LoadWeights copies ws, in Weights' order, names and shapes, into the
+	// chunk's weights (a checkpoint's, when a run resumes).
+	LoadWeights(ws []Weight) error
 
 	// Unshare reports whether the chunk no longer refers to mem, the bytes
 	// of a tensor handed to it (a received message, a data input), so

@@ -15,8 +15,8 @@ import (
 	"gorgonia.org/tensor"
 
 	"github.com/pipetrain/pipetrain/checkpoint"
+	"github.com/pipetrain/pipetrain/compute"
 	"github.com/pipetrain/pipetrain/configs"
-	"github.com/pipetrain/pipetrain/engine"
 	"github.com/pipetrain/pipetrain/internal/words"
 	"github.com/pipetrain/pipetrain/optim"
 	"github.com/pipetrain/pipetrain/runlog"
@@ -35,17 +35,17 @@ func optimStepsKey(chunk int) string { return fmt.Sprintf("optim.steps.%d", chun
 func (k *checkpointer) partTensors() ([]checkpoint.Tensor, map[string]string, error) {
 	var ts []checkpoint.Tensor
 	meta := map[string]string{"stage": fmt.Sprint(k.stage), "training_digest": k.cfg.TrainingDigest()}
-	for c, e := range k.engines {
+	for c, s := range k.chunks {
 		o := k.optims[c]
 		meta[optimStepsKey(c)] = strconv.FormatInt(o.Steps(), 10)
-		for i, p := range e.Params() {
-			ts = append(ts, denseTensor(p.Name(), p.Value().(*tensor.Dense)))
+		for i, w := range s.Weights() {
+			ts = append(ts, denseTensor(w.Name, w.Value))
 			for _, slot := range o.SlotNames() {
 				v, err := o.Slot(slot, i)
 				if err != nil {
 					return nil, nil, err
 				}
-				ts = append(ts, denseTensor(optimName(slot, p.Name()), v))
+				ts = append(ts, denseTensor(optimName(slot, w.Name), v))
 			}
 		}
 	}
@@ -85,8 +85,8 @@ type checkpointer struct {
 	root          string // the run's checkpoint folder
 	stage, stages int
 	replica       int
-	coord         Coordinator // nil: the processes share the run directory
-	engines       []*engine.Engine
+	coord         Coordinator        // nil: the processes share the run directory
+	chunks        []compute.Stage    // their weights, in host memory
 	optims        []*optim.Optimizer // one per engine
 	log           io.Writer
 	name          string         // the process's, for its messages
@@ -259,15 +259,16 @@ func (k *checkpointer) load(path string) error {
 	for _, t := range tensors {
 		byName[t.Name] = t
 	}
-	for c, e := range k.engines {
+	for c, s := range k.chunks {
 		o := k.optims[c]
 		n, err := strconv.ParseInt(meta[optimStepsKey(c)], 10, 64)
 		if err != nil {
 			return fmt.Errorf("%s: optimizer step count of chunk %d: %w", path, c, err)
 		}
 		o.SetSteps(n)
-		for i, p := range e.Params() {
-			if err := fill(byName, p.Name(), p.Value().(*tensor.Dense)); err != nil {
+		ws := s.Weights()
+		for i, w := range ws {
+			if err := fill(byName, w.Name, w.Value); err != nil {
 				return fmt.Errorf("%s: %w", path, err)
 			}
 			for _, slot := range o.SlotNames() {
@@ -275,10 +276,13 @@ func (k *checkpointer) load(path string) error {
 				if err != nil {
 					return err
 				}
-				if err := fill(byName, optimName(slot, p.Name()), v); err != nil {
+				if err := fill(byName, optimName(slot, w.Name), v); err != nil {
 					return fmt.Errorf("%s: %w", path, err)
 				}
 			}
+		}
+		if err := s.LoadWeights(ws); err != nil {
+			return fmt.Errorf("%s: chunk %d: %w", path, c, err)
 		}
 	}
 	return nil

@@ -1,6 +1,8 @@
 package stages
 
 import (
+	"context"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -8,6 +10,7 @@ import (
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
+	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/compute"
 	"github.com/pipetrain/pipetrain/engine"
 	"github.com/pipetrain/pipetrain/optim"
@@ -114,5 +117,73 @@ func TestExecutorDrivesTheDevicesCompute(t *testing.T) {
 	passes := int64(cfg.Train.Steps * cfg.Data.MicroBatches)
 	if f, b, s := wrapping.forwards.Load(), wrapping.backwards.Load(), wrapping.steps.Load(); f != passes || b != passes || s != int64(cfg.Train.Steps) {
 		t.Errorf("stage 0's device ran %d forwards, %d backwards and %d steps; want %d, %d and %d", f, b, s, passes, passes, cfg.Train.Steps)
+	}
+}
+
+// hostedDevice opens chunks that hand out copies of their weights, as a
+// device computing outside host memory must, and count the loads.
+type hostedDevice struct{ loads atomic.Int64 }
+
+type hosted struct {
+	*cpuEngine
+	d *hostedDevice
+}
+
+func (h hosted) Engine() *engine.Engine { return h.cpuEngine }
+
+// Weights copies the engine's weights out.
+func (h hosted) Weights() []compute.Weight {
+	ws := h.cpuEngine.Weights()
+	for i, w := range ws {
+		ws[i].Value = w.Value.Clone().(*tensor.Dense)
+	}
+	return ws
+}
+
+func (h hosted) LoadWeights(ws []compute.Weight) error {
+	h.d.loads.Add(1)
+	return h.cpuEngine.LoadWeights(ws)
+}
+
+func (*hostedDevice) Kind() string { return "hosted" }
+
+func (d *hostedDevice) Open(s compute.Spec) (compute.Stage, error) {
+	e, err := engine.NewEngine(s.Model, s.First, s.Last, s.Batch, s.Seed, s.Options)
+	return hosted{e, d}, err
+}
+
+var hosting = &hostedDevice{}
+
+func init() { compute.Register(hosting) }
+
+// TestCheckpointerUsesHostWeights: a stage's checkpoint part is written
+// from the weights its device hands out in host memory and loaded back
+// through LoadWeights, so a device whose weights live elsewhere (here:
+// copies) saves and restores them.
+func TestCheckpointerUsesHostWeights(t *testing.T) {
+	c := testConfig("1f1b", plain("0-1", "2-3"), 2, "float32", "adam")
+	c.Stages[1].Device = "hosted"
+	silent, rt := secondStage(t, c, t.TempDir())
+	defer silent.Close()
+	k := rt.ckpt
+	want := snapshot(rt)
+	if err := k.save(context.Background(), 3); err != nil {
+		t.Fatal(err)
+	}
+	k.wait()
+	for _, e := range rt.engines {
+		for _, p := range e.Params() {
+			clear(p.Value().Data().([]float32))
+		}
+	}
+	hosting.loads.Store(0)
+	if err := k.load(filepath.Join(checkpoint.StepDir(k.root, 3), checkpoint.PartFile(1))); err != nil {
+		t.Fatal(err)
+	}
+	if !sameParams(snapshot(rt), want) {
+		t.Error("the engine's weights differ from those saved")
+	}
+	if n := hosting.loads.Load(); n != int64(len(rt.chunks)) {
+		t.Errorf("%d loads through the device, want one per chunk (%d)", n, len(rt.chunks))
 	}
 }

@@ -178,7 +178,7 @@ func New(o Options) (*Runtime, error) {
 		r.files = newMetricFiles(r.runDir)
 	}
 	r.ckpt = &checkpointer{cfg: c, root: CheckpointDir(r.runDir), stage: r.stage, stages: r.stages, replica: r.replica, coord: o.Coordinator,
-		engines: r.engines, optims: r.optims, log: r.log, name: r.name()}
+		chunks: r.chunks, optims: r.optims, log: r.log, name: r.name()}
 	if err := r.initFrom(model); err != nil {
 		return nil, err
 	}
