@@ -2,7 +2,9 @@ package stages
 
 import (
 	"context"
+	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -122,7 +124,7 @@ func TestExecutorDrivesTheDevicesCompute(t *testing.T) {
 
 // hostedDevice opens chunks that hand out copies of their weights, as a
 // device computing outside host memory must, and count the loads.
-type hostedDevice struct{ loads atomic.Int64 }
+type hostedDevice struct{ reads, loads atomic.Int64 }
 
 type hosted struct {
 	*cpuEngine
@@ -133,6 +135,7 @@ func (h hosted) Engine() *engine.Engine { return h.cpuEngine }
 
 // Weights copies the engine's weights out.
 func (h hosted) Weights() []compute.Weight {
+	h.d.reads.Add(1)
 	ws := h.cpuEngine.Weights()
 	for i, w := range ws {
 		ws[i].Value = w.Value.Clone().(*tensor.Dense)
@@ -185,5 +188,52 @@ func TestCheckpointerUsesHostWeights(t *testing.T) {
 	}
 	if n := hosting.loads.Load(); n != int64(len(rt.chunks)) {
 		t.Errorf("%d loads through the device, want one per chunk (%d)", n, len(rt.chunks))
+	}
+}
+
+// TestInitAndFinalWeightsUseHostWeights: train.init_from fills a stage's
+// weights through its device's LoadWeights, and the run directory's final
+// weights are written from its Weights: those the file gives a stage on
+// the cpu.
+func TestInitAndFinalWeightsUseHostWeights(t *testing.T) {
+	c := testConfig("1f1b", plain("0-1", "2-3"), 2, "float32", "adam")
+	c.Train.Steps = 2
+	file := exportRun(t, c, runInProcess(t, c, false))
+
+	next := *c
+	next.Train.InitFrom = file
+	next.Train.Seed = 99 // the seed's weights must not show through
+	next.Stages = slices.Clone(c.Stages)
+	next.Stages[1].Device = "hosted"
+	hosting.loads.Store(0)
+	silent, rt := secondStage(t, &next, t.TempDir())
+	defer silent.Close()
+	if n := hosting.loads.Load(); n != int64(len(rt.chunks)) {
+		t.Errorf("init_from loaded %d times through the device, want once per chunk (%d)", n, len(rt.chunks))
+	}
+	if err := os.MkdirAll(filepath.Dir(weightsFile(rt.runDir, 1)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	hosting.reads.Store(0)
+	if err := rt.saveWeights(); err != nil {
+		t.Fatal(err)
+	}
+	if n := hosting.reads.Load(); n != int64(len(rt.chunks)) {
+		t.Errorf("the final weights read the device's weights %d times, want once per chunk (%d)", n, len(rt.chunks))
+	}
+	saved, _, err := checkpoint.Read(weightsFile(rt.runDir, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	onCPU := next
+	onCPU.Stages = c.Stages
+	want := startingParams(t, &onCPU, false) // what the file starts a run on the cpu from
+	for _, w := range saved {
+		if !slices.Equal(w.F32, want[w.Name].F32) {
+			t.Errorf("final weight %s differs from the one init_from gives on the cpu", w.Name)
+		}
+	}
+	if len(saved) == 0 {
+		t.Error("no final weights saved")
 	}
 }

@@ -3,8 +3,6 @@ package stages
 import (
 	"fmt"
 
-	"gorgonia.org/tensor"
-
 	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/internal/words"
 	"github.com/pipetrain/pipetrain/models"
@@ -21,20 +19,24 @@ func (r *Runtime) initFrom(model *models.Model) error {
 		return nil
 	}
 	mine := map[string]bool{}
-	for _, e := range r.engines {
-		for _, p := range e.Params() {
-			mine[p.Name()] = true
+	for _, c := range r.chunks {
+		for _, w := range c.Weights() {
+			mine[w.Name] = true
 		}
 	}
 	ts, err := checkpoint.ReadInit(model, path, func(name string) bool { return mine[name] })
 	if err != nil {
 		return fmt.Errorf("%s: train.init_from: %w", r.name(), err)
 	}
-	for _, e := range r.engines {
-		for _, p := range e.Params() {
-			if err := fill(ts, p.Name(), p.Value().(*tensor.Dense)); err != nil {
+	for _, c := range r.chunks {
+		ws := c.Weights()
+		for _, w := range ws {
+			if err := fill(ts, w.Name, w.Value); err != nil {
 				return fmt.Errorf("%s: train.init_from: %s: %w", r.name(), path, err)
 			}
+		}
+		if err := c.LoadWeights(ws); err != nil {
+			return fmt.Errorf("%s: train.init_from: %s: %w", r.name(), path, err)
 		}
 	}
 	fmt.Fprintf(r.log, "%s: %s from %s\n", r.name(), words.Count(len(mine), "parameter tensor"), path)

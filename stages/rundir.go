@@ -10,8 +10,6 @@ import (
 	"strconv"
 	"strings"
 
-	G "gorgonia.org/gorgonia"
-
 	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/engine"
@@ -174,19 +172,10 @@ func (r *Runtime) writeRunInfo() error {
 // init_from check.
 func (r *Runtime) saveWeights() error {
 	var ts []checkpoint.Tensor
-	var params []*G.Node
-	for _, e := range r.engines {
-		params = append(params, e.Params()...)
-	}
-	for _, p := range params {
-		t := checkpoint.Tensor{Name: p.Name(), Shape: p.Shape().Clone()}
-		switch d := p.Value().Data().(type) {
-		case []float32:
-			t.F32 = d
-		case []float64:
-			t.F64 = d
+	for _, c := range r.chunks {
+		for _, w := range c.Weights() {
+			ts = append(ts, denseTensor(w.Name, w.Value))
 		}
-		ts = append(ts, t)
 	}
 	path := weightsFile(r.runDir, r.stage)
 	meta := map[string]string{"step": fmt.Sprint(r.cfg.Train.Steps), "config_digest": r.cfg.Digest(), "stage": fmt.Sprint(r.stage)}
