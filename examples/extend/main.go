@@ -287,9 +287,9 @@ func fill(d *data.Dataset, rows []int, x data.Inputs, targets bool) []int {
 
 // metered is the device kind "metered": it computes on the cpu device
 // pipetrain registers and counts the chunks it opens. It hands back the cpu
-// device's Stage unwrapped: a stage's runtime still keeps weights in the
-// cpu engine's graph (checkpoints, initialisation, replicas, tied weights),
-// and refuses a Stage of another type.
+// device's Stage unwrapped: replicas and tied weights still reach a chunk's
+// weights in the cpu engine's graph, so a stage's runtime refuses a Stage
+// that neither is nor holds the cpu engine.
 type metered struct {
 	mu      sync.Mutex
 	indices []int // the device index of each chunk opened, in order
