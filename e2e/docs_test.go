@@ -205,6 +205,11 @@ func runDocCommand(t *testing.T, dir, bin, command string) (string, error) {
 	if !strings.Contains(command, "--steps") {
 		cmd.Env = append(cmd.Env, "PIPETRAIN_TRAIN_STEPS=6")
 	}
+	if strings.HasPrefix(command, "go ") {
+		// A Go program of the repository's (go run ./examples/...) runs in
+		// the module, as the doc's reader runs it, with the doc's settings.
+		cmd.Dir, cmd.Env = "..", os.Environ()
+	}
 	var buf bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &buf, &buf
 	err := cmd.Run()
