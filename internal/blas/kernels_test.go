@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/pipetrain/pipetrain/internal/blas/cores"
+	"github.com/pipetrain/pipetrain/internal/testenv"
 )
 
 const helperEnv = "PIPETRAIN_BLAS_TEST_HELPER"
@@ -19,7 +20,8 @@ const helperEnv = "PIPETRAIN_BLAS_TEST_HELPER"
 // its init chose.
 func TestKernelsHelper(t *testing.T) {
 	if os.Getenv(helperEnv) == "" {
-		t.Skip("run by the tests of the kernel choice")
+		// The child process the tests below start; alone it has nothing to say.
+		t.Skip("the child process of TestNamedKernelsAreLoaded and the kernel tests after it; they run it")
 	}
 	core, reason := Kernels()
 	os.Stdout.WriteString("KERNELS " + KernelSet() + "|" + reason + "|" + os.Getenv(coreTypeEnv) + "|" + os.Getenv(chosenEnv) + "|" + errText(Err()) + "\n")
@@ -57,7 +59,7 @@ func child(t *testing.T, env ...string) ([]string, time.Duration) {
 func requireOpenBLAS(t *testing.T, want ...string) {
 	t.Helper()
 	if Name() != "openblas" {
-		t.Skipf("no OpenBLAS loaded: %s", Describe(0))
+		testenv.RequireOrSkip(t, "OpenBLAS", Describe(0))
 	}
 	have := availableCores()
 	for _, c := range want {
