@@ -3,7 +3,6 @@ package configs
 import (
 	"fmt"
 	"maps"
-	"slices"
 	"strings"
 
 	"github.com/pipetrain/pipetrain/data"
@@ -116,26 +115,15 @@ func withDatasetKeys(root *keyTree, name string) *keyTree {
 // of the schema root: a config may give each when it names that kind, which
 // the schema leaves to validation.
 func (b *schemaBuilder) addDatasetKeys(root map[string]any) {
-	section, _ := root["properties"].(map[string]any)["data"].(map[string]any)
-	props, _ := section["properties"].(map[string]any)
-	types := map[string]string{}
+	owners := map[string][]ownKey{}
+	docs := map[string]string{}
 	for _, name := range data.Kinds() {
 		for _, k := range data.KeysOf(name) {
-			key := "data." + k.Key
-			switch {
-			case !slices.Contains(ownKeyTypes, k.Type):
-				b.errs = append(b.errs, fmt.Sprintf("dataset kind %s: %s has type %q, not one of %v", name, key, k.Type, ownKeyTypes))
-				continue
-			case types[key] == "" && props[k.Key] != nil:
-				b.errs = append(b.errs, fmt.Sprintf("dataset kind %s: %s is a field of configs.Data", name, key))
-				continue
-			case types[key] != "" && types[key] != k.Type:
-				b.errs = append(b.errs, fmt.Sprintf("dataset kind %s: %s has type %s, another kind's %s", name, key, k.Type, types[key]))
-				continue
-			}
-			types[key] = k.Type
-			b.keys[key] = true
-			props[k.Key] = map[string]any{"type": k.Type, "description": k.Doc}
+			owners[name] = append(owners[name], ownKey{k.Key, k.Type})
+			docs["data."+k.Key] = k.Doc // the last kind's, as the schema always took
 		}
 	}
+	b.addOwnKeys(root, "data", "dataset kind", "configs.Data", data.Kinds(), owners, func(key string, k ownKey) map[string]any {
+		return map[string]any{"type": k.Type, "description": docs[key]}
+	})
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 
 	"github.com/pipetrain/pipetrain/models"
 )
@@ -52,30 +53,50 @@ var ownKeyTypes = []string{"integer", "number", "string", "boolean", "array"}
 // section of the schema root: a config may give each when it names that
 // family, which the schema leaves to validation.
 func (b *schemaBuilder) addFamilyKeys(root map[string]any) {
-	model, _ := root["properties"].(map[string]any)["model"].(map[string]any)
-	props, _ := model["properties"].(map[string]any)
-	types := map[string]string{}
+	owners := map[string][]ownKey{}
 	for _, name := range models.Names() {
 		for _, k := range ownKeys(name) {
-			key := "model." + k.Key
+			owners[name] = append(owners[name], ownKey{k.Key, k.Type})
+		}
+	}
+	b.addOwnKeys(root, "model", "model family", "models.Spec; give it no Type", models.Names(), owners, func(key string, k ownKey) map[string]any {
+		n := map[string]any{"type": k.Type, "description": b.docs[key]}
+		if e, ok := b.enums[key]; ok {
+			n["enum"] = e
+		}
+		return n
+	})
+}
+
+// ownKey is a key a model family or a dataset kind reads besides its
+// section's shared fields, with its JSON Schema type.
+type ownKey struct{ Key, Type string }
+
+// addOwnKeys adds the own keys of each owner (in the order of names) to
+// section's properties in the schema root, refusing a type the schema
+// cannot hold, a key that is a shared field (struct names the Go type), and
+// one two owners give different types; node describes an accepted key.
+func (b *schemaBuilder) addOwnKeys(root map[string]any, section, what, field string, names []string, owners map[string][]ownKey, node func(key string, k ownKey) map[string]any) {
+	sec, _ := root["properties"].(map[string]any)[section].(map[string]any)
+	props, _ := sec["properties"].(map[string]any)
+	types := map[string]string{}
+	for _, name := range names {
+		for _, k := range owners[name] {
+			key := section + "." + k.Key
 			switch {
 			case !slices.Contains(ownKeyTypes, k.Type):
-				b.errs = append(b.errs, fmt.Sprintf("model family %s: %s has type %q, not one of %v", name, key, k.Type, ownKeyTypes))
+				b.errs = append(b.errs, fmt.Sprintf("%s %s: %s has type %q, not one of %v", what, name, key, k.Type, ownKeyTypes))
 				continue
 			case types[key] == "" && props[k.Key] != nil:
-				b.errs = append(b.errs, fmt.Sprintf("model family %s: %s is a field of models.Spec; give it no Type", name, key))
+				b.errs = append(b.errs, fmt.Sprintf("%s %s: %s is a field of %s", what, name, key, field))
 				continue
 			case types[key] != "" && types[key] != k.Type:
-				b.errs = append(b.errs, fmt.Sprintf("model family %s: %s has type %s, another family's %s", name, key, k.Type, types[key]))
+				b.errs = append(b.errs, fmt.Sprintf("%s %s: %s has type %s, another %s's %s", what, name, key, k.Type, strings.TrimPrefix(strings.TrimPrefix(what, "model "), "dataset "), types[key]))
 				continue
 			}
 			types[key] = k.Type
 			b.keys[key] = true
-			n := map[string]any{"type": k.Type, "description": b.docs[key]}
-			if e, ok := b.enums[key]; ok {
-				n["enum"] = e
-			}
-			props[k.Key] = n
+			props[k.Key] = node(key, k)
 		}
 	}
 }
