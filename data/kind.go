@@ -1,13 +1,11 @@
 package data
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
-	"maps"
-	"reflect"
 	"slices"
 	"sync"
+
+	"github.com/pipetrain/pipetrain/internal/ownkeys"
 )
 
 // Kind is a kind of dataset, picked by a config's data.dataset. Register one
@@ -92,37 +90,13 @@ type KeyDoc struct {
 // the keys, key by key, reporting through problem each key whose value has
 // the wrong type ("data.shards", "is a string, want an integer").
 func (s *Section) DecodeOwn(v any, problem func(key, format string, args ...any)) {
-	for _, k := range slices.Sorted(maps.Keys(s.Own)) {
-		b, err := json.Marshal(map[string]any{k: s.Own[k]})
-		if err == nil {
-			err = json.Unmarshal(b, v)
+	for _, p := range ownkeys.Decode(s.Own, v) {
+		if p.Err != nil {
+			problem("data."+p.Key, "%v", p.Err)
+			continue
 		}
-		var te *json.UnmarshalTypeError
-		switch {
-		case errors.As(err, &te):
-			problem("data."+k, "is a %s, want %s", te.Value, kindWord(te.Type.Kind()))
-		case err != nil:
-			problem("data."+k, "%v", err)
-		}
+		problem("data."+p.Key, "is %s", p)
 	}
-}
-
-// kindWord names a Go kind as a config's value.
-func kindWord(k reflect.Kind) string {
-	switch k {
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
-		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		return "an integer"
-	case reflect.Float32, reflect.Float64:
-		return "a number"
-	case reflect.Bool:
-		return "a boolean"
-	case reflect.Slice, reflect.Array:
-		return "a list"
-	case reflect.Map, reflect.Struct:
-		return "a section"
-	}
-	return "a string"
 }
 
 // KeysOf returns the own keys of the kind registered as name, if any.

@@ -1,14 +1,11 @@
 package models
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
-	"maps"
-	"reflect"
-	"slices"
 	"sort"
 	"strings"
+
+	"github.com/pipetrain/pipetrain/internal/ownkeys"
 )
 
 // Family is a kind of model that a config's model section names in
@@ -108,38 +105,11 @@ func (f family) Doc() FamilyDoc               { return f.doc }
 // family documents before any family builds).
 func DecodeOwn(spec Spec, v any) error {
 	var errs SpecErrors
-	for _, k := range slices.Sorted(maps.Keys(spec.Own)) {
-		b, err := json.Marshal(map[string]any{k: spec.Own[k]})
-		if err == nil {
-			err = json.Unmarshal(b, v)
-		}
-		var te *json.UnmarshalTypeError
-		switch {
-		case errors.As(err, &te):
-			errs = append(errs, SpecError{Field: k, Msg: fmt.Sprintf("a %s, want %s", te.Value, kindWord(te.Type.Kind()))})
-		case err != nil:
-			errs = append(errs, SpecError{Field: k, Msg: err.Error()})
-		}
+	for _, p := range ownkeys.Decode(spec.Own, v) {
+		errs = append(errs, SpecError{Field: p.Key, Msg: p.String()})
 	}
 	if len(errs) > 0 {
 		return errs
 	}
 	return nil
-}
-
-// kindWord names a Go kind as a config's value.
-func kindWord(k reflect.Kind) string {
-	switch {
-	case k >= reflect.Int && k <= reflect.Uint64:
-		return "an integer"
-	case k == reflect.Float32 || k == reflect.Float64:
-		return "a number"
-	case k == reflect.Bool:
-		return "a boolean"
-	case k == reflect.Slice || k == reflect.Array:
-		return "a list"
-	case k == reflect.Map || k == reflect.Struct:
-		return "a section"
-	}
-	return "a " + k.String()
 }
