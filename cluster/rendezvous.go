@@ -13,9 +13,9 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/pipetrain/pipetrain/checkpoint"
+	"github.com/pipetrain/pipetrain/internal/words"
 	"github.com/pipetrain/pipetrain/transport"
 )
 
@@ -100,20 +100,6 @@ func (e Entry) check() error {
 		}
 	}
 	return nil
-}
-
-// clip cuts s to at most n bytes, at the start of a UTF-8 sequence, marking
-// the cut.
-func clip(s string, n int) string {
-	const mark = " [cut]"
-	if len(s) <= n {
-		return s
-	}
-	end := n - len(mark)
-	for end > 0 && !utf8.RuneStart(s[end]) {
-		end--
-	}
-	return s[:end] + mark
 }
 
 // RendezvousOptions tune ServeRendezvous and JoinRendezvous. Zero values
@@ -425,7 +411,7 @@ func (r *Registry) withdraw(e Entry) {
 // bounded (maxRefusalText, maxRefusalsKept, maxRefusalsLogged), so that
 // a process that knocks again and again cannot fill rank 0's log or memory.
 func (r *Registry) refused(msg string) {
-	msg = clip(msg, maxRefusalText)
+	msg = words.Clip(msg, maxRefusalText)
 	r.mu.Lock()
 	r.refusedN++
 	n := r.refusedN
@@ -437,7 +423,7 @@ func (r *Registry) refused(msg string) {
 	case n <= maxRefusalsLogged:
 		r.logf("%s refused %s", r.who(), msg)
 	case n&(n-1) == 0:
-		r.logf("%s has refused %d calls (the first %d are logged in full); the latest: %s", r.who(), n, maxRefusalsLogged, clip(msg, 256))
+		r.logf("%s has refused %d calls (the first %d are logged in full); the latest: %s", r.who(), n, maxRefusalsLogged, words.Clip(msg, 256))
 	}
 }
 
@@ -648,7 +634,7 @@ func (m *message) unmarshal(b []byte) error {
 	var out message
 	if err := d.Decode(&out); err != nil {
 		// The decoder's message may quote the input (an unknown field's name).
-		return fmt.Errorf("protocol error: bad rendezvous message: %s", clip(err.Error(), maxRefusalText))
+		return fmt.Errorf("protocol error: bad rendezvous message: %s", words.Clip(err.Error(), maxRefusalText))
 	}
 	kinds := 0
 	for _, set := range []bool{out.Join != nil, out.Registered != nil, out.Table != nil, out.Refused != "", out.Failed != "",
@@ -681,7 +667,7 @@ func (m *message) checkText() error {
 			return fmt.Errorf("entry %d of the table, %w", i, err)
 		}
 	}
-	m.Refused, m.Failed = clip(m.Refused, maxReplyText), clip(m.Failed, maxReplyText)
+	m.Refused, m.Failed = words.Clip(m.Refused, maxReplyText), words.Clip(m.Failed, maxReplyText)
 	return nil
 }
 

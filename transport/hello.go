@@ -5,7 +5,8 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"unicode/utf8"
+
+	"github.com/pipetrain/pipetrain/internal/words"
 )
 
 // Group says which axis of the process grid a link runs along.
@@ -360,20 +361,6 @@ func helloLimit(h Hello) int {
 	return max(n, minHelloLimit)
 }
 
-// clip cuts s to at most n bytes, at the start of a UTF-8 sequence, marking
-// the cut.
-func clip(s string, n int) string {
-	const mark = " [cut]"
-	if len(s) <= n {
-		return s
-	}
-	end := n - len(mark)
-	for end > 0 && !utf8.RuneStart(s[end]) {
-		end--
-	}
-	return s[:end] + mark
-}
-
 func appendString(b []byte, s string) []byte {
 	if uint64(len(s)) > math.MaxUint32 {
 		panic("transport: handshake string longer than 4 GiB")
@@ -387,7 +374,7 @@ func appendString(b []byte, s string) []byte {
 // any other whose Shapes have ranks <= MaxRank.
 func (h *handshake) marshal() []byte {
 	x := &h.Hello
-	refused := clip(h.Refused, maxHelloRefusal)
+	refused := words.Clip(h.Refused, maxHelloRefusal)
 	n := handshakeFixed + 5*4 + len(x.ConfigDigest) + len(x.Address) + len(refused) + len(x.Kernels)
 	for _, s := range x.Shapes {
 		n += 1 + 8*len(s)

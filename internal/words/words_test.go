@@ -16,3 +16,21 @@ func TestCount(t *testing.T) {
 		}
 	}
 }
+
+// TestClip: text within the bound is kept whole; longer text is cut to the
+// bound, never inside a UTF-8 sequence, and marked.
+func TestClip(t *testing.T) {
+	for _, tc := range []struct {
+		s    string
+		n    int
+		want string
+	}{
+		{"short", 10, "short"},
+		{"abcdefghijklmnop", 10, "abcd [cut]"},
+		{"abcéfghijklmnop", 10, "abc [cut]"}, // é is two bytes: the cut would split it
+	} {
+		if got := Clip(tc.s, tc.n); got != tc.want || len(got) > tc.n {
+			t.Errorf("Clip(%q, %d) = %q, want %q", tc.s, tc.n, got, tc.want)
+		}
+	}
+}
