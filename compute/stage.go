@@ -1,7 +1,6 @@
 package compute
 
 import (
-	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
 	"github.com/pipetrain/pipetrain/engine"
@@ -20,6 +19,8 @@ type Stage interface {
 	// layer (it reads the data) or its last (it computes the loss).
 	IsFirst() bool
 	IsLast() bool
+	// Layers are the model stages [first, last) the chunk computes.
+	Layers() (first, last int)
 	// InShape is the shape of a micro-batch's input.
 	InShape() tensor.Shape
 
@@ -30,15 +31,19 @@ type Stage interface {
 	// Recomputation runs mb's forward again where the stage recomputes,
 	// before its backward or input-gradient pass.
 	Recomputation(mb int) error
+	// Logits are a copy of the last forward's logits, on the last chunk:
+	// what an evaluation scores.
+	Logits() (*tensor.Dense, error)
 	// LossScale is the output gradient of one micro-batch's loss when the
-	// step's loss is the mean over microBatches.
-	LossScale(microBatches int) G.Value
-	// Backward runs mb's whole backward from its output gradient, adds its
-	// weight gradients to the step's and returns its input gradient.
-	Backward(mb int, grad G.Value) (*tensor.Dense, error)
+	// step's loss is the mean over microBatches: a tensor of no dimensions.
+	LossScale(microBatches int) *tensor.Dense
+	// Backward runs mb's whole backward from its output gradient (the
+	// LossScale on the last chunk), adds its weight gradients to the step's
+	// and returns its input gradient.
+	Backward(mb int, grad *tensor.Dense) (*tensor.Dense, error)
 	// Input and Weight are Backward in two parts (zero-bubble schedules):
 	// the input gradient first, the weight gradients later.
-	Input(mb int, grad G.Value) (*tensor.Dense, error)
+	Input(mb int, grad *tensor.Dense) (*tensor.Dense, error)
 	Weight(mb int) error
 	// Discard drops what mb kept without a backward.
 	Discard(mb int)
@@ -55,6 +60,13 @@ type Stage interface {
 	// LoadWeights copies ws, in Weights' order, names and shapes, into the
 	// chunk's weights (a checkpoint's, when a run resumes).
 	LoadWeights(ws []Weight) error
+	// Gradients are the step's summed gradients so far in host memory, in
+	// Weights' order and names: what the replicas' all-reduce, the tied
+	// weights' exchange and the finiteness check work on. The caller may
+	// change them in place and then hands them back with LoadGradients,
+	// before Step; a device computing elsewhere copies them out and in.
+	Gradients() ([]Weight, error)
+	LoadGradients(gs []Weight) error
 
 	// Unshare reports whether the chunk no longer refers to mem, the bytes
 	// of a tensor handed to it (a received message, a data input), so
@@ -64,4 +76,6 @@ type Stage interface {
 	// the chunk holds, now and at most.
 	InFlight() int
 	PeakInFlight() int
+	// HeldBytes is the memory the chunk's in-flight micro-batches hold.
+	HeldBytes() int64
 }

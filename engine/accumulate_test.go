@@ -93,7 +93,7 @@ func runMicroBatches(t *testing.T, es []*Engine, xs []*tensor.Dense, ys [][]int)
 		losses[k] = h.Data().([]float64)[0]
 	}
 	for k := range xs {
-		var g G.Value = es[len(es)-1].LossScale(len(xs))
+		g := es[len(es)-1].LossScale(len(xs))
 		for i := len(es) - 1; i >= 0; i-- {
 			dx, err := es[i].Backward(k, g)
 			if err != nil {

@@ -304,6 +304,9 @@ func (e *Engine) IsFirst() bool { return e.First == 0 }
 // IsLast reports whether the stage computes the loss.
 func (e *Engine) IsLast() bool { return e.Last == len(e.Model.Layers) }
 
+// Layers are the model stages [First, Last) the engine computes.
+func (e *Engine) Layers() (first, last int) { return e.First, e.Last }
+
 // InShape and OutShape are the shapes of one micro-batch entering and leaving the stage.
 func (e *Engine) InShape() tensor.Shape  { return e.x.Shape().Clone() }
 func (e *Engine) OutShape() tensor.Shape { return e.Model.ShapeAt(e.Last, e.Batch) }
@@ -421,7 +424,7 @@ func (e *Engine) Logits() (*tensor.Dense, error) {
 // Backward resumes micro-batch key's machine with the gradient of the stage output
 // (the loss scale on the last stage), adds its weight gradients to the parameters'
 // and returns the gradient w.r.t. the stage input (nil on the first stage).
-func (e *Engine) Backward(key int, grad G.Value) (*tensor.Dense, error) {
+func (e *Engine) Backward(key int, grad *tensor.Dense) (*tensor.Dense, error) {
 	if e.Split {
 		dx, err := e.Input(key, grad)
 		if err != nil {
@@ -443,7 +446,7 @@ func (e *Engine) Backward(key int, grad G.Value) (*tensor.Dense, error) {
 
 // Input (split mode) resumes micro-batch key's machine to compute only the gradient
 // w.r.t. the stage input, keeping what Weight needs.
-func (e *Engine) Input(key int, grad G.Value) (*tensor.Dense, error) {
+func (e *Engine) Input(key int, grad *tensor.Dense) (*tensor.Dense, error) {
 	f, ok := e.flights[key]
 	if ok && f.input != nil {
 		return nil, fmt.Errorf("micro-batch %d: input gradient before its recomputation", key)
@@ -486,8 +489,11 @@ func (e *Engine) Weight(key int) error {
 	return nil
 }
 
-func (e *Engine) resume(key int, vm G.VM, grad G.Value) (*tensor.Dense, error) {
-	e.gate.open, e.gate.grad, e.gate.taken = true, grad, false
+func (e *Engine) resume(key int, vm G.VM, grad *tensor.Dense) (*tensor.Dense, error) {
+	if grad == nil {
+		return nil, fmt.Errorf("micro-batch %d backward: no output gradient", key)
+	}
+	e.gate.open, e.gate.grad, e.gate.taken = true, gradValue(grad), false
 	err := vm.RunAll()
 	e.gate.open, e.gate.grad = false, nil
 	if err != nil {
@@ -626,12 +632,29 @@ func (e *Engine) Discard(key int) {
 }
 
 // LossScale is the gradient of the step loss (mean of micro-batch losses) with
-// respect to one micro-batch's loss.
-func (e *Engine) LossScale(microBatches int) G.Value {
+// respect to one micro-batch's loss: a tensor of no dimensions, which the last
+// stage's Backward and Input take as its output gradient.
+func (e *Engine) LossScale(microBatches int) *tensor.Dense {
 	if e.Model.DType == tensor.Float64 {
-		return G.NewF64(1 / float64(microBatches))
+		return tensor.New(tensor.FromScalar(1 / float64(microBatches)))
 	}
-	return G.NewF32(1 / float32(microBatches))
+	return tensor.New(tensor.FromScalar(1 / float32(microBatches)))
+}
+
+// gradValue is an output gradient as the pause op hands it to the graph: a
+// tensor of no dimensions (the loss's) as the scalar value gorgonia's ops
+// take for one, any other tensor as it is.
+func gradValue(grad *tensor.Dense) G.Value {
+	if !grad.IsScalar() {
+		return grad
+	}
+	switch v := grad.ScalarValue().(type) {
+	case float32:
+		return G.NewF32(v)
+	case float64:
+		return G.NewF64(v)
+	}
+	return grad
 }
 
 // Step applies the optimizer to the summed gradients and zeroes them.
@@ -645,10 +668,7 @@ func (e *Engine) Step(o *optim.Optimizer) error {
 	}
 	params, sums := make([]*tensor.Dense, len(e.params)), make([]*tensor.Dense, len(e.params))
 	for i, p := range e.params {
-		params[i] = p.Value().(*tensor.Dense)
-		if sums[i], _ = grads[i].(*tensor.Dense); sums[i] == nil {
-			return fmt.Errorf("%s: gradient is a %T, not a dense tensor", p.Name(), grads[i])
-		}
+		params[i], sums[i] = p.Value().(*tensor.Dense), grads[i].Value
 	}
 	if err := o.Step(params, sums); err != nil {
 		return err
@@ -659,28 +679,11 @@ func (e *Engine) Step(o *optim.Optimizer) error {
 
 // NewOptimizer makes the optimizer spec describes for this engine's parameters.
 func (e *Engine) NewOptimizer(spec optim.Spec) (*optim.Optimizer, error) {
-	shapes := make([]tensor.Shape, len(e.params))
+	shapes, names := make([]tensor.Shape, len(e.params)), make([]string, len(e.params))
 	for i, p := range e.params {
-		shapes[i] = p.Shape().Clone()
+		shapes[i], names[i] = p.Shape().Clone(), p.Name()
 	}
-	return optim.New(spec, e.Model.DType, shapes)
-}
-
-// Gradients returns the summed gradient of each parameter, in Params order.
-func (e *Engine) Gradients() ([]G.Value, error) {
-	out := make([]G.Value, len(e.params))
-	for i, p := range e.params {
-		if e.grads[i] != nil {
-			out[i] = e.grads[i]
-			continue
-		}
-		g, err := p.Grad()
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", p.Name(), err)
-		}
-		out[i] = g
-	}
-	return out, nil
+	return optim.NewNamed(spec, e.Model.DType, names, shapes)
 }
 
 func (e *Engine) machine() G.VM {

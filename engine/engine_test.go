@@ -99,7 +99,7 @@ func engineGrads(t *testing.T, es []*Engine) map[string][]float64 {
 			t.Fatal(err)
 		}
 		for i, p := range e.Params() {
-			out[p.Name()] = append([]float64(nil), gs[i].Data().([]float64)...)
+			out[p.Name()] = append([]float64(nil), gs[i].Value.Data().([]float64)...)
 		}
 	}
 	return out
@@ -294,7 +294,7 @@ func TestSplitGPTFiniteDifferences(t *testing.T) {
 				t.Fatal(err)
 			}
 			for j, p := range e.Params() {
-				w, g := p.Value().Data().([]float64), grads[j].Data().([]float64)
+				w, g := p.Value().Data().([]float64), grads[j].Value.Data().([]float64)
 				for n := range perParam {
 					i := n * len(w) / perParam
 					orig := w[i]
@@ -445,7 +445,7 @@ func checkSplitBitIdentical(t *testing.T, m *models.Model, cuts [][2]int, xs []*
 	// kept as sent: the stage receiving it may compute in its memory.
 	fusedDx, splitDx := make([][]*tensor.Dense, len(cuts)), make([][]*tensor.Dense, len(cuts))
 	for k := range xs {
-		var g G.Value = scale
+		g := scale
 		for s := last; s >= 0; s-- {
 			dx, err := fused[s].Backward(k, g)
 			if err != nil {
@@ -455,7 +455,7 @@ func checkSplitBitIdentical(t *testing.T, m *models.Model, cuts [][2]int, xs []*
 		}
 	}
 	for k := range xs {
-		var g G.Value = scale
+		g := scale
 		for s := last; s >= 0; s-- {
 			dx, err := split[s].Input(k, g)
 			if err != nil {
@@ -500,7 +500,7 @@ func checkSplitBitIdentical(t *testing.T, m *models.Model, cuts [][2]int, xs []*
 		sg, _ := split[i].Gradients()
 		for j := range fg {
 			name := fused[i].Params()[j].Name()
-			f, s := fg[j].(*tensor.Dense), sg[j].(*tensor.Dense)
+			f, s := fg[j].Value, sg[j].Value
 			if !sameBits(f, s) {
 				t.Errorf("%s gradient differs", name)
 			}
@@ -581,7 +581,7 @@ func differingGradients(t *testing.T, a, b *Engine) []string {
 	}
 	var out []string
 	for i := range ga {
-		if !sameBits(ga[i].(*tensor.Dense), gb[i].(*tensor.Dense)) {
+		if !sameBits(ga[i].Value, gb[i].Value) {
 			out = append(out, a.Params()[i].Name())
 		}
 	}
@@ -702,7 +702,7 @@ func TestFirstStageSkipsDataGradient(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, g := range grads {
-		if g == nil {
+		if g.Value == nil {
 			t.Errorf("parameter %d has no gradient", i)
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"time"
 
-	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
 	"github.com/pipetrain/pipetrain/internal/stats"
@@ -144,7 +143,7 @@ type probe struct {
 	fused, split   *Engine // split is nil for layers that cannot split
 	input          *tensor.Dense
 	targets        []int
-	grad           G.Value
+	grad           *tensor.Dense
 	fs, bs, is, ws []time.Duration
 }
 

@@ -140,6 +140,6 @@ func zeroGrads(t *testing.T, e *Engine) {
 		t.Fatal(err)
 	}
 	for _, g := range gs {
-		g.(*tensor.Dense).Zero()
+		g.Value.Zero()
 	}
 }

@@ -149,9 +149,9 @@ func TestMismatchedMessagesRefused(t *testing.T) {
 
 func snapshot(r *Runtime) [][]float32 {
 	var out [][]float32
-	for _, e := range r.engines {
-		for _, p := range e.Params() {
-			out = append(out, append([]float32(nil), p.Value().Data().([]float32)...))
+	for _, e := range r.chunks {
+		for _, w := range e.Weights() {
+			out = append(out, append([]float32(nil), w.Value.Data().([]float32)...))
 		}
 	}
 	return out
@@ -193,9 +193,9 @@ func TestCheckpointerRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	k.wait()
-	for _, e := range rt.engines {
-		for _, p := range e.Params() {
-			clear(p.Value().Data().([]float32))
+	for _, e := range rt.chunks {
+		for _, w := range e.Weights() {
+			clear(w.Value.Data().([]float32))
 		}
 	}
 	o.SetSteps(0)

@@ -2,6 +2,7 @@ package stages
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
@@ -9,7 +10,6 @@ import (
 	"sync/atomic"
 	"testing"
 
-	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
 	"github.com/pipetrain/pipetrain/checkpoint"
@@ -61,12 +61,12 @@ func TestStageOpensItsDevice(t *testing.T) {
 	}
 }
 
-// wrappedDevice opens chunks whose compute is not the engine but holds it
-// (the weights stay there) and counts the forwards, backwards and optimizer
+// wrappedDevice opens chunks whose compute is not the engine but wraps it
+// and counts the forwards, backwards and optimizer
 // steps driven through it.
 type wrappedDevice struct{ forwards, backwards, steps atomic.Int64 }
 
-// cpuEngine names the embedded engine apart from the Engine method.
+// cpuEngine names the embedded engine, whose methods wrapped overrides.
 type cpuEngine = engine.Engine
 
 type wrapped struct {
@@ -74,14 +74,12 @@ type wrapped struct {
 	d *wrappedDevice
 }
 
-func (w wrapped) Engine() *engine.Engine { return w.cpuEngine }
-
 func (w wrapped) Forward(mb int, in *tensor.Dense, targets []int) (*tensor.Dense, error) {
 	w.d.forwards.Add(1)
 	return w.cpuEngine.Forward(mb, in, targets)
 }
 
-func (w wrapped) Backward(mb int, grad G.Value) (*tensor.Dense, error) {
+func (w wrapped) Backward(mb int, grad *tensor.Dense) (*tensor.Dense, error) {
 	w.d.backwards.Add(1)
 	return w.cpuEngine.Backward(mb, grad)
 }
@@ -103,7 +101,7 @@ var wrapping = &wrappedDevice{}
 func init() { compute.Register(wrapping) }
 
 // TestExecutorDrivesTheDevicesCompute: the executor runs a stage's
-// training passes and optimizer steps through what its device opened
+// training and evaluation passes and optimizer steps through what its device opened
 // (compute.Stage), not the engine behind it, and the pipeline still equals
 // the reference bit for bit.
 func TestExecutorDrivesTheDevicesCompute(t *testing.T) {
@@ -116,9 +114,16 @@ func TestExecutorDrivesTheDevicesCompute(t *testing.T) {
 	pipe := runInProcess(t, cfg, false)
 	sameMLPRun(t, cfg, ref, pipe)
 
-	passes := int64(cfg.Train.Steps * cfg.Data.MicroBatches)
-	if f, b, s := wrapping.forwards.Load(), wrapping.backwards.Load(), wrapping.steps.Load(); f != passes || b != passes || s != int64(cfg.Train.Steps) {
-		t.Errorf("stage 0's device ran %d forwards, %d backwards and %d steps; want %d, %d and %d", f, b, s, passes, passes, cfg.Train.Steps)
+	// The final evaluation's forwards run on the device too: one per
+	// evaluation micro-batch, the last padded.
+	var final EvalResult
+	if b, err := os.ReadFile(filepath.Join(pipe, "eval.json")); err != nil || json.Unmarshal(b, &final) != nil || final.Examples == 0 {
+		t.Fatalf("eval.json: %v (%+v)", err, final)
+	}
+	mbs := int64(cfg.MicroBatchSize())
+	passes, evals := int64(cfg.Train.Steps*cfg.Data.MicroBatches), (int64(final.Examples)+mbs-1)/mbs
+	if f, b, s := wrapping.forwards.Load(), wrapping.backwards.Load(), wrapping.steps.Load(); f != passes+evals || b != passes || s != int64(cfg.Train.Steps) {
+		t.Errorf("stage 0's device ran %d forwards, %d backwards and %d steps; want %d (%d training, %d evaluating), %d and %d", f, b, s, passes+evals, passes, evals, passes, cfg.Train.Steps)
 	}
 }
 
@@ -174,9 +179,9 @@ func TestCheckpointerUsesHostWeights(t *testing.T) {
 		t.Fatal(err)
 	}
 	k.wait()
-	for _, e := range rt.engines {
-		for _, p := range e.Params() {
-			clear(p.Value().Data().([]float32))
+	for _, e := range rt.chunks {
+		for _, w := range e.Weights() {
+			clear(w.Value.Data().([]float32))
 		}
 	}
 	hosting.loads.Store(0)

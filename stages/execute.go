@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
 	"github.com/pipetrain/pipetrain/runlog"
@@ -265,7 +264,7 @@ func (r *Runtime) forward(step int, a schedule.Action, input *tensor.Dense) (*te
 // the input gradient to send (nil on the first model stage).
 func (r *Runtime) backward(a schedule.Action, in *tensor.Dense) (*tensor.Dense, error) {
 	e, mb := r.chunk(a.Chunk), a.MicroBatch
-	var grad G.Value = e.LossScale(r.scaleMBs)
+	grad := e.LossScale(r.scaleMBs)
 	if !e.IsLast() {
 		grad = in
 	}
@@ -281,7 +280,7 @@ func (r *Runtime) backward(a schedule.Action, in *tensor.Dense) (*tensor.Dense, 
 	}
 	if a.Kind != schedule.Input {
 		r.finish(a.Chunk, mb)
-		if err := r.gradDone(a.Chunk); err != nil {
+		if err := r.replicas.gradDone(a.Chunk); err != nil {
 			return nil, err
 		}
 	}
@@ -296,7 +295,7 @@ func (r *Runtime) weight(a schedule.Action) error {
 		return err
 	}
 	r.finish(a.Chunk, a.MicroBatch)
-	return r.gradDone(a.Chunk)
+	return r.replicas.gradDone(a.Chunk)
 }
 
 // record logs an action's event, ending now.

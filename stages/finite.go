@@ -65,14 +65,14 @@ func (r *Runtime) checkLoss(step int, loss float64) error {
 // of the stage holds a NaN or an infinity, naming the first such parameter.
 // It only reads the gradients.
 func (r *Runtime) checkGradients(step int) error {
-	for _, e := range r.engines {
-		grads, err := denseGrads(e)
+	for _, e := range r.chunks {
+		grads, err := e.Gradients()
 		if err != nil {
 			return err
 		}
-		for i, g := range grads {
-			if v, ok := firstNonFinite(g); ok {
-				return &nonFiniteError{what: "gradient of " + e.Params()[i].Name(), value: v, step: step + 1, stage: r.name()}
+		for _, g := range grads {
+			if v, ok := firstNonFinite(g.Value); ok {
+				return &nonFiniteError{what: "gradient of " + g.Name, value: v, step: step + 1, stage: r.name()}
 			}
 		}
 	}

@@ -48,11 +48,11 @@ func TestNonFiniteGradientIsNamed(t *testing.T) {
 	if err := rt.checkGradients(6); err != nil {
 		t.Fatalf("finite gradients refused: %v", err)
 	}
-	grads, err := denseGrads(rt.engines[0])
+	_, grads, err := stepGrads(rt.chunks[0])
 	if err != nil {
 		t.Fatal(err)
 	}
-	name := rt.engines[0].Params()[1].Name()
+	name := rt.chunks[0].Weights()[1].Name
 	for _, tc := range []struct {
 		v    float32
 		want string

@@ -47,9 +47,9 @@ func startingParams(t *testing.T, c *configs.Config, reference bool) map[string]
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, e := range rt.Engines() {
-			for _, p := range e.Params() {
-				out[p.Name()] = denseTensor(p.Name(), p.Value().(*tensor.Dense).Clone().(*tensor.Dense))
+		for _, e := range rt.Chunks() {
+			for _, w := range e.Weights() {
+				out[w.Name] = denseTensor(w.Name, w.Value.Clone().(*tensor.Dense))
 			}
 		}
 	}

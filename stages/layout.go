@@ -155,7 +155,7 @@ func dtypeSize(m *models.Model) int {
 // chunk of one stage, trained with 1F1B, which computes the same bits as any
 // schedule over any split. With replicas it runs every replica's
 // micro-batches in turn and sums their gradients as the all-reduce does
-// (see Runtime.reduceShares).
+// (see replicaSync.reduceShares).
 func ReferenceLayout(c *configs.Config) (*Layout, error) {
 	model, err := models.Build(c.Model)
 	if err != nil {

@@ -8,7 +8,7 @@ import (
 // heldBytes is the activation memory the stage's engines hold now.
 func (r *Runtime) heldBytes() int64 {
 	var n int64
-	for _, e := range r.engines {
+	for _, e := range r.chunks {
 		n += e.HeldBytes()
 	}
 	return n

@@ -13,6 +13,7 @@ import (
 	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/data"
+	"github.com/pipetrain/pipetrain/engine"
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/profile"
 )
@@ -107,7 +108,8 @@ func TestGPTPipelineEqualsReference(t *testing.T) {
 				pipe, rts := runStages(t, cfg, false)
 				sameRun(t, ref, pipe)
 				for i, rt := range rts {
-					for _, e := range rt.engines {
+					for _, c := range rt.chunks {
+						e := c.(*engine.Engine)
 						if split := strings.HasPrefix(tc.sched, "zb-") || strings.HasSuffix(tc.sched, "-zb") || tc.sched == "dualpipev"; e.Split != split {
 							t.Errorf("stage %d's engine for layers [%d, %d): split %v under %s", i, e.First, e.Last, e.Split, tc.sched)
 						}

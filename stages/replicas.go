@@ -14,7 +14,8 @@ import (
 	"gorgonia.org/tensor"
 
 	"github.com/pipetrain/pipetrain/collective"
-	"github.com/pipetrain/pipetrain/engine"
+	"github.com/pipetrain/pipetrain/compute"
+	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/runlog"
 )
 
@@ -130,38 +131,99 @@ func unflatten(flat any, grads []*tensor.Dense) {
 	}
 }
 
-// denseGrads is an engine's summed gradients as dense tensors.
-func denseGrads(e *engine.Engine) ([]*tensor.Dense, error) {
-	vals, err := e.Gradients()
+// stepGrads is a chunk's summed gradients in host memory: as the chunk
+// hands them out, and their tensors in order.
+func stepGrads(s compute.Stage) ([]compute.Weight, []*tensor.Dense, error) {
+	ws, err := s.Gradients()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	out := make([]*tensor.Dense, len(vals))
-	for i, v := range vals {
-		d, ok := v.(*tensor.Dense)
-		if !ok {
-			return nil, fmt.Errorf("%s: gradient is a %T", e.Params()[i].Name(), v)
-		}
-		out[i] = d
+	out := make([]*tensor.Dense, len(ws))
+	for i, w := range ws {
+		out[i] = w.Value
 	}
-	return out, nil
+	return ws, out, nil
 }
 
-// ReduceGrad runs a ReduceGrad op (Computer): with replicas it starts the
-// all-reduce of the chunk's gradients, which are final for the step; in the
-// reference of a config with replicas it sums the replicas' shares.
-func (r *Runtime) ReduceGrad(ctx context.Context, step, chunk int) error {
-	switch {
-	case r.shares != nil:
-		return r.reduceShares(chunk)
-	case r.reducer == nil:
-		return nil
+// replicaSync is what a stage does with its replicas each step: it
+// all-reduces each chunk's gradients over their ring, gathers the
+// micro-batch losses on the stage that computes them, and compares the
+// weights. In the one-process reference of a config with replicas it sums
+// the replicas' shares in their plans' order instead. The stage's goroutine
+// calls it; its reducer goroutine (run) owns the ring while a job is in
+// progress.
+type replicaSync struct {
+	stage, replica int
+	layout         *Layout
+	chunks         []compute.Stage
+	microBatches   int // of one replica
+	checkEvery     int // all_reduce.check_every
+	act            *activity
+	live           *Metrics
+
+	ring    *collective.Ring // nil in the reference
+	reducer *reducer         // nil in the reference
+	// shares holds, in the reference, each replica's share of the step's
+	// gradients; gradsDone counts the micro-batches whose gradients are in.
+	shares    []any
+	gradsDone int
+}
+
+// newReplicaSync joins the stage's replicas: over their ring, or in the
+// reference as shares. It returns nil for a config without replicas.
+func newReplicaSync(o Options, l *Layout, cfg *configs.Config, chunks []compute.Stage, act *activity, live *Metrics) (*replicaSync, error) {
+	if l.Replicas < 2 {
+		return nil, nil
 	}
-	grads, err := denseGrads(r.engines[chunk])
+	rs := &replicaSync{stage: l.Stage, replica: l.Replica, layout: l, chunks: chunks, microBatches: cfg.Data.MicroBatches,
+		checkEvery: cfg.AllReduce.CheckEvery, act: act, live: live}
+	if l.Reference {
+		rs.shares = make([]any, l.Replicas)
+		return rs, nil
+	}
+	if o.ReplicaNext == nil || o.ReplicaPrev == nil {
+		return nil, fmt.Errorf("%s: no links to the other replicas", cfg.ProcessName(l.Stage, l.Replica))
+	}
+	stage := l.Stage
+	rs.ring = &collective.Ring{Rank: l.Replica, Size: l.Replicas, Next: o.ReplicaNext, Prev: o.ReplicaPrev,
+		DType: l.Reduce.DType, Timeout: cfg.Transport.RecvTimeout,
+		Name: func(k int) string { return fmt.Sprintf("stage %d replica %d", stage, k) }}
+	rs.reducer = newReducer(l, rs.ring)
+	live.sentOn("replicas", 0)
+	return rs, nil
+}
+
+// start runs the reducer goroutine until the returned stop is called.
+func (rs *replicaSync) start(ctx context.Context) (stop func()) {
+	if rs == nil || rs.reducer == nil {
+		return func() {}
+	}
+	rd := rs.reducer
+	reduceCtx, stopReducing := context.WithCancel(ctx)
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		rd.run(reduceCtx)
+	}()
+	return func() {
+		stopReducing()
+		close(rd.jobs)
+		<-stopped
+	}
+}
+
+// reduce runs a ReduceGrad op: over the ring it hands the chunk's
+// gradients, final for the step, to the reducer; in the reference it sums
+// the replicas' shares.
+func (rs *replicaSync) reduce(ctx context.Context, step, chunk int) error {
+	if rs.shares != nil {
+		return rs.reduceShares(chunk)
+	}
+	_, grads, err := stepGrads(rs.chunks[chunk])
 	if err != nil {
 		return err
 	}
-	rd := r.reducer
+	rd := rs.reducer
 	buf := &rd.buffers[chunk][step%2]
 	*buf = flatten(grads, *buf)
 	j := &reduction{step: int64(step), chunk: chunk, flat: *buf, start: time.Now(), done: make(chan struct{})}
@@ -174,17 +236,17 @@ func (r *Runtime) ReduceGrad(ctx context.Context, step, chunk int) error {
 	return nil
 }
 
-// awaitReductions waits for the step's all-reduces, puts the sums in place
-// of the chunks' gradients and logs each as an event.
-func (r *Runtime) awaitReductions(ctx context.Context, step int) error {
-	if r.reducer == nil {
+// await waits for the step's all-reduces, puts the sums in place of the
+// chunks' gradients and hands each finished reduction to done.
+func (rs *replicaSync) await(ctx context.Context, done func(*reduction, time.Duration) error) error {
+	if rs == nil || rs.reducer == nil {
 		return nil
 	}
-	rd := r.reducer
+	rd := rs.reducer
 	for len(rd.pending) > 0 {
 		j := rd.pending[0]
 		t0 := time.Now()
-		r.waitOnRing()
+		rs.waitOnRing()
 		select {
 		case <-j.done:
 		case <-ctx.Done():
@@ -195,17 +257,16 @@ func (r *Runtime) awaitReductions(ctx context.Context, step int) error {
 			// The wait stays marked: the failure's status names the replica.
 			return fmt.Errorf("all-reduce of chunk %d's gradients: %w", j.chunk, j.err)
 		}
-		r.act.resumed()
-		grads, err := denseGrads(r.engines[j.chunk])
+		rs.act.resumed()
+		ws, grads, err := stepGrads(rs.chunks[j.chunk])
 		if err != nil {
 			return err
 		}
 		unflatten(j.flat, grads)
-		ev := runlog.Event{Stage: r.stage, Replica: r.replica, Step: step, Kind: runlog.AllReduce, Chunk: j.chunk,
-			StartNS: j.start.UnixNano(), EndNS: j.end.UnixNano(), WaitNS: time.Since(t0).Nanoseconds(), BytesSent: j.sent}
-		r.live.action(runlog.AllReduce, j.end.Sub(j.start), 0, r.inFlight())
-		r.live.sentOn("replicas", j.sent)
-		if err := r.events.add(ev); err != nil {
+		if err := rs.chunks[j.chunk].LoadGradients(ws); err != nil {
+			return err
+		}
+		if err := done(j, time.Since(t0)); err != nil {
 			return err
 		}
 	}
@@ -214,50 +275,50 @@ func (r *Runtime) awaitReductions(ctx context.Context, step int) error {
 
 // waitOnRing marks a wait on the replicas' ring, which hears the previous
 // replica of the stage: a status query then points the launcher at it.
-func (r *Runtime) waitOnRing() {
-	r.act.waitOnReplica(r.stage, (r.replica-1+r.ring.Size)%r.ring.Size)
+func (rs *replicaSync) waitOnRing() {
+	rs.act.waitOnReplica(rs.stage, (rs.replica-1+rs.ring.Size)%rs.ring.Size)
 }
 
 // gradDone notes that one micro-batch's gradients are complete. The
-// reference of a config with replicas then files away each replica's share
-// as soon as its last micro-batch is in, and starts the next from zero, as
-// that replica's own process would.
-func (r *Runtime) gradDone(chunk int) error {
-	if r.shares == nil {
+// reference then files away each replica's share as soon as its last
+// micro-batch is in, and starts the next from zero, as that replica's own
+// process would.
+func (rs *replicaSync) gradDone(chunk int) error {
+	if rs == nil || rs.shares == nil {
 		return nil
 	}
-	r.gradsDone++
-	if r.gradsDone%r.cfg.Data.MicroBatches != 0 {
+	rs.gradsDone++
+	if rs.gradsDone%rs.microBatches != 0 {
 		return nil
 	}
-	share := r.gradsDone/r.cfg.Data.MicroBatches - 1
-	grads, err := denseGrads(r.engines[chunk])
+	share := rs.gradsDone/rs.microBatches - 1
+	ws, grads, err := stepGrads(rs.chunks[chunk])
 	if err != nil {
 		return err
 	}
-	r.shares[share] = flatten(grads, r.shares[share])
+	rs.shares[share] = flatten(grads, rs.shares[share])
 	for _, g := range grads {
 		g.Zero()
 	}
-	return nil
+	return rs.chunks[chunk].LoadGradients(ws)
 }
 
 // reduceShares sums the replicas' shares of the reference's gradients piece
 // by piece, each model stage's with the plan its replicas use.
-func (r *Runtime) reduceShares(chunk int) error {
-	grads, err := denseGrads(r.engines[chunk])
+func (rs *replicaSync) reduceShares(chunk int) error {
+	ws, grads, err := stepGrads(rs.chunks[chunk])
 	if err != nil {
 		return err
 	}
 	out := flatten(grads, nil)
 	lo := 0
-	for _, p := range r.layout.Plans {
+	for _, p := range rs.layout.Plans {
 		hi := lo + p.N
 		switch v := out.(type) {
 		case []float32:
-			err = collective.Sum(p, sharesOf[float32](r.shares, lo, hi), v[lo:hi])
+			err = collective.Sum(p, sharesOf[float32](rs.shares, lo, hi), v[lo:hi])
 		case []float64:
-			err = collective.Sum(p, sharesOf[float64](r.shares, lo, hi), v[lo:hi])
+			err = collective.Sum(p, sharesOf[float64](rs.shares, lo, hi), v[lo:hi])
 		}
 		if err != nil {
 			return err
@@ -265,8 +326,8 @@ func (r *Runtime) reduceShares(chunk int) error {
 		lo = hi
 	}
 	unflatten(out, grads)
-	r.gradsDone = 0
-	return nil
+	rs.gradsDone = 0
+	return rs.chunks[chunk].LoadGradients(ws)
 }
 
 func sharesOf[T float32 | float64](shares []any, lo, hi int) [][]T {
@@ -277,62 +338,62 @@ func sharesOf[T float32 | float64](shares []any, lo, hi int) [][]T {
 	return out
 }
 
-// gatherLosses makes r.losses every replica's micro-batch losses, in
-// replica order (the global batch's micro-batch order), on the last stage.
-func (r *Runtime) gatherLosses(ctx context.Context, step int) error {
-	if r.ring == nil || !r.holdsLoss() {
-		return nil
+// gatherLosses returns every replica's micro-batch losses, in replica order
+// (the global batch's micro-batch order), given this replica's.
+func (rs *replicaSync) gatherLosses(ctx context.Context, step int, losses []float64) ([]float64, error) {
+	if rs == nil || rs.ring == nil {
+		return losses, nil
 	}
-	mine := make([]byte, 8*len(r.losses))
-	for i, l := range r.losses {
+	mine := make([]byte, 8*len(losses))
+	for i, l := range losses {
 		binary.LittleEndian.PutUint64(mine[8*i:], math.Float64bits(l))
 	}
-	r.waitOnRing()
-	all, err := r.ring.AllGather(ctx, int64(step), r.layout.controlBase()+lossTag, mine)
+	rs.waitOnRing()
+	all, err := rs.ring.AllGather(ctx, int64(step), rs.layout.controlBase()+lossTag, mine)
 	if err != nil {
-		return fmt.Errorf("gathering the replicas' losses: %w", err)
+		return nil, fmt.Errorf("gathering the replicas' losses: %w", err)
 	}
-	r.act.resumed()
-	r.losses = r.losses[:0]
+	rs.act.resumed()
+	losses = losses[:0]
 	for _, b := range all {
 		for i := 0; i+8 <= len(b); i += 8 {
-			r.losses = append(r.losses, math.Float64frombits(binary.LittleEndian.Uint64(b[i:])))
+			losses = append(losses, math.Float64frombits(binary.LittleEndian.Uint64(b[i:])))
 		}
 	}
-	return nil
+	return losses, nil
 }
 
-// checkReplicas compares a digest of the stage's weights among its
-// replicas, which must hold the same bits after every step.
-func (r *Runtime) checkReplicas(ctx context.Context, step int) error {
-	every := r.cfg.AllReduce.CheckEvery
-	if r.ring == nil || every == 0 || (step+1)%every != 0 {
+// check compares a digest of the stage's weights among its replicas, which
+// must hold the same bits after every step, every all_reduce.check_every
+// steps.
+func (rs *replicaSync) check(ctx context.Context, step int) error {
+	if rs == nil || rs.ring == nil || rs.checkEvery == 0 || (step+1)%rs.checkEvery != 0 {
 		return nil
 	}
-	mine := r.weightDigest()
-	r.waitOnRing()
-	all, err := r.ring.AllGather(ctx, int64(step), r.layout.controlBase()+digestTag, mine)
+	mine := rs.weightDigest()
+	rs.waitOnRing()
+	all, err := rs.ring.AllGather(ctx, int64(step), rs.layout.controlBase()+digestTag, mine)
 	if err != nil {
 		return fmt.Errorf("comparing the replicas' weights: %w", err)
 	}
-	r.act.resumed()
+	rs.act.resumed()
 	for i := 1; i < len(all); i++ {
 		if !bytes.Equal(all[i], all[0]) {
 			return fmt.Errorf("replicas 0 and %d of stage %d hold different weights after step %d (digests %s and %s): %w",
-				i, r.stage, step+1, hex.EncodeToString(all[0][:6]), hex.EncodeToString(all[i][:6]), ErrDiverged)
+				i, rs.stage, step+1, hex.EncodeToString(all[0][:6]), hex.EncodeToString(all[i][:6]), ErrDiverged)
 		}
 	}
 	return nil
 }
 
-// weightDigest is a SHA-256 of every parameter's bits, in order.
-func (r *Runtime) weightDigest() []byte {
+// weightDigest is a SHA-256 of every weight's bits, in order.
+func (rs *replicaSync) weightDigest() []byte {
 	h := sha256.New()
 	var buf []byte
-	for _, e := range r.engines {
-		for _, p := range e.Params() {
+	for _, e := range rs.chunks {
+		for _, w := range e.Weights() {
 			buf = buf[:0]
-			switch v := p.Value().(*tensor.Dense).Data().(type) {
+			switch v := w.Value.Data().(type) {
 			case []float32:
 				for _, x := range v {
 					buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(x))
@@ -346,4 +407,37 @@ func (r *Runtime) weightDigest() []byte {
 		}
 	}
 	return h.Sum(nil)
+}
+
+// ReduceGrad runs a ReduceGrad op (Computer): with replicas it starts the
+// all-reduce of the chunk's gradients, which are final for the step; in the
+// reference of a config with replicas it sums the replicas' shares.
+func (r *Runtime) ReduceGrad(ctx context.Context, step, chunk int) error {
+	if r.replicas == nil {
+		return nil
+	}
+	return r.replicas.reduce(ctx, step, chunk)
+}
+
+// awaitReductions waits for the step's all-reduces and logs each as an
+// event.
+func (r *Runtime) awaitReductions(ctx context.Context, step int) error {
+	return r.replicas.await(ctx, func(j *reduction, wait time.Duration) error {
+		ev := runlog.Event{Stage: r.stage, Replica: r.replica, Step: step, Kind: runlog.AllReduce, Chunk: j.chunk,
+			StartNS: j.start.UnixNano(), EndNS: j.end.UnixNano(), WaitNS: wait.Nanoseconds(), BytesSent: j.sent}
+		r.live.action(runlog.AllReduce, j.end.Sub(j.start), 0, r.inFlight())
+		r.live.sentOn("replicas", j.sent)
+		return r.events.add(ev)
+	})
+}
+
+// gatherLosses makes r.losses every replica's micro-batch losses on the
+// stage that computes the loss.
+func (r *Runtime) gatherLosses(ctx context.Context, step int) error {
+	if !r.holdsLoss() {
+		return nil
+	}
+	all, err := r.replicas.gatherLosses(ctx, step, r.losses)
+	r.losses = all
+	return err
 }

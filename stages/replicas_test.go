@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"gorgonia.org/tensor"
-
 	"github.com/pipetrain/pipetrain/transport"
 )
 
@@ -61,7 +59,7 @@ func checkBoth(rts [2]*Runtime, step int) [2]error {
 	var errs [2]error
 	var wg sync.WaitGroup
 	for r, rt := range rts {
-		wg.Go(func() { errs[r] = rt.checkReplicas(ctx, step) })
+		wg.Go(func() { errs[r] = rt.replicas.check(ctx, step) })
 	}
 	wg.Wait()
 	return errs
@@ -78,7 +76,7 @@ func TestReplicaDigestCheckFiresOnDivergedWeights(t *testing.T) {
 		}
 	}
 
-	w := rts[1].Engines()[0].Params()[0].Value().(*tensor.Dense).Data().([]float32)
+	w := rts[1].Chunks()[0].Weights()[0].Value.Data().([]float32)
 	w[len(w)/2] = nextFloat32(w[len(w)/2])
 	for r, err := range checkBoth(rts, 1) {
 		if !errors.Is(err, ErrDiverged) {

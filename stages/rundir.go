@@ -132,8 +132,8 @@ func computeRecord(threads int) *runlog.Compute {
 }
 
 func (r *Runtime) writeRunInfo() error {
-	theory, _ := schedule.TheoreticalBubble(r.schedName, r.stages, r.cfg.Data.MicroBatches, len(r.engines))
-	info := runlog.RunInfo{Schedule: r.schedName, Stages: r.stages, MicroBatches: r.cfg.Data.MicroBatches, Steps: r.cfg.Train.Steps, Chunks: len(r.engines), TheoreticalBubble: theory,
+	theory, _ := schedule.TheoreticalBubble(r.schedName, r.stages, r.cfg.Data.MicroBatches, len(r.chunks))
+	info := runlog.RunInfo{Schedule: r.schedName, Stages: r.stages, MicroBatches: r.cfg.Data.MicroBatches, Steps: r.cfg.Train.Steps, Chunks: len(r.chunks), TheoreticalBubble: theory,
 		BatchSize: r.cfg.Data.BatchSize, Compute: computeRecord(r.threads)}
 	if n := r.cfg.Replicas(); n > 1 {
 		info.Replicas = n

@@ -12,7 +12,6 @@ import (
 
 	"gorgonia.org/tensor"
 
-	"github.com/pipetrain/pipetrain/collective"
 	"github.com/pipetrain/pipetrain/compute"
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/data"
@@ -79,28 +78,21 @@ type Runtime struct {
 	// scaleMBs the micro-batches of the whole batch, which the loss is
 	// averaged over.
 	mbBase, scaleMBs int
-	ring             *collective.Ring // among the stage's replicas; nil without
-	threads          int              // BLAS threads (and elementwise workers) of this process
-	reducer          *reducer         // runs the ring's all-reduces; nil without replicas
-	// shares holds, in the reference of a config with replicas, each
-	// replica's share of the step's gradients; gradsDone counts the
-	// micro-batches whose gradients are in.
-	shares     []any
-	gradsDone  int
-	engines    []*engine.Engine
-	chunks     []compute.Stage    // what each chunk's device opened, which the executor drives
-	optims     []*optim.Optimizer // one per engine: state and step counts are per parameter list
-	actions    []schedule.Action  // this stage's compute, in order
-	ops        []schedule.Op      // and with its communication: what Run executes
-	evalOps    []schedule.Op      // an evaluation pass, lowered
-	exec       *executor
-	schedName  string
-	prev, next *peer
-	feed       feed
-	runDir     string
-	log        io.Writer
-	events     *eventLog
-	files      *metricFiles // nil but on replica 0 of the stage that computes the loss
+	threads          int                // BLAS threads (and elementwise workers) of this process
+	replicas         *replicaSync       // the all-reduce among the stage's replicas; nil without
+	chunks           []compute.Stage    // what each chunk's device opened, which the executor drives
+	optims           []*optim.Optimizer // one per chunk: state and step counts are per parameter list
+	actions          []schedule.Action  // this stage's compute, in order
+	ops              []schedule.Op      // and with its communication: what Run executes
+	eval             *evaluator         // runs evaluation passes
+	exec             *executor
+	schedName        string
+	prev, next       *peer
+	feed             feed
+	runDir           string
+	log              io.Writer
+	events           *eventLog
+	files            *metricFiles // nil but on replica 0 of the stage that computes the loss
 
 	losses []float64 // this step's micro-batch losses (on the stage that computes the loss)
 	// peakStash is the most micro-batch chunks the stage held at once, over
@@ -162,17 +154,17 @@ func New(o Options) (*Runtime, error) {
 		if l.Reference {
 			opts.Selective = false // the reference keeps every activation: recomputation is checked against it
 		}
-		s, e, err := openChunk(dev, compute.Spec{Model: model, First: lr[0], Last: lr[1], Batch: c.MicroBatchSize(), Seed: c.Train.Seed, Options: opts, Index: index})
+		s, err := dev.Open(compute.Spec{Model: model, First: lr[0], Last: lr[1], Batch: c.MicroBatchSize(), Seed: c.Train.Seed, Options: opts, Index: index})
 		if err != nil {
 			return nil, fmt.Errorf("stage %d chunk %d: %w", r.stage, chunk, err)
 		}
 		r.chunks = append(r.chunks, s)
-		o, err := e.NewOptimizer(c.Train.Optimizer)
+		o, err := s.NewOptimizer(c.Train.Optimizer)
 		if err != nil {
 			return nil, err
 		}
 		o.SetWorkers(threads) // the cores the process's products get
-		r.engines, r.optims = append(r.engines, e), append(r.optims, o)
+		r.optims = append(r.optims, o)
 	}
 	if r.holdsLoss() && r.replica == 0 {
 		r.files = newMetricFiles(r.runDir)
@@ -186,16 +178,16 @@ func New(o Options) (*Runtime, error) {
 		return nil, err
 	}
 
-	if err := r.joinReplicas(o); err != nil {
+	if r.replicas, err = newReplicaSync(o, l, c, r.chunks, &r.act, r.live); err != nil {
 		return nil, err
 	}
 	if err := r.loadData(o, model); err != nil {
 		return nil, err
 	}
-	r.evalOps = lowered.Topology().LowerEvaluation(r.feed.evalBatches()).Ops[r.stage]
+	r.eval = newEvaluator(r, lowered.Topology())
 	r.exec = newExecutor(r.stage, r.stages, r.ops, r.prev, r.next, r, &r.act)
 	r.exec.top, r.exec.hold, r.exec.record = lowered.Topology(), r.hold, r.record
-	if err := r.exec.check(slices.Concat(r.ops, r.evalOps)); err != nil {
+	if err := r.exec.check(slices.Concat(r.ops, r.eval.ops)); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -214,29 +206,6 @@ func (r *Runtime) device() (compute.Device, int, error) {
 		return nil, 0, fmt.Errorf("stages[%d].device: %w", r.stage, err)
 	}
 	return d, index, nil
-}
-
-// engineHolder is a chunk's compute that keeps its weights in a cpu
-// engine, which it hands out.
-type engineHolder interface{ Engine() *engine.Engine }
-
-// openChunk opens a chunk on d: the compute the executor drives, and the
-// engine holding its weights, since checkpoints, initialisation, replicas
-// and tied weights still read and write them as the cpu engine's graph
-// nodes. The cpu device's compute is that engine; another device's must
-// be one or hold one (Engine() *engine.Engine) for now.
-func openChunk(d compute.Device, spec compute.Spec) (compute.Stage, *engine.Engine, error) {
-	s, err := d.Open(spec)
-	if err != nil {
-		return nil, nil, err
-	}
-	switch e := s.(type) {
-	case *engine.Engine:
-		return s, e, nil
-	case engineHolder:
-		return s, e.Engine(), nil
-	}
-	return nil, nil, fmt.Errorf("device %s: opened a %T, which neither is nor holds (Engine() *engine.Engine) the engine keeping the weights", d.Kind(), s)
 }
 
 // layout is the stage's Layout: the one given, or laid out from the config.
@@ -290,39 +259,16 @@ func (r *Runtime) attach(o Options, model *models.Model) error {
 	return nil
 }
 
-// joinReplicas sets up the all-reduce among the stage's replicas, or the
-// reference's sum of their shares.
-func (r *Runtime) joinReplicas(o Options) error {
-	l := r.layout
-	if l.Replicas < 2 {
-		return nil
-	}
-	if l.Reference {
-		r.shares = make([]any, l.Replicas)
-		return nil
-	}
-	if o.ReplicaNext == nil || o.ReplicaPrev == nil {
-		return fmt.Errorf("%s: no links to the other replicas", r.cfg.ProcessName(r.stage, r.replica))
-	}
-	stage := r.stage
-	r.ring = &collective.Ring{Rank: l.Replica, Size: l.Replicas, Next: o.ReplicaNext, Prev: o.ReplicaPrev,
-		DType: l.Reduce.DType, Timeout: r.cfg.Transport.RecvTimeout,
-		Name: func(k int) string { return fmt.Sprintf("stage %d replica %d", stage, k) }}
-	r.reducer = newReducer(l, r.ring)
-	r.live.sentOn("replicas", 0)
-	return nil
-}
-
 // holdsFirst and holdsLoss report whether one of the stage's chunks is the
 // model's first model stage, which reads the data, or its last, which draws
 // the targets and computes the loss: stage 0 and the last stage under Loop
 // placement, stage 0 for both under V.
 func (r *Runtime) holdsFirst() bool {
-	return slices.ContainsFunc(r.engines, (*engine.Engine).IsFirst)
+	return slices.ContainsFunc(r.chunks, compute.Stage.IsFirst)
 }
 
 func (r *Runtime) holdsLoss() bool {
-	return slices.ContainsFunc(r.engines, (*engine.Engine).IsLast)
+	return slices.ContainsFunc(r.chunks, compute.Stage.IsLast)
 }
 
 func (r *Runtime) loadData(o Options, model *models.Model) error {
@@ -338,8 +284,9 @@ func (r *Runtime) Metrics() *Metrics { return r.live }
 // drives through compute.Stage.
 func (r *Runtime) chunk(c int) compute.Stage { return r.chunks[c] }
 
-// Engines exposes the stage's compute, one engine per chunk, for tests and tools.
-func (r *Runtime) Engines() []*engine.Engine { return r.engines }
+// Chunks exposes the stage's compute, one per chunk as its device opened
+// it, for tests and tools.
+func (r *Runtime) Chunks() []compute.Stage { return r.chunks }
 
 // inFlight is the number of micro-batch chunks whose activations the stage holds.
 func (r *Runtime) inFlight() int {
@@ -370,19 +317,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 		return err
 	}
 	defer r.close()
-	if rd := r.reducer; rd != nil {
-		reduceCtx, stopReducing := context.WithCancel(ctx)
-		stopped := make(chan struct{})
-		go func() {
-			defer close(stopped)
-			rd.run(reduceCtx)
-		}()
-		defer func() {
-			stopReducing()
-			close(rd.jobs)
-			<-stopped
-		}()
-	}
+	defer r.replicas.start(ctx)()
 	// Commits still running when training stops are given up: a checkpoint whose
 	// manifest is not written is never resumed from.
 	commitCtx, stopCommits := context.WithCancel(ctx)
@@ -391,8 +326,9 @@ func (r *Runtime) Run(ctx context.Context) error {
 		r.ckpt.wait()
 	}()
 	var layers []string
-	for _, e := range r.engines {
-		layers = append(layers, fmt.Sprintf("%d-%d", e.First, e.Last-1))
+	for _, e := range r.chunks {
+		first, last := e.Layers()
+		layers = append(layers, fmt.Sprintf("%d-%d", first, last-1))
 	}
 	fmt.Fprintf(r.log, "%s: layers %s, %s schedule, %d micro-batches of %d, %d steps; %s\n",
 		r.name(), strings.Join(layers, " and "), r.cfg.Schedule, r.cfg.Data.MicroBatches, r.cfg.MicroBatchSize(), r.cfg.Train.Steps, blas.Describe(r.threads))
@@ -561,7 +497,7 @@ func (r *Runtime) trainStep(ctx context.Context, step int) error {
 		return err
 	}
 	t0 := time.Now()
-	for i := range r.engines {
+	for i := range r.chunks {
 		if err := r.chunk(i).Step(r.optims[i]); err != nil {
 			return fmt.Errorf("optimizer: %w", err)
 		}
@@ -570,7 +506,7 @@ func (r *Runtime) trainStep(ctx context.Context, step int) error {
 	if err := r.events.add(runlog.Event{Stage: r.stage, Replica: r.replica, Step: step, Kind: runlog.Optimizer, StartNS: t0.UnixNano(), EndNS: time.Now().UnixNano()}); err != nil {
 		return err
 	}
-	return r.checkReplicas(ctx, step)
+	return r.replicas.check(ctx, step)
 }
 
 // name is how the stage names itself in logs and errors.

@@ -3,10 +3,12 @@ package stages
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"gorgonia.org/tensor"
 
+	"github.com/pipetrain/pipetrain/compute"
 	"github.com/pipetrain/pipetrain/schedule"
 	"github.com/pipetrain/pipetrain/transport"
 )
@@ -26,23 +28,31 @@ func layerOf(param string) string {
 	return name
 }
 
-// gradOf finds a parameter's summed gradient among the stage's engines.
-func (r *Runtime) gradOf(name string) (*tensor.Dense, error) {
-	for _, e := range r.engines {
-		for i, p := range e.Params() {
-			if p.Name() != name {
-				continue
-			}
-			grads, err := e.Gradients()
-			if err != nil {
-				return nil, err
-			}
-			g, ok := grads[i].(*tensor.Dense)
-			if !ok {
-				return nil, fmt.Errorf("%s: gradient is a %T", name, grads[i])
-			}
-			return g, nil
+// tiedGrad is one half of a tied weight's summed gradient, in host memory,
+// and the chunk to hand it back to once changed.
+type tiedGrad struct {
+	chunk compute.Stage
+	all   []compute.Weight // the chunk's gradients, as it handed them out
+	value *tensor.Dense    // the half's, one of all
+}
+
+// store hands the changed gradient back to its chunk.
+func (g *tiedGrad) store() error { return g.chunk.LoadGradients(g.all) }
+
+// gradOf finds a parameter's summed gradient among the stage's chunks; nil
+// when the stage holds no such parameter.
+func (r *Runtime) gradOf(name string) (*tiedGrad, error) {
+	for _, c := range r.chunks {
+		ws := c.Weights()
+		i := slices.IndexFunc(ws, func(w compute.Weight) bool { return w.Name == name })
+		if i < 0 {
+			continue
 		}
+		grads, err := c.Gradients()
+		if err != nil {
+			return nil, err
+		}
+		return &tiedGrad{chunk: c, all: grads, value: grads[i].Value}, nil
 	}
 	return nil, nil
 }
@@ -70,13 +80,20 @@ func (r *Runtime) SyncTied(ctx context.Context, step int, o schedule.Op) error {
 	}
 	switch {
 	case a != nil && b != nil:
-		sum, err := addGrads(a, b)
+		sum, err := addGrads(a.value, b.value)
 		if err != nil {
 			return err
 		}
-		copy2(a, sum)
-		copy2(b, sum)
-		return nil
+		copy2(a.value, sum)
+		if err := a.store(); err != nil {
+			return err
+		}
+		// b's chunk may be a's: its gradients are read again after a's store.
+		if b, err = r.gradOf(names[1]); err != nil {
+			return err
+		}
+		copy2(b.value, sum)
+		return b.store()
 	case a == nil && b == nil:
 		return fmt.Errorf("stage %d holds neither %s nor %s", r.stage, names[0], names[1])
 	}
@@ -84,7 +101,7 @@ func (r *Runtime) SyncTied(ctx context.Context, step int, o schedule.Op) error {
 	if mine == nil {
 		mine = b
 	}
-	other, err := r.exchangeTied(ctx, step, o.TiedTag(len(r.engines)), mine)
+	other, err := r.exchangeTied(ctx, step, o.TiedTag(len(r.chunks)), mine.value)
 	if err != nil {
 		return fmt.Errorf("tied weights %s and %s: %w", names[0], names[1], err)
 	}
@@ -92,15 +109,15 @@ func (r *Runtime) SyncTied(ctx context.Context, step int, o schedule.Op) error {
 	// arithmetic anyway, so the two sums are equal bit for bit).
 	var sum *tensor.Dense
 	if a != nil {
-		sum, err = addGrads(a, other)
+		sum, err = addGrads(a.value, other)
 	} else {
-		sum, err = addGrads(other, b)
+		sum, err = addGrads(other, b.value)
 	}
 	if err != nil {
 		return err
 	}
-	copy2(mine, sum)
-	return nil
+	copy2(mine.value, sum)
+	return mine.store()
 }
 
 // exchangeTied sends this stage's gradient of a tied weight over the ring link,
