@@ -1,5 +1,6 @@
-// Package optim holds pipetrain's optimizers: SGD, SGD with momentum and Adam,
-// updating parameters in place from summed gradients. Their state (step count,
+// Package optim holds pipetrain's optimizers: SGD, SGD with momentum, Adam
+// and AdamW, with optional weight decay, updating parameters in place from
+// summed gradients. Their state (step count,
 // moment buffers) can be read out and restored exactly, so a run resumed from a
 // checkpoint continues with the same bits as one never stopped.
 package optim
@@ -7,6 +8,7 @@ package optim
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 
 	"gorgonia.org/tensor"
@@ -21,6 +23,11 @@ type Optimizer struct {
 	shapes []tensor.Shape
 	dt     tensor.Dtype
 	steps  int64
+	// lr is the learning rate of the next step: cfg.LR until SetLR.
+	lr float64
+	// decay is the weight decay of each parameter: cfg.WeightDecay for
+	// those Spec.Decays selects, 0 for the others.
+	decay []float64
 	// slots holds the per-parameter buffers: "momentum" for SGD with momentum,
 	// "m" and "v" for Adam; each list in parameter order.
 	slots map[string][]*tensor.Dense
@@ -40,29 +47,71 @@ func (o *Optimizer) SetWorkers(n int) { o.workers = n }
 const parallelMin = 1 << 16
 
 // New makes the configured optimizer for parameters of the given shapes.
+// Weight decay needs the parameters' names: see NewNamed.
 func New(o Spec, dt tensor.Dtype, shapes []tensor.Shape) (*Optimizer, error) {
+	return NewNamed(o, dt, nil, shapes)
+}
+
+// NewNamed makes the configured optimizer for parameters of the given
+// names and shapes, in the order Step receives them. The names choose
+// which parameters weight decay applies to (Spec.Decays); they may be nil
+// when the spec has none.
+func NewNamed(o Spec, dt tensor.Dtype, names []string, shapes []tensor.Shape) (*Optimizer, error) {
 	if dt != tensor.Float32 && dt != tensor.Float64 {
 		return nil, fmt.Errorf("optimizer: unsupported dtype %v", dt)
 	}
-	opt := &Optimizer{cfg: o, dt: dt, shapes: shapes, slots: map[string][]*tensor.Dense{}}
-	var names []string
-	switch o.Name {
-	case "sgd":
-		if o.Momentum > 0 {
-			names = []string{"momentum"}
-		}
-	case "adam":
-		names = []string{"m", "v"}
-	default:
+	if !slices.Contains(Names(), o.Name) {
 		return nil, fmt.Errorf("unknown optimizer %q (known: %s)", o.Name, strings.Join(Names(), ", "))
 	}
-	for _, n := range names {
+	decay, err := decays(o, names, shapes)
+	if err != nil {
+		return nil, err
+	}
+	opt := &Optimizer{cfg: o, dt: dt, shapes: shapes, lr: o.LR, decay: decay, slots: map[string][]*tensor.Dense{}}
+	for _, n := range opt.SlotNames() {
 		for _, s := range shapes {
 			opt.slots[n] = append(opt.slots[n], tensor.New(tensor.Of(dt), tensor.WithShape(s.Clone()...)))
 		}
 	}
 	return opt, nil
 }
+
+// decays is the weight decay of each parameter, or nil where none has any.
+func decays(o Spec, names []string, shapes []tensor.Shape) ([]float64, error) {
+	if o.WeightDecay == 0 {
+		return nil, nil
+	}
+	if err := o.CheckPatterns(); err != nil {
+		return nil, fmt.Errorf("optimizer %s: %w", o.Name, err)
+	}
+	if len(names) != len(shapes) {
+		return nil, fmt.Errorf("optimizer %s: weight decay needs the name of each of the %d parameters, got %d names", o.Name, len(shapes), len(names))
+	}
+	out := make([]float64, len(names))
+	for i, n := range names {
+		if o.Decays(n, len(shapes[i])) {
+			out[i] = o.WeightDecay
+		}
+	}
+	return out, nil
+}
+
+// Decay is the weight decay that parameter i gets: the spec's
+// weight_decay where Spec.Decays selects it, else 0.
+func (o *Optimizer) Decay(i int) float64 {
+	if i < 0 || i >= len(o.decay) {
+		return 0
+	}
+	return o.decay[i]
+}
+
+// SetLR sets the learning rate of the steps that follow, as a schedule
+// (Schedule.LR) gives it; it is no state of the optimizer's: a resumed run
+// sets it again from the step.
+func (o *Optimizer) SetLR(lr float64) { o.lr = lr }
+
+// LR is the learning rate the next step uses.
+func (o *Optimizer) LR() float64 { return o.lr }
 
 // Steps is the number of updates applied so far.
 func (o *Optimizer) Steps() int64 { return o.steps }
@@ -100,7 +149,7 @@ func (o *Optimizer) shared(n int, f func(lo, hi int)) { parallel.Ranges(n, o.wor
 func (o *Optimizer) adamScales() (step, eps float64) {
 	c1 := 1 - math.Pow(o.cfg.Beta1, float64(o.steps))
 	c2 := math.Sqrt(1 - math.Pow(o.cfg.Beta2, float64(o.steps)))
-	return o.cfg.LR * c2 / c1, o.cfg.Eps * c2
+	return o.lr * c2 / c1, o.cfg.Eps * c2
 }
 
 // update applies one step to elements [lo, hi) of parameter i, in the
@@ -110,9 +159,12 @@ func (o *Optimizer) adamScales() (step, eps float64) {
 // they do, so that no compiler fuses a multiply and an add here either.
 func update[T float32 | float64](o *Optimizer, i int, p, g []T, lo, hi int) {
 	p, g = p[lo:hi], g[lo:hi]
-	lr := T(o.cfg.LR)
+	lr := T(o.lr)
+	if wd := o.Decay(i); wd != 0 {
+		decay(o.cfg.Name == "adamw", o.lr, wd, p, g)
+	}
 	switch {
-	case o.cfg.Name == "adam":
+	case o.cfg.usesAdam():
 		m, v := o.slots["m"][i].Data().([]T)[lo:hi], o.slots["v"][i].Data().([]T)[lo:hi]
 		b1, b2 := T(o.cfg.Beta1), T(o.cfg.Beta2)
 		c1, c2 := 1-b1, 1-b2
@@ -153,6 +205,26 @@ func update[T float32 | float64](o *Optimizer, i int, p, g []T, lo, hi int) {
 	}
 }
 
+// decay applies weight decay wd to a range before the update, as
+// torch.optim does: decoupled (AdamW) scales the parameters by 1 − lr·wd,
+// computed in float64 and rounded once, as torch's Python scalar is;
+// otherwise (SGD's and Adam's L2) wd·p is added to the gradients, which the
+// update then reads. Parameters without decay never come here, so their
+// updates keep their bits.
+func decay[T float32 | float64](decoupled bool, lr, wd float64, p, g []T) {
+	if decoupled {
+		keep := T(1 - lr*wd)
+		for j := range p {
+			p[j] *= keep
+		}
+		return
+	}
+	w := T(wd)
+	for j := range p {
+		g[j] += T(w * p[j])
+	}
+}
+
 // adamConsts are one Adam step's scalars, in the order adamAVX reads them.
 type adamConsts struct{ b1, c1, b2, c2, step, eps float32 }
 
@@ -167,7 +239,7 @@ type update32 struct {
 // SlotNames lists the optimizer's per-parameter buffers, in a fixed order.
 func (o *Optimizer) SlotNames() []string {
 	switch {
-	case o.cfg.Name == "adam":
+	case o.cfg.usesAdam():
 		return []string{"m", "v"}
 	case o.cfg.Momentum > 0:
 		return []string{"momentum"}

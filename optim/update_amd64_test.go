@@ -23,6 +23,10 @@ func TestVectorUpdatesAreTheLoops(t *testing.T) {
 		{Name: "sgd", LR: 0.05},
 		{Name: "sgd", LR: 0.05, Momentum: 0.9},
 		{Name: "adam", LR: 0.003, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8},
+		// Weight decay on every parameter (no pattern matches "p"):
+		// the Go pass before the kernels.
+		{Name: "adamw", LR: 0.003, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 0.1, DecayExclude: []string{"none"}},
+		{Name: "sgd", LR: 0.05, Momentum: 0.9, WeightDecay: 0.01, DecayExclude: []string{"none"}},
 	}
 	for _, spec := range specs {
 		for _, n := range []int{1, 7, 8, 9, 64, 77} {
@@ -53,7 +57,11 @@ func TestVectorUpdatesAreTheLoops(t *testing.T) {
 
 func mustNew(t *testing.T, spec Spec, shapes []tensor.Shape) *Optimizer {
 	t.Helper()
-	o, err := New(spec, tensor.Float32, shapes)
+	names := make([]string, len(shapes))
+	for i := range names {
+		names[i] = "p"
+	}
+	o, err := NewNamed(spec, tensor.Float32, names, shapes)
 	if err != nil {
 		t.Fatal(err)
 	}
