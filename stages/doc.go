@@ -1,11 +1,14 @@
 // Package stages runs one pipeline stage: it lays the stage out (Layout),
-// builds its slice of the model (package engine), connects to its neighbours
+// opens its slice of the model on its device (package compute), connects to its neighbours
 // (Connect), and executes its lowered schedule (schedule.Lower: compute,
 // sends, receives) op by op, step after step (Runtime, execute.go), writing
 // the run directory's logs, metrics, checkpoints and weights. The runtime
 // says when; types of their own do the side jobs: metricFiles writes
 // metrics.jsonl and eval.json, checkpointer writes, commits and restores
-// checkpoints. The same Runtime, holding every layer on one chunk, is the
+// checkpoints, evaluator runs evaluation passes, replicaSync all-reduces the
+// gradients among a stage's replicas and compares their weights. Each
+// reaches the chunks' weights and gradients as host tensors through
+// compute.Stage, never a device's own types. The same Runtime, holding every layer on one chunk, is the
 // one-process reference that pipelined runs must equal bit for bit.
 //
 // RunProcess is a whole stage process, what pipetrain stage runs once it
@@ -28,7 +31,10 @@
 //   - Metrics, whose counters are guarded by their own mutex (the Prometheus
 //     handler reads them from its HTTP goroutines).
 //
-// Run's checkpointer starts goroutines only on stage 0, one per checkpoint, to
+// With replicas, replicaSync's reducer goroutine runs the all-reduces the
+// training goroutine hands it, in hand-over order, and owns the replicas'
+// ring while one is in progress; it ends before Run returns. Run's
+// checkpointer starts goroutines only on stage 0, one per checkpoint, to
 // wait for every stage's part and commit the manifest; they end before Run
 // returns, and write to the log only one whole line at a time. The links'
 // own goroutines belong to the transport (see transport.Link).
