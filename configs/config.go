@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"slices"
 	"strconv"
@@ -108,6 +109,10 @@ type Train struct {
 	// InitFrom starts the run from the weights in a safetensors file (from
 	// PyTorch, Hugging Face or pipetrain export) instead of the seed's.
 	InitFrom string `mapstructure:"init_from" json:"init_from,omitempty"`
+	// ClipGradNorm scales the step's gradients down so that their global
+	// norm, over every parameter of the model on every stage, is at most
+	// this; 0 does not clip.
+	ClipGradNorm float64 `mapstructure:"clip_grad_norm" json:"clip_grad_norm,omitempty"`
 }
 
 // Optimizer is sgd (with optional momentum) or adam: optim's own spec.
@@ -250,6 +255,7 @@ var defaults = map[string]any{
 	"data.tokenizer":            "byte",
 	"data.val_fraction":         0.1,
 	"train.eval_every":          0,
+	"train.clip_grad_norm":      0.0,
 	"data.batch_size":           256,
 	"data.micro_batches":        8,
 	"train.steps":               200,
@@ -372,6 +378,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Train.LogEvery < 1 {
 		p.add("train.log_every", "must be at least 1, got %d", c.Train.LogEvery)
+	}
+	if n := c.Train.ClipGradNorm; !(n >= 0) || math.IsInf(n, 1) {
+		p.add("train.clip_grad_norm", "must be 0 (no clipping) or a positive finite norm, got %v", n)
 	}
 	c.validateOptimizer(p)
 	c.validateSchedule(p, model)

@@ -37,6 +37,10 @@ func (c *Config) trainingState() map[string]any {
 		state["data_parallel"] = c.DataParallel
 		state["all_reduce"] = map[string]any{"bucket_bytes": c.BucketBytes()}
 	}
+	if c.Train.ClipGradNorm > 0 {
+		// Clipping changes the updates; a run without it keeps its digest.
+		state["train"].(map[string]any)["clip_grad_norm"] = c.Train.ClipGradNorm
+	}
 	if c.ScheduleText != "" {
 		// A custom schedule counts by its contents, not by its file's path.
 		state["schedule_file"] = c.ScheduleText

@@ -105,6 +105,7 @@ func TestEveryKeyHasAVariable(t *testing.T) {
 		"PIPETRAIN_TRANSPORT_TLS_CERT":        "transport.tls.cert",
 		"PIPETRAIN_DATA_MAX_BYTES":            "data.max_bytes",
 		"PIPETRAIN_TRAIN_EVAL_EVERY":          "train.eval_every",
+		"PIPETRAIN_TRAIN_CLIP_GRAD_NORM":      "train.clip_grad_norm",
 		"PIPETRAIN_TRANSPORT_HEARTBEAT":       "transport.heartbeat",
 		"PIPETRAIN_TRANSPORT_QUEUE_DEPTH":     "transport.queue_depth",
 		"PIPETRAIN_CHECKPOINT_KEEP":           "checkpoint.keep",

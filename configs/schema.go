@@ -163,6 +163,7 @@ var keyDocs = map[string]string{
 	"train.log_every":          "Log the loss and samples/s every so many steps.",
 	"train.evaluate":           "Evaluate after the last step: test accuracy, or validation loss and perplexity for text.",
 	"train.eval_every":         "Also evaluate every so many steps (0: only after the last).",
+	"train.clip_grad_norm":     "Scale each step's gradients down so that their global norm, over every parameter of the model on every stage (tied weights and replicas counted once), is at most this, as torch.nn.utils.clip_grad_norm_ does in one process; 0: no clipping.",
 	"train.init_from":          "Start from the weights in this safetensors file (from PyTorch, Hugging Face or pipetrain export) instead of the seed's; relative to the config's folder.",
 
 	"schedule":       "The pipeline schedule (docs/schedules.md): a built-in one, or custom to run schedule_file. interleaved and interleaved-zb need virtual_stages of 2 or more, zb-v and dualpipev exactly 2 (placed in a V).",
