@@ -513,9 +513,14 @@ func (o *ops) causalAttention(q, k, v *G.Node, batch, context, heads int, keep b
 		o.err = fmt.Errorf("attention: q %v does not hold %d sequences of %d tokens in %d heads", q.Shape(), batch, context, heads)
 		return nil
 	}
-	a := attention{context: context, heads: heads, keep: keep}
+	return o.attend(q, k, v, attention{context: context, heads: heads, keep: keep})
+}
+
+// attend adds attention a on q, k and v, whose shapes the caller checked.
+func (o *ops) attend(q, k, v *G.Node, a attention) *G.Node {
+	width := q.Shape()[1]
 	packed := o.fused(attentionOp[float32](a), attentionOp[float64](a), q, k, v)
-	if !keep {
+	if !a.keep {
 		return packed
 	}
 	return o.columns(packed, 0, width)
@@ -526,15 +531,37 @@ func (o *ops) causalAttention(q, k, v *G.Node, batch, context, heads int, keep b
 // number of sequences come from its inputs.
 type attention struct {
 	context, heads int
-	keep           bool
+	// kvHeads, unless 0 (meaning heads), is how many heads k and v hold:
+	// grouped-query attention, where query head h reads key and value head
+	// h/(heads/kvHeads).
+	kvHeads int
+	keep    bool
 }
 
 func (a attention) String() string {
-	if !a.keep {
-		return fmt.Sprintf("{context %d, heads %d, recomputed}", a.context, a.heads)
+	s := fmt.Sprintf("{context %d, heads %d", a.context, a.heads)
+	if a.grouped() {
+		s += fmt.Sprintf(", kv heads %d", a.kvHeads)
 	}
-	return fmt.Sprintf("{context %d, heads %d}", a.context, a.heads)
+	if !a.keep {
+		s += ", recomputed"
+	}
+	return s + "}"
 }
+
+// grouped says whether k and v hold fewer heads than q.
+func (a attention) grouped() bool { return a.kvHeads != 0 && a.kvHeads != a.heads }
+
+// group is how many query heads share one key and value head.
+func (a attention) group() int {
+	if !a.grouped() {
+		return 1
+	}
+	return a.heads / a.kvHeads
+}
+
+// kvWidth is the width of k's and v's rows for q's rows of w.
+func (a attention) kvWidth(w int) int { return w / a.group() }
 
 // packedWidth is the width of the forward's output rows: the token's
 // output (w), then, when kept, its row of each head's probabilities (t each).
@@ -546,21 +573,24 @@ func (a attention) packedWidth(w int) int {
 }
 
 // check is the shape function of the attention ops: the first three inputs
-// (q, k, v) are (n, w), with n a whole number of sequences and w of heads;
-// any others are (n, packedWidth(w)).
+// (q, k, v) are (n, w), with n a whole number of sequences and w of heads
+// (k and v (n, kvWidth(w)) when grouped); any others are (n, packedWidth(w)).
 func (a attention) check(name string, out func(n, w int) tensor.Shape) func([]tensor.Shape) (tensor.Shape, error) {
 	return func(in []tensor.Shape) (tensor.Shape, error) {
 		n, w := in[0][0], in[0][1]
 		for i, s := range in {
 			want := in[0]
-			if i >= 3 {
+			switch {
+			case i == 1 || i == 2:
+				want = tensor.Shape{n, a.kvWidth(w)}
+			case i >= 3:
 				want = tensor.Shape{n, a.packedWidth(w)}
 			}
 			if !s.Eq(want) {
 				return nil, fmt.Errorf("%s: input %d has shape %v, input 0 %v", name, i, s, in[0])
 			}
 		}
-		if n%a.context != 0 || w%a.heads != 0 {
+		if n%a.context != 0 || w%a.heads != 0 || a.heads%a.group() != 0 {
 			return nil, fmt.Errorf("%s: inputs %v are not sequences of %d tokens in %d heads", name, in[0], a.context, a.heads)
 		}
 		return out(n, w), nil
@@ -576,14 +606,14 @@ func attentionOp[T float32 | float64](a attention) *fusedOp[T] {
 		shape: a.check("attention", func(n, w int) tensor.Shape { return tensor.Shape{n, a.packedWidth(w)} }),
 		kernel: func(out []T, in [][]T, s []tensor.Shape) {
 			q, k, v, w := in[0], in[1], in[2], s[0][1]
-			t, dh, pw := a.context, w/a.heads, a.packedWidth(w)
+			t, dh, pw, kw := a.context, w/a.heads, a.packedWidth(w), a.kvWidth(w)
 			p := make([]T, t*t)
 			for seq := 0; seq < s[0][0]; seq += t {
 				for h := range a.heads {
-					at := seq*w + h*dh
-					probabilities(p, q[at:], k[at:], t, dh, w)
+					at, kat := seq*w+h*dh, seq*kw+h/a.group()*dh
+					probabilities(p, q[at:], k[kat:], t, dh, w, kw)
 					// O = P V, into the head's columns of the output.
-					gemm(false, false, t, dh, t, 1, p, t, v[at:], w, 0, out[seq*pw+h*dh:], pw)
+					gemm(false, false, t, dh, t, 1, p, t, v[kat:], kw, 0, out[seq*pw+h*dh:], pw)
 					if a.keep {
 						for i := range t {
 							copy(out[(seq+i)*pw+w+h*t:(seq+i)*pw+w+h*t+t], p[i*t:i*t+t])
@@ -595,15 +625,16 @@ func attentionOp[T float32 | float64](a attention) *fusedOp[T] {
 		grad: func(o *ops, in G.Nodes, output, grad *G.Node) G.Nodes {
 			packed := o.fused(attentionGradOp[float32](a), attentionGradOp[float64](a), in[0], in[1], in[2], output, grad)
 			w := in[0].Shape()[1]
-			return G.Nodes{o.columns(packed, 0, w), o.columns(packed, w, w), o.columns(packed, 2*w, w)}
+			kw := a.kvWidth(w)
+			return G.Nodes{o.columns(packed, 0, w), o.columns(packed, w, kw), o.columns(packed, w+kw, kw)}
 		},
 	}
 }
 
 // probabilities fills p (t×t) with one head's causal softmax of q kᵀ/√dh,
-// q and k being t rows of dh at stride w.
-func probabilities[T float32 | float64](p, q, k []T, t, dh, w int) {
-	gemm(false, true, t, t, dh, T(1/math.Sqrt(float64(dh))), q, w, k, w, 0, p, t)
+// q and k being t rows of dh at strides ldq and ldk.
+func probabilities[T float32 | float64](p, q, k []T, t, dh, ldq, ldk int) {
+	gemm(false, true, t, t, dh, T(1/math.Sqrt(float64(dh))), q, ldq, k, ldk, 0, p, t)
 	switch p := any(p).(type) {
 	case []float32:
 		causalSoftmax32(p, t)
@@ -657,27 +688,39 @@ func expInPlace[T float32 | float64](v []T) {
 // dS = P ∘ (dP − rowsum(dP ∘ P)); dQ = dS K/√dh; dK = dSᵀ Q/√dh. dO is the
 // first w columns of the output's gradient (the rest, the probabilities'
 // columns, gets none). P is the forward's, or computed again from q and k
-// when the forward did not keep it.
+// when the forward did not keep it. Grouped, dk and dv are kvWidth(w) wide
+// and each key and value head sums the terms of its query heads, in head
+// order.
 func attentionGradOp[T float32 | float64](a attention) *fusedOp[T] {
 	return &fusedOp[T]{name: "CausalAttentionGrad" + a.String(), inDims: []int{2, 2, 2, 2, 2}, outDims: 2,
-		shape: a.check("attention gradient", func(n, w int) tensor.Shape { return tensor.Shape{n, 3 * w} }),
+		shape: a.check("attention gradient", func(n, w int) tensor.Shape { return tensor.Shape{n, w + 2*a.kvWidth(w)} }),
 		kernel: func(out []T, in [][]T, s []tensor.Shape) {
 			q, k, v, fwd, dO, w := in[0], in[1], in[2], in[3], in[4], s[0][1]
-			t, dh, pw := a.context, w/a.heads, a.packedWidth(w)
+			t, dh, pw, kw := a.context, w/a.heads, a.packedWidth(w), a.kvWidth(w)
+			ow := w + 2*kw
 			scale := T(1 / math.Sqrt(float64(dh)))
 			p, dp := make([]T, t*t), make([]T, t*t)
 			for seq := 0; seq < s[0][0]; seq += t {
 				for h := range a.heads {
-					at, o, g := seq*w+h*dh, seq*3*w+h*dh, seq*pw+h*dh
+					kh := h / a.group()
+					at, kat, g := seq*w+h*dh, seq*kw+kh*dh, seq*pw+h*dh
+					// dq's, dk's and dv's columns of the head in the output.
+					dq, dk, dv := seq*ow+h*dh, seq*ow+w+kh*dh, seq*ow+w+kw+kh*dh
+					// The first query head of a group sets its key and
+					// value head's gradients, the others add to them.
+					var acc T
+					if h%a.group() != 0 {
+						acc = 1
+					}
 					if a.keep {
 						for i := range t {
 							copy(p[i*t:i*t+t], fwd[(seq+i)*pw+w+h*t:(seq+i)*pw+w+h*t+t])
 						}
 					} else {
-						probabilities(p, q[at:], k[at:], t, dh, w)
+						probabilities(p, q[at:], k[kat:], t, dh, w, kw)
 					}
-					gemm(true, false, t, dh, t, 1, p, t, dO[g:], pw, 0, out[o+2*w:], 3*w)
-					gemm(false, true, t, t, dh, 1, dO[g:], pw, v[at:], w, 0, dp, t)
+					gemm(true, false, t, dh, t, 1, p, t, dO[g:], pw, acc, out[dv:], ow)
+					gemm(false, true, t, t, dh, 1, dO[g:], pw, v[kat:], kw, 0, dp, t)
 					for i := range t {
 						pr, dr := p[i*t:i*t+i+1], dp[i*t:i*t+t]
 						pd := dot(pr, dr)
@@ -686,8 +729,8 @@ func attentionGradOp[T float32 | float64](a attention) *fusedOp[T] {
 						}
 						clear(dr[i+1:])
 					}
-					gemm(false, false, t, dh, t, scale, dp, t, k[at:], w, 0, out[o:], 3*w)
-					gemm(true, false, t, dh, t, scale, dp, t, q[at:], w, 0, out[o+w:], 3*w)
+					gemm(false, false, t, dh, t, scale, dp, t, k[kat:], kw, 0, out[dq:], ow)
+					gemm(true, false, t, dh, t, scale, dp, t, q[at:], w, acc, out[dk:], ow)
 				}
 			}
 		},

@@ -195,7 +195,7 @@ func TestGPTFloat32Backward(t *testing.T) {
 // BuildPart from its input's value, computes its tap's bits; together the
 // parts hold every parameter once. A zero-bubble weight pass relies on both.
 func TestPartsRebuildTheirTaps(t *testing.T) {
-	for _, spec := range []Spec{tinyGPT("float32", true), tinyGPT("float64", false),
+	for _, spec := range []Spec{tinyGPT("float32", true), tinyGPT("float64", false), tinyLlama("float32", true, 2), tinyLlama("float64", false, 1),
 		{Name: "mlp", DType: "float32", Input: 6, Hidden: []int{5}, Classes: 3}} {
 		m := buildModel(t, spec)
 		r := rand.New(rand.NewPCG(14, 14))

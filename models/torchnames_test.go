@@ -10,10 +10,12 @@ import (
 
 // torchSpecs is a small spec of every registered model, tied and untied.
 var torchSpecs = map[string]Spec{
-	"mlp":        {Name: "mlp", Input: 8, Hidden: []int{7, 6}, Classes: 3},
-	"cnn":        {Name: "cnn", Input: 64, Channels: []int{2, 3}, Classes: 4},
-	"gpt":        {Name: "gpt", Layers: 2, Width: 8, Heads: 2, Context: 5, Vocab: 11},
-	"gpt (tied)": {Name: "gpt", Layers: 2, Width: 8, Heads: 2, Context: 5, Vocab: 11, TieEmbeddings: true},
+	"mlp":                   {Name: "mlp", Input: 8, Hidden: []int{7, 6}, Classes: 3},
+	"cnn":                   {Name: "cnn", Input: 64, Channels: []int{2, 3}, Classes: 4},
+	"gpt":                   {Name: "gpt", Layers: 2, Width: 8, Heads: 2, Context: 5, Vocab: 11},
+	"gpt (tied)":            {Name: "gpt", Layers: 2, Width: 8, Heads: 2, Context: 5, Vocab: 11, TieEmbeddings: true},
+	"llama":                 tinyLlama("float32", false, 1),
+	"llama (tied, grouped)": tinyLlama("float32", true, 2),
 }
 
 // TestTorchParamsMatchTheBuilders: the map lists every parameter each
