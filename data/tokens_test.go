@@ -417,7 +417,9 @@ func TestTokensKindChecks(t *testing.T) {
 		t.Fatal("dataset kind tokens is not registered")
 	}
 	var problems []string
-	problem := func(key, format string, args ...any) { problems = append(problems, key+": "+fmt.Sprintf(format, args...)) }
+	problem := func(key, format string, args ...any) {
+		problems = append(problems, key+": "+fmt.Sprintf(format, args...))
+	}
 	k.Validate(&Section{Evaluate: true, Own: map[string]any{"token_format": "csv", "token_dtype": 16}}, &Model{Name: "mlp", Targets: 1}, problem)
 	for _, want := range []string{
 		"data.token_dtype: is a number, want a string",
