@@ -19,6 +19,9 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/pipetrain/pipetrain/data"
+	"github.com/pipetrain/pipetrain/models"
 )
 
 // schemaModeline is the first line of every example config: yaml-language-server
@@ -282,6 +285,18 @@ func TestExamplesMatchSchema(t *testing.T) {
 // the schema has the keys Load knows, each section closed as Load's
 // unknown-key check closes it.
 func TestSchemaDescribesEveryKey(t *testing.T) {
+	// Load's keys with the own keys of every registered family and dataset
+	// kind, which a config naming that family or kind may give.
+	tree, docs := schema, allKeyDocs()
+	for _, name := range models.Names() {
+		tree = withFamilyKeys(tree, name)
+	}
+	for _, name := range data.Kinds() {
+		tree = withDatasetKeys(tree, name)
+		for _, k := range data.KeysOf(name) {
+			docs["data."+k.Key] = k.Doc
+		}
+	}
 	var walk func(tree *keyTree, s map[string]any, key string)
 	walk = func(tree *keyTree, s map[string]any, key string) {
 		switch {
@@ -298,7 +313,7 @@ func TestSchemaDescribesEveryKey(t *testing.T) {
 				if key != "" {
 					k = key + "." + name
 				}
-				if strings.TrimSpace(allKeyDocs()[k]) == "" {
+				if strings.TrimSpace(docs[k]) == "" {
 					t.Errorf("%s has no description; add one to keyDocs in configs/schema.go", k)
 				}
 				if p, ok := props[name].(map[string]any); ok {
@@ -317,7 +332,7 @@ func TestSchemaDescribesEveryKey(t *testing.T) {
 			walk(tree.entry, items, key+"[i]")
 		}
 	}
-	walk(schema, loadSchema(t), "")
+	walk(tree, loadSchema(t), "")
 }
 
 // cleanEnv keeps PIPETRAIN_* variables of the test's environment out of Load.
