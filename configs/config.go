@@ -101,7 +101,9 @@ type Train struct {
 	Steps     int       `mapstructure:"steps" json:"steps"`
 	Seed      uint64    `mapstructure:"seed" json:"seed"`
 	Optimizer Optimizer `mapstructure:"optimizer" json:"optimizer"`
-	LogEvery  int       `mapstructure:"log_every" json:"log_every"`
+	// LRSchedule sets the optimizer's learning rate at every step.
+	LRSchedule LRSchedule `mapstructure:"lr_schedule" json:"lr_schedule"`
+	LogEvery   int        `mapstructure:"log_every" json:"log_every"`
 	// Evaluate runs the test split through the pipeline after the last step.
 	Evaluate bool `mapstructure:"evaluate" json:"evaluate"`
 	// EvalEvery also evaluates every so many steps (0: only after the last).
@@ -115,8 +117,12 @@ type Train struct {
 	ClipGradNorm float64 `mapstructure:"clip_grad_norm" json:"clip_grad_norm,omitempty"`
 }
 
-// Optimizer is sgd (with optional momentum) or adam: optim's own spec.
+// Optimizer is sgd (with optional momentum), adam or adamw, with optional
+// weight decay: optim's own spec.
 type Optimizer = optim.Spec
+
+// LRSchedule is the learning rate's schedule: optim's own Schedule.
+type LRSchedule = optim.Schedule
 
 // Compute sets how each process computes.
 type Compute struct {
@@ -291,6 +297,11 @@ var defaults = map[string]any{
 	"checkpoint.keep":           3,
 	"recovery.max_restarts":     3,
 	"run_dir_mode":              runlog.ModePrivate,
+
+	// Weight decay and the learning-rate schedule: none unless set.
+	"train.optimizer.weight_decay":   0.0,
+	"train.lr_schedule.kind":         "constant",
+	"train.lr_schedule.warmup_steps": 0,
 }
 
 // Load reads a YAML config, applies PIPETRAIN_* environment overrides (a key's dots
@@ -382,7 +393,8 @@ func (c *Config) Validate() error {
 	if n := c.Train.ClipGradNorm; !(n >= 0) || math.IsInf(n, 1) {
 		p.add("train.clip_grad_norm", "must be 0 (no clipping) or a positive finite norm, got %v", n)
 	}
-	c.validateOptimizer(p)
+	c.validateOptimizer(p, model)
+	c.validateLRSchedule(p)
 	c.validateSchedule(p, model)
 	if c.Compute.BLASThreads < 0 {
 		p.add("compute.blas_threads", "must be 0 (a fair share of the machine) or a thread count, got %d", c.Compute.BLASThreads)
@@ -632,7 +644,7 @@ func (c *Config) readScheduleFile() {
 	}
 }
 
-func (c *Config) validateOptimizer(p *Problems) {
+func (c *Config) validateOptimizer(p *Problems, model *models.Model) {
 	o := c.Train.Optimizer
 	if !slices.Contains(optim.Names(), o.Name) {
 		p.add("train.optimizer.name", "unknown optimizer %q (known: %s)", o.Name, strings.Join(optim.Names(), ", "))
@@ -642,7 +654,7 @@ func (c *Config) validateOptimizer(p *Problems) {
 		if o.Momentum < 0 || o.Momentum >= 1 {
 			p.add("train.optimizer.momentum", "must be in [0, 1), got %v", o.Momentum)
 		}
-	case "adam":
+	case "adam", "adamw":
 		if o.Beta1 < 0 || o.Beta1 >= 1 {
 			p.add("train.optimizer.beta1", "must be in [0, 1), got %v", o.Beta1)
 		}
@@ -656,6 +668,7 @@ func (c *Config) validateOptimizer(p *Problems) {
 	if o.LR <= 0 {
 		p.add("train.optimizer.lr", "must be positive, got %v", o.LR)
 	}
+	c.validateWeightDecay(p, model)
 }
 
 func (c *Config) validateStages(p *Problems, model *models.Model) {

@@ -41,6 +41,11 @@ func (c *Config) trainingState() map[string]any {
 		// Clipping changes the updates; a run without it keeps its digest.
 		state["train"].(map[string]any)["clip_grad_norm"] = c.Train.ClipGradNorm
 	}
+	if s := c.Train.LRSchedule; !s.Constant() {
+		// The rates depend on the schedule, its decay_steps resolved (the
+		// run's steps by default); a run without one keeps its digest.
+		state["train"].(map[string]any)["lr_schedule"] = s.Resolve(c.Train.Steps)
+	}
 	if c.ScheduleText != "" {
 		// A custom schedule counts by its contents, not by its file's path.
 		state["schedule_file"] = c.ScheduleText

@@ -78,6 +78,8 @@ func enums() map[string][]string {
 		"compute.blas_kernels":  blasKernels(),
 		"stages[i].device":      compute.Kinds(),
 		"stages[i].recompute":   RecomputeModes,
+
+		"train.lr_schedule.kind": optim.ScheduleKinds(),
 	}
 	maps.Copy(e, modelEnums())
 	return e
@@ -108,6 +110,10 @@ var (
 		"checkpoint.every":          0,
 		"checkpoint.keep":           1,
 		"recovery.max_restarts":     0,
+
+		"train.optimizer.weight_decay":   0,
+		"train.lr_schedule.warmup_steps": 0,
+		"train.lr_schedule.decay_steps":  0,
 	}
 	positive = map[string]bool{"train.optimizer.lr": true}
 )
@@ -115,7 +121,7 @@ var (
 // commaLists are list keys a config may also give as one string: the loader
 // splits a string at commas where it expects a list. The configs write a
 // stage's single layer range so (layers: "0-1").
-var commaLists = map[string]bool{"stages[i].layers": true}
+var commaLists = map[string]bool{"stages[i].layers": true, "train.optimizer.decay_exclude": true}
 
 // Patterns of the strings that validation parses: ParseLayers' ranges and
 // time.ParseDuration's durations (without a sign: durations must be positive).
@@ -153,18 +159,29 @@ var keyDocs = map[string]string{
 	"train":                    "The optimisation settings.",
 	"train.steps":              "Optimizer steps to train.",
 	"train.seed":               "Seed of the initial weights and of the data order.",
-	"train.optimizer":          "The optimizer: sgd (lr, momentum) or adam (lr, beta1, beta2, eps).",
-	"train.optimizer.name":     "sgd, with optional momentum, or adam.",
+	"train.optimizer":          "The optimizer: sgd (lr, momentum), adam or adamw (lr, beta1, beta2, eps), each with optional weight_decay.",
+	"train.optimizer.name":     "sgd, with optional momentum; adam; or adamw, Adam with decoupled weight decay (torch.optim.AdamW).",
 	"train.optimizer.lr":       "Learning rate; positive.",
 	"train.optimizer.momentum": "Momentum of sgd, in [0, 1); 0 is plain SGD.",
-	"train.optimizer.beta1":    "Adam's decay rate of the gradient mean, in [0, 1).",
-	"train.optimizer.beta2":    "Adam's decay rate of the squared gradient mean, in [0, 1).",
-	"train.optimizer.eps":      "Adam's term added to the denominator; positive.",
+	"train.optimizer.beta1":    "Adam's (and AdamW's) decay rate of the gradient mean, in [0, 1).",
+	"train.optimizer.beta2":    "Adam's (and AdamW's) decay rate of the squared gradient mean, in [0, 1).",
+	"train.optimizer.eps":      "Adam's (and AdamW's) term added to the denominator; positive.",
 	"train.log_every":          "Log the loss and samples/s every so many steps.",
 	"train.evaluate":           "Evaluate after the last step: test accuracy, or validation loss and perplexity for text.",
 	"train.eval_every":         "Also evaluate every so many steps (0: only after the last).",
 	"train.clip_grad_norm":     "Scale each step's gradients down so that their global norm, over every parameter of the model on every stage (tied weights and replicas counted once), is at most this, as torch.nn.utils.clip_grad_norm_ does in one process; 0: no clipping.",
 	"train.init_from":          "Start from the weights in this safetensors file (from PyTorch, Hugging Face or pipetrain export) instead of the seed's; relative to the config's folder.",
+
+	"train.optimizer.weight_decay":  "Weight decay, 0 or more (0: none): adamw scales each decayed parameter by 1 − lr·weight_decay before its update, sgd and adam add weight_decay·p to its gradient (L2), as torch.optim does. By default only the weights of linear and convolution layers decay (parameters named *.weight of two dimensions or more), not biases, norms or embeddings.",
+	"train.optimizer.decay_exclude": `Patterns (path.Match: *, ?, [...]) of the parameter names weight decay leaves out, replacing the default choice: "*.bias" excludes every bias, "embed.*" the embeddings; every parameter no pattern matches decays. Tied weights (embed.tok and head.tok) must be excluded both or neither. A comma-separated string is also accepted.`,
+
+	"train.lr_schedule":              "The learning rate at every step, from the step alone: a linear warmup, lr·(s+1)/(warmup_steps+1) at step s (from 0), then the kind's rate (docs/training.md).",
+	"train.lr_schedule.kind":         "constant: train.optimizer.lr; cosine: from lr down to min_lr at decay_steps along half a cosine; linear: from lr down to min_lr at decay_steps in a straight line; step: lr × gamma every step_size steps.",
+	"train.lr_schedule.warmup_steps": "Steps of linear warmup before the kind's rate (0: none).",
+	"train.lr_schedule.min_lr":       "cosine and linear: the rate they end at, between 0 and train.optimizer.lr.",
+	"train.lr_schedule.decay_steps":  "cosine and linear: the step, counted from the first (warmup included), at which the rate reaches min_lr and stays (0: train.steps).",
+	"train.lr_schedule.step_size":    "step: the rate is multiplied by gamma every step_size steps after the warmup; 1 or more.",
+	"train.lr_schedule.gamma":        "step: the factor, in (0, 1].",
 
 	"schedule":       "The pipeline schedule (docs/schedules.md): a built-in one, or custom to run schedule_file. interleaved and interleaved-zb need virtual_stages of 2 or more, zb-v and dualpipev exactly 2 (placed in a V).",
 	"schedule_file":  "With schedule: custom, the schedule to run: CSV, YAML or the grid pipetrain simulate prints; relative to the config's folder.",
