@@ -126,6 +126,51 @@ func TestTorchNames(t *testing.T) {
 			t.Errorf("%s map:\n%q\nwant\n%q", label, got, lines)
 		}
 	}
+	// llama is the map of the tiny Llama's embedding and blocks, whose
+	// keys and values are kvw wide.
+	llama := func(kvw int) []string {
+		out := []string{"embed.tok [11 8] model.embed_tokens.weight [11 8]"}
+		kv := fmt.Sprintf("[8 %d] %%s [%d 8] T", kvw, kvw)
+		for _, i := range []string{"0", "1"} {
+			b, t := "block"+i+".", "model.layers."+i+"."
+			out = append(out, b+"attn_norm.gain [8] "+t+"input_layernorm.weight [8]",
+				b+"attn.q.weight [8 16] "+t+"self_attn.q_proj.weight [16 8] T",
+				b+"attn.k.weight "+fmt.Sprintf(kv, t+"self_attn.k_proj.weight"), b+"attn.v.weight "+fmt.Sprintf(kv, t+"self_attn.v_proj.weight"),
+				b+"attn.o.weight [16 8] "+t+"self_attn.o_proj.weight [8 16] T",
+				b+"mlp_norm.gain [8] "+t+"post_attention_layernorm.weight [8]",
+				b+"mlp.gate.weight [8 12] "+t+"mlp.gate_proj.weight [12 8] T", b+"mlp.up.weight [8 12] "+t+"mlp.up_proj.weight [12 8] T",
+				b+"mlp.down.weight [12 8] "+t+"mlp.down_proj.weight [8 12] T")
+		}
+		return out
+	}
+	for label, want := range map[string][]string{
+		"llama": append(llama(4), "head.norm.gain [8] model.norm.weight [8]", "head.weight [8 11] lm_head.weight [11 8] T"),
+		"llama (tied, grouped)": append(llama(8), "head.norm.gain [8] model.norm.weight [8]",
+			"head.tok [11 8] model.embed_tokens.weight [11 8] copy"),
+	} {
+		m, err := Build(torchSpecs[label])
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps, err := TorchParams(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, p := range ps {
+			l := fmt.Sprintf("%s %v %s %v", p.Name, p.Shape, p.Torch, p.TorchShape)
+			if p.Transpose {
+				l += " T"
+			}
+			if p.Copy {
+				l += " copy"
+			}
+			got = append(got, l)
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("%s map:\n%q\nwant\n%q", label, got, want)
+		}
+	}
 	m, _ := Build(torchSpecs["gpt"])
 	ps, _ := TorchParams(m)
 	if last := ps[len(ps)-1]; last.Name != "head.weight" || last.Torch != "head.weight" || !slices.Equal(last.TorchShape, []int{11, 8}) || !last.Transpose || last.Copy {
