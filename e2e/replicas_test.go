@@ -48,7 +48,8 @@ checkpoint: {every: 0}`
 // ring) and requires every step's loss and the final weights to equal the
 // one-process reference's bit for bit: each schedule at 2 × 2 (zb-v's and
 // dualpipev's loss gathered on stage 0, which holds both ends of their V), pure data
-// parallelism at 1 × 2 and 1 × 3, and the GPT with tied embeddings at 2 × 2.
+// parallelism at 1 × 2 and 1 × 3, and the GPT with tied embeddings at 2 × 2,
+// also with its gradients clipped by their global norm.
 func TestReplicasEqualReference(t *testing.T) {
 	needData(t)
 	cases := []struct {
@@ -68,6 +69,7 @@ func TestReplicasEqualReference(t *testing.T) {
 		{"adam/1x3", strings.Replace(gridMLP, "{name: sgd, lr: 0.05, momentum: 0.9}", "{name: adam, lr: 0.001}", 1) + "\nschedule: 1f1b\ndata:\n  batch_size: 192\n  micro_batches: 2",
 			[]string{`"0-3"`}, 3},
 		{"gpt-tied/2x2", gridGPT + "\nschedule: 1f1b", []string{`"0-1"`, `"2-3"`}, 2},
+		{"gpt-tied-clipped/2x2", strings.Replace(gridGPT, "{name: adam, lr: 0.003}}", "{name: adam, lr: 0.003}, clip_grad_norm: 0.5}", 1) + "\nschedule: zb-h1", []string{`"0-1"`, `"2-3"`}, 2},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

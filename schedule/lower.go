@@ -2,6 +2,7 @@ package schedule
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -24,6 +25,7 @@ const (
 	SendGrad                 // send the input gradient Action (B or I) computed to Peer
 	ReduceGrad               // the stage's gradients of Action.Chunk are final for the step: reduce them across replicas
 	SyncTied                 // sum tied weight Index's two gradients, exchanging this stage's with Peer's (-1: both are here)
+	ClipNorm                 // agree with every stage on the step's global gradient norm and clip the stage's gradients by it
 	numOpKinds
 )
 
@@ -43,6 +45,8 @@ func (k OpKind) String() string {
 		return "reduce gradients"
 	case SyncTied:
 		return "sum tied gradients"
+	case ClipNorm:
+		return "clip gradient norm"
 	}
 	return fmt.Sprintf("OpKind(%d)", uint8(k))
 }
@@ -64,7 +68,8 @@ type Op struct {
 // "2B0<3": its output gradient from stage 3); a send as the action that made
 // it and ">" its receiver ("2F0>3", "2B0>1"); a reduction as "2R" (chunk 0)
 // or "2Rc1"; a tied weight's exchange as "0T0~3" (weight 0, with stage 3) or
-// "0T0" (both halves on stage 0). ParseOp inverts it.
+// "0T0" (both halves on stage 0); a gradient clipping as "2N". ParseOp
+// inverts it.
 func (o Op) String() string {
 	switch o.Kind {
 	case Compute:
@@ -83,12 +88,17 @@ func (o Op) String() string {
 			return fmt.Sprintf("%dT%d", o.Action.Stage, o.Index)
 		}
 		return fmt.Sprintf("%dT%d~%d", o.Action.Stage, o.Index, o.Peer)
+	case ClipNorm:
+		return fmt.Sprintf("%dN", o.Action.Stage)
 	}
 	return fmt.Sprintf("%v?%v", o.Action, o.Kind)
 }
 
 // ParseOp is the inverse of Op.String.
 func ParseOp(s string) (Op, error) {
+	if stage, rest, ok := leadingInt(s); ok && rest == "N" {
+		return Op{Kind: ClipNorm, Action: Action{Stage: stage}, Peer: -1}, nil
+	}
 	if stage, rest, ok := leadingInt(s); ok && strings.HasPrefix(rest, "T") {
 		index, tail, ok := leadingInt(rest[1:])
 		if !ok {
@@ -288,6 +298,21 @@ func AddTiedSync(n int) Pass {
 			if first == last {
 				break
 			}
+		}
+	}
+}
+
+// AddClipNorm is the pass for a run that clips its gradients by their global
+// norm (train.clip_grad_norm): it ends every stage's list with a ClipNorm,
+// after its reductions and tied weights' exchanges, so that the norm is
+// taken over the gradients the optimizer will apply. The stages agree on
+// the norm along the pipeline: each adds its part and passes the sum to the
+// next stage, and the last passes the total back. A list that has the op
+// keeps it.
+func AddClipNorm(l *Lowered) {
+	for st, ops := range l.Ops {
+		if !slices.ContainsFunc(ops, func(o Op) bool { return o.Kind == ClipNorm }) {
+			l.Ops[st] = append(ops, Op{Kind: ClipNorm, Action: Action{Stage: st}, Peer: -1})
 		}
 	}
 }

@@ -403,3 +403,60 @@ func TestCheckDepth(t *testing.T) {
 		}
 	}
 }
+
+// TestAddClipNorm: the gradient clipping ends every stage's list, after its
+// reductions and tied weights' exchanges, checks, parses back and plays as a
+// barrier: the stages wait for the last to arrive, then for the parts to
+// travel down the pipeline and the total back. A stage without it, one with
+// it twice, or one whose clipping precedes a backward is refused.
+func TestAddClipNorm(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		p, m, v int
+	}{{"1f1b", 4, 4, 1}, {"interleaved", 2, 4, 2}, {"zb-v", 2, 4, 2}, {"1f1b", 1, 2, 1}} {
+		l, err := Lower(mustBuild(t, tc.name, tc.p, tc.m, tc.v), AddSendRecv, AddReduceGrad, AddTiedSync(1), AddClipNorm)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for st, ops := range l.Ops {
+			if last := ops[len(ops)-1]; last.Kind != ClipNorm || last.String() != fmt.Sprintf("%dN", st) {
+				t.Errorf("%s p%d: stage %d ends with %v, want %dN", tc.name, tc.p, st, last, st)
+			}
+		}
+		if err := l.Check(); err != nil {
+			t.Errorf("%s p%d: %v", tc.name, tc.p, err)
+		}
+		back, err := ParseLoweredGrid(l.Grid())
+		if err != nil || !reflect.DeepEqual(back.Ops, l.Ops) {
+			t.Errorf("%s p%d: does not parse back: %v", tc.name, tc.p, err)
+		}
+	}
+
+	l, err := Lower(mustBuild(t, "1f1b", 2, 1, 1), AddSendRecv, AddClipNorm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// F = 1, B = 2, transfer 0.5: stage 1 is done at 4.5, stage 0 at 7;
+	// the part goes down and the total back up: 7 + 2·0.5.
+	tl, err := l.Simulate(UniformCosts(2, 1, 2, 0.5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tl.Makespan != 8 {
+		t.Errorf("makespan %v, want 8", tl.Makespan)
+	}
+	for _, tc := range []struct{ from, to, want string }{
+		{" 1N", "", "1 of the 2 stages clip the gradient norm"},
+		{" 1N", " 1N 1N", "appears twice"},
+		{"1B0 ", "1N 1B0 ", "comes before 1B0"},
+	} {
+		text := strings.Replace(l.Grid(), tc.from, tc.to, 1)
+		bad, err := ParseLoweredGrid(text)
+		if err == nil {
+			err = bad.Check()
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q -> %q: got %v, want %q", tc.from, tc.to, err, tc.want)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package schedule
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -80,6 +81,7 @@ func (l *Lowered) validate() error {
 	first, last := t.TiedStages()
 	sends, recvs := map[message]Op{}, map[message]Op{}
 	tied := map[[2]int]bool{} // (stage, weight) of each SyncTied
+	clips := 0                // stages with a ClipNorm
 	for st, ops := range l.Ops {
 		reduced := make([]int, v)
 		for j, o := range ops {
@@ -125,6 +127,15 @@ func (l *Lowered) validate() error {
 					return bad("appears twice")
 				}
 				tied[[2]int{st, o.Index}] = true
+			case o.Kind == ClipNorm:
+				if clips++; slices.ContainsFunc(ops[:j], func(o Op) bool { return o.Kind == ClipNorm }) {
+					return bad("appears twice")
+				}
+				for _, later := range ops[j+1:] {
+					if later.Kind == Compute && (later.Action.Kind == Backward || later.Action.Kind == Weight) || later.Kind == ReduceGrad || later.Kind == SyncTied {
+						return bad("comes before %v, which still changes the stage's gradients", later)
+					}
+				}
 			case o.Kind == ReduceGrad:
 				c := o.Action.Chunk
 				if c < 0 || c >= v {
@@ -150,6 +161,9 @@ func (l *Lowered) validate() error {
 		if _, ok := sends[m]; !ok {
 			return fmt.Errorf("stage %d: receive %v has no matching send on stage %d", r.Action.Stage, r, r.Peer)
 		}
+	}
+	if clips != 0 && clips != len(l.Ops) {
+		return fmt.Errorf("%d of the %d stages clip the gradient norm: every stage must, as the norm is over all of them", clips, len(l.Ops))
 	}
 	for k := range tied {
 		if other := first + last - k[0]; !tied[[2]int{other, k[1]}] {
@@ -237,6 +251,7 @@ func (l *Lowered) playDepth(c Costs, depth int) (*Timeline, error) {
 	next := make([]int, p)        // each stage's next op
 	rings := make([]ring, p)      // each stage's all-reduces
 	tied := false
+	clipAt := map[int]float64{} // when each stage reached its ClipNorm
 	tl := &Timeline{
 		Spans:        make([][]Span, p),
 		Busy:         make([]float64, p),
@@ -303,6 +318,22 @@ func (l *Lowered) playDepth(c Costs, depth int) (*Timeline, error) {
 					break run
 				}
 				clock[st] = max(clock[st], at+c.Transfer)
+			case o.Kind == ClipNorm:
+				if c.AllReduce != nil {
+					clock[st] = max(clock[st], rings[st].free) // the norm is of reduced gradients
+				}
+				if _, ok := clipAt[st]; !ok {
+					clipAt[st] = clock[st]
+				}
+				if len(clipAt) < p {
+					break run // the norm needs every stage's part
+				}
+				// The parts travel down the pipeline and the total back up.
+				end := 0.0
+				for _, at := range clipAt {
+					end = max(end, at)
+				}
+				clock[st] = max(clock[st], end+2*float64(p-1)*c.Transfer)
 			}
 			moved = true
 		}

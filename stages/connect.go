@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/pipetrain/pipetrain/collective"
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/internal/certs"
 	"github.com/pipetrain/pipetrain/models"
@@ -191,6 +192,14 @@ func LinkShapes(c *configs.Config, model *models.Model, from int) [][]int {
 	// first and the last stage, tagged after the activation chunks.
 	if p := len(c.Stages); from == p-1 && top.Ring(len(model.Tied) > 0) {
 		out = append(out, model.TiedShapes...)
+	}
+	// The link to the next stage also carries the gradient norm's parts
+	// down and its total back, as raw bytes, tagged after the activations.
+	if from < len(c.Stages)-1 && c.Train.ClipGradNorm > 0 {
+		dt, err := WireDType(c, model)
+		if err == nil {
+			out = append(out, collective.BytesShape(dt, normBytes))
+		}
 	}
 	return out
 }

@@ -33,6 +33,9 @@ type Computer interface {
 	SyncTied(ctx context.Context, step int, o schedule.Op) error
 	// ReduceGrad runs a ReduceGrad op: chunk's gradients are final for the step.
 	ReduceGrad(ctx context.Context, step, chunk int) error
+	// ClipNorm runs a ClipNorm op: the stages agree on the step's gradient
+	// norm and clip by it.
+	ClipNorm(ctx context.Context, step int) error
 }
 
 // received is a tensor a receive op took for a later compute op.
@@ -128,6 +131,8 @@ func (x *executor) runOp(ctx context.Context, step int, o schedule.Op, i int) er
 		return x.compute.ReduceGrad(ctx, step, a.Chunk)
 	case schedule.SyncTied:
 		return x.compute.SyncTied(ctx, step, o)
+	case schedule.ClipNorm:
+		return x.compute.ClipNorm(ctx, step)
 	case schedule.Compute:
 		start := time.Now()
 		out, kind, err := x.compute.Compute(step, a, x.inbox[a].v)

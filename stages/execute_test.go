@@ -69,6 +69,7 @@ func (f *fakeCompute) Compute(step int, a schedule.Action, in *tensor.Dense) (*t
 }
 
 func (f *fakeCompute) SyncTied(context.Context, int, schedule.Op) error { return nil }
+func (f *fakeCompute) ClipNorm(context.Context, int) error              { return nil }
 
 func (f *fakeCompute) ReduceGrad(_ context.Context, _, chunk int) error {
 	n := 0

@@ -71,6 +71,9 @@ func NewReplicaLayout(c *configs.Config, i, r int) (*Layout, error) {
 		return nil, fmt.Errorf("schedule %s: %w", c.Schedule, err)
 	}
 	schedule.AddTiedSync(len(model.Tied))(lowered)
+	if c.Train.ClipGradNorm > 0 {
+		schedule.AddClipNorm(lowered)
+	}
 	l := &Layout{Config: c, Stage: i, Stages: len(c.Stages), Replica: r, Replicas: c.Replicas(), Model: model, Schedule: lowered}
 	for chunk := 0; chunk < c.VirtualStages; chunk++ {
 		first, last := c.ChunkLayers(i, chunk)
@@ -166,7 +169,11 @@ func ReferenceLayout(c *configs.Config) (*Layout, error) {
 	if err != nil {
 		return nil, err
 	}
-	lowered, err := schedule.Lower(sched, schedule.AddSendRecv, schedule.AddReduceGrad, schedule.AddTiedSync(len(model.Tied)))
+	passes := []schedule.Pass{schedule.AddSendRecv, schedule.AddReduceGrad, schedule.AddTiedSync(len(model.Tied))}
+	if c.Train.ClipGradNorm > 0 {
+		passes = append(passes, schedule.AddClipNorm)
+	}
+	lowered, err := schedule.Lower(sched, passes...)
 	if err != nil {
 		return nil, err
 	}

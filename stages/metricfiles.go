@@ -5,7 +5,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/pipetrain/pipetrain/checkpoint"
 )
@@ -18,6 +17,9 @@ type Metric struct {
 	ElapsedSec    float64 `json:"elapsed_s"`
 	// Eval is set on the steps after which the model was evaluated (train.eval_every).
 	Eval *EvalResult `json:"eval,omitempty"`
+	// GradNorm is the step's global gradient norm before clipping, in a
+	// run that clips by it (train.clip_grad_norm).
+	GradNorm *float64 `json:"grad_norm,omitempty"`
 }
 
 // metricFiles writes what a run directory holds of the run's results:
@@ -57,13 +59,12 @@ func (m *metricFiles) rewind(start int) error {
 	return truncateJSONL(m.jsonlPath(), func(s int) bool { return s <= start })
 }
 
-// step appends step's line to metrics.jsonl; eval is the evaluation after
-// it, if one was run.
-func (m *metricFiles) step(step int, loss, rate float64, elapsed time.Duration, eval *EvalResult) error {
+// step appends a step's line to metrics.jsonl.
+func (m *metricFiles) step(line Metric) error {
 	if m == nil {
 		return nil
 	}
-	b, err := json.Marshal(Metric{Step: step, Loss: loss, SamplesPerSec: rate, ElapsedSec: elapsed.Seconds(), Eval: eval})
+	b, err := json.Marshal(line)
 	if err != nil {
 		return err
 	}

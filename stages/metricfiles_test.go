@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"testing"
-	"time"
 )
 
 // TestMetricFilesResume: a resumed run's metrics.jsonl keeps the lines up to
@@ -25,7 +24,7 @@ func TestMetricFilesResume(t *testing.T) {
 		if step == 2 {
 			eval = val
 		}
-		if err := m.step(step, float64(step), 10, time.Duration(step)*time.Second, eval); err != nil {
+		if err := m.step(Metric{Step: step, Loss: float64(step), SamplesPerSec: 10, ElapsedSec: float64(step), Eval: eval}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -39,7 +38,7 @@ func TestMetricFilesResume(t *testing.T) {
 	if err := m.open(true); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.step(3, 30, 10, 3*time.Second, nil); err != nil {
+	if err := m.step(Metric{Step: 3, Loss: 30, SamplesPerSec: 10, ElapsedSec: 3}); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.final(val); err != nil {
@@ -72,7 +71,7 @@ func TestMetricFilesResume(t *testing.T) {
 	if err := none.open(false); err != nil {
 		t.Fatal(err)
 	}
-	if err := none.step(1, 1, 1, time.Second, nil); err != nil {
+	if err := none.step(Metric{Step: 1, Loss: 1, SamplesPerSec: 1, ElapsedSec: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if err := none.final(val); err != nil {

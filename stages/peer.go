@@ -7,6 +7,7 @@ import (
 
 	"gorgonia.org/tensor"
 
+	"github.com/pipetrain/pipetrain/collective"
 	"github.com/pipetrain/pipetrain/transport"
 )
 
@@ -73,6 +74,27 @@ func (p *peer) recv(ctx context.Context, step int64, mb, chunk int) (*tensor.Den
 // recvHeld is recv that also returns the received message, whose memory v
 // shares, for the caller to Release once done with v.
 func (p *peer) recvHeld(ctx context.Context, step int64, mb, chunk int) (v *tensor.Dense, msg *transport.Tensor, err error) {
+	t, err := p.recvMsg(ctx, step, mb, chunk)
+	if err != nil {
+		return nil, nil, err
+	}
+	shape := t.Shape
+	switch t.DType {
+	case transport.Float64:
+		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(t.Float64s())), t, nil
+	case transport.Float32:
+		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(t.Float32s())), t, nil
+	default: // 16 bits on the wire, widened back to float32
+		if err := t.Widen(); err != nil {
+			return nil, nil, err
+		}
+		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(t.Float32s())), t, nil
+	}
+}
+
+// recvMsg returns the message of micro-batch mb of step tagged chunk as it
+// arrived.
+func (p *peer) recvMsg(ctx context.Context, step int64, mb, chunk int) (*transport.Tensor, error) {
 	want := slot{step, mb, chunk}
 	t, ok := p.held[want]
 	delete(p.held, want)
@@ -92,10 +114,10 @@ func (p *peer) recvHeld(ctx context.Context, step int64, mb, chunk int) (v *tens
 			if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
 				err = cause
 			}
-			return nil, nil, fmt.Errorf("waiting for %s of %s micro-batch %d%s from %s: %w", p.meaning(p.kind, chunk), stepText(step), mb, chunkText(chunk), p.name, err)
+			return nil, fmt.Errorf("waiting for %s of %s micro-batch %d%s from %s: %w", p.meaning(p.kind, chunk), stepText(step), mb, chunkText(chunk), p.name, err)
 		}
 		if err := p.checkTag(got, step); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		s := slot{got.Step, int(got.MicroBatch), int(got.Chunk)}
 		if s == want {
@@ -103,7 +125,7 @@ func (p *peer) recvHeld(ctx context.Context, step int64, mb, chunk int) (v *tens
 			break
 		}
 		if _, dup := p.held[s]; dup || len(p.held) >= maxHeld {
-			return nil, nil, fmt.Errorf("%s sent %s for %s micro-batch %d%s while this stage waits for %s micro-batch %d%s: the stages disagree on the schedule",
+			return nil, fmt.Errorf("%s sent %s for %s micro-batch %d%s while this stage waits for %s micro-batch %d%s: the stages disagree on the schedule",
 				p.name, p.meaning(got.Kind, int(got.Chunk)), stepText(got.Step), got.MicroBatch, chunkText(int(got.Chunk)), stepText(step), mb, chunkText(chunk))
 		}
 		p.held[s] = got
@@ -114,18 +136,7 @@ func (p *peer) recvHeld(ctx context.Context, step int64, mb, chunk int) (v *tens
 	if p.metrics != nil {
 		p.metrics.receivedOn(p.side, int64(len(t.Data)))
 	}
-	shape := t.Shape
-	switch t.DType {
-	case transport.Float64:
-		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(t.Float64s())), t, nil
-	case transport.Float32:
-		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(t.Float32s())), t, nil
-	default: // 16 bits on the wire, widened back to float32
-		if err := t.Widen(); err != nil {
-			return nil, nil, err
-		}
-		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(t.Float32s())), t, nil
-	}
+	return t, nil
 }
 
 func chunkText(chunk int) string {
@@ -225,4 +236,40 @@ func (p *peer) sendAs(ctx context.Context, kind transport.Kind, step int64, mb, 
 		p.metrics.sentOn(p.side, int64(len(t.Data)))
 	}
 	return int64(len(t.Data)), time.Since(start), nil
+}
+
+// sendBytes sends b as a raw message tagged chunk: the bytes travel as they
+// are, whatever the link's dtype, in a message of the shape the handshake
+// lists for the tag (collective.BytesShape).
+func (p *peer) sendBytes(ctx context.Context, kind transport.Kind, step int64, chunk int, b []byte) error {
+	shape := collective.BytesShape(p.dtype, len(b))
+	data := make([]byte, shape[0]*p.dtype.Size())
+	copy(data, b)
+	t := &transport.Tensor{Kind: kind, Step: step, Chunk: int32(chunk), DType: p.dtype, Shape: shape, Data: data}
+	if p.act != nil {
+		p.act.waitOn(p.stage)
+	}
+	if err := p.link.Send(ctx, t); err != nil {
+		return fmt.Errorf("sending %s's tag %d to %s: %w", stepText(step), chunk, p.name, err)
+	}
+	if p.act != nil {
+		p.act.resumed()
+	}
+	if p.metrics != nil {
+		p.metrics.sentOn(p.side, int64(len(data)))
+	}
+	return nil
+}
+
+// recvBytes receives the first n bytes of the raw message tagged chunk.
+func (p *peer) recvBytes(ctx context.Context, step int64, chunk, n int) ([]byte, error) {
+	t, err := p.recvMsg(ctx, step, 0, chunk)
+	if err != nil {
+		return nil, err
+	}
+	defer t.Release()
+	if len(t.Data) < n {
+		return nil, fmt.Errorf("%s sent %d bytes for tag %d of %s, want %d", p.name, len(t.Data), chunk, stepText(step), n)
+	}
+	return append([]byte(nil), t.Data[:n]...), nil
 }

@@ -23,6 +23,9 @@ const (
 func routeOf(top schedule.Topology, stage int, o schedule.Op) route {
 	switch o.Kind {
 	case schedule.SendAct, schedule.SendGrad, schedule.RecvAct, schedule.RecvGrad:
+	case schedule.ClipNorm:
+		// Both links, but never the ring's: see clipRoutes.
+		return routeNone
 	case schedule.SyncTied:
 		// Over the ring: stage 0 hears the last stage on its previous link,
 		// the last stage talks to stage 0 on its next.

@@ -95,6 +95,8 @@ type Runtime struct {
 	files            *metricFiles // nil but on replica 0 of the stage that computes the loss
 
 	losses []float64 // this step's micro-batch losses (on the stage that computes the loss)
+	// gradNorm is the step's global gradient norm, when the run clips by it.
+	gradNorm float64
 	// peakStash is the most micro-batch chunks the stage held at once, over
 	// all its chunks together: their own peaks need not coincide (zb-v's
 	// chunk 0 holds most while chunk 1 holds least).
@@ -233,6 +235,10 @@ func (r *Runtime) attach(o Options, model *models.Model) error {
 			needPrev = true
 		case routeNext:
 			needNext = true
+		}
+		if op.Kind == schedule.ClipNorm {
+			// The norm's parts go down the pipeline, the total back.
+			needPrev, needNext = needPrev || r.stage > 0, needNext || r.stage < r.stages-1
 		}
 	}
 	r.tied = model.Tied
@@ -380,7 +386,11 @@ func (r *Runtime) Run(ctx context.Context) error {
 		if r.holdsLoss() && r.replica == 0 {
 			loss := r.stepLoss()
 			rate := float64(r.cfg.Data.BatchSize) / now.Sub(stepStart).Seconds()
-			if err := r.files.step(done, loss, rate, now.Sub(start), val); err != nil {
+			m := Metric{Step: done, Loss: loss, SamplesPerSec: rate, ElapsedSec: now.Sub(start).Seconds(), Eval: val}
+			if r.cfg.Train.ClipGradNorm > 0 {
+				m.GradNorm = &r.gradNorm
+			}
+			if err := r.files.step(m); err != nil {
 				return err
 			}
 			if done%r.cfg.Train.LogEvery == 0 || done == r.cfg.Train.Steps {

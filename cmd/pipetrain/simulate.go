@@ -196,7 +196,7 @@ func runSimulate(w io.Writer, o simulateOptions) error {
 			fmt.Fprintf(w, "\n%s: not applicable here: %s\n", p.name, p.skip)
 			continue
 		}
-		tl, err := simulateOne(w, p.sched, repl.Costs(costs.ForSchedule(p.sched), p.sched.Chunks), stash, o.svg, o.lowered, len(model.Tied), repl)
+		tl, err := simulateOne(w, p.sched, repl.Costs(costs.ForSchedule(p.sched), p.sched.Chunks), stash, o.svg, o.lowered, trainingPasses(cfg, model), repl)
 		if err != nil {
 			return err
 		}
@@ -390,13 +390,23 @@ func zbVerdict(zb, oneF *schedule.Timeline, c predict.Costs) string {
 	return b.String()
 }
 
+// trainingPasses are the lowering passes a stage adds to its schedule
+// beyond the sends, receives and reductions: the exchanges of the model's
+// tied weights and, when the config clips, the gradient norm's.
+func trainingPasses(c *configs.Config, model *models.Model) []schedule.Pass {
+	passes := []schedule.Pass{schedule.AddTiedSync(len(model.Tied))}
+	if c.Train.ClipGradNorm > 0 {
+		passes = append(passes, schedule.AddClipNorm)
+	}
+	return passes
+}
+
 // simulateOne lowers s (adding its sends, receives, reductions and the
-// exchanges of the model's tied weights),
-// simulates the result and prints its summary, per-stage figures, text
+// given passes), simulates the result and prints its summary, per-stage figures, text
 // timeline and its actions as a grid ParseGrid reads back; with lowered, also
 // the lowered ops; with svg, it also writes the timeline as an SVG.
-func simulateOne(w io.Writer, s *schedule.Schedule, costs schedule.Costs, stash func(*schedule.Schedule) []int64, svg string, lowered bool, tied int, repl *replication) (*schedule.Timeline, error) {
-	l, err := schedule.Lower(s, schedule.AddSendRecv, schedule.AddReduceGrad, schedule.AddTiedSync(tied))
+func simulateOne(w io.Writer, s *schedule.Schedule, costs schedule.Costs, stash func(*schedule.Schedule) []int64, svg string, lowered bool, passes []schedule.Pass, repl *replication) (*schedule.Timeline, error) {
+	l, err := schedule.Lower(s, append([]schedule.Pass{schedule.AddSendRecv, schedule.AddReduceGrad}, passes...)...)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", s.Name, err)
 	}

@@ -770,7 +770,7 @@ func TestSimulateSharesCores(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tl, err := simulateOne(io.Discard, s, c.ForSchedule(s), func(*schedule.Schedule) []int64 { return nil }, "", false, 0, &replication{})
+	tl, err := simulateOne(io.Discard, s, c.ForSchedule(s), func(*schedule.Schedule) []int64 { return nil }, "", false, nil, &replication{})
 	if err != nil {
 		t.Fatal(err)
 	}
