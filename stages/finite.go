@@ -152,10 +152,11 @@ type metricJSON struct {
 	ElapsedSec    jsonFloat   `json:"elapsed_s"`
 	Eval          *EvalResult `json:"eval,omitempty"`
 	GradNorm      *float64    `json:"grad_norm,omitempty"`
+	LR            *float64    `json:"lr,omitempty"`
 }
 
 func (m Metric) MarshalJSON() ([]byte, error) {
-	return json.Marshal(metricJSON{Step: m.Step, Loss: jsonFloat(m.Loss), SamplesPerSec: jsonFloat(m.SamplesPerSec), ElapsedSec: jsonFloat(m.ElapsedSec), Eval: m.Eval, GradNorm: m.GradNorm})
+	return json.Marshal(metricJSON{Step: m.Step, Loss: jsonFloat(m.Loss), SamplesPerSec: jsonFloat(m.SamplesPerSec), ElapsedSec: jsonFloat(m.ElapsedSec), Eval: m.Eval, GradNorm: m.GradNorm, LR: m.LR})
 }
 
 func (m *Metric) UnmarshalJSON(b []byte) error {
@@ -163,7 +164,7 @@ func (m *Metric) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &j); err != nil {
 		return err
 	}
-	*m = Metric{Step: j.Step, Loss: float64(j.Loss), SamplesPerSec: float64(j.SamplesPerSec), ElapsedSec: float64(j.ElapsedSec), Eval: j.Eval, GradNorm: j.GradNorm}
+	*m = Metric{Step: j.Step, Loss: float64(j.Loss), SamplesPerSec: float64(j.SamplesPerSec), ElapsedSec: float64(j.ElapsedSec), Eval: j.Eval, GradNorm: j.GradNorm, LR: j.LR}
 	return nil
 }
 

@@ -20,6 +20,9 @@ type Metric struct {
 	// GradNorm is the step's global gradient norm before clipping, in a
 	// run that clips by it (train.clip_grad_norm).
 	GradNorm *float64 `json:"grad_norm,omitempty"`
+	// LR is the learning rate of the step's update, in a run whose rate
+	// follows a schedule (train.lr_schedule).
+	LR *float64 `json:"lr,omitempty"`
 }
 
 // metricFiles writes what a run directory holds of the run's results:

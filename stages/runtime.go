@@ -390,6 +390,10 @@ func (r *Runtime) Run(ctx context.Context) error {
 			if r.cfg.Train.ClipGradNorm > 0 {
 				m.GradNorm = &r.gradNorm
 			}
+			if !r.cfg.Train.LRSchedule.Constant() {
+				lr := r.learningRate(done - 1)
+				m.LR = &lr
+			}
 			if err := r.files.step(m); err != nil {
 				return err
 			}
@@ -491,6 +495,14 @@ func (r *Runtime) evaluatesLast(done int) bool {
 	return done == r.cfg.Train.Steps && every > 0 && (r.cfg.Train.Evaluate || done%every == 0)
 }
 
+// learningRate is the rate of step's update (0-based): train.lr_schedule's
+// for the step, a function of the step alone, so that every stage, replica
+// and the reference, and a resumed run, agree on it.
+func (r *Runtime) learningRate(step int) float64 {
+	t := r.cfg.Train
+	return t.LRSchedule.Resolve(t.Steps).LR(t.Optimizer.LR, int64(step))
+}
+
 // trainStep runs this stage's actions for one global batch, then the optimizer.
 func (r *Runtime) trainStep(ctx context.Context, step int) error {
 	r.losses = make([]float64, r.layout.Schedule.MicroBatches)
@@ -507,7 +519,9 @@ func (r *Runtime) trainStep(ctx context.Context, step int) error {
 		return err
 	}
 	t0 := time.Now()
+	lr := r.learningRate(step)
 	for i := range r.chunks {
+		r.optims[i].SetLR(lr)
 		if err := r.chunk(i).Step(r.optims[i]); err != nil {
 			return fmt.Errorf("optimizer: %w", err)
 		}
