@@ -84,9 +84,20 @@ func TestOptimizersMatchTextbook(t *testing.T) {
 }
 
 // TestStateRestores checks that an optimizer rebuilt from another's step count
-// and buffers continues with the same bits.
+// and buffers continues with the same bits, with and without weight decay
+// (which keeps no state of its own).
 func TestStateRestores(t *testing.T) {
-	c := Spec{Name: "adam", LR: 0.01, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8}
+	for _, c := range []Spec{
+		{Name: "adam", LR: 0.01, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8},
+		{Name: "adamw", LR: 0.01, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 0.1},
+		{Name: "sgd", LR: 0.01, Momentum: 0.9, WeightDecay: 0.1},
+	} {
+		stateRestores(t, c)
+	}
+}
+
+func stateRestores(t *testing.T, c Spec) {
+	names := []string{"fc.weight", "fc.bias"}
 	shapes := []tensor.Shape{{2, 3}, {3}}
 	run := func(o *Optimizer, ps []*tensor.Dense, from, to int) {
 		for s := from; s < to; s++ {
@@ -102,14 +113,14 @@ func TestStateRestores(t *testing.T) {
 	params := func() []*tensor.Dense {
 		return []*tensor.Dense{tensor.New(tensor.Of(tensor.Float32), tensor.WithShape(2, 3)), tensor.New(tensor.Of(tensor.Float32), tensor.WithShape(3))}
 	}
-	a, _ := New(c, tensor.Float32, shapes)
+	a, _ := NewNamed(c, tensor.Float32, names, shapes)
 	pa := params()
 	run(a, pa, 0, 5)
 
-	b, _ := New(c, tensor.Float32, shapes)
+	b, _ := NewNamed(c, tensor.Float32, names, shapes)
 	pb := params()
 	run(b, pb, 0, 3)
-	r, _ := New(c, tensor.Float32, shapes)
+	r, _ := NewNamed(c, tensor.Float32, names, shapes)
 	r.SetSteps(b.Steps())
 	for _, name := range b.SlotNames() {
 		for i := range shapes {
@@ -126,12 +137,12 @@ func TestStateRestores(t *testing.T) {
 		x, y := pa[i].Data().([]float32), pb[i].Data().([]float32)
 		for j := range x {
 			if x[j] != y[j] {
-				t.Fatalf("param %d[%d]: %v straight through, %v restored", i, j, x[j], y[j])
+				t.Fatalf("%s: param %d[%d]: %v straight through, %v restored", c.Name, i, j, x[j], y[j])
 			}
 		}
 	}
-	if _, err := r.Slot("momentum", 0); err == nil {
-		t.Error("adam reported a momentum slot")
+	if _, err := r.Slot("momentum", 0); err == nil && c.Name != "sgd" {
+		t.Errorf("%s reported a momentum slot", c.Name)
 	}
 }
 
