@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -19,7 +20,7 @@ func plotCmd() *cobra.Command {
 	var out string
 	c := &cobra.Command{
 		Use:     "plot RUN_DIR [--svg FILE]",
-		Short:   "Draw a run's training loss and its evaluation loss per step as an SVG",
+		Short:   "Draw a run's training loss and its evaluation loss per step as an SVG (and its learning rate and gradient norm when logged)",
 		Example: `  pipetrain plot runs/gpt --svg gpt-loss.svg`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -53,17 +54,47 @@ func plotCmd() *cobra.Command {
 			if out == "" {
 				out = filepath.Join(runDir, "loss.svg")
 			}
-			var b bytes.Buffer
-			if err := profile.WriteCurveSVG(&b, "Loss of "+filepath.Base(filepath.Clean(runDir)), "step", "cross-entropy (nats)", series); err != nil {
-				return err
-			}
-			if err := checkpoint.WriteAtomic(out, func(w io.Writer) error { _, err := w.Write(b.Bytes()); return err }); err != nil {
+			name := filepath.Base(filepath.Clean(runDir))
+			if err := writeCurve(out, "Loss of "+name, "cross-entropy (nats)", series); err != nil {
 				return err
 			}
 			fmt.Fprintf(os.Stdout, "pipetrain: wrote %s (%d steps, %d evaluations)\n", out, len(train.X), len(eval.X))
+			// A run with a learning-rate schedule or clipping logged those
+			// per step too: each gets a picture of its own, beside the loss's.
+			for _, c := range []struct {
+				file, title, unit string
+				of                func(stages.Metric) *float64
+			}{
+				{"lr", "Learning rate of " + name, "learning rate", func(m stages.Metric) *float64 { return m.LR }},
+				{"grad_norm", "Gradient norm of " + name + " (before clipping)", "global L2 norm", func(m stages.Metric) *float64 { return m.GradNorm }},
+			} {
+				s := profile.Series{Name: c.unit, Color: "#59a14f"}
+				for _, m := range ms {
+					if v := c.of(m); v != nil {
+						s.X, s.Y = append(s.X, float64(m.Step)), append(s.Y, *v)
+					}
+				}
+				if len(s.X) == 0 {
+					continue
+				}
+				path := strings.TrimSuffix(out, ".svg") + "-" + c.file + ".svg"
+				if err := writeCurve(path, c.title, c.unit, []profile.Series{s}); err != nil {
+					return err
+				}
+				fmt.Fprintf(os.Stdout, "pipetrain: wrote %s (%s per step)\n", path, c.unit)
+			}
 			return nil
 		},
 	}
 	c.Flags().StringVar(&out, "svg", "", "file to write (default RUN_DIR/loss.svg)")
 	return c
+}
+
+// writeCurve draws series against the step into path, atomically.
+func writeCurve(path, title, unit string, series []profile.Series) error {
+	var b bytes.Buffer
+	if err := profile.WriteCurveSVG(&b, title, "step", unit, series); err != nil {
+		return err
+	}
+	return checkpoint.WriteAtomic(path, func(w io.Writer) error { _, err := w.Write(b.Bytes()); return err })
 }

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/pipetrain/pipetrain/stages"
+)
+
+// writeMetrics writes ms as a run directory's metrics.jsonl.
+func writeMetrics(t *testing.T, dir string, ms []stages.Metric) {
+	t.Helper()
+	var b strings.Builder
+	for _, m := range ms {
+		line, err := json.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.Write(append(line, '\n'))
+	}
+	if err := os.WriteFile(filepath.Join(dir, "metrics.jsonl"), []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPlotDrawsRateAndNormWhenLogged: a run that logged a learning rate
+// and a gradient norm per step gets a picture of each beside its loss's;
+// a run that logged neither gets the loss alone.
+func TestPlotDrawsRateAndNormWhenLogged(t *testing.T) {
+	plain, recipe := t.TempDir(), t.TempDir()
+	var ms, withRates []stages.Metric
+	for step := 1; step <= 4; step++ {
+		m := stages.Metric{Step: step, Loss: 2 / float64(step), SamplesPerSec: 100, ElapsedSec: float64(step)}
+		ms = append(ms, m)
+		lr, norm := 0.001*float64(step), 3/float64(step)
+		m.LR, m.GradNorm = &lr, &norm
+		withRates = append(withRates, m)
+	}
+	writeMetrics(t, plain, ms)
+	writeMetrics(t, recipe, withRates)
+
+	out := captureStdout(t, func() {
+		if _, err := runCommand(t, plotCmd(), plain); err != nil {
+			t.Error(err)
+		}
+	})
+	if strings.Contains(out, "lr.svg") || !strings.Contains(out, filepath.Join(plain, "loss.svg")) {
+		t.Errorf("a run without rates: %q", out)
+	}
+	if _, err := os.Stat(filepath.Join(plain, "loss-lr.svg")); err == nil {
+		t.Error("loss-lr.svg drawn for a run that logged no rate")
+	}
+
+	out = captureStdout(t, func() {
+		if _, err := runCommand(t, plotCmd(), recipe); err != nil {
+			t.Error(err)
+		}
+	})
+	for file, title := range map[string]string{"loss-lr.svg": "Learning rate of", "loss-grad_norm.svg": "Gradient norm of"} {
+		path := filepath.Join(recipe, file)
+		b, err := os.ReadFile(path)
+		if err != nil || !strings.Contains(string(b), "<svg") || !strings.Contains(string(b), title) {
+			t.Errorf("%s: %v, title %q in it: %v", file, err, title, strings.Contains(string(b), title))
+		}
+		if !strings.Contains(out, path) {
+			t.Errorf("the command did not say it wrote %s: %q", path, out)
+		}
+	}
+}
