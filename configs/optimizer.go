@@ -42,3 +42,12 @@ func (c *Config) validateLRSchedule(p *Problems) {
 		p.add("train.lr_schedule."+e.Field, "%s", e.Message)
 	}
 }
+
+// LearningRate is the optimizer's learning rate for the update that follows
+// step updates (the optimizer's Steps() before its Step): train.lr_schedule
+// with its decay_steps resolved against train.steps, applied to
+// train.optimizer.lr. Every stage, replica and the reference call it with
+// the same config and step, and so use the same rate.
+func (c *Config) LearningRate(step int64) float64 {
+	return c.Train.LRSchedule.Resolve(c.Train.Steps).LR(c.Train.Optimizer.LR, step)
+}

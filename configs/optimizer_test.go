@@ -1,6 +1,7 @@
 package configs
 
 import (
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -120,6 +121,32 @@ func TestDigestOfOptimizerAndSchedule(t *testing.T) {
 		change(c)
 		if d := DiffSettings(cosine.TrainingSettings(), c.TrainingSettings()); len(d) != 1 || d[0].Key != key {
 			t.Errorf("changing %s: DiffSettings gave %v", key, d)
+		}
+	}
+}
+
+// TestLearningRateResolvesDecaySteps: with decay_steps left 0 the rate
+// decays over train.steps (halfway down at the middle step of a cosine),
+// and without a schedule it is train.optimizer.lr at every step.
+func TestLearningRateResolvesDecaySteps(t *testing.T) {
+	cleanEnv(t)
+	c, err := Load(writeConfig(t, withTrain(`train: {steps: 21, optimizer: {name: sgd, lr: 0.5}, lr_schedule: {kind: cosine, warmup_steps: 1, min_lr: 0.1}}`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.LearningRate(0); got != 0.25 {
+		t.Errorf("warmup step 0: %v, want 0.25", got)
+	}
+	if got := c.LearningRate(11); math.Abs(got-0.3) > 1e-15 {
+		t.Errorf("step 11, halfway from the warmup to train.steps 21: %v, want 0.3", got)
+	}
+	c, err = Load(writeConfig(t, good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []int64{0, 3, 1000} {
+		if got := c.LearningRate(step); got != 0.1 {
+			t.Errorf("no schedule, step %d: %v, want train.optimizer.lr 0.1", step, got)
 		}
 	}
 }
