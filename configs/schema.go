@@ -214,7 +214,7 @@ var keyDocs = map[string]string{
 	"stages[i].device":          "Where the stage computes.",
 	"stages[i].cpus":            `CPUs the stage process is pinned to ("0", "2-3", "0,4"), so that it owns its cores as it would own a device.`,
 	"stages[i].metrics_address": "host:port where the stage serves its Prometheus metrics (http://ADDRESS/metrics) while it trains.",
-	"stages[i].recompute":       "Activation recomputation: none keeps every activation until the backward; full keeps only each micro-batch's input and runs the forward again (RF) right before the backward; selective keeps all but attention's probabilities, which attention's backward computes again (GPT blocks).",
+	"stages[i].recompute":       "Activation recomputation: none keeps every activation until the backward; full keeps only each micro-batch's input and runs the forward again (RF) right before the backward; selective keeps all but attention's probabilities, which attention's backward computes again (GPT and Llama blocks).",
 
 	"all_reduce":              "How the replicas of a stage sum their gradients.",
 	"all_reduce.bucket_bytes": "Gradients are summed in buckets of at most this many bytes, one after another (0: the default). The cut decides the order of the sums, so it is a training setting.",

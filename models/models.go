@@ -23,7 +23,7 @@ type Spec struct {
 	Classes    int    `mapstructure:"classes" json:"classes"`
 	Activation string `mapstructure:"activation" json:"activation"`
 
-	// Transformer sizes (model "gpt"): blocks, model width, attention heads,
+	// Transformer sizes (models "gpt" and "llama"): blocks, model width, attention heads,
 	// tokens per example and vocabulary size; TieEmbeddings makes the LM head
 	// use the token embedding matrix (see Model.Tied).
 	Layers        int  `mapstructure:"layers" json:"layers,omitempty"`
