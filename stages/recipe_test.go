@@ -3,6 +3,7 @@ package stages
 import (
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/optim"
@@ -64,5 +65,26 @@ func TestRecipePipelineEqualsReference(t *testing.T) {
 				t.Errorf("the rate took %d values over %d steps: the schedule did not drive it", len(rates), len(ms))
 			}
 		})
+	}
+}
+
+// TestProgressLineGivesETAAndTokens: before the last step the line says when
+// the run should end at the pace of the steps this process ran, a language
+// model's its tokens per second too; the last step's line has no ETA.
+func TestProgressLineGivesETAAndTokens(t *testing.T) {
+	for _, c := range []struct {
+		done, steps, first, tokens int
+		elapsed                    time.Duration
+		want                       string
+	}{
+		{10, 20, 0, 1, 5 * time.Second, "step 10/20  loss 1.2500  2532 samples/s  ETA 5s"},
+		// Resumed at step 50: 10 steps in 20 s, 40 to go.
+		{60, 100, 50, 1, 20 * time.Second, "step 60/100  loss 1.2500  2532 samples/s  ETA 1m20s"},
+		{10, 20, 0, 64, 5 * time.Second, "step 10/20  loss 1.2500  2532 samples/s (162048 tokens/s)  ETA 5s"},
+		{20, 20, 0, 1, 9 * time.Second, "step 20/20  loss 1.2500  2532 samples/s"},
+	} {
+		if got := progressLine(c.done, c.steps, c.first, 1.25, 2532, c.elapsed, c.tokens); got != c.want {
+			t.Errorf("got  %q\nwant %q", got, c.want)
+		}
 	}
 }

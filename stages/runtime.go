@@ -403,7 +403,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 					window = r.cfg.Train.LogEvery
 				}
 				avg := float64(window*r.cfg.Data.BatchSize) / now.Sub(lastLog).Seconds()
-				fmt.Fprintf(r.log, "step %d/%d  loss %.4f  %.0f samples/s\n", done, r.cfg.Train.Steps, loss, avg)
+				fmt.Fprintln(r.log, progressLine(done, r.cfg.Train.Steps, first, loss, avg, now.Sub(start), r.tokensPerExample()))
 				lastLog = now
 			}
 		}
@@ -494,6 +494,27 @@ func (r *Runtime) evaluatesLast(done int) bool {
 	every := r.cfg.Train.EvalEvery
 	return done == r.cfg.Train.Steps && every > 0 && (r.cfg.Train.Evaluate || done%every == 0)
 }
+
+// progressLine is the line a stage logs every train.log_every steps: the
+// step, the loss, the throughput of the last steps (in tokens as well for a
+// language model, whose examples hold tokensPerExample > 1 targets) and,
+// before the last step, when the run should end at the pace of the steps
+// this process ran (from step first on, evaluations included).
+func progressLine(done, steps, first int, loss, samplesPerSec float64, elapsed time.Duration, tokensPerExample int) string {
+	line := fmt.Sprintf("step %d/%d  loss %.4f  %.0f samples/s", done, steps, loss, samplesPerSec)
+	if tokensPerExample > 1 {
+		line += fmt.Sprintf(" (%.0f tokens/s)", samplesPerSec*float64(tokensPerExample))
+	}
+	if ran := done - first; done < steps && ran > 0 {
+		eta := time.Duration(float64(elapsed) / float64(ran) * float64(steps-done))
+		line += "  ETA " + words.Duration(eta)
+	}
+	return line
+}
+
+// tokensPerExample is the targets one example yields: the context of a
+// language model, 1 for a classifier.
+func (r *Runtime) tokensPerExample() int { return r.layout.Model.Targets() }
 
 // learningRate is the rate of step's update (0-based): train.lr_schedule's
 // for the step, a function of the step alone, so that every stage, replica

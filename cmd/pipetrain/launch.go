@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -286,8 +287,21 @@ func printSummary(runDir string) error {
 			fmt.Printf("pipetrain: test accuracy %.2f%% on %d test images\n", 100*ev.Accuracy, ev.Examples)
 		}
 	}
-	fmt.Printf("pipetrain: see the bubble with: pipetrain profile %s\n", runDir)
+	printNext(os.Stdout, runDir)
 	return nil
+}
+
+// printNext says where a finished run's files are and the commands that
+// read them: the profile, the loss curve, the export and, when the run kept
+// a checkpoint, training on from it.
+func printNext(w io.Writer, runDir string) {
+	fmt.Fprintf(w, "pipetrain: files in %s: metrics.jsonl (a line per step), eval.json, events/ (each stage's actions), weights/ (each stage's final weights)\n", runDir)
+	fmt.Fprintf(w, "pipetrain: see the bubble with: pipetrain profile %s\n", runDir)
+	fmt.Fprintf(w, "pipetrain: draw the loss with:  pipetrain plot %s\n", runDir)
+	fmt.Fprintf(w, "pipetrain: export weights with: pipetrain export %s --out %s\n", runDir, filepath.Join(runDir, "model.safetensors"))
+	if steps, _ := filepath.Glob(filepath.Join(runlog.CheckpointDir(runDir), "step-*")); len(steps) > 0 {
+		fmt.Fprintf(w, "pipetrain: train on with:       pipetrain launch --resume %s --steps N\n", runDir)
+	}
 }
 
 // clearRunLogs removes a previous run's event logs and metrics from runDir.

@@ -70,3 +70,37 @@ func TestPlotDrawsRateAndNormWhenLogged(t *testing.T) {
 		}
 	}
 }
+
+// TestPrintNextNamesTheCommands: a finished launch names the run's files
+// and the commands that read them, training on only when a checkpoint was
+// kept; each command it prints is one the CLI has.
+func TestPrintNextNamesTheCommands(t *testing.T) {
+	dir := t.TempDir()
+	var b strings.Builder
+	printNext(&b, dir)
+	for _, want := range []string{"files in " + dir, "pipetrain profile " + dir, "pipetrain plot " + dir, "pipetrain export " + dir + " --out "} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("lacks %q:\n%s", want, b.String())
+		}
+	}
+	if strings.Contains(b.String(), "--resume") {
+		t.Errorf("offers to train on without a checkpoint:\n%s", b.String())
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "checkpoints", "step-00000010"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b.Reset()
+	printNext(&b, dir)
+	if !strings.Contains(b.String(), "pipetrain launch --resume "+dir+" --steps N") {
+		t.Errorf("does not offer to train on from the checkpoint:\n%s", b.String())
+	}
+	for _, name := range []string{"profile", "plot", "export", "launch"} {
+		found := false
+		for _, c := range newRoot().Commands() {
+			found = found || c.Name() == name
+		}
+		if !found {
+			t.Errorf("printNext names pipetrain %s, which the CLI lacks", name)
+		}
+	}
+}

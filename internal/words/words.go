@@ -1,9 +1,11 @@
-// Package words writes text for people: counts ("1 stage", "4 stages") and
-// peer-sent text clipped to a bound.
+// Package words writes text for people: counts ("1 stage", "4 stages"),
+// durations on progress lines and peer-sent text clipped to a bound.
 package words
 
 import (
+	"fmt"
 	"strconv"
+	"time"
 	"unicode/utf8"
 )
 
@@ -36,4 +38,17 @@ func Clip(s string, n int) string {
 		end--
 	}
 	return s[:end] + mark
+}
+
+// Duration writes d for a person reading a progress line: "45s", "3m05s",
+// "2h07m"; under a second, "0s".
+func Duration(d time.Duration) string {
+	s := int64(d.Round(time.Second) / time.Second)
+	switch {
+	case s < 60:
+		return fmt.Sprintf("%ds", max(s, 0))
+	case s < 3600:
+		return fmt.Sprintf("%dm%02ds", s/60, s%60)
+	}
+	return fmt.Sprintf("%dh%02dm", s/3600, s%3600/60)
 }

@@ -1,6 +1,9 @@
 package words
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 func TestCount(t *testing.T) {
 	for _, c := range []struct {
@@ -31,6 +34,17 @@ func TestClip(t *testing.T) {
 	} {
 		if got := Clip(tc.s, tc.n); got != tc.want || len(got) > tc.n {
 			t.Errorf("Clip(%q, %d) = %q, want %q", tc.s, tc.n, got, tc.want)
+		}
+	}
+}
+
+func TestDuration(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		0: "0s", 400 * time.Millisecond: "0s", 45 * time.Second: "45s", 185 * time.Second: "3m05s",
+		2*time.Hour + 7*time.Minute + 10*time.Second: "2h07m", -time.Second: "0s",
+	} {
+		if got := Duration(d); got != want {
+			t.Errorf("Duration(%v) = %q, want %q", d, got, want)
 		}
 	}
 }
