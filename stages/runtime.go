@@ -391,7 +391,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 				m.GradNorm = &r.gradNorm
 			}
 			if !r.cfg.Train.LRSchedule.Constant() {
-				lr := r.learningRate(done - 1)
+				lr := r.cfg.LearningRate(int64(done - 1))
 				m.LR = &lr
 			}
 			if err := r.files.step(m); err != nil {
@@ -516,14 +516,6 @@ func progressLine(done, steps, first int, loss, samplesPerSec float64, elapsed t
 // language model, 1 for a classifier.
 func (r *Runtime) tokensPerExample() int { return r.layout.Model.Targets() }
 
-// learningRate is the rate of step's update (0-based): train.lr_schedule's
-// for the step, a function of the step alone, so that every stage, replica
-// and the reference, and a resumed run, agree on it.
-func (r *Runtime) learningRate(step int) float64 {
-	t := r.cfg.Train
-	return t.LRSchedule.Resolve(t.Steps).LR(t.Optimizer.LR, int64(step))
-}
-
 // trainStep runs this stage's actions for one global batch, then the optimizer.
 func (r *Runtime) trainStep(ctx context.Context, step int) error {
 	r.losses = make([]float64, r.layout.Schedule.MicroBatches)
@@ -540,7 +532,7 @@ func (r *Runtime) trainStep(ctx context.Context, step int) error {
 		return err
 	}
 	t0 := time.Now()
-	lr := r.learningRate(step)
+	lr := r.cfg.LearningRate(int64(step)) // the schedule's, the same on every stage and replica
 	for i := range r.chunks {
 		r.optims[i].SetLR(lr)
 		if err := r.chunk(i).Step(r.optims[i]); err != nil {
