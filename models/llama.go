@@ -150,6 +150,86 @@ func llamaSizesOf(spec Spec) (llamaSizes, error) {
 	return sz, nil
 }
 
+// LlamaSpec is what every Llama layer needs to know of its model, for
+// NewLlamaEmbed, NewLlamaBlock and NewLlamaHead: the sizes of model llama's
+// config section. A zero KVHeads, HeadDim, RMSNormEps or RopeTheta means
+// the key's default, as when the key is not given.
+type LlamaSpec struct {
+	Layers, Width, Heads, KVHeads, HeadDim, Intermediate, Context, Vocab int
+	RMSNormEps, RopeTheta                                                float64
+	// TieEmbeddings makes the head use a copy of the token table (see
+	// Model.Tied, which a model composing these layers must then set).
+	TieEmbeddings bool
+	// DType is the dtype of parameters and activations; the zero value is
+	// float32.
+	DType tensor.Dtype
+}
+
+// llamaSizesFor validates a LlamaSpec as model llama validates its section;
+// errors name the layer and the field at fault.
+func llamaSizesFor(kind, name string, s LlamaSpec) (llamaSizes, error) {
+	var check specCheck
+	dt := layerDType(&check, s.DType)
+	spec := Spec{Layers: s.Layers, Width: s.Width, Heads: s.Heads, Context: s.Context, Vocab: s.Vocab,
+		TieEmbeddings: s.TieEmbeddings, Own: map[string]any{"intermediate": s.Intermediate}}
+	if len(check.errs) == 0 {
+		spec.DType = dt.String()
+	}
+	for key, v := range map[string]int{"kv_heads": s.KVHeads, "head_dim": s.HeadDim} {
+		if v != 0 {
+			spec.Own[key] = v
+		}
+	}
+	for key, v := range map[string]float64{"rms_norm_eps": s.RMSNormEps, "rope_theta": s.RopeTheta} {
+		if v != 0 {
+			spec.Own[key] = v
+		}
+	}
+	sz, err := llamaSizesOf(spec)
+	var errs SpecErrors
+	if errors.As(err, &errs) {
+		check.errs = append(check.errs, errs...)
+	}
+	if err := check.layerErr(kind, name); err != nil {
+		return llamaSizes{}, err
+	}
+	return sz, nil
+}
+
+// NewLlamaEmbed makes model llama's layer "embed": the token embedding,
+// (batch, context) token ids in, (batch*context, width) out.
+func NewLlamaEmbed(s LlamaSpec) (Layer, error) {
+	sz, err := llamaSizesFor("llama embedding", "embed", s)
+	if err != nil {
+		return nil, err
+	}
+	return &llamaEmbed{sz: sz}, nil
+}
+
+// NewLlamaBlock makes model llama's block i of s.Layers, "block<i>": a
+// pre-norm decoder block on (batch*context, width) activations.
+func NewLlamaBlock(i int, s LlamaSpec) (Layer, error) {
+	name := fmt.Sprintf("block%d", i)
+	if i < 0 || i >= s.Layers {
+		return nil, fmt.Errorf("llama block layer %q: index %d outside the model's %d blocks", name, i, s.Layers)
+	}
+	sz, err := llamaSizesFor("llama block", name, s)
+	if err != nil {
+		return nil, err
+	}
+	return &llamaBlock{name: name, sz: sz}, nil
+}
+
+// NewLlamaHead makes model llama's layer "head": the final RMSNorm and the
+// LM head, (batch*context, width) in, (batch*context, vocab) logits out.
+func NewLlamaHead(s LlamaSpec) (Layer, error) {
+	sz, err := llamaSizesFor("llama head", "head", s)
+	if err != nil {
+		return nil, err
+	}
+	return &llamaHead{sz: sz}, nil
+}
+
 // batchOf recovers the number of sequences from a (batch*context, width) input.
 func (sz llamaSizes) batchOf(x *G.Node, layer string) (int, error) {
 	s := x.Shape()

@@ -345,3 +345,47 @@ func TestLlamaBuildErrors(t *testing.T) {
 		t.Errorf("valid spec: %v", err)
 	}
 }
+
+// TestLlamaLayersCompose: the Llama's layers built one by one from
+// LlamaSpec are the layers model llama builds, and a bad spec is refused
+// naming the layer and each field.
+func TestLlamaLayersCompose(t *testing.T) {
+	m := buildModel(t, tinyLlama("float64", true, 2))
+	s := LlamaSpec{Layers: 2, Width: 8, Heads: 4, KVHeads: 2, HeadDim: 4, Intermediate: 12, Context: 5, Vocab: 11,
+		RMSNormEps: 1e-5, RopeTheta: 500, TieEmbeddings: true, DType: tensor.Float64}
+	var layers []Layer
+	add := func(l Layer, err error) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		layers = append(layers, l)
+	}
+	add(NewLlamaEmbed(s))
+	for i := range s.Layers {
+		add(NewLlamaBlock(i, s))
+	}
+	add(NewLlamaHead(s))
+	if len(layers) != len(m.Layers) {
+		t.Fatalf("%d layers composed, model llama has %d", len(layers), len(m.Layers))
+	}
+	for i, l := range layers {
+		if got, want := fmt.Sprintf("%+v", l), fmt.Sprintf("%+v", m.Layers[i]); got != want {
+			t.Errorf("layer %d: %s, model llama makes %s", i, got, want)
+		}
+	}
+	// Zeros are the defaults.
+	l, err := NewLlamaBlock(0, LlamaSpec{Layers: 1, Width: 8, Heads: 2, Intermediate: 3, Context: 2, Vocab: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sz := l.(*llamaBlock).sz; sz.kvHeads != 2 || sz.headDim != 4 || sz.eps != 1e-6 || sz.theta != 10000 || sz.dt != tensor.Float32 {
+		t.Errorf("defaults: %+v", sz)
+	}
+	_, err = NewLlamaBlock(0, LlamaSpec{Layers: 1, Width: 8, Heads: 4, KVHeads: 3, Context: 0, Vocab: 11})
+	if want := `llama block layer "block0": context: must be at least 1, got 0; intermediate: must be at least 1, got 0; kv_heads: 3 does not divide model.heads 4`; err == nil || err.Error() != want {
+		t.Errorf("NewLlamaBlock: %v, want %s", err, want)
+	}
+	if _, err := NewLlamaBlock(2, s); err == nil || !strings.Contains(err.Error(), "index 2 outside the model's 2 blocks") {
+		t.Errorf("NewLlamaBlock(2): %v", err)
+	}
+}
