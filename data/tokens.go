@@ -1,6 +1,7 @@
 package data
 
 import (
+	"errors"
 	"fmt"
 	"io/fs"
 	"path/filepath"
@@ -213,4 +214,20 @@ func shardPaths(s *Section, pattern string) ([]string, error) {
 		out = append(out, m)
 	}
 	return out, nil
+}
+
+// CatchBadData, deferred by a function that draws batches from a Source,
+// turns a panic carrying an error of bad data (a token a Source found
+// beyond the vocabulary while reading a window) into that function's error
+// *err, which a restart would meet again; any other panic goes on.
+func CatchBadData(err *error) {
+	r := recover()
+	if r == nil {
+		return
+	}
+	if e, ok := r.(error); ok && errors.Is(e, ErrBadData) {
+		*err = e
+		return
+	}
+	panic(r)
 }

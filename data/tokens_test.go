@@ -458,3 +458,24 @@ func TestTokensKindChecks(t *testing.T) {
 		t.Errorf("no shards: err = %v", err)
 	}
 }
+
+// TestCatchBadData: a panic carrying bad data becomes the deferring
+// function's error, which a restart would meet again; any other panic goes
+// on.
+func TestCatchBadData(t *testing.T) {
+	read := func(v any) (err error) {
+		defer CatchBadData(&err)
+		panic(v)
+	}
+	bad := BadData(errors.New("data: a.bin: token id 300 at token 7"))
+	if err := read(bad); err != bad || !errors.Is(err, ErrBadData) {
+		t.Errorf("err = %v, want the panic's bad-data error", err)
+	}
+	defer func() {
+		if r := recover(); r != "index out of range" {
+			t.Errorf("recovered %v, want the other panic to go on", r)
+		}
+	}()
+	read("index out of range")
+	t.Error("a panic of something other than bad data was swallowed")
+}

@@ -2,8 +2,10 @@ package e2e
 
 import (
 	endian "encoding/binary"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -58,7 +60,7 @@ func TestTokenShardsEqualReference(t *testing.T) {
 	writeShards(t, dir)
 	body := strings.Replace(gridGPT, `data: {dataset: text, corpus: "go:strings", glob: "*.go", tokenizer: byte,`,
 		`data: {dataset: tokens, train_shards: "`+filepath.Join(dir, "strings_train_*.bin")+`", val_shards: "`+filepath.Join(dir, "val.bin")+`",`, 1)
-	body = strings.Replace(body, "train: {steps: 30, evaluate: false,", "train: {steps: 12, evaluate: true, eval_every: 6,", 1)
+	body = strings.Replace(body, "train: {steps: 30, evaluate: false,", "train: {steps: 12, seed: 7, evaluate: true, eval_every: 6,", 1)
 	cfg := gridConfig(t, body+"\nschedule: 1f1b", []string{`"0-1"`, `"2-3"`}, 2)
 	refDir, gridDir := t.TempDir(), t.TempDir()
 	if r := run(t, 3*time.Minute, nil, "reference", "--pipeline-threads", "--config", cfg, "--run-dir", refDir); r.err != nil {
@@ -74,16 +76,48 @@ func TestTokenShardsEqualReference(t *testing.T) {
 		t.Errorf("no evaluation at step 6, or the loss did not fall: %v -> %v", got[0].Loss, got[11].Loss)
 	}
 
-	shard := filepath.Join(dir, "strings_train_001.bin")
-	b, err := os.ReadFile(shard)
+	// A token beyond the vocabulary inside the first window of the first
+	// step, which the check before the run does not sample, stops the run
+	// there, naming the file and the offset, without a restart.
+	shards, _ := filepath.Glob(filepath.Join(dir, "strings_train_*.bin"))
+	stream, err := data.OpenTokenStream(shards, "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(shard, b[:len(b)-2], 0o644); err != nil {
+	sampler, err := data.NewTextSampler(7, int(stream.Len()), 32, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := int64(sampler.Starts(0)[0]) + 1
+	f := stream.Files[0]
+	for bad >= f.Tokens {
+		bad -= f.Tokens
+		stream.Files = stream.Files[1:]
+		f = stream.Files[0]
+	}
+	offset := f.ByteOffset(bad)
+	stream.Close()
+	b, err := os.ReadFile(f.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := slices.Clone(b)
+	endian.LittleEndian.PutUint16(b[offset:], 300)
+	if err := os.WriteFile(f.Path, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	res = run(t, time.Minute, nil, "launch", "--config", cfg, "--run-dir", t.TempDir())
-	if res.err == nil || !strings.Contains(res.out, shard+": file too short") || strings.Contains(res.out, "[stage 0") {
+	want := fmt.Sprintf("%s: token id 300 at token %d (byte offset %d) is not in model.vocab's [0, 256)", f.Path, bad, offset)
+	if res.err == nil || !strings.Contains(res.out, want) || !strings.Contains(res.out, "a restart would fail the same way") {
+		t.Errorf("launch with token 300 in step 1's first window: %v, want %q\n%s", res.err, want, res.out)
+	}
+
+	// A shard cut short is refused before any stage starts.
+	if err := os.WriteFile(f.Path, good[:len(good)-2], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res = run(t, time.Minute, nil, "launch", "--config", cfg, "--run-dir", t.TempDir())
+	if res.err == nil || !strings.Contains(res.out, f.Path+": file too short") || strings.Contains(res.out, "[stage 0") {
 		t.Errorf("launch with a shard cut short: %v\n%s", res.err, res.out)
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/pipetrain/pipetrain/data"
 	"github.com/pipetrain/pipetrain/internal/words"
 	"github.com/pipetrain/pipetrain/stages"
 )
@@ -23,7 +24,8 @@ func referenceCmd() *cobra.Command {
   # with each stage's threads, to compare bit for bit with a pipelined run
   pipetrain reference --config configs/fmnist-mlp-4stage.yaml --run-dir runs/mlp4-ref --pipeline-threads`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: func(cmd *cobra.Command, _ []string) (err error) {
+			defer data.CatchBadData(&err) // a token beyond the vocabulary is bad data, as in a stage
 			if force && resume {
 				return errors.New("--force deletes the run that --resume continues: give one of them")
 			}

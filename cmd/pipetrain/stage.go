@@ -12,6 +12,7 @@ import (
 
 	"github.com/pipetrain/pipetrain/cluster"
 	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/data"
 	"github.com/pipetrain/pipetrain/launcher"
 	"github.com/pipetrain/pipetrain/stages"
 )
@@ -29,7 +30,10 @@ func stageCmd() *cobra.Command {
   # under Slurm or torchrun, the rank comes from RANK and WORLD_SIZE
   srun pipetrain stage --config run.yaml --run-dir /local/runs/gpt`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: func(cmd *cobra.Command, _ []string) (err error) {
+			// A token beyond the vocabulary, met in a window the checks
+			// before the run did not sample, stops the stage as bad data.
+			defer data.CatchBadData(&err)
 			// Installed first: a status query must never end the process,
 			// whatever it is doing when the query comes.
 			queries := make(chan os.Signal, 1)
