@@ -19,8 +19,9 @@ func llamaConfig(sched string, layers [][]string, tied bool, kvHeads int) *confi
 }
 
 // TestLlamaPipelineEqualsReference trains the Llama, tied and untied, with
-// grouped-query attention and without, pipelined under gpipe, 1f1b and the
-// zero-bubble schedules (whose weight passes rebuild the blocks' parts),
+// grouped-query attention and without, pipelined under gpipe, 1f1b,
+// interleaved and the zero-bubble schedules (whose weight passes rebuild the
+// blocks' parts),
 // some stages recomputing attention's probabilities (selective) or their
 // whole forward (full), against the one-process reference, bit for bit.
 func TestLlamaPipelineEqualsReference(t *testing.T) {
@@ -34,6 +35,10 @@ func TestLlamaPipelineEqualsReference(t *testing.T) {
 		{"zb-h1", plain("0-1", "2-4"), []string{"", "selective"}},
 		// The V: embedding and head both on stage 0 (their tie is local).
 		{"zb-v", [][]string{{"0", "4"}, {"1", "2-3"}}, []string{"full", "selective"}},
+		// Interleaved, the tie over the ring, with and without split weight passes.
+		{"interleaved", [][]string{{"0", "2-3"}, {"1", "4"}}, nil},
+		{"interleaved-zb", [][]string{{"0", "2-3"}, {"1", "4"}}, []string{"full", ""}},
+		{"dualpipev", [][]string{{"0", "4"}, {"1", "2-3"}}, nil},
 	}
 	for _, kv := range []int{2, 4} {
 		for _, tied := range []bool{false, true} {
