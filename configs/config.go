@@ -115,6 +115,8 @@ type Train struct {
 	// norm, over every parameter of the model on every stage, is at most
 	// this; 0 does not clip.
 	ClipGradNorm float64 `mapstructure:"clip_grad_norm" json:"clip_grad_norm,omitempty"`
+	// EarlyStop ends the run once the evaluations stop improving.
+	EarlyStop EarlyStop `mapstructure:"early_stop" json:"early_stop"`
 }
 
 // Optimizer is sgd (with optional momentum), adam or adamw, with optional
@@ -179,6 +181,9 @@ type Checkpoint struct {
 	Every int `mapstructure:"every"`
 	// Keep is how many complete checkpoints are kept; older ones are deleted.
 	Keep int `mapstructure:"keep"`
+	// KeepBest also keeps this many of the checkpoints with the best
+	// evaluation (train.early_stop.metric), besides the newest Keep.
+	KeepBest int `mapstructure:"keep_best"`
 }
 
 // Recovery bounds what launch does when a stage fails.
@@ -246,57 +251,61 @@ func (c *Config) RecomputesSelective(stage int) bool {
 // and CNN sizes, model.hidden) are zero unless set; every key outside stages
 // may also be set by its PIPETRAIN_* variable (see LoadUnchecked).
 var defaults = map[string]any{
-	"name":                      "",
-	"rendezvous":                "",
-	"model.name":                "mlp",
-	"model.dtype":               "float32",
-	"model.input":               784,
-	"model.classes":             10,
-	"model.activation":          "relu",
-	"data.dataset":              "fashion-mnist",
-	"data.dir":                  "/usr/share/datasets/fashion-mnist",
-	"data.corpus":               "",
-	"data.glob":                 "*",
-	"data.max_bytes":            8 << 20,
-	"data.tokenizer":            "byte",
-	"data.val_fraction":         0.1,
-	"train.eval_every":          0,
-	"train.clip_grad_norm":      0.0,
-	"data.batch_size":           256,
-	"data.micro_batches":        8,
-	"train.steps":               200,
-	"train.seed":                1,
-	"train.log_every":           10,
-	"train.evaluate":            true,
-	"train.optimizer.name":      "adam",
-	"train.optimizer.lr":        0.001,
-	"train.optimizer.momentum":  0.0,
-	"train.optimizer.beta1":     0.9,
-	"train.optimizer.beta2":     0.999,
-	"train.optimizer.eps":       1e-8,
-	"schedule":                  "1f1b",
-	"schedule_file":             "",
-	"virtual_stages":            1,
-	"data_parallel":             1,
-	"all_reduce.bucket_bytes":   DefaultBucketBytes,
-	"all_reduce.check_every":    10,
-	"compute.blas_threads":      0,
-	"compute.blas_kernels":      "auto",
-	"transport.connect_timeout": "30s",
-	"transport.queue_depth":     4,
-	"transport.recv_timeout":    "2m",
-	"transport.heartbeat":       "10s",
-	"transport.compression":     "none",
-	"transport.peer_timeout":    "5s",
-	"transport.token":           "",
-	"transport.token_file":      "",
-	"transport.tls.ca":          "",
-	"transport.tls.cert":        "",
-	"transport.tls.key":         "",
-	"checkpoint.every":          50,
-	"checkpoint.keep":           3,
-	"recovery.max_restarts":     3,
-	"run_dir_mode":              runlog.ModePrivate,
+	"name":                       "",
+	"rendezvous":                 "",
+	"model.name":                 "mlp",
+	"model.dtype":                "float32",
+	"model.input":                784,
+	"model.classes":              10,
+	"model.activation":           "relu",
+	"data.dataset":               "fashion-mnist",
+	"data.dir":                   "/usr/share/datasets/fashion-mnist",
+	"data.corpus":                "",
+	"data.glob":                  "*",
+	"data.max_bytes":             8 << 20,
+	"data.tokenizer":             "byte",
+	"data.val_fraction":          0.1,
+	"train.eval_every":           0,
+	"train.clip_grad_norm":       0.0,
+	"data.batch_size":            256,
+	"data.micro_batches":         8,
+	"train.steps":                200,
+	"train.seed":                 1,
+	"train.log_every":            10,
+	"train.evaluate":             true,
+	"train.optimizer.name":       "adam",
+	"train.optimizer.lr":         0.001,
+	"train.optimizer.momentum":   0.0,
+	"train.optimizer.beta1":      0.9,
+	"train.optimizer.beta2":      0.999,
+	"train.optimizer.eps":        1e-8,
+	"schedule":                   "1f1b",
+	"schedule_file":              "",
+	"virtual_stages":             1,
+	"data_parallel":              1,
+	"all_reduce.bucket_bytes":    DefaultBucketBytes,
+	"all_reduce.check_every":     10,
+	"compute.blas_threads":       0,
+	"compute.blas_kernels":       "auto",
+	"transport.connect_timeout":  "30s",
+	"transport.queue_depth":      4,
+	"transport.recv_timeout":     "2m",
+	"transport.heartbeat":        "10s",
+	"transport.compression":      "none",
+	"transport.peer_timeout":     "5s",
+	"transport.token":            "",
+	"transport.token_file":       "",
+	"transport.tls.ca":           "",
+	"transport.tls.cert":         "",
+	"transport.tls.key":          "",
+	"checkpoint.every":           50,
+	"checkpoint.keep":            3,
+	"checkpoint.keep_best":       0,
+	"train.early_stop.metric":    "val_loss",
+	"train.early_stop.patience":  0,
+	"train.early_stop.min_delta": 0.0,
+	"recovery.max_restarts":      3,
+	"run_dir_mode":               runlog.ModePrivate,
 
 	// Weight decay and the learning-rate schedule: none unless set.
 	"train.optimizer.weight_decay":   0.0,
@@ -395,6 +404,7 @@ func (c *Config) Validate() error {
 	}
 	c.validateOptimizer(p, model)
 	c.validateLRSchedule(p)
+	c.validateEarlyStop(p)
 	c.validateSchedule(p, model)
 	if c.Compute.BLASThreads < 0 {
 		p.add("compute.blas_threads", "must be 0 (a fair share of the machine) or a thread count, got %d", c.Compute.BLASThreads)

@@ -109,6 +109,8 @@ var (
 		"all_reduce.check_every":    0,
 		"checkpoint.every":          0,
 		"checkpoint.keep":           1,
+		"checkpoint.keep_best":      0,
+		"train.early_stop.patience": 0,
 		"recovery.max_restarts":     0,
 
 		"train.optimizer.weight_decay":   0,
@@ -220,12 +222,17 @@ var keyDocs = map[string]string{
 	"all_reduce.bucket_bytes": "Gradients are summed in buckets of at most this many bytes, one after another (0: the default). The cut decides the order of the sums, so it is a training setting.",
 	"all_reduce.check_every":  "Compare a digest of every replica's weights every so many steps, stopping the run if they differ (0: never).",
 
-	"checkpoint":            "How often each stage saves its weights and optimizer state.",
-	"checkpoint.every":      "Steps between checkpoints (0: none).",
-	"checkpoint.keep":       "Complete checkpoints kept; older ones are deleted.",
-	"recovery":              "What launch does when a stage fails.",
-	"recovery.max_restarts": "Times launch restarts a failed job from its newest complete checkpoint (0: stop at the first failure).",
-	"run_dir_mode":          "Who may read the run directory: private (folders 0700, files 0600: its owner alone) or shared (0755 and 0644: every user of the host); --share-run-dir sets shared. See docs/security.md.",
+	"checkpoint":                 "How often each stage saves its weights and optimizer state.",
+	"checkpoint.every":           "Steps between checkpoints (0: none).",
+	"checkpoint.keep":            "Complete checkpoints kept; older ones are deleted.",
+	"checkpoint.keep_best":       "Also keep this many of the checkpoints whose evaluation was best by train.early_stop.metric (0: none); checkpoint.every must be a multiple of train.eval_every, so that each checkpoint has one.",
+	"train.early_stop":           "Stop the run once the evaluations (every train.eval_every steps) stop improving.",
+	"train.early_stop.metric":    "What the evaluations are judged by: val_loss, the evaluation's loss (lower is better).",
+	"train.early_stop.patience":  "Stop after this many evaluations in a row without an improvement (0: never stop early).",
+	"train.early_stop.min_delta": "An evaluation improves when its metric is below the best so far by more than this; 0 or more.",
+	"recovery":                   "What launch does when a stage fails.",
+	"recovery.max_restarts":      "Times launch restarts a failed job from its newest complete checkpoint (0: stop at the first failure).",
+	"run_dir_mode":               "Who may read the run directory: private (folders 0700, files 0600: its owner alone) or shared (0755 and 0644: every user of the host); --share-run-dir sets shared. See docs/security.md.",
 }
 
 // allKeyDocs are keyDocs and the descriptions the registered model
