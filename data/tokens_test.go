@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -478,4 +479,53 @@ func TestCatchBadData(t *testing.T) {
 	}()
 	read("index out of range")
 	t.Error("a panic of something other than bad data was swallowed")
+}
+
+// TestTokenFilesReadInPlace: a 1 GiB shard (sparse, its tokens 0) is
+// checked, opened and trained from with the Go heap growing by less than a
+// MiB: its header is read, a sample of it checked and its windows read in
+// place from the mapping, never the file into memory.
+func TestTokenFilesReadInPlace(t *testing.T) {
+	const n = 1 << 29 // uint16 tokens: 1 GiB
+	dir := t.TempDir()
+	f, err := os.Create(filepath.Join(dir, "big.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(llmcBytes(20240520, 1, n, nil, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(1024 + 2*n); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	s := &Section{Config: "run.yaml", Dataset: "tokens", BatchSize: 32, MicroBatch: 8, Seed: 1,
+		Resolve: func(p string) string { return filepath.Join(dir, p) }, Own: map[string]any{"train_shards": "big.bin"}}
+	m := &Model{Name: "gpt", Example: []int{256}, Classes: 50257, Vocab: 50257, Targets: 256}
+	x := make([]float32, 8*256)
+	heap := func() uint64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	before := heap()
+	if err := (tokensKind{}).Check(s, m); err != nil {
+		t.Fatal(err)
+	}
+	src, err := Open(s, m, OpenOptions{Inputs: true, Targets: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for step := range 50 {
+		for mb := range 4 {
+			src.Train(step, mb, Inputs{F32: x}, true)
+		}
+	}
+	grew := int64(heap()) - int64(before)
+	if grew > 1<<20 {
+		t.Errorf("the heap grew by %d bytes reading a 1 GiB shard", grew)
+	}
+	t.Logf("heap grew by %d bytes", grew)
+	runtime.KeepAlive(src)
 }
