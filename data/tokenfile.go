@@ -119,12 +119,18 @@ func (f *TokenFile) Close() error {
 }
 
 // detectTokenFormat tells a file's format: a Megatron pair by its .idx (or a
-// .bin with an .idx beside it), llm.c by its magic, NumPy by its magic, and
+// .bin with an .idx beside it, or the prefix of the two), llm.c by its magic, NumPy by its magic, and
 // any other .bin as nanoGPT's headerless tokens.
 func detectTokenFormat(path string) (string, error) {
 	ext := filepath.Ext(path)
 	if ext == ".idx" {
 		return FormatMegatron, nil
+	}
+	if _, err := os.Stat(path); err != nil {
+		// Megatron names a pair by the prefix of its two files.
+		if _, e := os.Stat(path + ".idx"); e == nil {
+			return FormatMegatron, nil
+		}
 	}
 	if ext == ".bin" {
 		if _, err := os.Stat(strings.TrimSuffix(path, ext) + ".idx"); err == nil {

@@ -195,6 +195,7 @@ with open(d + "/corpus_text_document.idx", "wb") as f:
 		{"train.bin", 4000, 50257, "nanogpt", "", -1, FormatNanoGPT, "uint16"},
 		{"tokens.npy", 2000, 50257, "", "", -1, FormatNPY, "uint32"},
 		{"corpus_text_document", 3000, 32000, "megatron", "", 3, FormatMegatron, "int32"},
+		{"corpus_text_document", 3000, 32000, "", "", 3, FormatMegatron, "int32"},
 	} {
 		f, err := OpenTokenFile(filepath.Join(dir, c.name), c.format, c.dtype)
 		if err != nil {
