@@ -100,9 +100,9 @@ func fileSum(path string) (string, int64, error) {
 
 // Commit waits until every stage has written its part of step's checkpoint and
 // each part matches its checksum, then writes the manifest atomically and deletes
-// all but the newest keep committed checkpoints. It polls every interval until ctx
+// the committed checkpoints keep does not retain (Prune). It polls every interval until ctx
 // ends; a part that does not match its checksum yet (being rewritten) is waited for.
-func Commit(ctx context.Context, root string, step, stages int, digest string, keep int, interval time.Duration) (*Manifest, error) {
+func Commit(ctx context.Context, root string, step, stages int, digest string, keep Retention, interval time.Duration) (*Manifest, error) {
 	dir := StepDir(root, step)
 	m := &Manifest{Step: step, ConfigDigest: digest, Stages: stages, Dir: dir}
 	parts := make([]*Part, stages) // verified so far; each part is hashed once it is complete
@@ -397,33 +397,95 @@ func Unusable(skipped []*Skipped) []*Skipped {
 	return out
 }
 
-// Prune deletes all but the newest keep committed checkpoints, and any
+// MetricKey is the metadata key of a checkpoint part that records the
+// evaluation of its step (its loss), by which Retention.Best ranks it.
+const MetricKey = "val_loss"
+
+// Retention says which committed checkpoints Prune keeps: the newest Keep,
+// and the Best whose parts record the lowest MetricKey (lower is better),
+// whether or not they are among the newest.
+type Retention struct{ Keep, Best int }
+
+// Keep retains the newest n committed checkpoints.
+func Keep(n int) Retention { return Retention{Keep: n} }
+
+// Prune deletes the committed checkpoints keep does not retain, and any
 // uncommitted folder older than the newest committed one (a crash's leftovers).
-func Prune(root string, keep int) error {
+func Prune(root string, keep Retention) error {
 	all, err := steps(root)
 	if err != nil {
 		return err
 	}
-	kept, newest := 0, -1
+	var committed []int // newest first
 	for _, s := range all {
-		dir := StepDir(root, s)
-		_, err := os.Stat(filepath.Join(dir, ManifestName))
-		committed := err == nil
+		if _, err := os.Stat(filepath.Join(StepDir(root, s), ManifestName)); err == nil {
+			committed = append(committed, s)
+		}
+	}
+	retained := map[int]bool{}
+	for i, s := range committed {
+		retained[s] = i < keep.Keep
+	}
+	for _, s := range best(root, committed, keep.Best) {
+		retained[s] = true
+	}
+	newest := -1
+	if len(committed) > 0 {
+		newest = committed[0]
+	}
+	for _, s := range all {
+		kept, isCommitted := retained[s]
 		switch {
-		case committed && kept < keep:
-			kept++
-			if newest < 0 {
-				newest = s
-			}
+		case kept:
 			continue
-		case !committed && (newest < 0 || s > newest):
+		case !isCommitted && (newest < 0 || s > newest):
 			continue // may still be being written
 		}
-		if err := os.RemoveAll(dir); err != nil {
+		if err := os.RemoveAll(StepDir(root, s)); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// best returns the n of steps whose parts record the lowest metric, the
+// newer first among equals; a checkpoint without one is not ranked.
+func best(root string, steps []int, n int) []int {
+	if n <= 0 {
+		return nil
+	}
+	type ranked struct {
+		step   int
+		metric float64
+	}
+	var rs []ranked
+	for _, s := range steps {
+		if v, ok := stepMetric(StepDir(root, s)); ok {
+			rs = append(rs, ranked{s, v})
+		}
+	}
+	sort.SliceStable(rs, func(i, j int) bool { return rs[i].metric < rs[j].metric })
+	var out []int
+	for i := 0; i < len(rs) && i < n; i++ {
+		out = append(out, rs[i].step)
+	}
+	return out
+}
+
+// stepMetric reads the metric a checkpoint's parts record, from whichever
+// part the folder holds (each process's own folder may hold only its own).
+func stepMetric(dir string) (float64, bool) {
+	parts, _ := filepath.Glob(filepath.Join(dir, "stage-*.safetensors"))
+	for _, p := range parts {
+		meta, err := ReadMeta(p)
+		if err != nil {
+			continue
+		}
+		if v, err := strconv.ParseFloat(meta[MetricKey], 64); err == nil {
+			return v, true
+		}
+	}
+	return 0, false
 }
 
 // RemoveAfter deletes every checkpoint folder, committed or not, of a step after

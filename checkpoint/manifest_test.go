@@ -29,7 +29,7 @@ func TestCommitWaitsForEveryPart(t *testing.T) {
 	writeParts(t, root, 10, 2) // stages 0 and 1 of 3
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	if _, err := Commit(ctx, root, 10, 3, "d", 2, 5*time.Millisecond); err == nil || !strings.Contains(err.Error(), "stage 2") {
+	if _, err := Commit(ctx, root, 10, 3, "d", Keep(2), 5*time.Millisecond); err == nil || !strings.Contains(err.Error(), "stage 2") {
 		t.Fatalf("commit with stage 2 missing: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(StepDir(root, 10), ManifestName)); !os.IsNotExist(err) {
@@ -37,7 +37,7 @@ func TestCommitWaitsForEveryPart(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() {
-		_, err := Commit(context.Background(), root, 10, 3, "d", 2, 5*time.Millisecond)
+		_, err := Commit(context.Background(), root, 10, 3, "d", Keep(2), 5*time.Millisecond)
 		done <- err
 	}()
 	time.Sleep(20 * time.Millisecond)
@@ -61,7 +61,7 @@ func TestLatestSkipsCorruptAndForeign(t *testing.T) {
 		if step == 15 {
 			digest = "other"
 		}
-		if _, err := Commit(context.Background(), root, step, 2, digest, 5, time.Millisecond); err != nil {
+		if _, err := Commit(context.Background(), root, step, 2, digest, Keep(5), time.Millisecond); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -98,13 +98,13 @@ func TestPruneKeepsNewest(t *testing.T) {
 	for _, step := range []int{1, 2, 3, 4} {
 		writeParts(t, root, step, 1)
 		if step != 2 { // 2 is a crash's leftover
-			if _, err := Commit(context.Background(), root, step, 1, "d", 10, time.Millisecond); err != nil {
+			if _, err := Commit(context.Background(), root, step, 1, "d", Keep(10), time.Millisecond); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
 	writeParts(t, root, 5, 1) // in progress
-	if err := Prune(root, 2); err != nil {
+	if err := Prune(root, Keep(2)); err != nil {
 		t.Fatal(err)
 	}
 	all, _ := steps(root)
@@ -139,7 +139,7 @@ func TestLatestChecksTheManifestsStep(t *testing.T) {
 			root := t.TempDir()
 			for _, step := range []int{10, 20} {
 				writeParts(t, root, step, 2)
-				if _, err := Commit(context.Background(), root, step, 2, "d", 5, time.Millisecond); err != nil {
+				if _, err := Commit(context.Background(), root, step, 2, "d", Keep(5), time.Millisecond); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -163,7 +163,7 @@ func TestManifestNamesOnlyItsParts(t *testing.T) {
 	root := filepath.Join(dir, "checkpoints")
 	for _, step := range []int{10, 20} {
 		writeParts(t, root, step, 2)
-		if _, err := Commit(context.Background(), root, step, 2, "d", 5, time.Millisecond); err != nil {
+		if _, err := Commit(context.Background(), root, step, 2, "d", Keep(5), time.Millisecond); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -231,7 +231,7 @@ func TestCheckpointsAreTheOwnersAlone(t *testing.T) {
 		runlog.ShareRunDirs(share)
 		root := filepath.Join(t.TempDir(), "checkpoints")
 		writeParts(t, root, 10, 1)
-		if _, err := Commit(context.Background(), root, 10, 1, "d", 2, time.Millisecond); err != nil {
+		if _, err := Commit(context.Background(), root, 10, 1, "d", Keep(2), time.Millisecond); err != nil {
 			t.Fatal(err)
 		}
 		dir, file := os.FileMode(0o700), os.FileMode(0o600)

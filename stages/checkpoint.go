@@ -90,8 +90,14 @@ type checkpointer struct {
 	optims        []*optim.Optimizer // one per engine
 	log           io.Writer
 	name          string         // the process's, for its messages
+	judge         *evalJudge     // its state and the step's metric go into each part; may be nil
 	commits       sync.WaitGroup // commits in progress
 	lastCommit    chan struct{}  // closed when the newest commit has ended
+}
+
+// retention is which committed checkpoints pruning keeps.
+func (k *checkpointer) retention() checkpoint.Retention {
+	return checkpoint.Retention{Keep: k.cfg.Checkpoint.Keep, Best: k.cfg.Checkpoint.KeepBest}
 }
 
 // writes says whether this process writes checkpoint parts: one replica per
@@ -120,6 +126,7 @@ func (k *checkpointer) save(ctx context.Context, done int) error {
 		return err
 	}
 	meta["step"] = fmt.Sprint(done)
+	k.judge.record(done, meta, checkpoint.MetricKey)
 	root := k.root
 	part, err := checkpoint.WritePart(root, done, k.stage, ts, meta)
 	if err != nil {
@@ -135,7 +142,7 @@ func (k *checkpointer) save(ctx context.Context, done int) error {
 	k.inOrder(func() {
 		// A stage that dies before writing its part leaves this commit waiting;
 		// the run then fails and stopping it cancels ctx.
-		m, err := checkpoint.Commit(ctx, root, done, k.stages, k.cfg.TrainingDigest(), k.cfg.Checkpoint.Keep, 20*time.Millisecond)
+		m, err := checkpoint.Commit(ctx, root, done, k.stages, k.cfg.TrainingDigest(), k.retention(), 20*time.Millisecond)
 		if err != nil {
 			fmt.Fprintf(k.log, "stage 0: %v\n", err)
 			return
@@ -178,7 +185,7 @@ func (k *checkpointer) commitOverWire(ctx context.Context, root string, done int
 		fmt.Fprintf(k.log, "%s: checkpoint of step %d: %v\n", k.name, done, err)
 		return
 	}
-	if err := checkpoint.Prune(root, k.cfg.Checkpoint.Keep); err != nil {
+	if err := checkpoint.Prune(root, k.retention()); err != nil {
 		// Another process pruning the same shared folder; the next commit
 		// prunes again.
 		fmt.Fprintf(k.log, "%s: pruning checkpoints: %v\n", k.name, err)
@@ -253,6 +260,9 @@ func (k *checkpointer) restoreAgreed(ctx context.Context, root string) (int, err
 func (k *checkpointer) load(path string) error {
 	tensors, meta, err := checkpoint.Read(path)
 	if err != nil {
+		return err
+	}
+	if err := k.judge.restore(meta, path); err != nil {
 		return err
 	}
 	byName := map[string]checkpoint.Tensor{}

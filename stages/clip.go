@@ -115,9 +115,10 @@ func (r *Runtime) addSquares(s *normSum, step int) error {
 	return nil
 }
 
-// normTag is the tag of the norm's messages on a link: the last the
+// controlTag is the tag of the raw control messages on a pipeline link
+// (the gradient norm's parts, an evaluation's loss): the last the
 // handshake lists (LinkShapes).
-func normTag(p *peer) int { return len(p.link.Peer().Shapes) - 1 }
+func controlTag(p *peer) int { return len(p.link.Peer().Shapes) - 1 }
 
 // ClipNorm runs a ClipNorm op (Computer): it adds the stage's part of the
 // step's squared gradient norm to the previous stage's sum, passes it on,
@@ -134,7 +135,7 @@ func (r *Runtime) ClipNorm(ctx context.Context, step int) error {
 	}
 	s := int64(step)
 	if r.stage > 0 {
-		b, err := r.prev.recvBytes(ctx, s, normTag(r.prev), normBytes)
+		b, err := r.prev.recvBytes(ctx, s, controlTag(r.prev), normBytes)
 		if err != nil {
 			return fmt.Errorf("the gradient norm's part: %w", err)
 		}
@@ -147,7 +148,7 @@ func (r *Runtime) ClipNorm(ctx context.Context, step int) error {
 		if err != nil {
 			return err
 		}
-		tag := normTag(r.next)
+		tag := controlTag(r.next)
 		if err := r.next.sendBytes(ctx, transport.Activation, s, tag, b); err != nil {
 			return fmt.Errorf("the gradient norm's part: %w", err)
 		}
@@ -161,7 +162,7 @@ func (r *Runtime) ClipNorm(ctx context.Context, step int) error {
 		if err != nil {
 			return err
 		}
-		if err := r.prev.sendBytes(ctx, transport.Gradient, s, normTag(r.prev), b); err != nil {
+		if err := r.prev.sendBytes(ctx, transport.Gradient, s, controlTag(r.prev), b); err != nil {
 			return fmt.Errorf("the gradient norm: %w", err)
 		}
 	}

@@ -193,9 +193,10 @@ func LinkShapes(c *configs.Config, model *models.Model, from int) [][]int {
 	if p := len(c.Stages); from == p-1 && top.Ring(len(model.Tied) > 0) {
 		out = append(out, model.TiedShapes...)
 	}
-	// The link to the next stage also carries the gradient norm's parts
-	// down and its total back, as raw bytes, tagged after the activations.
-	if from < len(c.Stages)-1 && c.Train.ClipGradNorm > 0 {
+	// The link to the next stage also carries control messages as raw
+	// bytes, tagged after the activations: the gradient norm's parts down
+	// and its total back, and the evaluations' losses the stages judge.
+	if from < len(c.Stages)-1 && (c.Train.ClipGradNorm > 0 || c.JudgesEvaluations()) {
 		dt, err := WireDType(c, model)
 		if err == nil {
 			out = append(out, collective.BytesShape(dt, normBytes))

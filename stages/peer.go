@@ -7,7 +7,6 @@ import (
 
 	"gorgonia.org/tensor"
 
-	"github.com/pipetrain/pipetrain/collective"
 	"github.com/pipetrain/pipetrain/transport"
 )
 
@@ -239,11 +238,14 @@ func (p *peer) sendAs(ctx context.Context, kind transport.Kind, step int64, mb, 
 }
 
 // sendBytes sends b as a raw message tagged chunk: the bytes travel as they
-// are, whatever the link's dtype, in a message of the shape the handshake
-// lists for the tag (collective.BytesShape).
+// are, whatever the link's dtype, padded to the message the handshake lists
+// for the tag (collective.BytesShape).
 func (p *peer) sendBytes(ctx context.Context, kind transport.Kind, step int64, chunk int, b []byte) error {
-	shape := collective.BytesShape(p.dtype, len(b))
+	shape := p.link.Peer().Shapes[chunk]
 	data := make([]byte, shape[0]*p.dtype.Size())
+	if len(b) > len(data) {
+		return fmt.Errorf("%d bytes for tag %d, whose messages hold %d", len(b), chunk, len(data))
+	}
 	copy(data, b)
 	t := &transport.Tensor{Kind: kind, Step: step, Chunk: int32(chunk), DType: p.dtype, Shape: shape, Data: data}
 	if p.act != nil {

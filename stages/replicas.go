@@ -193,6 +193,14 @@ func newReplicaSync(o Options, l *Layout, cfg *configs.Config, chunks []compute.
 	return rs, nil
 }
 
+// ringOrNil is the replicas' ring, nil without one (and in the reference).
+func (rs *replicaSync) ringOrNil() *collective.Ring {
+	if rs == nil {
+		return nil
+	}
+	return rs.ring
+}
+
 // start runs the reducer goroutine until the returned stop is called.
 func (rs *replicaSync) start(ctx context.Context) (stop func()) {
 	if rs == nil || rs.reducer == nil {

@@ -179,6 +179,10 @@ func (r *Runtime) saveWeights() error {
 	}
 	path := weightsFile(r.runDir, r.stage)
 	meta := map[string]string{"step": fmt.Sprint(r.cfg.Train.Steps), "config_digest": r.cfg.Digest(), "stage": fmt.Sprint(r.stage)}
+	if r.trained > 0 {
+		// Stopped early: the weights are of this step, and the run is done.
+		meta["step"], meta[earlyStopKey] = fmt.Sprint(r.trained), "true"
+	}
 	if _, _, err := checkpoint.WriteChecked(path, ts, meta); err != nil {
 		return fmt.Errorf("stage %d: saving weights: %w", r.stage, err)
 	}
@@ -186,16 +190,19 @@ func (r *Runtime) saveWeights() error {
 }
 
 // Finished says whether the run in runDir saved the final weights of every
-// stage of c after its last step.
+// stage of c after its last step, or after the step it stopped early.
 func Finished(c *configs.Config, runDir string) bool {
 	for s := range c.Stages {
 		meta, err := checkpoint.ReadMeta(weightsFile(runDir, s))
-		if err != nil || meta["step"] != strconv.Itoa(c.Train.Steps) {
+		if err != nil || (meta["step"] != strconv.Itoa(c.Train.Steps) && meta[earlyStopKey] != "true") {
 			return false
 		}
 	}
 	return true
 }
+
+// earlyStopKey marks final weights of a run that stopped early.
+const earlyStopKey = "early_stop"
 
 func weightsFile(runDir string, stage int) string {
 	return filepath.Join(runlog.WeightsDir(runDir), fmt.Sprintf("stage-%d.safetensors", stage)) // as Outputs names it

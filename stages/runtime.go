@@ -97,6 +97,11 @@ type Runtime struct {
 	losses []float64 // this step's micro-batch losses (on the stage that computes the loss)
 	// gradNorm is the step's global gradient norm, when the run clips by it.
 	gradNorm float64
+	// judge ranks the evaluations (early stopping, keep_best); nil when
+	// the run does neither. trained is the steps the run trained when it
+	// stopped early, 0 when it ran them all.
+	judge   *evalJudge
+	trained int
 	// peakStash is the most micro-batch chunks the stage held at once, over
 	// all its chunks together: their own peaks need not coincide (zb-v's
 	// chunk 0 holds most while chunk 1 holds least).
@@ -171,8 +176,9 @@ func New(o Options) (*Runtime, error) {
 	if r.holdsLoss() && r.replica == 0 {
 		r.files = newMetricFiles(r.runDir)
 	}
+	r.judge = newEvalJudge(c)
 	r.ckpt = &checkpointer{cfg: c, root: CheckpointDir(r.runDir), stage: r.stage, stages: r.stages, replica: r.replica, coord: o.Coordinator,
-		chunks: r.chunks, optims: r.optims, log: r.log, name: r.name()}
+		chunks: r.chunks, optims: r.optims, log: r.log, name: r.name(), judge: r.judge}
 	if err := r.initFrom(model); err != nil {
 		return nil, err
 	}
@@ -371,17 +377,25 @@ func (r *Runtime) Run(ctx context.Context) error {
 		// Metrics (and a periodic evaluation) come before the checkpoint, so a
 		// run resumed from it has logged every step up to it.
 		var val *EvalResult
+		evaluated, tag := false, evalTag(done)
 		if every := r.cfg.Train.EvalEvery; every > 0 && done%every == 0 && done < r.cfg.Train.Steps {
-			if val, err = r.evaluate(ctx, evalTag(done)); err != nil {
+			if val, err = r.evaluate(ctx, tag); err != nil {
 				return fmt.Errorf("stage %d, evaluation after step %d: %w", r.stage, done, err)
 			}
+			evaluated = true
 		} else if r.evaluatesLast(done) {
 			// A run that logs evaluations has its final one in metrics.jsonl
 			// too, not only in eval.json.
 			if val, err = r.evaluate(ctx, EvalStep); err != nil {
 				return fmt.Errorf("stage %d, evaluation: %w", r.stage, err)
 			}
-			final, finalDone = val, true
+			final, finalDone, evaluated, tag = val, true, true, EvalStep
+		}
+		stopEarly := false
+		if evaluated && r.judge != nil {
+			if stopEarly, err = r.judgeEval(ctx, done, tag, val); err != nil {
+				return fmt.Errorf("stage %d, after step %d: %w", r.stage, done, err)
+			}
 		}
 		if r.holdsLoss() && r.replica == 0 {
 			loss := r.stepLoss()
@@ -407,10 +421,18 @@ func (r *Runtime) Run(ctx context.Context) error {
 				lastLog = now
 			}
 		}
-		if r.checkpointsAfter(done) {
+		if r.checkpointsAfter(done) || (stopEarly && r.cfg.Checkpoint.Every > 0 && r.ckpt.writes()) {
 			if err := r.ckpt.save(commitCtx, done); err != nil {
 				return err
 			}
+		}
+		if stopEarly {
+			r.trained = done
+			if r.cfg.Train.Evaluate && !finalDone {
+				// The evaluation that stopped the run is its final one.
+				final, finalDone = val, true
+			}
+			break
 		}
 	}
 	if r.cfg.Train.Evaluate && !finalDone {
