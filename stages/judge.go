@@ -136,10 +136,9 @@ func (r *Runtime) shareEval(ctx context.Context, tag int, res *EvalResult) (floa
 		}
 	}
 	if ring := r.replicas.ringOrNil(); ring != nil {
-		mine := b
-		if r.replica > 0 {
-			mine = make([]byte, 8)
-		}
+		// The message of the losses' tag: 8 bytes a micro-batch.
+		mine := make([]byte, 8*r.cfg.Data.MicroBatches)
+		copy(mine, b)
 		r.replicas.waitOnRing()
 		all, err := ring.AllGather(ctx, step, r.layout.controlBase()+lossTag, mine)
 		if err != nil {
