@@ -93,7 +93,7 @@ func TestValidationRules(t *testing.T) {
 		{"batch not divisible", "micro_batches: 4", "micro_batches: 5", []string{"data.batch_size", "12 is not divisible by data.micro_batches 5"}},
 		{"zero micro-batches", "micro_batches: 4", "micro_batches: 0", []string{"data.micro_batches", "at least 1"}},
 		{"unknown schedule", "schedule: gpipe", "schedule: pipedream", []string{"schedule:", `unknown schedule "pipedream" (known: gpipe, 1f1b, interleaved, zb-h1, zb-v, interleaved-zb, dualpipev, custom)`}},
-		{"unknown model", "name: mlp", "name: resnet", []string{"model.name:", `unknown model "resnet" (known: cnn, gpt, llama, mlp)`}},
+		{"unknown model", "name: mlp", "name: resnet", []string{"model.name:", `unknown model "resnet" (known: cnn, gpt, llama, mlp, sequential)`}},
 		{"duplicate address", "127.0.0.1:7002", "127.0.0.1:7001", []string{"stages[1].address: 127.0.0.1:7001 is also used by stages[0].address"}},
 		{"address without port", "127.0.0.1:7002", "localhost", []string{"stages[1].address", "not host:port"}},
 		{"unknown optimizer", "name: sgd", "name: lion", []string{"train.optimizer.name", `"lion"`}},
@@ -393,5 +393,5 @@ func TestModelProblemsNamedAtOnce(t *testing.T) {
 		"model.hidden[1]: must be at least 1, got 0",
 		"model.classes: must be at least 2, got 0")
 	wantProblems(t, writeConfig(t, strings.Replace(good, "name: mlp", "name: mlpx", 1)),
-		`model.name: unknown model "mlpx" (known: cnn, gpt, llama, mlp)`)
+		`model.name: unknown model "mlpx" (known: cnn, gpt, llama, mlp, sequential)`)
 }

@@ -15,7 +15,7 @@ func TestBuildErrors(t *testing.T) {
 		spec Spec
 		want string
 	}{
-		{Spec{Name: "transformer"}, `model.name: unknown model "transformer" (known: cnn, gpt, llama, mlp)`},
+		{Spec{Name: "transformer"}, `model.name: unknown model "transformer" (known: cnn, gpt, llama, mlp, sequential)`},
 		{Spec{Name: "mlp", Input: 4, Classes: 3, DType: "int8"}, `model.dtype: unknown dtype "int8" (known: float32, float64)`},
 		{Spec{Name: "mlp", Input: 0, Classes: 3}, "model.input: must be at least 1, got 0"},
 		{Spec{Name: "mlp", Input: 4, Classes: 3, Hidden: []int{5, 0}}, "model.hidden[1]: must be at least 1, got 0"},
@@ -26,7 +26,7 @@ func TestBuildErrors(t *testing.T) {
 			t.Errorf("%+v: error %v, want %q", c.spec, err, c.want)
 		}
 	}
-	if n := Names(); !slices.Equal(n, []string{"cnn", "gpt", "llama", "mlp"}) {
+	if n := Names(); !slices.Equal(n, []string{"cnn", "gpt", "llama", "mlp", "sequential"}) {
 		t.Errorf("Names() = %v", n)
 	}
 }

@@ -16,6 +16,7 @@ var torchSpecs = map[string]Spec{
 	"gpt (tied)":            {Name: "gpt", Layers: 2, Width: 8, Heads: 2, Context: 5, Vocab: 11, TieEmbeddings: true},
 	"llama":                 tinyLlama("float32", false, 1),
 	"llama (tied, grouped)": tinyLlama("float32", true, 2),
+	"sequential":            testStack("float32"),
 }
 
 // TestTorchParamsMatchTheBuilders: the map lists every parameter each

@@ -53,6 +53,7 @@ func validateCmd() *cobra.Command {
 						recompute = ", recompute " + s.Recompute
 					}
 					fmt.Fprintf(out, "  %-16s %-21s layers %-5s in %v -> out %v%s\n", name, s.Address, s.Layers[chunk], m.ShapeAt(first, cfg.MicroBatchSize()), m.ShapeAt(last, cfg.MicroBatchSize()), recompute)
+					printUnits(out, m, first, last)
 				}
 			}
 			if r := cfg.Replicas(); r > 1 {
@@ -89,5 +90,15 @@ func printGrid(out io.Writer, cfg *configs.Config) {
 	for rank := range cfg.Processes() {
 		s, rep := cfg.Position(rank)
 		fmt.Fprintf(out, "    %-5d %-6d %-8d %s\n", rank, s, rep, cfg.Address(s, rep))
+	}
+}
+
+// printUnits lists layers [first, last) that describe themselves (a
+// sequential model's units: their stack entries and example shapes).
+func printUnits(out io.Writer, m *models.Model, first, last int) {
+	for i := first; i < last; i++ {
+		if d, ok := m.Layers[i].(models.Described); ok {
+			fmt.Fprintf(out, "    layer %-3d %s\n", i, d.Describe())
+		}
 	}
 }

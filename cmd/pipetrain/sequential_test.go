@@ -1,0 +1,46 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestValidateListsSequentialUnits: validate lists each unit of a
+// sequential model under its stage, with the stack entry it comes from (a
+// repeated residual group twice) and its example shapes.
+func TestValidateListsSequentialUnits(t *testing.T) {
+	out, err := runValidate(t, `
+model:
+  name: sequential
+  input: 784
+  input_shape: [1, 28, 28]
+  classes: 10
+  stack:
+    - {type: conv2d, out: 2, padding: 1}
+    - {type: maxpool}
+    - {type: flatten}
+    - {type: residual, repeat: 2, stack: [{type: layernorm}, {type: linear, out: 392}]}
+    - {type: linear, out: 10}
+data: {batch_size: 8, micro_batches: 2}
+train: {steps: 5, optimizer: {name: sgd, lr: 0.1}}
+schedule: 1f1b
+stages:
+  - {layers: "0-2", address: 127.0.0.1:7001}
+  - {layers: "3-5", address: 127.0.0.1:7002}
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := strings.Join([]string{
+		"    layer 0   stack[0] (conv2d): 1x28x28 -> 2x28x28",
+		"    layer 1   stack[1] (maxpool): 2x28x28 -> 2x14x14",
+		"    layer 2   stack[2] (flatten): 2x14x14 -> 392",
+		"  stage 1          127.0.0.1:7002        layers 3-5   in (4, 392) -> out (4, 10)",
+		"    layer 3   stack[3] (residual): 392 -> 392",
+		"    layer 4   stack[3] (residual): 392 -> 392",
+		"    layer 5   stack[4] (linear): 392 -> 10",
+	}, "\n")
+	if !strings.Contains(out, want) {
+		t.Errorf("validate printed\n%s\nwant it to hold\n%s", out, want)
+	}
+}
