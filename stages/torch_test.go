@@ -209,7 +209,18 @@ func TestPyTorchLoadsExports(t *testing.T) {
 // rounding, within 1e-5. Not bit for bit: pipetrain sums the gradient and
 // the loss over 4 micro-batches and PyTorch over the whole batch at once,
 // and their matrix products add in orders of their own (about 1e-8 apart).
-func TestSGDStepMatchesPyTorch(t *testing.T) {
+func TestSGDStepMatchesPyTorch(t *testing.T) { sgdStepAgainstPyTorch(t, 0) }
+
+// TestClippedSGDStepMatchesPyTorch is TestSGDStepMatchesPyTorch with the
+// gradients clipped by their global norm across the two stages
+// (train.clip_grad_norm) and PyTorch's clipped by clip_grad_norm_ before
+// its step: the norms agree within 1e-5 relative, the limit is below the
+// norm (the step is clipped), and the new weights are PyTorch's.
+func TestClippedSGDStepMatchesPyTorch(t *testing.T) { sgdStepAgainstPyTorch(t, 0.05) }
+
+// sgdStepAgainstPyTorch runs the one-step comparison, clipping the
+// gradients to clip when it is above 0.
+func sgdStepAgainstPyTorch(t *testing.T, clip float64) {
 	needTorch(t)
 	dir := t.TempDir()
 	c := testConfig("1f1b", plain("0-1", "2-3"), 4, "float32", "sgd")
@@ -234,9 +245,13 @@ func TestSGDStepMatchesPyTorch(t *testing.T) {
 		sizes = append(sizes, strconv.Itoa(h))
 	}
 	init, after := filepath.Join(dir, "init.safetensors"), filepath.Join(dir, "after.safetensors")
-	runTorch(t, "sgd_step.py", data, strings.Join(sizes, ","), fmt.Sprint(c.Train.Optimizer.LR), init, after)
+	args := []string{data, strings.Join(sizes, ","), fmt.Sprint(c.Train.Optimizer.LR), init, after}
+	if clip > 0 {
+		args = append(args, fmt.Sprint(clip))
+	}
+	runTorch(t, "sgd_step.py", args...)
 
-	c.Train.InitFrom = init
+	c.Train.InitFrom, c.Train.ClipGradNorm = init, clip
 	run := runInProcess(t, c, false)
 
 	ms, err := ReadMetrics(filepath.Join(run, "metrics.jsonl"))
@@ -253,6 +268,16 @@ func TestSGDStepMatchesPyTorch(t *testing.T) {
 	}
 	if math.Abs(ms[0].Loss-torchLoss) > 1e-5 {
 		t.Errorf("loss %v, PyTorch's %v", ms[0].Loss, torchLoss)
+	}
+	if clip > 0 {
+		torchNorm, err := strconv.ParseFloat(meta["grad_norm"], 64)
+		if err != nil || ms[0].GradNorm == nil {
+			t.Fatalf("norms: PyTorch's %q (%v), pipetrain's %v", meta["grad_norm"], err, ms[0].GradNorm)
+		}
+		if math.Abs(*ms[0].GradNorm-torchNorm) > 1e-5*torchNorm || torchNorm <= clip {
+			t.Errorf("gradient norm %v, PyTorch's %v (the limit %v must be below it)", *ms[0].GradNorm, torchNorm, clip)
+		}
+		t.Logf("gradient norm %v, PyTorch's %v", *ms[0].GradNorm, torchNorm)
 	}
 	t.Logf("loss %v, PyTorch's %v", ms[0].Loss, torchLoss)
 	m, err := models.Build(c.Model)
