@@ -55,6 +55,12 @@ const (
 	// torchGPTConfig is the GPT both sides train; gpt.py hard-codes its shape.
 	torchGPTConfig = "configs/gpt-small-4stage.yaml"
 	torchGPTSteps  = 40
+	// torchLlamaConfig is the Llama both sides train, which llama.py
+	// builds by default; a step takes seconds, so runs are short.
+	torchLlamaConfig = "configs/bench-llama-10m.yaml"
+	torchLlamaScript = "bench/pytorch/llama.py"
+	torchLlamaSteps  = 12
+	torchLlamaTarget = 1.0
 	torchStages    = 4 // processes of the pipeline comparison
 	// The targets: pipetrain against PyTorch in one process, on the MLPs
 	// (1 and 2 BLAS threads) and the GPT (1), and as 4-stage pipelines on
@@ -192,28 +198,21 @@ func runPyTorch(o *options, b *bytes.Buffer) error {
 			}
 		}
 	}
-	var gpt torchPair
-	for range reps {
-		rc := runConfig{base: torchGPTConfig, steps: gptSteps, env: []string{"PIPETRAIN_COMPUTE_BLAS_THREADS=1"}}
-		sps, _, err := samplesPerSec(o, "reference", rc)
-		if err != nil {
-			return fmt.Errorf("reference of %s: %w", torchGPTConfig, err)
-		}
-		args := []string{"--batch", strconv.Itoa(gptCfg.Data.BatchSize), "--micro-batches", strconv.Itoa(gptCfg.Data.MicroBatches),
-			"--steps", strconv.Itoa(gptSteps), "--skip", strconv.Itoa(o.skip), "--lr", strconv.FormatFloat(gptCfg.Train.Optimizer.LR, 'g', -1, 64)}
-		tps, err := torchSamplesPerSec(py, torchGPTScript, args, 1)
-		if err != nil {
-			return err
-		}
-		gpt.add(sps, tps)
-		same := math.NaN()
-		if kenv != nil {
-			if same, err = torchSamplesPerSec(py, torchGPTScript, args, 1, kenv...); err != nil {
-				return err
-			}
-			gpt.addSame(same)
-		}
-		logf("pytorch GPT, 1 thread: pipetrain %.0f samples/s, PyTorch %.0f, PyTorch with pipetrain's kernels %.0f", sps, tps, same)
+	gpt, err := lmAgainstTorch(o, py, "GPT", torchGPTConfig, torchGPTScript, gptCfg, gptSteps, o.skip, reps, kenv)
+	if err != nil {
+		return err
+	}
+	llamaCfg, err := configs.Load(torchLlamaConfig)
+	if err != nil {
+		return err
+	}
+	llamaSteps, llamaSkip := torchLlamaSteps, min(o.skip, torchLlamaSteps/3)
+	if o.quick {
+		llamaSteps = llamaSkip + 4
+	}
+	llama, err := lmAgainstTorch(o, py, "Llama", torchLlamaConfig, torchLlamaScript, llamaCfg, llamaSteps, llamaSkip, reps, kenv)
+	if err != nil {
+		return err
 	}
 
 	// Four processes: the MLPs as 4-stage pipelines.
@@ -265,6 +264,11 @@ func runPyTorch(o *options, b *bytes.Buffer) error {
 		}
 	}
 	gpt.rowSame(b, fmt.Sprintf("GPT: %s, B=%d, m=%d", filepath.Base(torchGPTConfig), gptCfg.Data.BatchSize, gptCfg.Data.MicroBatches), "1")
+	llama.rowSame(b, fmt.Sprintf("Llama: %s, B=%d, m=%d", filepath.Base(torchLlamaConfig), llamaCfg.Data.BatchSize, llamaCfg.Data.MicroBatches), "1")
+	fmt.Fprintf(b, "\nThe Llama row: `%s` (%s) against `%s`, the same model written with Hugging Face's LlamaForCausalLM formulas in eager PyTorch, "+
+		"%d windows of %d tokens in %d micro-batches, Adam (lr %g), %d steps a run of which %d warm up, 1 BLAS thread.\n",
+		torchLlamaConfig, describeLlama(llamaCfg.Model), torchLlamaScript, llamaCfg.Data.BatchSize, llamaCfg.Model.Context, llamaCfg.Data.MicroBatches,
+		llamaCfg.Train.Optimizer.LR, llamaSteps, llamaSkip)
 
 	fmt.Fprintf(b, "\n### 4-process pipelines\n\n")
 	fmt.Fprintf(b, "The same MLPs, batches and micro-batches as %d-stage pipelines of one process per stage on loopback, one BLAS thread per process, each stage holding an equal number of the layers: "+
@@ -283,7 +287,7 @@ func runPyTorch(o *options, b *bytes.Buffer) error {
 		pipeMeasured = append(pipeMeasured, fmt.Sprintf("%s %.2f×", strings.SplitN(m.label, ":", 2)[0], r))
 	}
 
-	fmt.Fprintf(b, "\nIn one process pipetrain reaches %s of PyTorch's samples/s on these MLPs and %.2f× on the GPT", span(lo, hi), gpt.ratio())
+	fmt.Fprintf(b, "\nIn one process pipetrain reaches %s of PyTorch's samples/s on these MLPs, %.2f× on the GPT and %.2f× on the Llama", span(lo, hi), gpt.ratio(), llama.ratio())
 	if len(gpt.same) > 0 {
 		fmt.Fprintf(b, " (%s and %.2f× against PyTorch on the same kernels)", span(slo, shi), stats.Median(gpt.sameRatios))
 	}
@@ -291,6 +295,7 @@ func runPyTorch(o *options, b *bytes.Buffer) error {
 	targets = append(targets,
 		targetResult{"pipetrain one process / PyTorch one process, both MLPs, 1 and 2 BLAS threads", fmt.Sprintf("≥ %.1f×", torchSingleTarget), strings.Join(singleMeasured, ", "), lo >= torchSingleTarget},
 		targetResult{"pipetrain one process / PyTorch one process, GPT, 1 thread", fmt.Sprintf("≥ %.1f×", torchGPTTarget), fmt.Sprintf("%.2f×", gpt.ratio()), gpt.ratio() >= torchGPTTarget},
+		targetResult{"pipetrain one process / PyTorch one process, Llama of about 10M parameters, 1 thread", fmt.Sprintf("≥ %.1f×", torchLlamaTarget), fmt.Sprintf("%.2f×", llama.ratio()), llama.ratio() >= torchLlamaTarget},
 		targetResult{"4-stage pipeline / PyTorch 4-process pipeline, both MLPs", fmt.Sprintf("≥ %.1f×", torchPipelineTarget), strings.Join(pipeMeasured, ", "), plo >= torchPipelineTarget},
 	)
 	return nil
@@ -314,6 +319,43 @@ func span(lo, hi float64) string {
 		return fmt.Sprintf("%.2f×", lo)
 	}
 	return fmt.Sprintf("%.2f× to %.2f×", lo, hi)
+}
+
+// lmAgainstTorch trains the language model of config in `pipetrain
+// reference` and script its PyTorch twin, reps times taking turns, one BLAS
+// thread, PyTorch also on pipetrain's kernels when kenv is set.
+func lmAgainstTorch(o *options, py, label, config, script string, cfg *configs.Config, steps, skip, reps int, kenv []string) (torchPair, error) {
+	var pair torchPair
+	ro := *o
+	ro.skip = skip
+	for range reps {
+		rc := runConfig{base: config, steps: steps, env: []string{"PIPETRAIN_COMPUTE_BLAS_THREADS=1"}}
+		sps, _, err := samplesPerSec(&ro, "reference", rc)
+		if err != nil {
+			return pair, fmt.Errorf("reference of %s: %w", config, err)
+		}
+		args := []string{"--batch", strconv.Itoa(cfg.Data.BatchSize), "--micro-batches", strconv.Itoa(cfg.Data.MicroBatches),
+			"--steps", strconv.Itoa(steps), "--skip", strconv.Itoa(skip), "--lr", strconv.FormatFloat(cfg.Train.Optimizer.LR, 'g', -1, 64)}
+		tps, err := torchSamplesPerSec(py, script, args, 1)
+		if err != nil {
+			return pair, err
+		}
+		pair.add(sps, tps)
+		same := math.NaN()
+		if kenv != nil {
+			if same, err = torchSamplesPerSec(py, script, args, 1, kenv...); err != nil {
+				return pair, err
+			}
+			pair.addSame(same)
+		}
+		logf("pytorch %s, 1 thread: pipetrain %.1f samples/s, PyTorch %.1f, PyTorch with pipetrain's kernels %.1f", label, sps, tps, same)
+	}
+	return pair, nil
+}
+
+func describeLlama(s models.Spec) string {
+	return fmt.Sprintf("%d blocks of hidden size %d, %d query heads sharing %v key and value heads, SwiGLU of %v, context %d, vocabulary %d",
+		s.Layers, s.Width, s.Heads, s.Own["kv_heads"], s.Own["intermediate"], s.Context, s.Vocab)
 }
 
 func describeGPT(s models.Spec) string {
