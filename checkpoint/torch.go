@@ -349,11 +349,14 @@ func misshapen(p models.TorchParam, src *initSource, name string, got, want []in
 	return errors.New(msg)
 }
 
-// CheckInit checks that path (a safetensors file, a folder of them, or a run
-// directory) holds every parameter of m, in PyTorch's names and layouts or
-// pipetrain's, with the shapes m needs and nothing else, reading only the
-// files' headers.
+// CheckInit checks that path (a safetensors file, a folder of them, a run
+// directory, or a Hugging Face checkpoint directory, see CheckHF) holds
+// every parameter of m, in PyTorch's names and layouts or pipetrain's, with
+// the shapes m needs and nothing else, reading only the files' headers.
 func CheckInit(m *models.Model, path string) error {
+	if IsHFDir(path) {
+		return CheckHF(m, path)
+	}
 	params, err := models.TorchParams(m)
 	if err != nil {
 		return err
@@ -366,6 +369,9 @@ func CheckInit(m *models.Model, path string) error {
 // nil) from path, checked as CheckInit checks it, and returns them by
 // pipetrain name in pipetrain's layouts, converted to m's dtype.
 func ReadInit(m *models.Model, path string, want func(name string) bool) (map[string]Tensor, error) {
+	if IsHFDir(path) {
+		return ReadHF(m, path, want)
+	}
 	params, err := models.TorchParams(m)
 	if err != nil {
 		return nil, err

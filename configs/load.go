@@ -148,7 +148,7 @@ func LoadUnchecked(path string) (*Config, error) {
 	if b, err := os.ReadFile(path); err == nil {
 		var doc map[string]any
 		if yaml.Unmarshal(b, &doc) == nil {
-			unknownKeys(p, withDatasetKeys(withFamilyKeys(schema, v.GetString("model.name")), v.GetString("data.dataset")), doc, "")
+			unknownKeys(p, withDatasetKeys(withFamilyKeys(schema, modelName(v, path)), v.GetString("data.dataset")), doc, "")
 		}
 	}
 	p.Items = append(p.Items, envProblems...)
@@ -162,6 +162,10 @@ func LoadUnchecked(path string) (*Config, error) {
 		return nil, p
 	}
 	c.Path = path
+	if err := c.resolveModelFrom(); err != nil {
+		p.Items = append(p.Items, err.Error())
+		return nil, p
+	}
 	c.normaliseAddresses()
 	c.readScheduleFile()
 	c.env = env

@@ -146,6 +146,7 @@ var keyDocs = map[string]string{
 	"name":        "The run's name: a run directory defaults to runs/NAME-TIME (the config file's name when empty).",
 	"model":       "The model: a registered name and its sizes; each model reads the keys it needs.",
 	"model.dtype": "The floating-point type of weights, activations and gradients.",
+	"model.from":  "A Hugging Face checkpoint directory (config.json of model_type llama or gpt2) that sets the model: name and sizes come from its config.json; keys given beside it must agree, except dtype and a Llama's context (at most max_position_embeddings). train.init_from: DIR loads its weights.",
 
 	"data":               "Where examples come from and how a step's batch is cut.",
 	"data.dataset":       "fashion-mnist: the images in data.dir; text: data.corpus, tokenized, for a language model (model gpt).",

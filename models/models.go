@@ -36,6 +36,10 @@ type Spec struct {
 	// Channels are the output channels of each conv layer (model "cnn").
 	Channels []int `mapstructure:"channels" json:"channels,omitempty"`
 
+	// From is a Hugging Face checkpoint directory whose config.json sets
+	// the other keys (configs resolves it with SpecFromHF).
+	From string `mapstructure:"from" json:"from,omitempty"`
+
 	// Own holds the keys of the section that are none of the fields above:
 	// the keys a family reads that no other does (KeyDoc with a Type),
 	// which it decodes itself with DecodeOwn. A config refuses every other
