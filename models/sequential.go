@@ -17,17 +17,22 @@ import (
 // fields. The list is called stack because model.layers is already the
 // transformers' block count (a field of Spec every family shares).
 //
-// Every top-level entry becomes one unit a stage can hold (a Layer), except
-// that a residual entry with repeat: N becomes N units, one per repetition,
-// each with its own weights: repeated blocks are what a pipeline spreads over
-// its stages. Units pass (batch, features) between them, flattened, as the
-// cnn's layers do; inside a unit an activation has the example shape the
-// stack gives it, (channels, height, width) for an image.
+// The stack is cut into units, the layers stages[i].layers counts: each
+// top-level entry with parameters (linear, conv2d, a norm, a residual group)
+// starts one and holds the entries without parameters after it (activations,
+// pools, flatten), as a Keras Dense layer holds its activation; the entries
+// before the first with parameters join the first unit. A residual entry
+// with repeat: N is N entries, each with its own weights: repeated blocks
+// are what a pipeline spreads over its stages. Units pass (batch, features)
+// between them, flattened, as the cnn's layers do; inside a unit an
+// activation has the example shape the stack gives it, (channels, height,
+// width) for an image.
 //
-// A unit's parameters are named after the PyTorch nn.Sequential holding the
-// same stack: unit i's are stack<i>.<torch name>, where the PyTorch name is
-// i.weight for a leaf and i.j.weight for entry j of a residual group (the
-// group being a module that subclasses nn.Sequential and adds its input).
+// Parameters are named after the PyTorch nn.Sequential holding the same
+// stack: entry i's are i.weight, entry j of a residual group i.j.weight
+// (the group being a module that subclasses nn.Sequential and adds its
+// input), and pipetrain's are the same with "stack" before them; unit
+// stack<i> is the one whose entry i has parameters.
 
 func init() {
 	// The types first: the family's doc lists them.
@@ -51,7 +56,7 @@ func init() {
 			{Key: "input", Doc: "Features of an example."},
 			{Key: "input_shape", Type: "array", Doc: "The example's shape as the first layer takes it, e.g. [1, 28, 28] (channels, height, width) for a convolution; its product is input. Default [input]."},
 			{Key: "classes", Doc: classesDoc},
-			{Key: "stack", Type: "array", Doc: "The layers, in order: each a map with type (" + strings.Join(SeqTypes(), ", ") + ") and that type's fields (docs/models.md lists them); the last emits model.classes logits. Each entry is a unit a stage can hold; a residual entry with repeat: N is N units."},
+			{Key: "stack", Type: "array", Doc: "The layers, in order: each a map with type (" + strings.Join(SeqTypes(), ", ") + ") and that type's fields (docs/models.md lists them); the last emits model.classes logits. Each entry with parameters and the entries without after it are a unit a stage can hold; a residual entry with repeat: N is N entries."},
 		},
 	}})
 }
@@ -393,30 +398,40 @@ func buildSequential(spec Spec) (*Model, error) {
 		}
 		in = own.InputShape
 	}
-	units := parseStack(&check, "stack", spec.Own["stack"])
+	nodes := parseStack(&check, "stack", spec.Own["stack"])
 	if len(check.errs) == 0 {
-		if out, ok := inferShapes(&check, units, in); ok && !slices.Equal(out, []int{spec.Classes}) {
+		if out, ok := inferShapes(&check, nodes, in); ok && !slices.Equal(out, []int{spec.Classes}) {
 			check.add("stack", "the last layer emits %s per example; a classifier of %d classes needs %d logits", shapeString(out), spec.Classes, spec.Classes)
+		}
+	}
+	var units []*seqUnit
+	if len(check.errs) == 0 {
+		if units = groupUnits(nodes, dt); len(units) == 0 {
+			check.add("stack", "no entry has parameters: give at least one linear, conv2d or norm")
 		}
 	}
 	if err := check.err(); err != nil {
 		return nil, err
 	}
 	m := &Model{Spec: spec, DType: dt, Example: tensor.Shape{spec.Input}, Classes: spec.Classes}
-	for i := range units {
-		m.Layers = append(m.Layers, newSeqUnit(i, units[i], dt))
+	for _, u := range units {
+		m.Layers = append(m.Layers, u)
 	}
 	return m, nil
 }
 
-// seqUnit is one top-level entry of the stack, a Layer.
+// seqUnit is a Layer: one top-level entry with parameters and the entries
+// without that follow it (the ones before the first such entry join the
+// first unit). An engine cannot split the backward of a stage part without
+// parameters, and the planner measures each unit alone, so every unit has
+// some.
 type seqUnit struct {
-	name  string // "stack<i>"
-	index int
-	node  seqNode
+	name  string // "stack<i>", i the index of its entry with parameters
+	first int    // the index of its first entry in the expanded stack
+	nodes []seqNode
 	dt    tensor.Dtype
 	// parts are the leaves with parameters, in Build's order, with their
-	// PyTorch paths inside the unit ("", "0.", "1.2.").
+	// PyTorch names' prefixes ("7.", "9.1.").
 	parts []seqPart
 }
 
@@ -425,75 +440,97 @@ type seqPart struct {
 	path string
 }
 
-// seqFreshUnit is a unit whose ops cannot reuse last run's outputs: a
-// convolution's im2col, and reshapes that change a kept output's shape in
-// place (see FreshValues).
-type seqFreshUnit struct{ *seqUnit }
+// hasParams reports whether n or an entry of its stack has parameters.
+func hasParams(n *seqNode) bool {
+	if n.layer != nil {
+		return len(n.layer.Params(n.in)) > 0
+	}
+	return slices.ContainsFunc(n.body, func(c seqNode) bool { return hasParams(&c) })
+}
 
-func (seqFreshUnit) FreshValues() {}
-
-func newSeqUnit(i int, n seqNode, dt tensor.Dtype) Layer {
-	u := &seqUnit{name: fmt.Sprintf("stack%d", i), index: i, node: n, dt: dt}
-	fresh := false
-	var walk func(n *seqNode, path string)
-	walk = func(n *seqNode, path string) {
-		fresh = fresh || len(n.in) > 1 || len(n.out) > 1
-		if _, conv := n.layer.(seqConv); conv {
-			fresh = true
+// groupUnits cuts the expanded stack into units, none if no entry has
+// parameters.
+func groupUnits(nodes []seqNode, dt tensor.Dtype) []*seqUnit {
+	var out []*seqUnit
+	lead := 0 // entries without parameters before the first with
+	for i := range nodes {
+		switch {
+		case hasParams(&nodes[i]):
+			first := i - lead
+			lead = 0
+			out = append(out, &seqUnit{name: fmt.Sprintf("stack%d", i), first: first, nodes: nodes[first : i+1], dt: dt})
+		case len(out) == 0:
+			lead++
+		default:
+			u := out[len(out)-1]
+			u.nodes = nodes[u.first : i+1]
 		}
-		if n.layer != nil {
-			if len(n.layer.Params(n.in)) > 0 {
-				u.parts = append(u.parts, seqPart{n, path})
+	}
+	for _, u := range out {
+		var walk func(n *seqNode, path string)
+		walk = func(n *seqNode, path string) {
+			if n.layer != nil {
+				if len(n.layer.Params(n.in)) > 0 {
+					u.parts = append(u.parts, seqPart{n, path})
+				}
+				return
 			}
-			return
+			for j := range n.body {
+				walk(&n.body[j], fmt.Sprintf("%s%d.", path, j))
+			}
 		}
-		for j := range n.body {
-			walk(&n.body[j], fmt.Sprintf("%s%d.", path, j))
+		for j := range u.nodes {
+			walk(&u.nodes[j], fmt.Sprintf("%d.", u.first+j))
 		}
 	}
-	walk(&u.node, "")
-	if fresh {
-		return seqFreshUnit{u}
-	}
-	return u
+	return out
 }
 
 func (u *seqUnit) Name() string { return u.name }
 
+func (u *seqUnit) in() []int  { return u.nodes[0].in }
+func (u *seqUnit) out() []int { return u.nodes[len(u.nodes)-1].out }
+
 func (u *seqUnit) OutShape(in tensor.Shape) tensor.Shape {
-	return tensor.Shape{in[0], tensor.Shape(u.node.out).TotalSize()}
+	return tensor.Shape{in[0], tensor.Shape(u.out()).TotalSize()}
 }
 
 // Described is a layer that says in a line what it is, for pipetrain
-// validate to list under its stage: a sequential unit names its stack entry
-// and the example shapes it takes and gives.
+// validate to list under its stage: a sequential unit names its stack
+// entries and the example shapes it takes and gives.
 type Described interface {
 	Layer
 	Describe() string
 }
 
-// Describe: "stack[7] (residual): 128 -> 128".
+// Describe: "stack[0] conv2d, stack[1] relu, stack[2] maxpool: 1x28x28 -> 8x14x14".
 func (u *seqUnit) Describe() string {
-	return fmt.Sprintf("%s (%s): %s -> %s", u.node.path, u.node.kind, shapeString(u.node.in), shapeString(u.node.out))
+	entries := make([]string, len(u.nodes))
+	for i, n := range u.nodes {
+		entries[i] = n.path + " " + n.kind
+	}
+	return fmt.Sprintf("%s: %s -> %s", strings.Join(entries, ", "), shapeString(u.in()), shapeString(u.out()))
 }
 
 func (u *seqUnit) Build(g *G.ExprGraph, x *G.Node, seed uint64) (Built, error) {
 	batch := x.Shape()[0]
 	o := newOps(u.dt)
 	h := x
-	if len(u.node.in) > 1 {
-		h = o.reshape(x, append([]int{batch}, u.node.in...)...)
+	if len(u.in()) > 1 {
+		h = o.reshapeCopy(x, append([]int{batch}, u.in()...)...)
 	}
 	if o.err != nil {
 		return Built{}, fmt.Errorf("%s: %w", u.name, o.err)
 	}
 	var b Built
-	h, err := u.forward(g, &u.node, "", h, seed, &b)
-	if err != nil {
-		return Built{}, fmt.Errorf("%s (model.%s): %w", u.name, u.node.path, err)
+	for j := range u.nodes {
+		var err error
+		if h, err = u.forward(g, &u.nodes[j], fmt.Sprintf("%d.", u.first+j), h, seed, &b); err != nil {
+			return Built{}, fmt.Errorf("%s (model.%s): %w", u.name, u.nodes[j].path, err)
+		}
 	}
-	if len(u.node.out) > 1 {
-		h = o.reshape(h, batch, tensor.Shape(u.node.out).TotalSize())
+	if len(u.out()) > 1 {
+		h = o.reshapeCopy(h, batch, tensor.Shape(u.out()).TotalSize())
 	}
 	if o.err != nil {
 		return Built{}, fmt.Errorf("%s: %w", u.name, o.err)
@@ -502,8 +539,8 @@ func (u *seqUnit) Build(g *G.ExprGraph, x *G.Node, seed uint64) (Built, error) {
 	return b, nil
 }
 
-// forward adds node n at PyTorch path path to g, appending its parameters
-// and parts to b.
+// forward adds node n, whose parameters' PyTorch names start with path, to
+// g, appending its parameters and parts to b.
 func (u *seqUnit) forward(g *G.ExprGraph, n *seqNode, path string, x *G.Node, seed uint64, b *Built) (*G.Node, error) {
 	if n.layer == nil {
 		h := x
@@ -517,8 +554,8 @@ func (u *seqUnit) forward(g *G.ExprGraph, n *seqNode, path string, x *G.Node, se
 	}
 	var params []*G.Node
 	for _, p := range n.layer.Params(n.in) {
-		value := p.Init(u.dt, paramRNG(seed, u.name, path+p.Name))
-		params = append(params, newParam(g, u.name+"."+path+p.Name, value))
+		value := p.Init(u.dt, paramRNG(seed, "stack", path+p.Name))
+		params = append(params, newParam(g, "stack"+path+p.Name, value))
 	}
 	out, err := n.layer.Forward(g, x, params)
 	if err != nil {
@@ -548,13 +585,13 @@ func (u *seqUnit) LinearWeight(i int) (int, bool, bool) {
 	return 0, false, ok
 }
 
-// TorchParams: the nn.Sequential's state_dict names, i.<path><name>.
+// TorchParams: the nn.Sequential's state_dict names, pipetrain's being
+// "stack" and the same.
 func (u *seqUnit) TorchParams() []TorchParam {
 	var out []TorchParam
 	for _, p := range u.parts {
 		for _, sp := range p.node.layer.Params(p.node.in) {
-			out = append(out, TorchParam{Name: u.name + "." + p.path + sp.Name,
-				Torch: fmt.Sprintf("%d.%s%s", u.index, p.path, sp.Name), Shape: sp.Shape, Transpose: sp.Transpose})
+			out = append(out, TorchParam{Name: "stack" + p.path + sp.Name, Torch: p.path + sp.Name, Shape: sp.Shape, Transpose: sp.Transpose})
 		}
 	}
 	return out
@@ -650,13 +687,10 @@ func (l seqConv) Params(in []int) []SeqParam {
 	}
 }
 
-// Forward is Conv's convolution and bias, without its ReLU and pool.
+// Forward is one fused op, convolution and bias.
 func (l seqConv) Forward(g *G.ExprGraph, x *G.Node, params []*G.Node) (*G.Node, error) {
 	o := newOps(x.Dtype())
-	conv := o.do("conv2d", func() (*G.Node, error) {
-		return G.Conv2d(x, params[0], tensor.Shape{l.kernel, l.kernel}, []int{l.padding, l.padding}, []int{l.stride, l.stride}, []int{1, 1})
-	})
-	y := o.bcastAdd(conv, params[1], 0, 2, 3)
+	y := o.conv2d(x, params[0], params[1], l.stride, l.padding)
 	return y, o.err
 }
 
@@ -719,8 +753,10 @@ func (seqFlatten) Forward(_ *G.ExprGraph, x *G.Node, _ []*G.Node) (*G.Node, erro
 	if x.Dims() == 2 {
 		return x, nil
 	}
+	o := newOps(x.Dtype())
 	s := x.Shape()
-	return G.Reshape(x, tensor.Shape{s[0], s.TotalSize() / s[0]})
+	y := o.reshapeCopy(x, s[0], s.TotalSize()/s[0])
+	return y, o.err
 }
 
 // seqLayerNorm is nn.LayerNorm over the features (eps 1e-5, PyTorch's
@@ -789,11 +825,11 @@ func (a seqActivation) Forward(_ *G.ExprGraph, x *G.Node, _ []*G.Node) (*G.Node,
 	rows := a.name == "gelu" || a.name == "silu"
 	h := x
 	if rows && x.Dims() != 2 {
-		h = o.reshape(x, s[0], s.TotalSize()/s[0])
+		h = o.reshapeCopy(x, s[0], s.TotalSize()/s[0])
 	}
 	y := a.f(o, h)
 	if rows && x.Dims() != 2 {
-		y = o.reshape(y, s...)
+		y = o.reshapeCopy(y, s...)
 	}
 	return y, o.err
 }

@@ -45,8 +45,9 @@ func testStack(dtype string) Spec {
 	}}
 }
 
-// TestSequentialShapes: the stack's units (the repeated group twice), the
-// example shapes inferred through them, and the activations between units
+// TestSequentialShapes: the stack's units, each an entry with parameters
+// and the entries without after it (the repeated group twice), the example
+// shapes inferred through them, and the activations between units
 // flattened.
 func TestSequentialShapes(t *testing.T) {
 	m := buildModel(t, testStack(""))
@@ -55,24 +56,19 @@ func TestSequentialShapes(t *testing.T) {
 		got = append(got, l.Name()+" "+l.(interface{ Describe() string }).Describe())
 	}
 	want := []string{
-		"stack0 stack[0] (conv2d): 2x8x8 -> 3x8x8",
-		"stack1 stack[1] (gelu): 3x8x8 -> 3x8x8",
-		"stack2 stack[2] (maxpool): 3x8x8 -> 3x4x4",
-		"stack3 stack[3] (conv2d): 3x4x4 -> 4x3x3",
-		"stack4 stack[4] (avgpool): 4x3x3 -> 4x1x1",
-		"stack5 stack[5] (flatten): 4x1x1 -> 4",
-		"stack6 stack[6] (linear): 4 -> 6",
-		"stack7 stack[7] (residual): 6 -> 6",
-		"stack8 stack[7] (residual): 6 -> 6",
-		"stack9 stack[8] (rmsnorm): 6 -> 6",
-		"stack10 stack[9] (residual): 6 -> 6",
-		"stack11 stack[10] (relu): 6 -> 6",
-		"stack12 stack[11] (linear): 6 -> 3",
+		"stack0 stack[0] conv2d, stack[1] gelu, stack[2] maxpool: 2x8x8 -> 3x4x4",
+		"stack3 stack[3] conv2d, stack[4] avgpool, stack[5] flatten: 3x4x4 -> 4",
+		"stack6 stack[6] linear: 4 -> 6",
+		"stack7 stack[7] residual: 6 -> 6",
+		"stack8 stack[7] residual: 6 -> 6",
+		"stack9 stack[8] rmsnorm: 6 -> 6",
+		"stack10 stack[9] residual, stack[10] relu: 6 -> 6",
+		"stack12 stack[11] linear: 6 -> 3",
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("units:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-	for i, w := range []int{128, 192, 192, 48, 36, 4, 4, 6, 6, 6, 6, 6, 6, 3} {
+	for i, w := range []int{128, 48, 4, 6, 6, 6, 6, 6, 3} {
 		if s := m.ShapeAt(i, 5); !s.Eq(tensor.Shape{5, w}) {
 			t.Errorf("shape entering unit %d: %v, want (5, %d)", i, s, w)
 		}
@@ -144,6 +140,10 @@ func TestSequentialRefusesByEntry(t *testing.T) {
 	spec.Own = nil
 	if _, err := Build(spec); err == nil || err.Error() != "model.stack: a null, want a list of layer entries, each a map with a type" {
 		t.Errorf("no stack: %v", err)
+	}
+	noParams := Spec{Name: "sequential", Input: 10, Classes: 10, Own: map[string]any{"stack": []any{entry{"type": "relu"}}}}
+	if _, err := Build(noParams); err == nil || err.Error() != "model.stack: no entry has parameters: give at least one linear, conv2d or norm" {
+		t.Errorf("no parameters: %v", err)
 	}
 }
 

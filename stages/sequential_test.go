@@ -5,13 +5,14 @@ import (
 	"testing"
 
 	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/engine"
 	"github.com/pipetrain/pipetrain/models"
 )
 
 // sequentialConfig is testConfig's run (4 micro-batches) with a sequential
 // model on its 8 features read as 2x2 images of 2 channels: conv2d, relu,
-// maxpool, flatten, linear, a residual group repeated twice (two units) and
-// the linear head: units 0-7.
+// maxpool, flatten (unit 0, the conv2d's), linear (1), a residual group
+// repeated twice (2 and 3) and the linear head (4).
 func sequentialConfig(sched string, layers [][]string) *configs.Config {
 	c := testConfig(sched, layers, 4, "float64", "adam")
 	type entry = map[string]any
@@ -41,10 +42,10 @@ func TestSequentialPipelineEqualsReference(t *testing.T) {
 		sched  string
 		layers [][]string
 	}{
-		{"1f1b", plain("0-3", "4-7")},
-		{"zb-h1", plain("0-4", "5-7")},
-		{"gpipe", plain("0-2", "3-4", "5", "6-7")},
-		{"zb-v", [][]string{{"0-2", "6-7"}, {"3-4", "5"}}},
+		{"1f1b", plain("0-1", "2-4")},
+		{"zb-h1", plain("0", "1-4")},
+		{"gpipe", plain("0", "1", "2", "3-4")},
+		{"zb-v", [][]string{{"0", "4"}, {"1-2", "3"}}},
 	} {
 		t.Run(fmt.Sprintf("%s/p%d", tc.sched, len(tc.layers)), func(t *testing.T) {
 			cfg := sequentialConfig(tc.sched, tc.layers)
@@ -56,10 +57,34 @@ func TestSequentialPipelineEqualsReference(t *testing.T) {
 // TestSequentialTrains: the loss falls, so the test above compares runs
 // that learn.
 func TestSequentialTrains(t *testing.T) {
-	cfg := sequentialConfig("1f1b", plain("0-3", "4-7"))
+	cfg := sequentialConfig("1f1b", plain("0-1", "2-4"))
 	cfg.Train.Steps = 12
 	losses := readLosses(t, runInProcess(t, cfg, true))
 	if len(losses) < 2 || !(losses[len(losses)-1] < losses[0]) {
 		t.Errorf("losses %v do not fall", losses)
+	}
+}
+
+// TestSequentialUnitsMeasure: every unit of the sequential model, measured
+// alone as pipetrain plan measures it, fused and split, holds memory the
+// engine can count: no unit is without parameters (an engine cannot split
+// such a chunk) or needs fresh tensors every run (whose registers the
+// engine cannot count), the convolution's included.
+func TestSequentialUnitsMeasure(t *testing.T) {
+	cfg := sequentialConfig("zb-h1", plain("0", "1-4"))
+	m, err := models.Build(cfg.Model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, l := range m.Layers {
+		if _, fresh := l.(models.FreshValues); fresh {
+			t.Errorf("unit %d needs fresh values", i)
+		}
+		for _, split := range []bool{false, true} {
+			mem, err := engine.MeasureMemory(m, i, i+1, 4, 1, engine.Options{Split: split})
+			if err != nil || mem.Machine <= 0 {
+				t.Errorf("unit %d, split %v: %+v, %v", i, split, mem, err)
+			}
+		}
 	}
 }

@@ -6,8 +6,9 @@ import (
 )
 
 // TestValidateListsSequentialUnits: validate lists each unit of a
-// sequential model under its stage, with the stack entry it comes from (a
-// repeated residual group twice) and its example shapes.
+// sequential model under its stage, with the stack entries it holds (an
+// entry with parameters and those without after it; a repeated residual
+// group twice) and its example shapes.
 func TestValidateListsSequentialUnits(t *testing.T) {
 	out, err := runValidate(t, `
 model:
@@ -25,20 +26,18 @@ data: {batch_size: 8, micro_batches: 2}
 train: {steps: 5, optimizer: {name: sgd, lr: 0.1}}
 schedule: 1f1b
 stages:
-  - {layers: "0-2", address: 127.0.0.1:7001}
-  - {layers: "3-5", address: 127.0.0.1:7002}
+  - {layers: "0", address: 127.0.0.1:7001}
+  - {layers: "1-3", address: 127.0.0.1:7002}
 `)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := strings.Join([]string{
-		"    layer 0   stack[0] (conv2d): 1x28x28 -> 2x28x28",
-		"    layer 1   stack[1] (maxpool): 2x28x28 -> 2x14x14",
-		"    layer 2   stack[2] (flatten): 2x14x14 -> 392",
-		"  stage 1          127.0.0.1:7002        layers 3-5   in (4, 392) -> out (4, 10)",
-		"    layer 3   stack[3] (residual): 392 -> 392",
-		"    layer 4   stack[3] (residual): 392 -> 392",
-		"    layer 5   stack[4] (linear): 392 -> 10",
+		"    layer 0   stack[0] conv2d, stack[1] maxpool, stack[2] flatten: 1x28x28 -> 392",
+		"  stage 1          127.0.0.1:7002        layers 1-3   in (4, 392) -> out (4, 10)",
+		"    layer 1   stack[3] residual: 392 -> 392",
+		"    layer 2   stack[3] residual: 392 -> 392",
+		"    layer 3   stack[4] linear: 392 -> 10",
 	}, "\n")
 	if !strings.Contains(out, want) {
 		t.Errorf("validate printed\n%s\nwant it to hold\n%s", out, want)
