@@ -33,7 +33,10 @@ type Generator struct {
 
 // New builds the config's model and loads a run's weights: its final
 // weights, or if the run did not finish, its newest complete checkpoint.
-func New(c *configs.Config, runDir string) (*Generator, error) {
+// tokenizer names the tokenizer ("byte" or a tokenizer file, see
+// data.LoadTokenizer); "" takes the data's: a text corpus's, or the one
+// recorded beside a tokens run's training shards.
+func New(c *configs.Config, runDir, tokenizer string) (*Generator, error) {
 	model, err := models.Build(c.Model)
 	if err != nil {
 		return nil, err
@@ -41,15 +44,18 @@ func New(c *configs.Config, runDir string) (*Generator, error) {
 	if model.Targets() == 1 {
 		return nil, fmt.Errorf("%s: model %s is not a language model", c.Path, c.Model.Name)
 	}
-	text, err := c.LoadText()
+	tok, err := Tokenizer(c, tokenizer)
 	if err != nil {
 		return nil, err
+	}
+	if tok.Vocab() > c.Model.Vocab {
+		return nil, fmt.Errorf("%s: the tokenizer has %d ids, more than model.vocab's %d", c.Path, tok.Vocab(), c.Model.Vocab)
 	}
 	e, err := engine.NewEngine(model, 0, len(model.Layers), 1, c.Train.Seed, engine.Options{})
 	if err != nil {
 		return nil, err
 	}
-	g := &Generator{engine: e, tok: text.Tokenizer, context: model.Example[0]}
+	g := &Generator{engine: e, tok: tok, context: model.Example[0]}
 	weights, from, err := runWeights(c, runDir)
 	if err != nil {
 		return nil, err
@@ -61,6 +67,36 @@ func New(c *configs.Config, runDir string) (*Generator, error) {
 	}
 	g.From = from
 	return g, nil
+}
+
+// Tokenizer is the tokenizer name says ("byte" or a tokenizer file), or
+// for "" the one the config's data was tokenized with: dataset text's
+// (which tokenizes the corpus again) or the file beside dataset tokens'
+// training shards.
+func Tokenizer(c *configs.Config, name string) (data.Tokenizer, error) {
+	switch name {
+	case "byte":
+		return data.ByteTokenizer{}, nil
+	case "":
+	default:
+		return data.LoadTokenizer(name)
+	}
+	s := c.DataSection()
+	switch s.Dataset {
+	case "text":
+		text, err := c.LoadText()
+		if err != nil {
+			return nil, err
+		}
+		return text.Tokenizer, nil
+	case "tokens":
+		tok, _, err := data.ShardTokenizer(s)
+		if err != nil {
+			return nil, fmt.Errorf("%w; give --tokenizer byte or a tokenizer.json", err)
+		}
+		return tok, nil
+	}
+	return nil, fmt.Errorf("%s: data.dataset %s records no tokenizer; give --tokenizer byte or a tokenizer.json", c.Path, s.Dataset)
 }
 
 // runWeights reads a run's final weights, or its newest complete checkpoint.
@@ -111,7 +147,9 @@ func (g *Generator) Generate(prompt []byte, n int, temperature float64, seed uin
 			return nil, err
 		}
 		vocab := logits.Shape()[1]
-		row := engine.Float64s(logits)[(len(window)-1)*vocab : len(window)*vocab]
+		// A model's vocabulary may be padded past the tokenizer's ids
+		// (GPT-2's 50257 to 50304): only ids the tokenizer decodes are drawn.
+		row := engine.Float64s(logits)[(len(window)-1)*vocab : (len(window)-1)*vocab+min(vocab, g.tok.Vocab())]
 		ids = append(ids, int32(pick(row, temperature, rng)))
 	}
 	return g.tok.Decode(ids)

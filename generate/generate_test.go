@@ -2,8 +2,13 @@ package generate
 
 import (
 	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
+	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/data"
 )
 
@@ -47,5 +52,51 @@ func TestPromptRefusedByCharacter(t *testing.T) {
 	want := "prompt: data: character 'é' at position 5 is not in the character vocabulary"
 	if err == nil || err.Error() != want {
 		t.Errorf("err = %v\nwant %s", err, want)
+	}
+}
+
+// TestTokenizerOfTokenShards: after data tokenize, a tokens run's sampler
+// decodes with the tokenizer recorded beside its training shards; --tokenizer
+// overrides it; shards without one are refused, naming the flag.
+func TestTokenizerOfTokenShards(t *testing.T) {
+	dir := t.TempDir()
+	text := filepath.Join(dir, "story.txt")
+	if err := os.WriteFile(text, []byte(strings.Repeat("once upon a time, a cat.\n", 200)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := data.Tokenize([]string{text}, data.TokenizeOptions{Tokenizer: "char", Out: filepath.Join(dir, "tok"), ValFraction: 0.1}); err != nil {
+		t.Fatal(err)
+	}
+	config := func(shards string) *configs.Config {
+		yaml := "model: {name: gpt, vocab: 64, context: 8, width: 16, heads: 2, layers: 1}\n" +
+			"data: {dataset: tokens, train_shards: \"" + shards + "\", batch_size: 4, micro_batches: 2}\n" +
+			"train: {steps: 1, evaluate: false}\nschedule: gpipe\nstages:\n  - {layers: \"0-1\", address: 127.0.0.1:7000}\n  - {layers: \"2\", address: 127.0.0.1:7001}\n"
+		path := filepath.Join(dir, "run.yaml")
+		if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		c, err := configs.Load(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	c := config("tok/train_*.bin")
+	tok, err := Tokenizer(c, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := data.NewCharTokenizer([]byte("once upon a time, a cat.\n"))
+	ids, err := tok.Encode([]byte("a cat"))
+	wantIDs, _ := want.Encode([]byte("a cat"))
+	if err != nil || tok.Vocab() != want.Vocab() || !slices.Equal(ids, wantIDs) {
+		t.Errorf("the shards' tokenizer: %d ids, encodes \"a cat\" as %v (%v); want the text's char tokenizer, %d ids, %v", tok.Vocab(), ids, err, want.Vocab(), wantIDs)
+	}
+	if tok, err := Tokenizer(c, "byte"); err != nil || tok.Vocab() != 256 {
+		t.Errorf("--tokenizer byte: %v, %v", tok, err)
+	}
+	os.Remove(filepath.Join(dir, "tok", data.TokenizerFile))
+	if _, err := Tokenizer(c, ""); err == nil || !strings.Contains(err.Error(), "no tokenizer.json beside") || !strings.Contains(err.Error(), "give --tokenizer") {
+		t.Errorf("shards without a tokenizer: %v", err)
 	}
 }

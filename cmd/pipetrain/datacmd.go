@@ -15,11 +15,12 @@ import (
 // dataCmd groups the commands that work on data files.
 func dataCmd() *cobra.Command {
 	c := &cobra.Command{
-		Use:     "data",
-		Short:   "Inspect data files",
-		Example: `  pipetrain data inspect fineweb_train_000001.bin   # format, dtype, tokens, token id range`,
+		Use:   "data",
+		Short: "Inspect data files, and tokenize text into token shards",
+		Example: `  pipetrain data inspect fineweb_train_000001.bin   # format, dtype, tokens, token id range
+  # pipetrain data tokenize: see its --help`,
 	}
-	c.AddCommand(inspectCmd())
+	c.AddCommand(inspectCmd(), tokenizeCmd())
 	return c
 }
 
@@ -99,4 +100,58 @@ func npyHeader(path string) (*data.NPYHeader, error) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return h, nil
+}
+
+func tokenizeCmd() *cobra.Command {
+	o := data.TokenizeOptions{ShardTokens: data.DefaultShardTokens}
+	c := &cobra.Command{
+		Use:   "tokenize --tokenizer byte|char|FILE.json --out DIR TEXT...",
+		Short: "Tokenize text files into llm.c shards that dataset tokens reads",
+		Long: `Read the text files (or folders of them) in order as one stream, encode it
+with the tokenizer, and write llm.c shards into DIR: train_000000.bin, ...
+and, from the last --val-fraction of the text, val_000000.bin, ... (uint16
+tokens when the vocabulary fits 65536 ids, else uint32), each at most
+--shard-tokens tokens, beside DIR/tokenizer.json, which records the
+tokenizer for pipetrain sample. The tokenizer is byte (256 ids), char (the
+bytes the text uses) or a Hugging Face tokenizer.json of a byte-level BPE
+(GPT-2's and its like). A progress bar on stderr follows a long input.`,
+		Example: `  pipetrain data tokenize --tokenizer byte --out tok input.txt
+  pipetrain data tokenize --tokenizer gpt2/tokenizer.json --out fineweb --shard-tokens 100000000 docs/
+  # then in the config: data: {dataset: tokens, train_shards: "tok/train_*.bin", val_shards: "tok/val_*.bin"}`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if o.Tokenizer == "" || o.Out == "" {
+				return fmt.Errorf("--tokenizer and --out are required")
+			}
+			o.Progress, o.Live, o.ProgressFrom = progressTo(cmd.ErrOrStderr())
+			res, err := data.Tokenize(args, o)
+			if err != nil {
+				return err
+			}
+			w := cmd.OutOrStdout()
+			for _, s := range append(res.Train, res.Val...) {
+				fmt.Fprintf(w, "%s: %d tokens\n", s.Path, s.Tokens)
+			}
+			fmt.Fprintf(w, "%s: %s tokenizer, %d ids; %d bytes of text\n", res.Tokenizer, o.Tokenizer, res.Vocab, res.Bytes)
+			return nil
+		},
+	}
+	c.Flags().StringVar(&o.Tokenizer, "tokenizer", "", "byte, char, or the path of a Hugging Face tokenizer.json (byte-level BPE)")
+	c.Flags().StringVar(&o.Out, "out", "", "the folder of the shards")
+	c.Flags().Int64Var(&o.ShardTokens, "shard-tokens", data.DefaultShardTokens, "the most tokens one shard holds")
+	c.Flags().Float64Var(&o.ValFraction, "val-fraction", 0.1, "the fraction of the text, from its end, for the validation shards (0: none)")
+	c.Flags().BoolVar(&o.Force, "force", false, "replace the shards and tokenizer DIR holds already")
+	return c
+}
+
+// progressTo is where tokenize draws its progress: redrawn in place on a
+// terminal for an input of 4 MiB or more, as a line per tenth elsewhere
+// (a log) for one of 1 GiB or more, so short runs and tests stay quiet.
+func progressTo(w io.Writer) (io.Writer, bool, int64) {
+	if f, ok := w.(*os.File); ok {
+		if info, err := f.Stat(); err == nil && info.Mode()&os.ModeCharDevice != 0 {
+			return w, true, 4 << 20
+		}
+	}
+	return w, false, 1 << 30
 }

@@ -15,11 +15,14 @@ func sampleCmd() *cobra.Command {
 	var tokens int
 	var temperature float64
 	var seed uint64
+	var tokenizer string
 	c := &cobra.Command{
 		Use:   "sample --run-dir DIR --prompt TEXT",
 		Short: "Generate text from a trained language model's weights (final, or the newest checkpoint)",
 		Example: `  # 200 bytes from the newest weights of a GPT run
-  pipetrain sample --run-dir runs/gpt --prompt "func Index(" --tokens 200`,
+  pipetrain sample --run-dir runs/gpt --prompt "func Index(" --tokens 200
+  # a run on token shards whose folder holds no tokenizer.json
+  pipetrain sample --run-dir runs/fineweb --prompt "The" --tokenizer gpt2/tokenizer.json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if f.runDir == "" {
@@ -32,7 +35,7 @@ func sampleCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			g, err := generate.New(cfg, f.runDir)
+			g, err := generate.New(cfg, f.runDir, tokenizer)
 			if err != nil {
 				return err
 			}
@@ -53,6 +56,7 @@ func sampleCmd() *cobra.Command {
 	c.Flags().IntVar(&tokens, "tokens", 200, "tokens to generate")
 	c.Flags().Float64Var(&temperature, "temperature", 0.8, "sampling temperature; 0 takes the most likely token each time")
 	c.Flags().Uint64Var(&seed, "seed", 1, "seed of the sampling, so a sample can be repeated")
+	c.Flags().StringVar(&tokenizer, "tokenizer", "", "byte, or a tokenizer.json (Hugging Face's, or the one data tokenize writes); default: the data's (a text corpus's, or the tokenizer.json beside a tokens run's train_shards)")
 	c.MarkFlagRequired("prompt")
 	return c
 }
