@@ -30,19 +30,80 @@ func (fashionKind) Check(s *Section, m *Model) error {
 		return fmt.Errorf("%s: data.dir: %w", s.Config, err)
 	}
 	for _, split := range imageSplits(s.Evaluate) {
-		ds, err := LoadFashionMNIST(s.Dir, split, false, true)
+		a, err := openFashion(s.Dir, split, false)
 		if err != nil {
 			return fmt.Errorf("%s: data.dir: %w", s.Config, err)
 		}
-		if err := checkImages(s, ds, m); err != nil {
+		err = a.check(s.Config, m)
+		a.Close()
+		if err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
+// Open serves Fashion-MNIST's files as arrays read in place (the images
+// mapped, or decompressed when gzipped only on a stage that reads inputs),
+// or the splits handed in by o.
 func (fashionKind) Open(s *Section, m *Model, o OpenOptions) (Source, error) {
-	return openImages(s, m, o)
+	train, err := fashionSplit(s, m, o.Train, "train", o.Inputs)
+	if err != nil {
+		return nil, err
+	}
+	var test split
+	if o.Test != nil || s.Evaluate {
+		if test, err = fashionSplit(s, m, o.Test, "test", o.Inputs); err != nil {
+			return nil, err
+		}
+	}
+	return openSource(s, train, test)
+}
+
+// fashionSplit is the split handed in, checked against m, or else the
+// split's files in s.Dir, checked.
+func fashionSplit(s *Section, m *Model, handed *Dataset, name string, inputs bool) (split, error) {
+	if handed != nil {
+		if err := checkImages(s, handed, m); err != nil {
+			return nil, err
+		}
+		return datasetSplit{handed}, nil
+	}
+	a, err := openFashion(s.Dir, name, inputs)
+	if err != nil {
+		return nil, err
+	}
+	if err := a.check(s.Config, m); err != nil {
+		a.Close()
+		return nil, err
+	}
+	return a, nil
+}
+
+// openFashion opens split "train" or "test" of Fashion-MNIST in dir as
+// arrays: the labels' bytes, and the images' header, and their bytes too
+// when images is set or they are mapped in place (which costs nothing until
+// they are read).
+func openFashion(dir, split string, images bool) (*arraySplit, error) {
+	prefix := map[string]string{"train": "train", "test": "t10k"}[split]
+	imgPath, err := findIDX(dir, prefix+"-images-idx3-ubyte")
+	if err != nil {
+		return nil, err
+	}
+	lblPath, err := findIDX(dir, prefix+"-labels-idx1-ubyte")
+	if err != nil {
+		return nil, err
+	}
+	features, err := openIDXArray(imgPath, images)
+	if err != nil {
+		return nil, err
+	}
+	labels, err := openIDXArray(lblPath, true)
+	if err != nil {
+		features.Close()
+		return nil, err
+	}
+	return &arraySplit{features: features, labelArr: labels}, nil
 }
 
 // imageSplits are the Fashion-MNIST splits a run reads: the training split,
@@ -62,100 +123,4 @@ func checkImages(s *Section, ds *Dataset, m *Model) error {
 		return fmt.Errorf("%s: %w", s.Config, err)
 	}
 	return nil
-}
-
-// openImages is the source of an image dataset: o.Train and o.Test when
-// handed in, else the splits of Fashion-MNIST in s.Dir (the test split when
-// the run evaluates), loading only the images (o.Inputs) and labels
-// (o.Targets) the stage needs.
-func openImages(s *Section, m *Model, o OpenOptions) (Source, error) {
-	f := &imageSource{trainSet: o.Train, testSet: o.Test, batch: s.MicroBatch}
-	var err error
-	if f.trainSet == nil {
-		if f.trainSet, err = LoadFashionMNIST(s.Dir, "train", o.Inputs, o.Targets); err != nil {
-			return nil, err
-		}
-	}
-	if f.testSet == nil && s.Evaluate {
-		if f.testSet, err = LoadFashionMNIST(s.Dir, "test", o.Inputs, o.Targets); err != nil {
-			return nil, err
-		}
-	}
-	for _, ds := range []*Dataset{f.trainSet, f.testSet} {
-		if ds == nil {
-			continue
-		}
-		if err := checkImages(s, ds, m); err != nil {
-			return nil, err
-		}
-	}
-	if f.sampler, err = NewSampler(s.Seed, f.trainSet.N, s.BatchSize); err != nil {
-		return nil, err
-	}
-	return f, nil
-}
-
-// imageSource serves Fashion-MNIST style datasets: images in, one label each.
-type imageSource struct {
-	trainSet, testSet *Dataset
-	sampler           *Sampler
-	batch             int // examples per micro-batch
-	step              int
-	idx               []int // the current step's example indices
-}
-
-func (f *imageSource) rows(step, mb int) []int {
-	if f.idx == nil || f.step != step {
-		f.idx, f.step = f.sampler.Indices(step), step
-	}
-	return f.idx[mb*f.batch : (mb+1)*f.batch]
-}
-
-func (f *imageSource) Train(step, mb int, x Inputs, targets bool) []int {
-	rows := f.rows(step, mb)
-	gather(f.trainSet, rows, x)
-	if !targets {
-		return nil
-	}
-	y := make([]int, len(rows))
-	GatherLabels(f.trainSet, rows, y)
-	return y
-}
-
-func (f *imageSource) EvalBatches() int {
-	if f.testSet == nil {
-		return 0
-	}
-	return (f.testSet.N + f.batch - 1) / f.batch
-}
-
-func (f *imageSource) Eval(k int, x Inputs, targets bool) ([]int, int) {
-	var rows []int
-	for i := k * f.batch; i < min(f.testSet.N, (k+1)*f.batch); i++ {
-		rows = append(rows, i)
-	}
-	gather(f.testSet, rows, x)
-	if !targets {
-		return nil, len(rows)
-	}
-	y := make([]int, f.batch) // padding rows are class 0 and not scored
-	GatherLabels(f.testSet, rows, y[:len(rows)])
-	return y, len(rows)
-}
-
-func (f *imageSource) EvalName() string { return "test" }
-
-func (f *imageSource) NextToken() bool { return false }
-
-// gather copies rows of ds into x and zeroes the padding rows after them.
-func gather(ds *Dataset, rows []int, x Inputs) {
-	n := len(rows) * ds.Dim
-	switch {
-	case x.F32 != nil:
-		GatherImages(ds, rows, x.F32[:n])
-		clear(x.F32[n:])
-	case x.F64 != nil:
-		GatherImages(ds, rows, x.F64[:n])
-		clear(x.F64[n:])
-	}
 }

@@ -54,7 +54,7 @@ func init() { data.Register(countKind{}) }
 // listed beside the built-in ones, found by its name, and data.Open feeds a
 // stage's batches through it.
 func TestRegisteredKindFeeds(t *testing.T) {
-	if got := data.Kinds(); !slices.Equal(got, []string{"count", "fashion-mnist", "text", "tokens"}) {
+	if got := data.Kinds(); !slices.Equal(got, []string{"arrays", "count", "fashion-mnist", "text", "tokens"}) {
 		t.Errorf("Kinds() = %v", got)
 	}
 	k, ok := data.Lookup("count")

@@ -69,6 +69,7 @@ func (s *TokenStream) Read(start int64, dst []int32, vocab int) error {
 			}
 			dst[j] = int32(v)
 		}
+		release(f.mapped)
 		dst, start, k = dst[n:], start+n, k+1
 	}
 	return nil
