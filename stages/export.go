@@ -52,6 +52,50 @@ func Export(c *configs.Config, runDir string, which int, out string) (*Exported,
 	if err != nil {
 		return nil, err
 	}
+	w, err := readRunWeights(c, runDir, which)
+	if err != nil {
+		return nil, err
+	}
+	byName, origin, from, step, unchecked, digest, files := w.byName, w.origin, w.from, w.step, w.unchecked, w.digest, w.files
+	tensors, err := checkpoint.ToTorch(params, byName, origin)
+	if err != nil {
+		if len(files) < len(c.Stages) {
+			return nil, fmt.Errorf("%s: %w (%s for the config's %d stages: did every stage finish?)", from, err, words.Count(len(files), "stage file"), len(c.Stages))
+		}
+		return nil, fmt.Errorf("%s: %w", from, err)
+	}
+	spec, err := exportSpec(c.Model)
+	if err != nil {
+		return nil, err
+	}
+	meta := map[string]string{
+		"format":        "pt",
+		"model":         c.Model.Name,
+		"model_spec":    string(spec),
+		"config_digest": digest,
+		"step":          strconv.Itoa(step),
+	}
+	if _, _, err := checkpoint.WriteChecked(out, tensors, meta); err != nil {
+		return nil, fmt.Errorf("--out %s: %w", out, err)
+	}
+	return &Exported{From: from, Step: step, Tensors: tensors, Meta: meta, Unchecked: unchecked}, nil
+}
+
+// runWeights are a run's weights as Export takes them, by pipetrain name.
+type runWeights struct {
+	byName    map[string]checkpoint.Tensor
+	origin    map[string]string // the file each tensor came from
+	from      string
+	step      int
+	unchecked []string
+	digest    string
+	files     []string
+}
+
+// readRunWeights reads the stage files of the weights of runDir that which
+// names (see Export), checked against their checksums or manifest and
+// against each other's config digest.
+func readRunWeights(c *configs.Config, runDir string, which int) (*runWeights, error) {
 	if len(c.Stages) == 0 {
 		return nil, fmt.Errorf("%s: the config has no stages", c.Path)
 	}
@@ -100,28 +144,7 @@ func Export(c *configs.Config, runDir string, which int, out string) (*Exported,
 	for d := range digests {
 		digest = d
 	}
-	tensors, err := checkpoint.ToTorch(params, byName, origin)
-	if err != nil {
-		if len(files) < len(c.Stages) {
-			return nil, fmt.Errorf("%s: %w (%s for the config's %d stages: did every stage finish?)", from, err, words.Count(len(files), "stage file"), len(c.Stages))
-		}
-		return nil, fmt.Errorf("%s: %w", from, err)
-	}
-	spec, err := exportSpec(c.Model)
-	if err != nil {
-		return nil, err
-	}
-	meta := map[string]string{
-		"format":        "pt",
-		"model":         c.Model.Name,
-		"model_spec":    string(spec),
-		"config_digest": digest,
-		"step":          strconv.Itoa(step),
-	}
-	if _, _, err := checkpoint.WriteChecked(out, tensors, meta); err != nil {
-		return nil, fmt.Errorf("--out %s: %w", out, err)
-	}
-	return &Exported{From: from, Step: step, Tensors: tensors, Meta: meta, Unchecked: unchecked}, nil
+	return &runWeights{byName: byName, origin: origin, from: from, step: step, unchecked: unchecked, digest: digest, files: files}, nil
 }
 
 // exportSpec is the model section as an export records it (model_spec):
@@ -189,7 +212,8 @@ func exportFiles(c *configs.Config, runDir string, which int) (files []string, d
 	if err := m.Verify(); err != nil {
 		return nil, "", 0, err
 	}
-	if m.Stages != len(c.Stages) {
+	// A reference run's checkpoint is one part holding every layer.
+	if m.Stages != len(c.Stages) && m.Stages != 1 {
 		return nil, "", 0, fmt.Errorf("%s: checkpoint of %d stages, the config has %d", dir, m.Stages, len(c.Stages))
 	}
 	for _, p := range m.Parts {

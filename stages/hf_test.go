@@ -6,6 +6,8 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
+	"strings"
 	"testing"
 
 	"gorgonia.org/tensor"
@@ -118,6 +120,73 @@ func TestHFCheckpointsLossEqualsPyTorch(t *testing.T) {
 			t.Errorf("%s (%s): pipetrain's loss %.9g, PyTorch's %.9g (relative difference %.2g)", k.Name, k.DType, got, k.Loss, rel)
 		} else {
 			t.Logf("%s (%s): loss %.9g, PyTorch's %.9g", k.Name, k.DType, got, k.Loss)
+		}
+	}
+}
+
+// hfCheck is what hf_checkpoint.py check reports of a directory.
+type hfCheck struct {
+	Loss    float64
+	Tensors map[string][2]any // name: [dtype, shape]
+}
+
+func checkHFInTorch(t *testing.T, dir, tokens string) hfCheck {
+	t.Helper()
+	out := dir + ".check.json"
+	runTorch(t, "hf_checkpoint.py", "check", dir, tokens, out)
+	var c hfCheck
+	b, err := os.ReadFile(out)
+	if err == nil {
+		err = json.Unmarshal(b, &c)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestHFRoundTripThroughTraining trains each Hugging Face checkpoint two
+// steps on 2 stages from train.init_from DIR, exports the final weights with
+// ExportHF and has PyTorch load the export into the same module with
+// strict=True: every tensor keeps its name, shape and dtype, and PyTorch's
+// loss on the export is pipetrain's within 1e-5 relative.
+func TestHFRoundTripThroughTraining(t *testing.T) {
+	root, cs := makeHFCheckpoints(t)
+	tokens := filepath.Join(root, "cases.json")
+	for _, k := range cs.Cases {
+		dir := filepath.Join(root, k.Name)
+		c := gptConfig("1f1b", plain("0-1", "2-3"), false)
+		c.Model = hfConfig(t, dir, k.DType).Model
+		c.Train.InitFrom, c.Train.Steps = dir, 2
+		run := runInProcess(t, c, false)
+		out := filepath.Join(root, k.Name+"-export")
+		shard := int64(DefaultShardSize)
+		if strings.Contains(k.Name, "sharded") {
+			shard = 10_000
+		}
+		e, err := ExportHF(c, run, FinalWeights, out, shard)
+		if err != nil {
+			t.Fatalf("%s: %v", k.Name, err)
+		}
+		_, indexErr := os.Stat(filepath.Join(out, checkpoint.HFIndexName))
+		if sharded := indexErr == nil; sharded != (shard < DefaultShardSize) || len(e.Files) < 2 {
+			t.Errorf("%s: wrote %v", k.Name, e.Files)
+		}
+		orig, back := checkHFInTorch(t, dir, tokens), checkHFInTorch(t, out, tokens)
+		if !reflect.DeepEqual(orig.Tensors, back.Tensors) {
+			t.Errorf("%s: tensors %v, exported as %v", k.Name, orig.Tensors, back.Tensors)
+		}
+		m, err := models.Build(c.Model)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := checkpoint.ReadInit(m, out, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", k.Name, err)
+		}
+		got := lmLoss(t, m, w, cs.Tokens)
+		if rel := math.Abs(got-back.Loss) / back.Loss; !(rel <= 1e-5) || got == orig.Loss {
+			t.Errorf("%s: pipetrain's loss on the export %.9g, PyTorch's %.9g (before training %.9g)", k.Name, got, back.Loss, orig.Loss)
 		}
 	}
 }
