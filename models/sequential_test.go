@@ -19,18 +19,19 @@ type entry = map[string]any
 
 // testStack is the model of testdata/sequential_torch.py: every built-in
 // type, a residual group repeated twice and one nested in another, on
-// 2x8x8 images.
+// 2x9x8 images: convolutions with stride and padding, pools that drop an
+// odd edge.
 func testStack(dtype string) Spec {
 	block := entry{"type": "residual", "repeat": 2, "stack": []any{
 		entry{"type": "layernorm"}, entry{"type": "linear", "out": 6}, entry{"type": "tanh"}, entry{"type": "linear", "out": 6, "bias": false},
 	}}
-	return Spec{Name: "sequential", DType: dtype, Input: 128, Classes: 3, Own: map[string]any{
-		"input_shape": []any{2, 8, 8},
+	return Spec{Name: "sequential", DType: dtype, Input: 144, Classes: 3, Own: map[string]any{
+		"input_shape": []any{2, 9, 8},
 		"stack": []any{
-			entry{"type": "conv2d", "out": 3, "kernel": 3, "padding": 1},
+			entry{"type": "conv2d", "out": 3, "kernel": 3, "stride": 2, "padding": 1},
 			entry{"type": "gelu"},
 			entry{"type": "maxpool"},
-			entry{"type": "conv2d", "out": 4, "kernel": 2},
+			entry{"type": "conv2d", "out": 4, "kernel": 2, "padding": 1},
 			entry{"type": "avgpool", "kernel": 2},
 			entry{"type": "flatten"},
 			entry{"type": "linear", "out": 6},
@@ -56,8 +57,8 @@ func TestSequentialShapes(t *testing.T) {
 		got = append(got, l.Name()+" "+l.(interface{ Describe() string }).Describe())
 	}
 	want := []string{
-		"stack0 stack[0] conv2d, stack[1] gelu, stack[2] maxpool: 2x8x8 -> 3x4x4",
-		"stack3 stack[3] conv2d, stack[4] avgpool, stack[5] flatten: 3x4x4 -> 4",
+		"stack0 stack[0] conv2d, stack[1] gelu, stack[2] maxpool: 2x9x8 -> 3x2x2",
+		"stack3 stack[3] conv2d, stack[4] avgpool, stack[5] flatten: 3x2x2 -> 4",
 		"stack6 stack[6] linear: 4 -> 6",
 		"stack7 stack[7] residual: 6 -> 6",
 		"stack8 stack[7] residual: 6 -> 6",
@@ -68,7 +69,7 @@ func TestSequentialShapes(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("units:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-	for i, w := range []int{128, 48, 4, 6, 6, 6, 6, 6, 3} {
+	for i, w := range []int{144, 12, 4, 6, 6, 6, 6, 6, 3} {
 		if s := m.ShapeAt(i, 5); !s.Eq(tensor.Shape{5, w}) {
 			t.Errorf("shape entering unit %d: %v, want (5, %d)", i, s, w)
 		}
@@ -197,7 +198,7 @@ func TestSequentialGradients(t *testing.T) {
 	m := buildModel(t, testStack("float64"))
 	r := rand.New(rand.NewPCG(3, 3))
 	g := G.NewGraph()
-	x := newParam(g, "x", randDense(r, 1, 2, 128))
+	x := newParam(g, "x", randDense(r, 1, 2, 144))
 	y, params := buildStack(t, m, g, x)
 	perturb(r, 0.3, params...)
 	checkGraphGrads(t, g, weightedSum(t, g, y), append(params, x), 12)
@@ -214,7 +215,7 @@ func TestSequentialMatchesPyTorch(t *testing.T) {
 	const batch = 3
 	r := rand.New(rand.NewPCG(5, 5))
 	g := G.NewGraph()
-	xv := denseOf(tensor.Float32, randDense(r, 1, batch, 128).Data().([]float64), batch, 128)
+	xv := denseOf(tensor.Float32, randDense(r, 1, batch, 144).Data().([]float64), batch, 144)
 	x := newParam(g, "x", xv)
 	y, params := buildStack(t, m, g, x)
 	perturb(r, 0.3, params...)
@@ -232,7 +233,7 @@ func TestSequentialMatchesPyTorch(t *testing.T) {
 		Params map[string]torchTensor `json:"params"`
 		X      torchTensor            `json:"x"`
 		R      torchTensor            `json:"r"`
-	}{Params: map[string]torchTensor{}, X: torchTensor{Shape: []int{batch, 128}, Data: xv.Data().([]float32)}, R: torchTensor{Shape: []int{batch, 3}, Data: rw.Data().([]float32)}}
+	}{Params: map[string]torchTensor{}, X: torchTensor{Shape: []int{batch, 144}, Data: xv.Data().([]float32)}, R: torchTensor{Shape: []int{batch, 3}, Data: rw.Data().([]float32)}}
 	for _, tp := range tps {
 		in.Params[tp.Torch] = torchTensor{Shape: tp.TorchShape, Data: toTorch(byName[tp.Name].Value().Data().([]float32), tp.Shape, tp.Transpose)}
 	}

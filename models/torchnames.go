@@ -32,6 +32,8 @@ import (
 //	       head.ln.gain, .bias       ln_f.weight, .bias
 //	       head.weight [width, vocab] head.weight [vocab, width] transposed (untied)
 //	       head.tok                  tok_emb.weight            tied: not exported again
+//	sequential stack<i>.weight        <i>.weight                transposed for linear
+//	       stack<i>.<j>.bias         <i>.<j>.bias              (an nn.Sequential's state_dict)
 
 // TorchParam is one parameter's entry in the map.
 type TorchParam struct {

@@ -36,10 +36,10 @@ def block():
 
 
 model = nn.Sequential(
-    nn.Conv2d(2, 3, 3, padding=1),
+    nn.Conv2d(2, 3, 3, stride=2, padding=1),
     nn.GELU(approximate="tanh"),
     nn.MaxPool2d(2),
-    nn.Conv2d(3, 4, 2, stride=1),
+    nn.Conv2d(3, 4, 2, padding=1),
     nn.AvgPool2d(2),
     nn.Flatten(),
     nn.Linear(4, 6),
@@ -59,7 +59,7 @@ def tensor(d):
 
 
 model.load_state_dict({name: tensor(d) for name, d in inp["params"].items()}, strict=True)
-x = tensor(inp["x"]).reshape(-1, 2, 8, 8).requires_grad_(True)
+x = tensor(inp["x"]).reshape(-1, 2, 9, 8).requires_grad_(True)
 out = model(x)
 (out * tensor(inp["r"])).sum().backward()
 json.dump({
