@@ -1,0 +1,160 @@
+package stages
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/data"
+)
+
+// evalData is the data runStagesIn hands c's stages, for EvaluateWeights.
+func evalData(t *testing.T, c *configs.Config) Options {
+	o := Options{Config: c, Train: synthetic(96, 8, 3, 1), Test: synthetic(30, 8, 3, 2)}
+	if c.Data.Dataset == "text" {
+		o.Text = testText(t)
+	}
+	return o
+}
+
+// readEvalJSON is a run's final evaluation.
+func readEvalJSON(t *testing.T, run string) EvalResult {
+	t.Helper()
+	var res EvalResult
+	b, err := os.ReadFile(filepath.Join(run, "eval.json"))
+	if err != nil || json.Unmarshal(b, &res) != nil || res.Examples == 0 {
+		t.Fatalf("eval.json %s: %v", b, err)
+	}
+	return res
+}
+
+// TestEvaluateWeightsEqualsTheRunsEvaluation: evaluating the final weights
+// of a pipelined run (its run directory, its latest checkpoint, and its
+// PyTorch export) in one process gives its eval.json, every figure bit for
+// bit: an MLP on images, a GPT on text and a GPT on token files. Nothing is
+// written into the run directory.
+func TestEvaluateWeightsEqualsTheRunsEvaluation(t *testing.T) {
+	tokens := gptConfig("1f1b", plain("0-1", "2-4"), true)
+	tokens.Data = configs.Data{Dataset: "tokens", BatchSize: 8, MicroBatches: 4, Own: writeTokenShards(t, t.TempDir())}
+	mlp := testConfig("1f1b", plain("0-1", "2-3"), 2, "float32", "adam")
+	mlp.Train.EvalEvery = 0
+	for name, c := range map[string]*configs.Config{
+		"mlp":        mlp,
+		"gpt text":   gptConfig("1f1b", plain("0-1", "2-4"), false),
+		"gpt tokens": tokens,
+	} {
+		t.Run(name, func(t *testing.T) {
+			c.Checkpoint.Every = c.Train.Steps
+			run := runInProcess(t, c, false)
+			want := readEvalJSON(t, run)
+			before, _ := filepath.Glob(filepath.Join(run, "*", "*"))
+			ckpt, _, _, err := RunWeights(c, run, LatestCheckpoint)
+			if err != nil {
+				t.Fatal(err)
+			}
+			export := filepath.Join(t.TempDir(), "export.safetensors")
+			if _, err := Export(c, run, FinalWeights, export); err != nil {
+				t.Fatal(err)
+			}
+			for what, path := range map[string]string{"run directory": run, "checkpoint": ckpt, "export": export} {
+				got, err := EvaluateWeights(context.Background(), evalData(t, c), path)
+				if err != nil {
+					t.Fatalf("%s: %v", what, err)
+				}
+				if *got != want {
+					t.Errorf("%s: evaluated %+v, the run's eval.json %+v", what, *got, want)
+				}
+			}
+			if after, _ := filepath.Glob(filepath.Join(run, "*", "*")); len(after) != len(before) {
+				t.Errorf("evaluating wrote into the run directory: %d files before, %d after", len(before), len(after))
+			}
+			t.Logf("%s: loss %v on %d examples, equal", name, want.Loss, want.Examples)
+		})
+	}
+}
+
+// TestEvaluateWeightsRefusesAnotherModel: weights of another model are
+// refused before any is read, naming the file and the tensor: a mis-sized
+// MLP by shape, a GPT's by the names the MLP lacks.
+func TestEvaluateWeightsRefusesAnotherModel(t *testing.T) {
+	small := testConfig("1f1b", plain("0-1", "2-3"), 2, "float32", "sgd")
+	small.Train.Steps = 1
+	run := runInProcess(t, small, false)
+	wider := testConfig("1f1b", plain("0-1", "2-3"), 2, "float32", "sgd")
+	wider.Model.Hidden = []int{9, 6, 5}
+	_, err := EvaluateWeights(context.Background(), evalData(t, wider), run)
+	if err == nil || !strings.Contains(err.Error(), "stage-0.safetensors: tensor fc0.weight has shape [8 7], the model needs [8 9]") {
+		t.Errorf("a narrower MLP's weights: %v", err)
+	}
+	gpt := gptConfig("1f1b", plain("0-1", "2-4"), false)
+	gpt.Train.Steps = 1
+	gptRun := runInProcess(t, gpt, false)
+	_, err = EvaluateWeights(context.Background(), evalData(t, small), gptRun)
+	if err == nil || !strings.Contains(err.Error(), "no tensor fc0.weight") {
+		t.Errorf("a GPT's weights into an MLP: %v", err)
+	}
+}
+
+// TestEvaluateLanguageModelMatchesPyTorch: the loss, perplexity and
+// accuracy pipetrain evaluate gives a GPT's final weights on validation
+// token files equal those PyTorch computes from the run's export with the
+// window rule docs/weights.md states (validation_loss in
+// testdata/pytorch/evaluate_lm.py), within 1e-5 relative, on the same count
+// of tokens.
+func TestEvaluateLanguageModelMatchesPyTorch(t *testing.T) {
+	needTorch(t)
+	c := gptConfig("1f1b", plain("0-1", "2-4"), false)
+	c.Model.DType = "float32"
+	c.Data = configs.Data{Dataset: "tokens", BatchSize: 8, MicroBatches: 4, Own: writeTokenShards(t, t.TempDir())}
+	run := runInProcess(t, c, false)
+	got, err := EvaluateWeights(context.Background(), evalData(t, c), run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	export, out := filepath.Join(dir, "gpt.safetensors"), filepath.Join(dir, "eval.json")
+	if _, err := Export(c, run, FinalWeights, export); err != nil {
+		t.Fatal(err)
+	}
+	runTorch(t, "evaluate_lm.py", export, c.Data.Own["val_shards"].(string), out)
+	var torch struct {
+		Loss, Perplexity, Accuracy float64
+		Tokens                     int
+	}
+	b, err := os.ReadFile(out)
+	if err != nil || json.Unmarshal(b, &torch) != nil {
+		t.Fatalf("%s: %s %v", out, b, err)
+	}
+	rel := func(a, b float64) float64 { return math.Abs(a-b) / math.Abs(b) }
+	if got.Examples != torch.Tokens || rel(got.Loss, torch.Loss) > 1e-5 || rel(got.Perplexity, torch.Perplexity) > 1e-5 || got.Accuracy != torch.Accuracy {
+		t.Errorf("pipetrain %+v, PyTorch %+v", *got, torch)
+	}
+	if want := data.EvalWindows(int64(len(testText(t).Val)), c.Model.Context) * int64(c.Model.Context); int64(torch.Tokens) != want {
+		t.Errorf("PyTorch scored %d tokens, want every window's %d", torch.Tokens, want)
+	}
+	t.Logf("loss %v, PyTorch's %v (%.2g relative), %d tokens", got.Loss, torch.Loss, rel(got.Loss, torch.Loss), got.Examples)
+}
+
+// TestDocsGiveTheTestedEvaluation: the Python function docs/weights.md
+// gives to reproduce pipetrain evaluate's figure is the one the test above
+// computes it with.
+func TestDocsGiveTheTestedEvaluation(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "docs", "weights.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	script, err := os.ReadFile(filepath.Join("testdata", "pytorch", "evaluate_lm.py"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, fn, _ := strings.Cut(string(script), "def validation_loss")
+	fn, _, _ = strings.Cut(fn, "\n\n\n")
+	if !strings.Contains(string(doc), "def validation_loss"+fn+"\n") {
+		t.Errorf("docs/weights.md does not give validation_loss as testdata/pytorch/evaluate_lm.py has it; copy the function into the doc")
+	}
+}
