@@ -1,12 +1,14 @@
 package data
 
 import (
+	"bufio"
 	"bytes"
 	"compress/gzip"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"math"
 	"os"
@@ -235,26 +237,23 @@ func (a *Array) setIDXData(dims []int, b []byte, offset int64) error {
 	return a.setData(b, offset, "IDX header")
 }
 
-// readGzipIDX reads a gzipped IDX file's header, and its bytes when withData.
+// readGzipIDX reads a gzipped IDX file's header, and when withData its
+// bytes, decompressed into an unlinked temporary file that is mapped as an
+// uncompressed file is: the page cache holds them, not the heap. Where no
+// temporary file can be made, the bytes are read into the heap.
 func readGzipIDX(path string, withData bool) (*Array, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("data: %w", err)
 	}
 	defer f.Close()
-	zr, err := gzip.NewReader(f)
+	zr, err := gzip.NewReader(bufio.NewReaderSize(f, 1<<20))
 	if err != nil {
 		return nil, BadData(fmt.Errorf("data: %s: %w", path, err))
 	}
 	defer zr.Close()
 	a := &Array{Name: path, DType: "uint8"}
-	var dims []int
-	var body []byte
-	if withData {
-		dims, body, err = ReadIDX(zr)
-	} else {
-		dims, _, err = readIDXHeader(zr)
-	}
+	dims, elems, err := readIDXHeader(zr)
 	if err != nil {
 		return nil, BadData(fmt.Errorf("data: %s: %w", path, err))
 	}
@@ -264,10 +263,42 @@ func readGzipIDX(path string, withData bool) (*Array, error) {
 		}
 		return a, nil
 	}
+	body, mapped, err := decompressToMap(zr, elems)
+	if err != nil {
+		return nil, BadData(fmt.Errorf("data: %s: %w", path, err))
+	}
+	a.mapped = mapped
 	if err := a.setIDXData(dims, body, 0); err != nil {
+		a.Close()
 		return nil, BadData(fmt.Errorf("data: %s: %w", path, err))
 	}
 	return a, nil
+}
+
+// decompressToMap reads the elems bytes of an IDX file's data from r into an
+// unlinked temporary file and maps it, returning the bytes and the mapping
+// to release (nil when they were read into the heap instead, where no
+// temporary file could be made). A file with fewer or more bytes is an
+// error, as ReadIDX's.
+func decompressToMap(r io.Reader, elems int64) (body, mapped []byte, err error) {
+	tmp, err := os.CreateTemp("", "pipetrain-idx-*")
+	if err != nil {
+		body, err := readIDXBody(r, elems)
+		return body, nil, err
+	}
+	defer os.Remove(tmp.Name())
+	defer tmp.Close()
+	n, err := io.Copy(tmp, io.LimitReader(r, elems+1))
+	if err != nil {
+		return nil, nil, fmt.Errorf("idx: reading data: %w", err)
+	}
+	if err := idxLength(n, elems); err != nil {
+		return nil, nil, err
+	}
+	if mapped, err = mapFile(tmp.Name()); err != nil {
+		return nil, nil, err
+	}
+	return mapped[:n], mapped, nil
 }
 
 // findIDX is dir/name.gz, or dir/name when that is absent: Fashion-MNIST's

@@ -64,19 +64,37 @@ func ReadIDX(r io.Reader) (dims []int, data []byte, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	// ReadAll through a limit grows its buffer as data arrives, so a header
-	// that lies about the size cannot make us allocate it up front.
-	data, err = io.ReadAll(io.LimitReader(r, elems+1))
+	data, err = readIDXBody(r, elems)
 	if err != nil {
-		return nil, nil, fmt.Errorf("idx: reading data: %w", err)
-	}
-	switch {
-	case int64(len(data)) < elems:
-		return nil, nil, fmt.Errorf("idx: truncated: dimensions %v need %d bytes of data, file has %d", dims, elems, len(data))
-	case int64(len(data)) > elems:
-		return nil, nil, fmt.Errorf("idx: trailing bytes after the %d bytes that dimensions %v describe", elems, dims)
+		return nil, nil, err
 	}
 	return dims, data, nil
+}
+
+// readIDXBody reads the elems bytes of data that follow an IDX header.
+func readIDXBody(r io.Reader, elems int64) ([]byte, error) {
+	// ReadAll through a limit grows its buffer as data arrives, so a header
+	// that lies about the size cannot make us allocate it up front.
+	data, err := io.ReadAll(io.LimitReader(r, elems+1))
+	if err != nil {
+		return nil, fmt.Errorf("idx: reading data: %w", err)
+	}
+	if err := idxLength(int64(len(data)), elems); err != nil {
+		return nil, err
+	}
+	return data, nil
+}
+
+// idxLength checks that an IDX file holds the n bytes of data its
+// dimensions need.
+func idxLength(n, elems int64) error {
+	switch {
+	case n < elems:
+		return fmt.Errorf("idx: truncated: dimensions need %d bytes of data, file has %d", elems, n)
+	case n > elems:
+		return fmt.Errorf("idx: trailing bytes after the %d bytes that the dimensions describe", elems)
+	}
+	return nil
 }
 
 // truncated turns the EOF errors of io.ReadFull into a message saying what happened.
