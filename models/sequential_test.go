@@ -2,6 +2,7 @@ package models
 
 import (
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -293,5 +294,33 @@ func runTorchScript(t *testing.T, script string, in, out any) {
 	}
 	if err := json.Unmarshal(b, out); err != nil {
 		t.Fatalf("%s's output: %v", script, err)
+	}
+}
+
+// TestSequentialSpecFromJSON: the spec as an export's model_spec records
+// it, JSON whose numbers are floats, builds the same model.
+func TestSequentialSpecFromJSON(t *testing.T) {
+	spec := testStack("")
+	b, err := json.Marshal(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Spec
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	names := func(s Spec) []string {
+		tps, err := TorchParams(buildModel(t, s))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, p := range tps {
+			out = append(out, fmt.Sprint(p.Name, p.Shape))
+		}
+		return out
+	}
+	if got, want := names(back), names(spec); !slices.Equal(got, want) {
+		t.Errorf("from JSON: %v\nwant %v", got, want)
 	}
 }
