@@ -85,7 +85,9 @@ type SeqLayer interface {
 	// Forward adds the layer's ops for x, (batch, in...), to g. It must
 	// add the same ops whenever it is called (a zero-bubble schedule calls
 	// it again to compute weight gradients) and keep no state between
-	// runs (several micro-batches are in flight).
+	// runs (several micro-batches are in flight). Nor may its ops change a
+	// tensor's shape in place, as gorgonia's Reshape and Conv2d do: a stage
+	// keeps its tensors from one micro-batch to the next.
 	Forward(g *G.ExprGraph, x *G.Node, params []*G.Node) (*G.Node, error)
 }
 
