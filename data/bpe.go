@@ -16,7 +16,8 @@ import (
 // added tokens ("<|endoftext|>"), each piece cut into words by GPT-2's
 // pattern, each word's bytes spelled in the bytes-to-unicode alphabet and
 // merged pairwise by rank. It is a pure function of the file, so every
-// process that reads the same file agrees on the ids.
+// process that reads the same file agrees on the ids. It remembers the words
+// it has merged, so one BPETokenizer serves one goroutine.
 type BPETokenizer struct {
 	vocab  map[string]int32 // token (in the byte alphabet) -> id
 	tokens map[int32][]byte // id -> its bytes

@@ -232,7 +232,7 @@ func prepareOut(dir string, force bool) error {
 }
 
 // pieceBytes is how much of a file Tokenize reads at a time.
-var pieceBytes = 4 << 20
+var pieceBytes = 1 << 20
 
 // forEachPiece reads the file at name in pieces of pieceBytes.
 func forEachPiece(name string, f func([]byte) error) error {
