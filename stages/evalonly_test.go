@@ -3,6 +3,7 @@ package stages
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -117,20 +118,11 @@ func TestEvaluateLanguageModelMatchesPyTorch(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	export, out := filepath.Join(dir, "gpt.safetensors"), filepath.Join(dir, "eval.json")
+	export, out := filepath.Join(dir, "gpt.safetensors"), filepath.Join(dir, "torch.json")
 	if _, err := Export(c, run, FinalWeights, export); err != nil {
 		t.Fatal(err)
 	}
-	runTorch(t, "evaluate_lm.py", export, c.Data.Own["val_shards"].(string), out)
-	var torch struct {
-		Loss, Perplexity, Accuracy float64
-		Tokens                     int
-	}
-	b, err := os.ReadFile(out)
-	if err != nil || json.Unmarshal(b, &torch) != nil {
-		t.Fatalf("%s: %s %v", out, b, err)
-	}
-	rel := func(a, b float64) float64 { return math.Abs(a-b) / math.Abs(b) }
+	torch := torchEvaluation(t, out, export, c.Data.Own["val_shards"].(string))
 	if got.Examples != torch.Tokens || rel(got.Loss, torch.Loss) > 1e-5 || rel(got.Perplexity, torch.Perplexity) > 1e-5 || got.Accuracy != torch.Accuracy {
 		t.Errorf("pipetrain %+v, PyTorch %+v", *got, torch)
 	}
@@ -138,6 +130,55 @@ func TestEvaluateLanguageModelMatchesPyTorch(t *testing.T) {
 		t.Errorf("PyTorch scored %d tokens, want every window's %d", torch.Tokens, want)
 	}
 	t.Logf("loss %v, PyTorch's %v (%.2g relative), %d tokens", got.Loss, torch.Loss, rel(got.Loss, torch.Loss), got.Examples)
+}
+
+// torchFigures are evaluate_lm.py's figures.
+type torchFigures struct {
+	Loss, Perplexity, Accuracy float64
+	Tokens                     int
+}
+
+// torchEvaluation runs evaluate_lm.py with args, its figures written to out.
+func torchEvaluation(t *testing.T, out string, args ...string) torchFigures {
+	t.Helper()
+	runTorch(t, "evaluate_lm.py", append(args, out)...)
+	var f torchFigures
+	b, err := os.ReadFile(out)
+	if err != nil || json.Unmarshal(b, &f) != nil {
+		t.Fatalf("%s: %s %v", out, b, err)
+	}
+	return f
+}
+
+func rel(a, b float64) float64 { return math.Abs(a-b) / math.Abs(b) }
+
+// TestEvaluateHFDirectoryMatchesPyTorch: pipetrain evaluate on each of
+// hf_checkpoint.py's Hugging Face directories (a Llama in F32 and in BF16
+// shards, a GPT-2 in F32 shards and in F16; model.from and init_from the
+// directory) gives, on validation token files, the loss and perplexity
+// PyTorch computes in float64 from the same directory with the documented
+// window rule, within 1e-5 relative, on the same tokens.
+func TestEvaluateHFDirectoryMatchesPyTorch(t *testing.T) {
+	root, cs := makeHFCheckpoints(t)
+	own := writeTokenShards(t, t.TempDir())
+	for _, k := range cs.Cases {
+		dir := filepath.Join(root, k.Name)
+		c := gptConfig("1f1b", plain("0-1", "2-3"), false)
+		c.Model = hfConfig(t, dir, k.DType).Model
+		c.Data = configs.Data{Dataset: "tokens", BatchSize: 8, MicroBatches: 4, Own: own}
+		if err := c.Validate(); err != nil {
+			t.Fatalf("%s: %v", k.Name, err)
+		}
+		got, err := EvaluateWeights(context.Background(), evalData(t, c), dir)
+		if err != nil {
+			t.Fatalf("%s: %v", k.Name, err)
+		}
+		torch := torchEvaluation(t, filepath.Join(root, k.Name+".eval.json"), "hf", dir, fmt.Sprint(c.Model.Context), own["val_shards"].(string))
+		if got.Examples != torch.Tokens || !(rel(got.Loss, torch.Loss) <= 1e-5) || !(rel(got.Perplexity, torch.Perplexity) <= 1e-5) {
+			t.Errorf("%s (%s): pipetrain %+v, PyTorch %+v", k.Name, k.DType, *got, torch)
+		}
+		t.Logf("%s (%s): loss %.9g, PyTorch's %.9g (%.2g relative), %d tokens", k.Name, k.DType, got.Loss, torch.Loss, rel(got.Loss, torch.Loss), got.Examples)
+	}
 }
 
 // TestDocsGiveTheTestedEvaluation: the Python function docs/weights.md

@@ -31,7 +31,8 @@ does: the same micro-batches of data.batch_size / data.micro_batches, in the
 same order, no training step, no optimizer, nothing written. The weights are
 a run directory (its final weights, every stage's file; or --checkpoint STEP
 or latest), a safetensors file (pipetrain export's, or PyTorch's with the
-same names), or a folder train.init_from reads; they are checked against the
+same names), a Hugging Face checkpoint directory (with a config whose
+model.from names it), or another folder train.init_from reads; they are checked against the
 config's model first, every tensor by name and shape, the errors naming the
 file and the tensor. The final weights of a run give its eval.json's figures
 bit for bit at the run's BLAS threads (run.json's, the default for a run
@@ -110,7 +111,7 @@ every predicted token: docs/weights.md, "Evaluating weights".`,
 		},
 	}
 	c.Flags().StringVarP(&f.config, "config", "c", "", "the config whose model and evaluation data to use (default: a run directory's own, from its launch.json)")
-	c.Flags().StringVarP(&weights, "weights", "w", "", "a run directory, a safetensors `FILE`, or a folder of safetensors files")
+	c.Flags().StringVarP(&weights, "weights", "w", "", "a run directory, a safetensors `FILE`, a Hugging Face checkpoint directory, or a folder of safetensors files")
 	c.Flags().StringVar(&which, "checkpoint", "", "with a run directory: its checkpoint of `STEP`, or latest, instead of its final weights")
 	c.Flags().StringArrayVar(&sets, "data", nil, "set a key of the config's data section, `data.KEY=VALUE` as in the file (repeatable; paths from the config's folder), e.g. data.val_shards=val.bin")
 	c.Flags().IntVar(&threads, "threads", 0, "BLAS threads (default: the run's, from its run.json, else a stage's share as compute.blas_threads gives it)")

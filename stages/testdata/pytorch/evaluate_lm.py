@@ -1,13 +1,20 @@
-"""Computes `pipetrain evaluate`'s figures for a language model from a
-`pipetrain export` file and a nanoGPT token file (raw little-endian uint16):
+"""Computes `pipetrain evaluate`'s figures for a language model from its
+weights and a nanoGPT token file (raw little-endian uint16):
 
     evaluate_lm.py EXPORT VAL_TOKENS OUT_JSON
+        a `pipetrain export` file, its module built from the metadata
+        (model_spec) as modules.from_spec builds it;
+    evaluate_lm.py hf DIR CONTEXT VAL_TOKENS OUT_JSON
+        a Hugging Face directory of hf_checkpoint.py's (a Llama or a GPT-2),
+        its module built from DIR/config.json, in float64, on windows of
+        CONTEXT.
 
-The module is built from the export's metadata (model_spec) and loaded with
-load_state_dict(strict=True); OUT_JSON gets loss, perplexity, accuracy and
-tokens as validation_loss computes them: the function docs/weights.md gives."""
+Each module loads its weights with load_state_dict(strict=True); OUT_JSON
+gets loss, perplexity, accuracy and tokens as validation_loss computes them:
+the function docs/weights.md gives."""
 import json
 import math
+import os
 import sys
 
 import numpy as np
@@ -39,17 +46,41 @@ def validation_loss(model, tokens, context, batch=64):
     return loss, math.exp(loss), correct / count, count
 
 
+def read_tokens(val):
+    return torch.from_numpy(np.fromfile(val, dtype=np.uint16).astype(np.int64))
+
+
+def write(out, loss, perplexity, accuracy, count):
+    with open(out, "w") as f:
+        json.dump({"loss": loss, "perplexity": perplexity, "accuracy": accuracy, "tokens": count}, f)
+
+
+def main_hf(d, context, val, out):
+    import hf_checkpoint as hf  # sets float64 as torch's default dtype
+
+    torch.set_num_threads(1)
+    c = json.load(open(os.path.join(d, "config.json")))
+    index = os.path.join(d, "model.safetensors.index.json")
+    files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) else ["model.safetensors"]
+    tensors = {}
+    for f in files:
+        tensors.update(hf.read_safetensors(os.path.join(d, f)))
+    model = hf.build(c)
+    model.load_state_dict({n: t.to(torch.float64) for n, t in tensors.items()}, strict=True)
+    write(out, *validation_loss(model, read_tokens(val), int(context)))
+
+
 def main(export, val, out):
     torch.set_num_threads(1)
     weights, meta = st.load(export)
     spec = json.loads(meta["model_spec"])
     model = modules.from_spec(spec).to(next(iter(weights.values())).dtype)
     model.load_state_dict(weights, strict=True)
-    tokens = torch.from_numpy(np.fromfile(val, dtype=np.uint16).astype(np.int64))
-    loss, perplexity, accuracy, count = validation_loss(model, tokens, spec["context"])
-    with open(out, "w") as f:
-        json.dump({"loss": loss, "perplexity": perplexity, "accuracy": accuracy, "tokens": count}, f)
+    write(out, *validation_loss(model, read_tokens(val), spec["context"]))
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    if sys.argv[1] == "hf":
+        main_hf(*sys.argv[2:])
+    else:
+        main(*sys.argv[1:])
