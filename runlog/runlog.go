@@ -54,6 +54,16 @@ type Event struct {
 	// Go processors are all busy, yielding to the link's writer while it hands
 	// the bytes to the kernel. Logs written before the field existed read as 0.
 	SendNS int64 `json:"send_ns"`
+	// DataNS is, on a forward that reads the dataset (the model's first
+	// stage its inputs, its last the targets), how long the source took to
+	// read them; the stage reads them on a goroutine of its own while it
+	// computes the forward before (the first of a step's while it finishes
+	// the step before), so most of it is hidden. DataWaitNS is the part the
+	// forward waited for, between StartNS and EndNS: it counts in the
+	// forward's duration, so costs read from a run's events charge it. Both 0
+	// on other actions and in logs written before the fields existed.
+	DataNS     int64 `json:"data_ns,omitempty"`
+	DataWaitNS int64 `json:"data_wait_ns,omitempty"`
 	// BytesSent is what the action sent to a neighbouring stage.
 	BytesSent int64 `json:"bytes_sent"`
 	// Stashed is how many micro-batches' activations the stage held after

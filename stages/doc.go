@@ -36,6 +36,13 @@
 // ring while one is in progress; it ends before Run returns. Run's
 // checkpointer starts goroutines only on stage 0, one per checkpoint, to
 // wait for every stage's part and commit the manifest; they end before Run
-// returns, and write to the log only one whole line at a time. The links'
+// returns, and write to the log only one whole line at a time. On a stage
+// holding the model's first or last chunk, each forward that reads the dataset
+// starts one goroutine (feed.fetch) that reads the next such forward's data
+// into a buffer the training goroutine handed it and no longer touches; the
+// training goroutine waits for it before that forward, or before Run returns
+// (stopFetching), so at most one is running and none outlives Run. The feed's
+// mutex serializes every call on the dataset's source, the training
+// goroutine's (evaluation passes) and the readers'. The links'
 // own goroutines belong to the transport (see transport.Link).
 package stages

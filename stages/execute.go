@@ -243,15 +243,12 @@ func (r *Runtime) Compute(step int, a schedule.Action, in *tensor.Dense) (*tenso
 func (r *Runtime) forward(step int, a schedule.Action, input *tensor.Dense) (*tensor.Dense, error) {
 	e, mb := r.chunk(a.Chunk), a.MicroBatch
 	var targets []int
-	if e.IsFirst() {
-		input = r.dataInput(e, mb)
-	}
 	if e.IsFirst() || e.IsLast() {
-		x := input
-		if !e.IsFirst() {
-			x = nil
+		var x *tensor.Dense
+		x, targets = r.takeData(step, a)
+		if e.IsFirst() {
+			input = x
 		}
-		targets = r.feed.train(step, r.mbBase+mb, x, e.IsLast())
 	}
 	out, err := e.Forward(mb, input, targets)
 	if err != nil {
@@ -307,6 +304,10 @@ func (r *Runtime) weight(a schedule.Action) error {
 func (r *Runtime) record(ev runlog.Event, start time.Time) error {
 	r.live.action(ev.Kind, time.Since(start), time.Duration(ev.SendNS), r.inFlight())
 	ev.EndNS, ev.Stashed, ev.Replica = time.Now().UnixNano(), r.inFlight(), r.replica
+	if f := r.fed; ev.Kind == runlog.Forward && f.a.Chunk == ev.Chunk && f.a.MicroBatch == ev.MB && f.a.Kind == schedule.Forward {
+		ev.DataNS, ev.DataWaitNS = f.read.Nanoseconds(), f.wait.Nanoseconds()
+		r.fed = fedData{}
+	}
 	r.peakStash = max(r.peakStash, ev.Stashed)
 	ev.StashBytes, ev.HeapBytes = r.heldBytes(), heapBytes()
 	return r.events.add(ev)

@@ -116,7 +116,15 @@ type Runtime struct {
 	// and fault in each time (400 KB for 128 Fashion-MNIST images).
 	inputs      map[int]*tensor.Dense
 	spareInputs []*tensor.Dense
-	live        *Metrics
+	// dataOrder is the forwards that read the feed, in the order the stage
+	// runs them, and dataIndex their places in it (dataForwards). fetching
+	// is the read under way for the next of them (nil: none), fed what the
+	// last one's read cost (see takeData).
+	dataOrder []schedule.Action
+	dataIndex map[schedule.Action]int
+	fetching  *dataFetch
+	fed       fedData
+	live      *Metrics
 
 	tied   [][2]string // parameter pairs whose gradients are summed before each step
 	resume bool
@@ -173,6 +181,7 @@ func New(o Options) (*Runtime, error) {
 		o.SetWorkers(threads) // the cores the process's products get
 		r.optims = append(r.optims, o)
 	}
+	r.dataOrder, r.dataIndex = dataForwards(r.actions, func(c int) bool { return r.chunks[c].IsFirst() || r.chunks[c].IsLast() })
 	if r.holdsLoss() && r.replica == 0 {
 		r.files = newMetricFiles(r.runDir)
 	}
@@ -330,6 +339,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 	}
 	defer r.close()
 	defer r.replicas.start(ctx)()
+	defer r.stopFetching()
 	// Commits still running when training stops are given up: a checkpoint whose
 	// manifest is not written is never resumed from.
 	commitCtx, stopCommits := context.WithCancel(ctx)
@@ -605,21 +615,24 @@ func (r *Runtime) finish(chunk, mb int) {
 	}
 }
 
-// dataInput is the tensor micro-batch mb's data is gathered into on the
-// first model stage: a spare one (see Runtime.inputs) or a new one, kept
-// until the micro-batch is finished.
-func (r *Runtime) dataInput(e compute.Stage, mb int) *tensor.Dense {
-	var in *tensor.Dense
+// spareInput is a buffer for a micro-batch's data on the first model
+// stage: a spare one (see Runtime.inputs) or a new one.
+func (r *Runtime) spareInput(e compute.Stage) *tensor.Dense {
 	if n := len(r.spareInputs); n > 0 {
-		in, r.spareInputs = r.spareInputs[n-1], r.spareInputs[:n-1]
-	} else {
-		in = r.newInput(e)
+		in := r.spareInputs[n-1]
+		r.spareInputs = r.spareInputs[:n-1]
+		return in
 	}
+	return r.newInput(e)
+}
+
+// keepInput keeps micro-batch mb's data input until the micro-batch is
+// finished.
+func (r *Runtime) keepInput(mb int, in *tensor.Dense) {
 	if r.inputs == nil {
 		r.inputs = map[int]*tensor.Dense{}
 	}
 	r.inputs[mb] = in
-	return in
 }
 
 // newInput is a zeroed input micro-batch for the first model stage.
