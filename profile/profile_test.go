@@ -188,6 +188,13 @@ func TestAnalyseErrors(t *testing.T) {
 
 func TestWrite(t *testing.T) {
 	info, events := gpipeRun()
+	// The stages' reads of their data (inputs on stage 0, targets on stage
+	// 1): the skipped first step's do not count.
+	events[0][0].DataNS, events[0][0].DataWaitNS = 9e6, 9e6
+	events[0][5].DataNS = 0.7e6
+	events[0][6].DataNS, events[0][6].DataWaitNS = 0.5e6, 0.3e6
+	events[1][5].DataNS, events[1][5].DataWaitNS = 0.1e6, 0.1e6
+	events[1][6].DataNS, events[1][6].DataWaitNS = 0.1e6, 0.1e6
 	r, err := Analyse(info, events, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -200,13 +207,14 @@ func TestWrite(t *testing.T) {
 		"stage  F ms  B ms  W ms  opt ms  wait ms  send wait ms  busy ms  idle ms\n" +
 		"    0   2.0   2.0   0.0     1.0      2.0           0.0      4.0      2.0\n" +
 		"    1   2.0   2.0   0.0     1.0      1.0           0.0      4.0      2.0\n" +
-		"stage  bubble %  sim %  theory %  peak stash  MiB sent  MiB/s of window  clock offset ms\n" +
-		"    0      33.3   33.3      33.3           2      2.00            333.3           +0.000\n" +
-		"    1      33.3   33.3      33.3           2      2.00            333.3           +0.000\n" +
+		"stage  bubble %  sim %  theory %  data ms  peak stash  MiB sent  MiB/s of window  clock offset ms\n" +
+		"    0      33.3   33.3      33.3      1.2           2      2.00            333.3           +0.000\n" +
+		"    1      33.3   33.3      33.3      0.2           2      2.00            333.3           +0.000\n" +
 		"  link  act MiB  msgs  delay ms  grad MiB  msgs  delay ms\n" +
 		"0 -> 1     2.00     2     0.000      2.00     2     0.000\n" +
 		"mean bubble 33.3% vs simulated 33.3% vs theory 33.3%\n" +
 		"(schedule gpipe, 2 stages, 2 micro-batches, 1 step analysed (step 2), window 6.0 ms)\n" +
+		"data: stage 0 read for 1.2 ms, its forwards waited 0.3 ms of it; stage 1 read for 0.2 ms, its forwards waited 0.2 ms of it\n" +
 		"clocks: not shifted: no message arrived more than 1.000 ms before it was sent, as on one clock\n" +
 		"steps: median window 6.0 ms, MAD 0.0 ms\n" +
 		"stragglers (window > median + 3 MAD and >= 1.5x median): none\n" +

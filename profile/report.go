@@ -30,6 +30,13 @@ type StageReport struct {
 	// SendBlocked is the time actions spent blocked in Send because the
 	// link's queue was full (send_ns); it is part of Forward and Backward.
 	SendBlocked time.Duration
+	// Data is the time the stage's dataset source took to read its
+	// forwards' data (data_ns): the inputs on the model's first stage, the
+	// targets on its last. The stage reads them ahead, while it computes,
+	// and DataWait is the part its forwards waited for (data_wait_ns), which
+	// is part of Forward. Both 0 on stages that read no data and in logs
+	// written before the fields existed.
+	Data, DataWait time.Duration
 	// Busy = Forward+Backward+Weight+Recompute; Idle = Window - Busy: the stage's share of
 	// the pipeline window spent not computing.
 	Busy, Idle time.Duration
@@ -291,6 +298,8 @@ func Analyse(info RunInfo, events [][]Event, skip int) (*Report, error) {
 			}
 			sr.Wait += time.Duration(e.WaitNS)
 			sr.SendBlocked += time.Duration(e.SendNS)
+			sr.Data += time.Duration(e.DataNS)
+			sr.DataWait += time.Duration(e.DataWaitNS)
 			sr.PeakStashed = max(sr.PeakStashed, e.Stashed)
 			sr.PeakStashBytes = max(sr.PeakStashBytes, e.StashBytes)
 			sr.PeakHeapBytes = max(sr.PeakHeapBytes, e.HeapBytes)
@@ -638,7 +647,7 @@ func (r *Report) Write(w io.Writer, opts ...Options) error {
 	}
 
 	row, flush = table(w)
-	row("stage", "bubble %", "sim %", "theory %", "peak stash", "MiB sent", "MiB/s of window", "clock offset ms")
+	row("stage", "bubble %", "sim %", "theory %", "data ms", "peak stash", "MiB sent", "MiB/s of window", "clock offset ms")
 	for _, s := range r.Stages {
 		sim := "-"
 		if r.Predicted != nil {
@@ -652,7 +661,11 @@ func (r *Report) Write(w io.Writer, opts ...Options) error {
 		if r.Theory != nil {
 			theory = pct(s.TheoryBubble)
 		}
-		row(fmt.Sprint(s.Stage), pct(s.Bubble), sim, theory, fmt.Sprint(s.PeakStashed),
+		data := "-"
+		if s.Data > 0 {
+			data = fmtMS(s.Data)
+		}
+		row(fmt.Sprint(s.Stage), pct(s.Bubble), sim, theory, data, fmt.Sprint(s.PeakStashed),
 			fmt.Sprintf("%.2f", float64(s.BytesSent)/(1<<20)), fmt.Sprintf("%.1f", s.Throughput/(1<<20)),
 			fmt.Sprintf("%+.3f", float64(off)/1e6))
 	}
@@ -735,6 +748,7 @@ func (r *Report) Write(w io.Writer, opts ...Options) error {
 	case r.TheorySimulated:
 		fmt.Fprintf(&b, "theory: %s has no closed form for this run: simulated with equal stages, free transfers\n", r.Info.Schedule)
 	}
+	r.writeData(&b)
 	r.writeClock(&b)
 	r.writeStragglers(&b)
 	bn := r.Stages[r.Bottleneck]
@@ -749,6 +763,21 @@ func (r *Report) Write(w io.Writer, opts ...Options) error {
 		return r.WriteSteps(w)
 	}
 	return nil
+}
+
+// writeData says, for each stage that read data, how long its reads took
+// and how much of that its forwards waited for: a slow disk shows there
+// first, and hurts only where the waits grow.
+func (r *Report) writeData(b *strings.Builder) {
+	var read []string
+	for _, s := range r.Stages {
+		if s.Data > 0 {
+			read = append(read, fmt.Sprintf("stage %d read for %s ms, its forwards waited %s ms of it", s.Stage, fmtMS(s.Data), fmtMS(s.DataWait)))
+		}
+	}
+	if len(read) > 0 {
+		fmt.Fprintf(b, "data: %s\n", strings.Join(read, "; "))
+	}
 }
 
 // writeClock says whether and how far the clocks were shifted, why, which
