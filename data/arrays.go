@@ -240,8 +240,21 @@ func (a *Array) setIDXData(dims []int, b []byte, offset int64) error {
 // readGzipIDX reads a gzipped IDX file's header, and when withData its
 // bytes, decompressed into an unlinked temporary file that is mapped as an
 // uncompressed file is: the page cache holds them, not the heap. Where no
-// temporary file can be made, the bytes are read into the heap.
+// temporary file can be made or written (none allowed, a full disk), the
+// bytes are read into the heap.
 func readGzipIDX(path string, withData bool) (*Array, error) {
+	a, err := gzipIDX(path, withData, true)
+	if errors.Is(err, errTempFile) {
+		return gzipIDX(path, withData, false)
+	}
+	return a, err
+}
+
+// errTempFile is a temporary file that could not be made or written.
+var errTempFile = errors.New("no temporary file")
+
+// gzipIDX is readGzipIDX, decompressing into a temporary file when toTemp.
+func gzipIDX(path string, withData, toTemp bool) (*Array, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("data: %w", err)
@@ -263,12 +276,19 @@ func readGzipIDX(path string, withData bool) (*Array, error) {
 		}
 		return a, nil
 	}
-	body, mapped, err := decompressToMap(zr, elems)
-	if err != nil {
-		return nil, BadData(fmt.Errorf("data: %s: %w", path, err))
+	var body []byte
+	if toTemp {
+		body, a.mapped, err = decompressToMap(zr, elems)
+	} else {
+		body, err = readIDXBody(zr, elems)
 	}
-	a.mapped = mapped
-	if err := a.setIDXData(dims, body, 0); err != nil {
+	if errors.Is(err, errTempFile) {
+		return nil, err
+	}
+	if err == nil {
+		err = a.setIDXData(dims, body, 0)
+	}
+	if err != nil {
 		a.Close()
 		return nil, BadData(fmt.Errorf("data: %s: %w", path, err))
 	}
@@ -276,29 +296,46 @@ func readGzipIDX(path string, withData bool) (*Array, error) {
 }
 
 // decompressToMap reads the elems bytes of an IDX file's data from r into an
-// unlinked temporary file and maps it, returning the bytes and the mapping
-// to release (nil when they were read into the heap instead, where no
-// temporary file could be made). A file with fewer or more bytes is an
-// error, as ReadIDX's.
+// unlinked temporary file and maps it, returning the bytes and the mapping.
+// A file with fewer or more bytes is an error, as ReadIDX's; a temporary
+// file that cannot be made, written or mapped one wrapping errTempFile.
 func decompressToMap(r io.Reader, elems int64) (body, mapped []byte, err error) {
 	tmp, err := os.CreateTemp("", "pipetrain-idx-*")
 	if err != nil {
-		body, err := readIDXBody(r, elems)
-		return body, nil, err
+		return nil, nil, fmt.Errorf("%w: %v", errTempFile, err)
 	}
 	defer os.Remove(tmp.Name())
 	defer tmp.Close()
-	n, err := io.Copy(tmp, io.LimitReader(r, elems+1))
-	if err != nil {
-		return nil, nil, fmt.Errorf("idx: reading data: %w", err)
+	src := &readErr{r: io.LimitReader(r, elems+1)}
+	n, err := io.Copy(tmp, src)
+	switch {
+	case src.err != nil:
+		return nil, nil, fmt.Errorf("idx: reading data: %w", src.err)
+	case err != nil:
+		return nil, nil, fmt.Errorf("%w: %v", errTempFile, err)
 	}
 	if err := idxLength(n, elems); err != nil {
 		return nil, nil, err
 	}
 	if mapped, err = mapFile(tmp.Name()); err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("%w: %v", errTempFile, err)
 	}
 	return mapped[:n], mapped, nil
+}
+
+// readErr keeps the error its reader returned, so that a copy's failure
+// can be told as the reader's (the data) or the writer's.
+type readErr struct {
+	r   io.Reader
+	err error
+}
+
+func (e *readErr) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err != nil && err != io.EOF {
+		e.err = err
+	}
+	return n, err
 }
 
 // findIDX is dir/name.gz, or dir/name when that is absent: Fashion-MNIST's

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"math"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -197,12 +198,21 @@ func TestArraysServeFashionBatches(t *testing.T) {
 	}
 	const steps = 12 // two epochs and a half of 5 steps
 	want := batches(t, open(fashion(raw), OpenOptions{Inputs: true, Targets: true, Train: trainSet, Test: testSet}), steps, 2, 4, dim)
+	// Where no temporary file can be made, gzipped files are read into the
+	// heap.
+	t.Setenv("TMPDIR", filepath.Join(t.TempDir(), "missing"))
+	heap := open(fashion(gz), all)
+	if a := heap.(*classSource).trainSet.(*arraySplit).features; a.mapped != nil || len(a.data) != n*dim {
+		t.Errorf("gzipped images without a temporary directory: mapped %d bytes, %d bytes of data", len(a.mapped), len(a.data))
+	}
+	os.Unsetenv("TMPDIR")
 	for name, src := range map[string]Source{
-		"fashion-mnist, IDX files":         open(fashion(raw), all),
-		"fashion-mnist, gzipped IDX files": open(fashion(gz), all),
-		"arrays, .npy files":               open(arraysConfig(dir, true, 8, 4, "x.npy", "y.npy", "xt.npy", "yt.npy"), all),
-		"arrays, safetensors tensors":      open(arraysConfig(dir, true, 8, 4, "d.safetensors:train.images", "d.safetensors:train.labels", "d.safetensors:test.images", "d.safetensors:test.labels"), all),
-		"arrays, IDX files":                open(arraysConfig(raw, true, 8, 4, "train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"), all),
+		"fashion-mnist, gzipped, in the heap": heap,
+		"fashion-mnist, IDX files":            open(fashion(raw), all),
+		"fashion-mnist, gzipped IDX files":    open(fashion(gz), all),
+		"arrays, .npy files":                  open(arraysConfig(dir, true, 8, 4, "x.npy", "y.npy", "xt.npy", "yt.npy"), all),
+		"arrays, safetensors tensors":         open(arraysConfig(dir, true, 8, 4, "d.safetensors:train.images", "d.safetensors:train.labels", "d.safetensors:test.images", "d.safetensors:test.labels"), all),
+		"arrays, IDX files":                   open(arraysConfig(raw, true, 8, 4, "train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"), all),
 	} {
 		got := batches(t, src, steps, 2, 4, dim)
 		if len(got) != len(want) {
@@ -416,5 +426,19 @@ func TestArraysRefused(t *testing.T) {
 	}
 	if err := k.Check(arraysConfig(dir, false, 2, 1, "x.npy", "y.npy", "x.npy", "yneg.npy"), m); err != nil {
 		t.Errorf("a run that does not evaluate reads no test split: %v", err)
+	}
+}
+
+// TestGzipIDXCutShort: a gzipped IDX file holding fewer bytes than its
+// header says is refused as bad data naming the file, when a stage that
+// reads its images decompresses it.
+func TestGzipIDXCutShort(t *testing.T) {
+	dir := t.TempDir()
+	writeFashion(t, dir, "train", true, pixels(4, 4), []byte{0, 1, 2, 1, 0}, 5)
+	s := &Section{Config: "run.yaml", Dataset: "fashion-mnist", Dir: dir, BatchSize: 2, MicroBatch: 1}
+	_, err := Open(s, &Model{Name: "mlp", Example: []int{4}, Classes: 3, Targets: 1}, OpenOptions{Inputs: true})
+	want := "data: " + filepath.Join(dir, "train-images-idx3-ubyte.gz") + ": idx: truncated: dimensions need 20 bytes of data, file has 16"
+	if err == nil || !errors.Is(err, ErrBadData) || err.Error() != want {
+		t.Errorf("err = %v\nwant %s", err, want)
 	}
 }
