@@ -60,6 +60,7 @@ type hfTokenizer struct {
 		ContinuingSubwordPrefix *string          `json:"continuing_subword_prefix"`
 		EndOfWordSuffix         *string          `json:"end_of_word_suffix"`
 		ByteFallback            bool             `json:"byte_fallback"`
+		IgnoreMerges            bool             `json:"ignore_merges"`
 		Vocab                   map[string]int32 `json:"vocab"`
 		Merges                  []json.RawMessage
 	} `json:"model"`
@@ -87,8 +88,8 @@ func LoadBPETokenizer(path string) (*BPETokenizer, error) {
 // ParseBPETokenizer reads the text of a tokenizer.json. It refuses, by
 // name, what it does not implement: models other than BPE, any normalizer,
 // pre-tokenizers and decoders other than ByteLevel, dropout, subword
-// prefixes and suffixes, byte fallback, added tokens that strip or match
-// whole words. A post-processor is ignored: shards are a stream of text, not
+// prefixes and suffixes, byte fallback, ignore_merges, added tokens that
+// strip or match whole words. A post-processor is ignored: shards are a stream of text, not
 // sentences to wrap in special tokens.
 func ParseBPETokenizer(b []byte) (*BPETokenizer, error) {
 	var h hfTokenizer
@@ -183,6 +184,8 @@ func (h *hfTokenizer) supported() error {
 		return fmt.Errorf("model.end_of_word_suffix %q is not supported", *h.Model.EndOfWordSuffix)
 	case h.Model.ByteFallback:
 		return fmt.Errorf("model.byte_fallback is not supported")
+	case h.Model.IgnoreMerges:
+		return fmt.Errorf("model.ignore_merges is not supported")
 	}
 	return nil
 }

@@ -252,6 +252,7 @@ func TestBPERefusesWhatItDoesNotImplement(t *testing.T) {
 		{edit(func(m map[string]any) { m["pre_tokenizer"] = map[string]any{"type": "Metaspace"} }), `pre_tokenizer "Metaspace": only ByteLevel`},
 		{edit(func(m map[string]any) { m["decoder"] = map[string]any{"type": "WordPiece"} }), `decoder "WordPiece": only ByteLevel`},
 		{edit(func(m map[string]any) { m["model"].(map[string]any)["byte_fallback"] = true }), `model.byte_fallback is not supported`},
+		{edit(func(m map[string]any) { m["model"].(map[string]any)["ignore_merges"] = true }), `model.ignore_merges is not supported`},
 		{edit(func(m map[string]any) { m["model"].(map[string]any)["merges"] = []string{"Ġ zz"} }), `model.merges[0]: "Ġ" "zz": a part or the merged token is not in model.vocab`},
 		{edit(func(m map[string]any) { delete(m["model"].(map[string]any)["vocab"].(map[string]any), "a") }), `model.vocab: has no token for byte 0x61`},
 	} {
