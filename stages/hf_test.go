@@ -119,7 +119,7 @@ func TestHFCheckpointsLossEqualsPyTorch(t *testing.T) {
 		if rel := math.Abs(got-k.Loss) / k.Loss; !(rel <= 1e-5) {
 			t.Errorf("%s (%s): pipetrain's loss %.9g, PyTorch's %.9g (relative difference %.2g)", k.Name, k.DType, got, k.Loss, rel)
 		} else {
-			t.Logf("%s (%s): loss %.9g, PyTorch's %.9g", k.Name, k.DType, got, k.Loss)
+			t.Logf("%s (%s): loss %.9g, PyTorch's %.9g (relative difference %.2g)", k.Name, k.DType, got, k.Loss, rel)
 		}
 	}
 }
