@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -211,4 +212,55 @@ func TestHFRefusals(t *testing.T) {
 	if err := CheckHF(tied, dir); err == nil || !strings.Contains(err.Error(), "lm_head.weight is no parameter") {
 		t.Errorf("extra tensor: %v", err)
 	}
+}
+
+// TestReadHFMapsTheFile: reading one block of a 64 MiB checkpoint grows
+// the Go heap by about that block, not the file: the file is mapped, and
+// only the block's tensors are decoded.
+func TestReadHFMapsTheFile(t *testing.T) {
+	m, err := models.Build(models.Spec{Name: "llama", DType: "float32", Layers: 1, Width: 256, Heads: 2, Context: 4, Vocab: 65536,
+		Own: map[string]any{"intermediate": 64}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps, err := models.HFParams(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw []RawTensor
+	size := 0
+	for _, p := range ps {
+		n := 2
+		for _, d := range p.HFShape {
+			n *= d
+		}
+		raw = append(raw, RawTensor{Name: p.HF, DType: "BF16", Shape: p.HFShape, Data: make([]byte, n)})
+		size += n
+	}
+	cfg, err := models.HFConfig(m, nil, "bfloat16")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "hf")
+	if _, err := WriteHFDir(dir, cfg, raw, 1<<40); err != nil {
+		t.Fatal(err)
+	}
+	raw = nil
+	heap := func() uint64 {
+		runtime.GC()
+		var s runtime.MemStats
+		runtime.ReadMemStats(&s)
+		return s.HeapAlloc
+	}
+	before := heap()
+	got, err := ReadHF(m, dir, func(n string) bool { return strings.HasPrefix(n, "block0.") })
+	if err != nil {
+		t.Fatal(err)
+	}
+	grown := int64(heap()) - int64(before)
+	if len(got) != 9 || grown > 4<<20 {
+		t.Errorf("reading block0 (%d tensors) of a %d MiB checkpoint grew the heap by %d KiB", len(got), size>>20, grown>>10)
+	}
+	t.Logf("block0 of a %d MiB checkpoint: heap grew %d KiB", size>>20, grown>>10)
+	runtime.KeepAlive(got)
 }
