@@ -56,7 +56,8 @@ fuzz:
 	$(call fuzz_target,FuzzRendezvousMessage,cluster) || $(call fuzz_target,FuzzRendezvousMessage,cluster)
 
 # The interop tests (stages/torch_test.go) hold pipetrain's weights against PyTorch.
-test: APT_PACKAGES += python3-torch
+# data/bpe_test.go holds the BPE tokenizer to GPT-2's encoder, which needs Python's regex.
+test: APT_PACKAGES += python3-torch python3-regex
 test: deps vet race fuzz test-blas
 	go test -count=1 -timeout 20m ./...
 	# The kernels' Go loops, which machines without AVX2 run, give the same bits.
