@@ -264,3 +264,37 @@ func TestReadHFMapsTheFile(t *testing.T) {
 	t.Logf("block0 of a %d MiB checkpoint: heap grew %d KiB", size>>20, grown>>10)
 	runtime.KeepAlive(got)
 }
+
+// TestHFReadsGPT2ModelNames: a GPT-2 saved from GPT2Model (no
+// "transformer." prefix), with the causal-mask buffers older versions
+// saved, loads as the GPT.
+func TestHFReadsGPT2ModelNames(t *testing.T) {
+	m := hfModel(t, "gpt", true)
+	w := randomHFWeights(t, m)
+	ps, _ := models.HFParams(m)
+	raw, err := ToHF(ps, w, func(string) string { return "F32" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range raw {
+		raw[i].Name = strings.TrimPrefix(raw[i].Name, "transformer.")
+	}
+	raw = append(raw, RawTensor{Name: "h.0.attn.bias", DType: "F32", Shape: []int{1, 1, 4, 4}, Data: make([]byte, 64)})
+	cfg, _ := models.HFConfig(m, nil, "float32")
+	dir := filepath.Join(t.TempDir(), "hf")
+	if _, err := WriteHFDir(dir, cfg, raw, 1<<30); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckHF(m, dir); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadHF(m, dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for n, want := range w {
+		if err := DiffTensor(got[n], want); err != nil {
+			t.Errorf("%s: %v", n, err)
+		}
+	}
+}

@@ -37,7 +37,7 @@ func loadFrom(t *testing.T, configJSON, model string) (*Config, error) {
 // (llama and gpt2), keys beside it agreeing, dtype and a Llama's context
 // chosen by the config.
 func TestModelFromHF(t *testing.T) {
-	c, err := loadFrom(t, strings.Replace(hfLlama, "%s", "", 1), "{from: ck, context: 32, kv_heads: 2, dtype: float64}")
+	c, err := loadFrom(t, strings.Replace(hfLlama, "%s", "", 1), "{from: ck, context: 32, kv_heads: 2, head_dim: 4, tie_embeddings: true, dtype: float64}")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,11 +52,11 @@ func TestModelFromHF(t *testing.T) {
 	if len(p.Items) > 0 {
 		t.Errorf("llama: %v", p.Items)
 	}
-	c, err = loadFrom(t, strings.Replace(hfGPT2, "%s", "", 1), "{from: ck}")
+	c, err = loadFrom(t, strings.Replace(hfGPT2, "%s", `, "tie_word_embeddings": false`, 1), "{from: ck, name: gpt, tie_embeddings: false}")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m := c.Model; m.Name != "gpt" || m.Width != 16 || m.Layers != 2 || m.Heads != 2 || m.Context != 8 || !m.TieEmbeddings || m.DType != "float32" {
+	if m := c.Model; m.Name != "gpt" || m.Width != 16 || m.Layers != 2 || m.Heads != 2 || m.Context != 8 || m.TieEmbeddings || m.DType != "float32" {
 		t.Errorf("gpt2: model section %+v", m)
 	}
 }

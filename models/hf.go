@@ -259,16 +259,14 @@ func gpt2FromHF(c *hfConfig) (spec Spec, err error) {
 // agreeWithHF applies the keys the config gives beside `from`, refusing
 // one that disagrees with config.json.
 func agreeWithHF(path string, spec *Spec, maxContext int, given map[string]any) error {
-	b, err := json.Marshal(spec)
-	if err != nil {
-		return err
+	have := map[string]any{
+		"name": spec.Name, "layers": spec.Layers, "width": spec.Width, "heads": spec.Heads,
+		"context": spec.Context, "vocab": spec.Vocab, "tie_embeddings": spec.TieEmbeddings,
 	}
-	var have map[string]any
-	if err := json.Unmarshal(b, &have); err != nil {
-		return err
+	if spec.Name == "llama" && spec.Heads > 0 {
+		have["head_dim"] = spec.Width / spec.Heads // what the family derives when not given
 	}
 	maps.Copy(have, spec.Own)
-	delete(have, "own")
 	for _, key := range slices.Sorted(maps.Keys(given)) {
 		v := given[key]
 		switch key {
