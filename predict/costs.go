@@ -48,8 +48,10 @@ type Costs struct {
 
 // ResolveCosts returns per-stage action costs in ms, from what pipetrain
 // simulate's --costs names: "measure" (each stage's chunks timed here, the
-// median of reps runs), a run directory (the mean of each action in its
-// events), or uniform costs f=F,b=B[,w=W]. Its Transfer is left for
+// median of reps runs, compute alone), a run directory (the mean of each
+// action in its events: a forward's holds the time it waited for its data,
+// runlog.Event.DataWaitNS, so the data a run read too slowly to hide is
+// charged), or uniform costs f=F,b=B[,w=W]. Its Transfer is left for
 // SetTransfer.
 func ResolveCosts(cfg *configs.Config, model *models.Model, from string, reps int) (Costs, error) {
 	p := len(cfg.Stages)

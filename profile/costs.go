@@ -13,7 +13,9 @@ import (
 // needs to replay a run. Kinds the run did not execute are zero. Chunks, for
 // a stage of several chunks, are each chunk's own means: chunks need not
 // hold equal shares of a stage's work (under a V, stage 0's two chunks are
-// the model's first and last).
+// the model's first and last). F is the forwards' whole spans, the time
+// they waited for their data included (Event.DataWaitNS): the simulator
+// charges a stage's exposed reads as part of its forwards.
 //
 // Gap is the stage's mean hand-off: from the end of one of its actions to
 // the start of its next in the same step, less the time that next one

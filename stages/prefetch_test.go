@@ -104,6 +104,11 @@ func TestSlowDataIsReadAhead(t *testing.T) {
 			t.Errorf("profile: stage %d data %v, waited %v; the events say %v and %v", s, got.Data, got.DataWait, read[s], waited[s])
 		}
 	}
+	// Stage 1's forwards wait for most of their reads: the costs the
+	// simulator reads from the run charge them.
+	if f, n := profile.MeanCosts(events, 0)[1].F, time.Duration(cfg.Train.Steps*cfg.Data.MicroBatches); f < waited[1]/n {
+		t.Errorf("stage 1's mean forward costs %v from the events, less than the %v it waited for its data", f, waited[1]/n)
+	}
 	if !strings.Contains(b.String(), "data ms") || !strings.Contains(b.String(), "data: stage 0 read for ") {
 		t.Errorf("the profile shows no data time:\n%s", b.String())
 	}
