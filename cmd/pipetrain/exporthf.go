@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -30,10 +31,16 @@ func exportHF(cmd *cobra.Command, cfg *configs.Config, runDir string, step int, 
 		values += n
 		bytes += len(t.Data)
 	}
+	shards := 0
+	for _, f := range e.Files {
+		if strings.HasSuffix(f, ".safetensors") {
+			shards++
+		}
+	}
 	w := cmd.OutOrStdout()
 	warnUnchecked(cmd.ErrOrStderr(), e.Unchecked)
 	fmt.Fprintf(w, "exported model %s, step %d: %s, %d parameters, %s in %s, from %s to the Hugging Face checkpoint %s\n",
-		cfg.Model.Name, e.Step, words.Count(len(e.Tensors), "tensor"), values, human(int64(bytes)), words.Count(len(e.Files)-1, "file"), e.From, out)
+		cfg.Model.Name, e.Step, words.Count(len(e.Tensors), "tensor"), values, human(int64(bytes)), words.Count(shards, "safetensors file"), e.From, out)
 	if list {
 		for _, t := range e.Tensors {
 			fmt.Fprintf(w, "  %-48s %-4s %v\n", t.Name, t.DType, t.Shape)

@@ -79,7 +79,7 @@ func TestExportFormatHF(t *testing.T) {
 	if err != nil {
 		t.Fatalf("export: %v\n%s", err, text)
 	}
-	if !strings.Contains(text, "exported model llama, step 6: 21 tensors") || !strings.Contains(text, "to the Hugging Face checkpoint "+out) ||
+	if !strings.Contains(text, "exported model llama, step 6: 21 tensors") || !strings.Contains(text, "4.9 KiB in 6 safetensors files, from") || !strings.Contains(text, "to the Hugging Face checkpoint "+out) ||
 		!strings.Contains(text, "model.layers.0.self_attn.k_proj.weight") {
 		t.Errorf("export printed:\n%s", text)
 	}
