@@ -26,12 +26,32 @@ import (
 // (every parameter, by name and shape, and nothing else) before any is read,
 // the errors naming the file and the tensor.
 func EvaluateWeights(ctx context.Context, o Options, path string) (*EvalResult, error) {
+	r, err := evaluationRuntime(o, path)
+	if err != nil {
+		return nil, err
+	}
+	res, err := r.evaluate(ctx, EvalStep)
+	if err != nil {
+		return nil, fmt.Errorf("evaluating %s: %w", path, err)
+	}
+	if res == nil {
+		return nil, fmt.Errorf("%s: the data has no %s examples to evaluate on", r.cfg.Path, r.feed.name())
+	}
+	return res, nil
+}
+
+// evaluationRuntime is the reference runtime EvaluateWeights evaluates
+// with, its parameters read from path.
+func evaluationRuntime(o Options, path string) (*Runtime, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, err
 	}
 	c := *o.Config
 	c.Train.InitFrom, c.Train.Evaluate = abs, true
+	// The runtime makes an optimizer per chunk, which never steps here: plain
+	// SGD holds no state, where Adam's would double the model's memory.
+	c.Train.Optimizer = configs.Optimizer{Name: "sgd"}
 	model, err := models.Build(c.Model)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", c.Path, err)
@@ -41,18 +61,7 @@ func EvaluateWeights(ctx context.Context, o Options, path string) (*EvalResult, 
 	}
 	o.Config, o.Reference, o.Layout, o.RunDir, o.Resume = &c, true, nil, "", false
 	o.Prev, o.Next, o.ReplicaPrev, o.ReplicaNext, o.Coordinator, o.Pause = nil, nil, nil, nil, nil, nil
-	r, err := New(o)
-	if err != nil {
-		return nil, err
-	}
-	res, err := r.evaluate(ctx, EvalStep)
-	if err != nil {
-		return nil, fmt.Errorf("evaluating %s: %w", path, err)
-	}
-	if res == nil {
-		return nil, fmt.Errorf("%s: the data has no %s examples to evaluate on", c.Path, r.feed.name())
-	}
-	return res, nil
+	return New(o)
 }
 
 // IsRunDir reports whether dir holds a run that launch, stage or reference

@@ -79,6 +79,23 @@ func TestEvaluateWeightsEqualsTheRunsEvaluation(t *testing.T) {
 	}
 }
 
+// TestEvaluationHoldsNoOptimizerState: evaluating an Adam run's weights
+// allocates no optimizer state (Adam's two buffers per parameter).
+func TestEvaluationHoldsNoOptimizerState(t *testing.T) {
+	c := testConfig("1f1b", plain("0-1", "2-3"), 2, "float32", "adam")
+	c.Train.Steps = 1
+	run := runInProcess(t, c, false)
+	r, err := evaluationRuntime(evalData(t, c), run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, o := range r.optims {
+		if names := o.SlotNames(); len(names) > 0 {
+			t.Errorf("chunk %d's optimizer holds %v buffers", i, names)
+		}
+	}
+}
+
 // TestEvaluateWeightsRefusesAnotherModel: weights of another model are
 // refused before any is read, naming the file and the tensor: a mis-sized
 // MLP by shape, a GPT's by the names the MLP lacks.
