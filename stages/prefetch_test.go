@@ -1,6 +1,7 @@
 package stages
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -111,5 +112,29 @@ func TestSlowDataIsReadAhead(t *testing.T) {
 	}
 	if !strings.Contains(b.String(), "data ms") || !strings.Contains(b.String(), "data: stage 0 read for ") {
 		t.Errorf("the profile shows no data time:\n%s", b.String())
+	}
+}
+
+// TestReadAheadEndsWithRun: a stage stopped at a step boundary had begun
+// reading the next step's first input; Run waits for that read before it
+// returns and keeps its buffer as a spare, so no reader outlives it.
+func TestReadAheadEndsWithRun(t *testing.T) {
+	cfg := testConfig("1f1b", plain("0-1", "2-3"), 2, "float32", "sgd")
+	cfg.Data.Dataset = "slow-ramp"
+	cfg.Train.Steps, cfg.Train.Evaluate = 6, false
+	pauses := []*Pause{NewPause(), NewPause()}
+	for _, p := range pauses {
+		p.StopAfter(3)
+	}
+	rts, errs := runPausable(t, cfg, false, t.TempDir(), false, pauses)
+	for i, err := range errs {
+		if !errors.Is(err, ErrPaused) {
+			t.Fatalf("stage %d: %v, want ErrPaused", i, err)
+		}
+	}
+	r := rts[0]
+	// Two micro-batches in flight, and the next one's read ahead.
+	if r.fetching != nil || len(r.inputs) != 0 || len(r.spareInputs) != 3 {
+		t.Errorf("after Run: reading %v, %d inputs held, %d spare; want none, none, 3", r.fetching != nil, len(r.inputs), len(r.spareInputs))
 	}
 }
