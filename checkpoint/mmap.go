@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"syscall"
 )
 
 // Mapped is a safetensors file mapped into memory read-only: its header is
@@ -48,7 +47,7 @@ func OpenMapped(path string) (*Mapped, error) {
 	if st.Size() < 8 {
 		return nil, bad("not a safetensors file (%d bytes, too short for a header)", st.Size())
 	}
-	b, err := syscall.Mmap(int(f.Fd()), 0, int(st.Size()), syscall.PROT_READ, syscall.MAP_SHARED)
+	b, err := mapFile(f, st.Size())
 	if err != nil {
 		return nil, bad("mmap: %v", err)
 	}
@@ -98,7 +97,7 @@ func (m *Mapped) Close() error {
 	if m == nil || m.mapped == nil {
 		return nil
 	}
-	err := syscall.Munmap(m.mapped)
+	err := unmapFile(m.mapped)
 	m.mapped, m.data = nil, nil
 	return err
 }
