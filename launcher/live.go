@@ -94,6 +94,9 @@ func (l *Live) add(e event) {
 		}
 		return
 	}
+	if e.Kind == runlog.ClipNorm {
+		return // waiting for the other stages' parts of the norm: no work
+	}
 	if st.start[e.Stage] == 0 || e.StartNS < st.start[e.Stage] {
 		st.start[e.Stage] = e.StartNS
 	}

@@ -38,13 +38,14 @@ const (
 	Recompute = runlog.Recompute
 	Optimizer = runlog.Optimizer
 	AllReduce = runlog.AllReduce
+	ClipNorm  = runlog.ClipNorm
 )
 
 // compute reports whether an event of kind k is the stage's own work in the
 // pipeline: an action of the schedule. The optimizer step follows the flush,
 // and an all-reduce runs beside the actions, so neither counts toward a
 // stage's busy time or a step's window.
-func compute(k string) bool { return k != Optimizer && k != AllReduce }
+func compute(k string) bool { return k != Optimizer && k != AllReduce && k != ClipNorm }
 
 // Event is one action executed by a stage, as its event log records it.
 type Event = runlog.Event

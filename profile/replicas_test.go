@@ -330,7 +330,7 @@ func TestReadAllReduceEvents(t *testing.T) {
 	for _, tc := range []struct{ line, want string }{
 		{`{"stage":0,"step":0,"kind":"AR","replica":1,"start_ns":5,"end_ns":9,"wait_ns":2,"bytes_sent":8}`, ""},
 		{`{"stage":0,"step":0,"kind":"AR","start_ns":5,"end_ns":9}`, ""}, // the replica left out
-		{`{"stage":0,"step":0,"kind":"X"}`, `:1: unknown kind "X": want F, B, I, W, RF, OPT or AR`},
+		{`{"stage":0,"step":0,"kind":"X"}`, `:1: unknown kind "X": want F, B, I, W, RF, OPT, AR or N`},
 		{`{"stage":0,"step":0,"kind":"ar"}`, `:1: unknown kind "ar"`},
 		{`{"stage":0,"step":0,"kind":"AR","replica":2}`, ":1: event of replica 2 in replica 1's log"},
 		{`{"stage":1,"step":0,"kind":"AR","replica":1}`, ":1: event of stage 1 in stage 0's log"},

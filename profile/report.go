@@ -37,6 +37,10 @@ type StageReport struct {
 	// is part of Forward. Both 0 on stages that read no data and in logs
 	// written before the fields existed.
 	Data, DataWait time.Duration
+	// Clip is the time the stage spent clipping its gradients (runlog
+	// ClipNorm): agreeing with every stage on the norm, waiting for the
+	// slowest, and scaling. Like the optimizer's, it is not busy time.
+	Clip time.Duration
 	// Busy = Forward+Backward+Weight+Recompute; Idle = Window - Busy: the stage's share of
 	// the pipeline window spent not computing.
 	Busy, Idle time.Duration
@@ -292,6 +296,8 @@ func Analyse(info RunInfo, events [][]Event, skip int) (*Report, error) {
 				sr.Recompute += d
 			case Optimizer:
 				sr.Optimizer += d
+			case ClipNorm:
+				sr.Clip += d
 			}
 			if compute(e.Kind) {
 				busy[step][i] += d
@@ -749,6 +755,7 @@ func (r *Report) Write(w io.Writer, opts ...Options) error {
 		fmt.Fprintf(&b, "theory: %s has no closed form for this run: simulated with equal stages, free transfers\n", r.Info.Schedule)
 	}
 	r.writeData(&b)
+	r.writeClip(&b)
 	r.writeClock(&b)
 	r.writeStragglers(&b)
 	bn := r.Stages[r.Bottleneck]
@@ -777,6 +784,22 @@ func (r *Report) writeData(b *strings.Builder) {
 	}
 	if len(read) > 0 {
 		fmt.Fprintf(b, "data: %s\n", strings.Join(read, "; "))
+	}
+}
+
+// writeClip says, for a run that clipped its gradients by their global
+// norm, how long each stage's clipping took a step: the stages agree on the
+// norm along the pipeline, so a stage that finishes its backward early
+// waits there for the slowest.
+func (r *Report) writeClip(b *strings.Builder) {
+	var clip []string
+	for _, s := range r.Stages {
+		if s.Clip > 0 && s.Steps > 0 {
+			clip = append(clip, fmt.Sprintf("stage %d %s ms", s.Stage, fmtMS3(s.Clip/time.Duration(s.Steps))))
+		}
+	}
+	if len(clip) > 0 {
+		fmt.Fprintf(b, "gradient clipping a step (agreeing on the norm, waiting for the slowest stage): %s\n", strings.Join(clip, "; "))
 	}
 }
 

@@ -25,6 +25,10 @@ const (
 	// replicas: from its schedule's reduction op until the sum is in.
 	// It runs beside the stage's other actions, so it may overlap them.
 	AllReduce = "AR"
+	// ClipNorm is a step's gradient clipping (train.clip_grad_norm): the
+	// stages' agreement on the global norm, which waits for every stage,
+	// and the scaling.
+	ClipNorm = "N"
 )
 
 // Event is one action executed by a stage.
@@ -34,7 +38,7 @@ type Event struct {
 	// checkpoints call it step Step+1 (StepNumber), and so does everything
 	// this package prints.
 	Step int    `json:"step"`
-	Kind string `json:"kind"` // Forward, Backward, Input, Weight, Recompute, Optimizer or AllReduce
+	Kind string `json:"kind"` // Forward, Backward, Input, Weight, Recompute, Optimizer, AllReduce or ClipNorm
 	// Replica is the stage's replica (data_parallel > 1); 0 otherwise.
 	Replica int `json:"replica,omitempty"`
 	MB      int `json:"mb"` // micro-batch; meaningless for Optimizer
@@ -218,8 +222,8 @@ func (e *Event) Check(stage int) error {
 	switch {
 	case e.Stage != stage:
 		return fmt.Errorf("event of stage %d in stage %d's log", e.Stage, stage)
-	case e.Kind != Forward && e.Kind != Backward && e.Kind != Input && e.Kind != Weight && e.Kind != Recompute && e.Kind != Optimizer && e.Kind != AllReduce:
-		return fmt.Errorf("unknown kind %q: want F, B, I, W, RF, OPT or AR", e.Kind)
+	case e.Kind != Forward && e.Kind != Backward && e.Kind != Input && e.Kind != Weight && e.Kind != Recompute && e.Kind != Optimizer && e.Kind != AllReduce && e.Kind != ClipNorm:
+		return fmt.Errorf("unknown kind %q: want F, B, I, W, RF, OPT, AR or N", e.Kind)
 	case e.EndNS < e.StartNS:
 		return fmt.Errorf("end_ns %d before start_ns %d", e.EndNS, e.StartNS)
 	case e.Step < 0:

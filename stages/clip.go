@@ -6,10 +6,12 @@ import (
 	"math"
 	"math/big"
 	"slices"
+	"time"
 
 	"gorgonia.org/tensor"
 
 	"github.com/pipetrain/pipetrain/compute"
+	"github.com/pipetrain/pipetrain/runlog"
 	"github.com/pipetrain/pipetrain/transport"
 )
 
@@ -129,6 +131,16 @@ func (r *Runtime) ClipNorm(ctx context.Context, step int) error {
 	if err := r.awaitReductions(ctx, step); err != nil {
 		return err
 	}
+	start := time.Now()
+	if err := r.clipNorm(ctx, step); err != nil {
+		return err
+	}
+	r.live.action(runlog.ClipNorm, time.Since(start), 0, r.inFlight())
+	return r.events.add(runlog.Event{Stage: r.stage, Replica: r.replica, Step: step, Kind: runlog.ClipNorm, StartNS: start.UnixNano(), EndNS: time.Now().UnixNano()})
+}
+
+// clipNorm is ClipNorm's exchange and scaling.
+func (r *Runtime) clipNorm(ctx context.Context, step int) error {
 	var sum normSum
 	if err := r.addSquares(&sum, step); err != nil {
 		return err

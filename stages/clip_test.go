@@ -5,10 +5,12 @@ import (
 	"math/big"
 	"math/rand/v2"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/profile"
 )
 
 // TestNormSumIsExactInAnyOrder: the parts of a squared norm, from subnormal
@@ -110,5 +112,33 @@ func TestClippedPipelineEqualsReference(t *testing.T) {
 				t.Error("the clipped run ended with the unclipped run's weights")
 			}
 		})
+	}
+}
+
+// TestClippingIsProfiled: each stage logs its clipping per step as a
+// ClipNorm event, which the profile reports apart from the busy time.
+func TestClippingIsProfiled(t *testing.T) {
+	cfg := testConfig("1f1b", plain("0-1", "2-3"), 2, "float32", "sgd")
+	cfg.Train.ClipGradNorm = 0.05
+	pipe := runInProcess(t, cfg, false)
+	info, events, err := profile.ReadRun(pipe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := profile.Analyse(info, events, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	if err := rep.Write(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range rep.Stages {
+		if s.Clip <= 0 || s.Clip >= rep.Window {
+			t.Errorf("stage %d clipped for %v of a %v window", s.Stage, s.Clip, rep.Window)
+		}
+	}
+	if !strings.Contains(b.String(), "gradient clipping a step") {
+		t.Errorf("the report does not show the clipping:\n%s", b.String())
 	}
 }
