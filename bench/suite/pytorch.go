@@ -61,7 +61,7 @@ const (
 	torchLlamaScript = "bench/pytorch/llama.py"
 	torchLlamaSteps  = 12
 	torchLlamaTarget = 1.0
-	torchStages    = 4 // processes of the pipeline comparison
+	torchStages      = 4 // processes of the pipeline comparison
 	// The targets: pipetrain against PyTorch in one process, on the MLPs
 	// (1 and 2 BLAS threads) and the GPT (1), and as 4-stage pipelines on
 	// the MLPs.
