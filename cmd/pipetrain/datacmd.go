@@ -3,8 +3,10 @@ package main
 import (
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -26,6 +28,7 @@ func dataCmd() *cobra.Command {
 
 func inspectCmd() *cobra.Command {
 	var format, dtype string
+	var arrays bool
 	c := &cobra.Command{
 		Use:   "inspect FILE...",
 		Short: "Print each token file's format, dtype, token count, documents and token id range",
@@ -34,14 +37,24 @@ the tokens' dtype, the header's version, how many tokens it holds, the
 documents of a Megatron pair, and the smallest and largest token id (which
 reads every token). A NumPy file that holds no token array prints its dtype
 and shape. A file refused as dataset tokens would refuse it (bad magic, a
-length unlike its header's) stops the command with that error.`,
+length unlike its header's) stops the command with that error.
+
+With --array, each argument is an array as data.dataset arrays names one (a
+.npy file, FILE.safetensors:TENSOR, or an IDX file such as Fashion-MNIST's):
+its dtype and shape, and for a labels array (integers, one per example) how
+many examples carry each label.`,
 		Example: `  pipetrain data inspect data/fineweb_val_000000.bin data/fineweb_train_*.bin
   pipetrain data inspect --format nanogpt --dtype uint32 tokens.dat
-  pipetrain data inspect corpus_text_document.idx    # a Megatron pair, by its .idx or .bin`,
+  pipetrain data inspect corpus_text_document.idx    # a Megatron pair, by its .idx or .bin
+  pipetrain data inspect --array /usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			for _, path := range args {
-				if err := inspect(cmd.OutOrStdout(), path, format, dtype); err != nil {
+				do := func() error { return inspect(cmd.OutOrStdout(), path, format, dtype) }
+				if arrays {
+					do = func() error { return inspectArray(cmd.OutOrStdout(), path) }
+				}
+				if err := do(); err != nil {
 					return err
 				}
 			}
@@ -50,6 +63,7 @@ length unlike its header's) stops the command with that error.`,
 	}
 	c.Flags().StringVar(&format, "format", "auto", "the files' format: "+strings.Join(data.TokenFormats, ", "))
 	c.Flags().StringVar(&dtype, "dtype", "uint16", "the element type of nanoGPT's headerless files: "+strings.Join(data.NanoGPTDTypes, ", "))
+	c.Flags().BoolVar(&arrays, "array", false, "read each argument as a feature or labels array (.npy, FILE.safetensors:TENSOR, IDX), as data.dataset arrays does")
 	return c
 }
 
@@ -81,6 +95,31 @@ func inspect(w io.Writer, path, format, dtype string) error {
 	if f.Tokens > 0 {
 		lo, hi := f.MinMax()
 		line += fmt.Sprintf(", token ids %d to %d", lo, hi)
+	}
+	fmt.Fprintln(w, line)
+	return nil
+}
+
+// inspectArray prints an array's dtype and shape and, for labels (one
+// integer an example), the examples of each label, reading every label.
+func inspectArray(w io.Writer, spec string) error {
+	a, err := data.OpenArray(spec)
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	line := fmt.Sprintf("%s: %s, shape %v", a.Name, a.DType, a.Shape)
+	if a.RowLen() == 1 && (a.DType == "uint8" || a.DType == "int32" || a.DType == "int64") {
+		counts := map[int64]int{}
+		for i := range a.Rows() {
+			counts[a.Label(i)]++
+		}
+		labels := slices.Sorted(maps.Keys(counts))
+		var parts []string
+		for _, l := range labels {
+			parts = append(parts, fmt.Sprintf("%d: %d", l, counts[l]))
+		}
+		line += fmt.Sprintf(", %d labels (%s)", len(labels), strings.Join(parts, ", "))
 	}
 	fmt.Fprintln(w, line)
 	return nil

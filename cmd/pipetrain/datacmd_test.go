@@ -69,3 +69,34 @@ func TestDataInspect(t *testing.T) {
 		t.Errorf("short shard: err = %v", err)
 	}
 }
+
+// TestDataInspectArrays: with --array, inspect reads each argument as
+// data.dataset arrays does: a labels array's dtype, shape and examples per
+// label, a features array's dtype and shape.
+func TestDataInspectArrays(t *testing.T) {
+	dir := t.TempDir()
+	npy := func(name, descr, shape string, payload []byte) string {
+		head := "{'descr': '" + descr + "', 'fortran_order': False, 'shape': (" + shape + "), }"
+		head += strings.Repeat(" ", 64-(10+len(head)+1)%64) + "\n"
+		b := binary.LittleEndian.AppendUint16([]byte("\x93NUMPY\x01\x00"), uint16(len(head)))
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, append(append(b, head...), payload...), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	var labels []byte
+	for _, l := range []int64{2, 0, 2, 7, 2} {
+		labels = binary.LittleEndian.AppendUint64(labels, uint64(l))
+	}
+	y := npy("y.npy", "<i8", "5,", labels)
+	x := npy("x.npy", "|u1", "5, 4", make([]byte, 20))
+	out, err := runCommand(t, newRoot(), "data", "inspect", "--array", y, x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := y + ": int64, shape [5], 3 labels (0: 1, 2: 3, 7: 1)\n" + x + ": uint8, shape [5 4]\n"
+	if out != want {
+		t.Errorf("inspect --array printed\n%s\nwant\n%s", out, want)
+	}
+}
