@@ -68,13 +68,16 @@ func blockSteps(start int, block []string) []docStep {
 }
 
 // expectsFailure reports whether the doc shows the command failing: its
-// output starts with pipetrain's error prefix and never reports a finished run.
+// output starts with pipetrain's error prefix and never reports a finished
+// run or an evaluation.
 func (s docStep) expectsFailure() bool {
 	if len(s.shown) == 0 || !strings.HasPrefix(s.shown[0], "pipetrain: ") {
 		return false
 	}
 	for _, l := range s.shown {
-		if strings.HasPrefix(l, "pipetrain: done:") {
+		// A finished launch, and evaluate's report, print their results
+		// on pipetrain: lines too.
+		if strings.HasPrefix(l, "pipetrain: done:") || strings.HasPrefix(l, "pipetrain: evaluating ") {
 			return false
 		}
 	}

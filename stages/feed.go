@@ -83,6 +83,11 @@ type dataFetch struct {
 	y    []int
 	took time.Duration // how long the source took, once done is closed
 	done chan struct{}
+	// panicked is what the read panicked with, if it did (a source
+	// refusing bad data it meets while reading, data.CatchBadData): the
+	// forward that takes the read panics with it on the stage's goroutine,
+	// where the process's recovery is.
+	panicked any
 }
 
 // fetch starts reading micro-batch mb (numbered across the replicas) of step
@@ -91,6 +96,7 @@ func (f feed) fetch(step int, a schedule.Action, mb int, x *tensor.Dense, wantTa
 	d := &dataFetch{step: step, a: a, x: x, done: make(chan struct{})}
 	go func() {
 		defer close(d.done)
+		defer func() { d.panicked = recover() }()
 		t0 := time.Now()
 		d.y = f.train(step, mb, x, wantTargets)
 		d.took = time.Since(t0)
@@ -133,6 +139,9 @@ func (r *Runtime) takeData(step int, a schedule.Action) (x *tensor.Dense, y []in
 	}
 	t0 := time.Now()
 	<-d.done
+	if d.panicked != nil {
+		panic(d.panicked)
+	}
 	r.fed = fedData{a: a, read: d.took, wait: time.Since(t0)}
 	if d.x != nil {
 		r.keepInput(a.MicroBatch, d.x)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"github.com/spf13/cobra"
 
@@ -92,7 +93,7 @@ every predicted token: docs/weights.md, "Evaluating weights".`,
 					threads = n // what the run evaluated with, for its own figures bit for bit
 				}
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "pipetrain: evaluating %s with the model of %s, %s\n", path, cfg.Path, words.Count(threads, "BLAS thread"))
+			fmt.Fprintf(cmd.ErrOrStderr(), "pipetrain: evaluating %s with the model of %s, %s\n", path, shortPath(cfg.Path), words.Count(threads, "BLAS thread"))
 			stages.SetProcessThreads(threads)
 			res, err := stages.EvaluateWeights(cmd.Context(), stages.Options{Config: cfg, Threads: threads}, path)
 			if err != nil {
@@ -155,4 +156,17 @@ func evaluationLine(cfg *configs.Config, res *stages.EvalResult) string {
 		what = "test images"
 	}
 	return fmt.Sprintf("pipetrain: test loss %.4f, accuracy %.2f%% on %d %s", res.Loss, 100*res.Accuracy, res.Examples, what)
+}
+
+// shortPath is path relative to the working directory when it lies below
+// it (a run's launch.json records its config's absolute path), else path.
+func shortPath(path string) string {
+	wd, err := os.Getwd()
+	if err != nil {
+		return path
+	}
+	if rel, err := filepath.Rel(wd, path); err == nil && filepath.IsLocal(rel) {
+		return rel
+	}
+	return path
 }
