@@ -286,10 +286,8 @@ func toHalf(v float32) uint16 {
 // TestArraysWrittenByNumPy: features and labels saved by np.save in each
 // dtype the kind takes read back as NumPy wrote them.
 func TestArraysWrittenByNumPy(t *testing.T) {
-	const python = "/usr/bin/python3"
-	if out, err := exec.Command(python, "-c", "import numpy").CombinedOutput(); err != nil {
-		testenv.RequireOrSkip(t, "NumPy (Debian package python3-numpy, which `make test` installs)", fmt.Sprintf("%s cannot import numpy: %v %s", python, err, out))
-	}
+	testenv.NeedPython(t, "numpy", "python3-numpy")
+	python := testenv.Python
 	dir := t.TempDir()
 	script := `
 import sys

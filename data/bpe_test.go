@@ -2,7 +2,6 @@ package data
 
 import (
 	"encoding/json"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -184,7 +183,8 @@ func trainMerges(text string, n int) [][2]string {
 // own encoder (encoder.py: the pattern through Python's regex module, the
 // byte alphabet, merges by rank), run on the same tokenizer.json.
 func TestBPEMatchesGPT2Encoder(t *testing.T) {
-	python := pythonWith(t, "regex", "Python's regex module (Debian package python3-regex)")
+	testenv.NeedPython(t, "regex", "python3-regex")
+	python := testenv.Python
 	dir := t.TempDir()
 	corpus := strings.Repeat(variedText, 3) + "The quick brown fox's 42 jumps over\tthe lazy dog. Ünïcödé ✓\n"
 	spec := tokenizerJSON(trainMerges(corpus, 120))
@@ -214,22 +214,6 @@ func TestBPEMatchesGPT2Encoder(t *testing.T) {
 		}
 		t.Errorf("%d ids, GPT-2's encoder %d; first difference at %d: %v vs %v", len(got), len(want), i, got[i:min(len(got), i+5)], want[i:min(len(want), i+5)])
 	}
-}
-
-// pythonWith finds a Python that imports module: Debian's, or the first
-// python3 on PATH; without one the test skips through testenv.
-func pythonWith(t *testing.T, module, what string) string {
-	t.Helper()
-	var tried []string
-	for _, python := range []string{"/usr/bin/python3", "python3"} {
-		out, err := exec.Command(python, "-c", "import "+module).CombinedOutput()
-		if err == nil {
-			return python
-		}
-		tried = append(tried, fmt.Sprintf("%s: %v %s", python, err, strings.TrimSpace(string(out))))
-	}
-	testenv.RequireOrSkip(t, what, strings.Join(tried, "; "))
-	return ""
 }
 
 // TestBPERefusesWhatItDoesNotImplement: other models, normalizers,

@@ -143,10 +143,8 @@ func TestTokenFilesWrittenInGo(t *testing.T) {
 // TestTokenFilesWrittenByNumPy: shards written as llm.c, nanoGPT and
 // Megatron's writers write them, with NumPy, read back the same tokens.
 func TestTokenFilesWrittenByNumPy(t *testing.T) {
-	const python = "/usr/bin/python3"
-	if out, err := exec.Command(python, "-c", "import numpy").CombinedOutput(); err != nil {
-		testenv.RequireOrSkip(t, "NumPy (Debian package python3-numpy, which `make test` installs)", fmt.Sprintf("%s cannot import numpy: %v %s", python, err, out))
-	}
+	testenv.NeedPython(t, "numpy", "python3-numpy")
+	python := testenv.Python
 	dir := t.TempDir()
 	script := `
 import struct, sys

@@ -1,14 +1,10 @@
 package models
 
 import (
-	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	G "gorgonia.org/gorgonia"
@@ -20,17 +16,6 @@ import (
 // The Llama family held against Hugging Face's formulas written out in
 // PyTorch (testdata/llama_hf.py): Debian's python3-torch, run as
 // /usr/bin/python3 (a python3 earlier on PATH may lack it).
-
-const torchPython = "/usr/bin/python3"
-
-// needTorch skips the test unless torchPython imports torch.
-func needTorch(t *testing.T) {
-	t.Helper()
-	if out, err := exec.Command(torchPython, "-c", "import torch").CombinedOutput(); err != nil {
-		testenv.RequireOrSkip(t, "PyTorch (Debian package python3-torch, which `make test` installs)",
-			fmt.Sprintf("%s cannot import torch: %v: %s", torchPython, err, strings.TrimSpace(string(out))))
-	}
-}
 
 // torchTensor is one tensor as llama_hf.py reads it.
 type torchTensor struct {
@@ -84,7 +69,7 @@ func toTorch(v []float32, shape []int, transpose bool) []float32 {
 // PyTorch, given the same weights under their Hugging Face names (the map
 // of TorchParams, transposes included).
 func TestLlamaMatchesPyTorch(t *testing.T) {
-	needTorch(t)
+	testenv.NeedTorch(t)
 	for _, tied := range []bool{false, true} {
 		t.Run(fmt.Sprintf("tied=%v", tied), func(t *testing.T) {
 			spec := tinyLlama("float32", tied, 2)
@@ -208,24 +193,5 @@ func closeTo(t *testing.T, what string, got, want []float32) {
 // runLlamaHF runs testdata/llama_hf.py on in.
 func runLlamaHF(t *testing.T, in hfLlamaRun, out *hfLlamaResult) {
 	t.Helper()
-	dir := t.TempDir()
-	inPath, outPath := filepath.Join(dir, "in.json"), filepath.Join(dir, "out.json")
-	b, err := json.Marshal(in)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(inPath, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(torchPython, filepath.Join("testdata", "llama_hf.py"), inPath, outPath)
-	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1")
-	if msg, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("llama_hf.py: %v\n%s", err, msg)
-	}
-	if b, err = os.ReadFile(outPath); err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(b, out); err != nil {
-		t.Fatalf("llama_hf.py's output: %v", err)
-	}
+	testenv.RunPythonJSON(t, filepath.Join("testdata", "llama_hf.py"), in, out)
 }

@@ -4,13 +4,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/pipetrain/pipetrain/internal/testenv"
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 )
@@ -211,7 +210,7 @@ func TestSequentialGradients(t *testing.T) {
 // (testdata/sequential_torch.py), given the weights under their export
 // names and layouts.
 func TestSequentialMatchesPyTorch(t *testing.T) {
-	needTorch(t)
+	testenv.NeedTorch(t)
 	m := buildModel(t, testStack("float32"))
 	const batch = 3
 	r := rand.New(rand.NewPCG(5, 5))
@@ -252,7 +251,7 @@ func TestSequentialMatchesPyTorch(t *testing.T) {
 		Grads     map[string][]float32 `json:"grads"`
 		InputGrad []float32            `json:"input_grad"`
 	}
-	runTorchScript(t, "sequential_torch.py", in, &want)
+	testenv.RunPythonJSON(t, filepath.Join("testdata", "sequential_torch.py"), in, &want)
 	closeTo(t, "output", y.Value().Data().([]float32), want.Out)
 	if len(tps) != len(want.Grads) {
 		t.Errorf("%d parameters, PyTorch's module %d", len(tps), len(want.Grads))
@@ -269,32 +268,6 @@ func TestSequentialMatchesPyTorch(t *testing.T) {
 		t.Fatal(err)
 	}
 	closeTo(t, "the input's gradient", gx.Data().([]float32), want.InputGrad)
-}
-
-// runTorchScript runs testdata/script with in as JSON and decodes its
-// output into out.
-func runTorchScript(t *testing.T, script string, in, out any) {
-	t.Helper()
-	dir := t.TempDir()
-	inPath, outPath := filepath.Join(dir, "in.json"), filepath.Join(dir, "out.json")
-	b, err := json.Marshal(in)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(inPath, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(torchPython, filepath.Join("testdata", script), inPath, outPath)
-	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1")
-	if msg, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("%s: %v\n%s", script, err, msg)
-	}
-	if b, err = os.ReadFile(outPath); err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(b, out); err != nil {
-		t.Fatalf("%s's output: %v", script, err)
-	}
 }
 
 // TestSequentialSpecFromJSON: the spec as an export's model_spec records

@@ -3,8 +3,11 @@ package optim
 import (
 	"fmt"
 	"math"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/pipetrain/pipetrain/internal/testenv"
 )
 
 // TestSchedulesMatchPyTorch holds every kind of schedule, with and without
@@ -14,7 +17,7 @@ import (
 // (each from the last), pipetrain computes each from the step, so the two
 // agree to float64 rounding, not bit for bit.
 func TestSchedulesMatchPyTorch(t *testing.T) {
-	needTorch(t)
+	testenv.NeedTorch(t)
 	const lr, steps = 0.003, 60
 	for _, s := range []Schedule{
 		{Kind: "constant"},
@@ -40,7 +43,7 @@ func TestSchedulesMatchPyTorch(t *testing.T) {
 				in["steps"] = s.DecaySteps
 			}
 			var want []float64
-			runTorchJSON(t, "torch_schedule.py", in, &want)
+			testenv.RunPythonJSON(t, filepath.Join("testdata", "torch_schedule.py"), in, &want)
 			for step, w := range want {
 				if got := s.LR(lr, int64(step)); math.Abs(got-w) > 1e-12*lr {
 					t.Errorf("step %d: lr %.17g, PyTorch %.17g", step, got, w)

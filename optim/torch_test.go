@@ -1,15 +1,10 @@
 package optim
 
 import (
-	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
-	"sync"
 	"testing"
 
 	"gorgonia.org/tensor"
@@ -17,56 +12,8 @@ import (
 	"github.com/pipetrain/pipetrain/internal/testenv"
 )
 
-// The tests here hold the optimizers against torch.optim itself: Debian's
-// python3-torch, run as /usr/bin/python3 (a python3 earlier on PATH may
-// lack it), with the scripts of testdata.
-
-const torchPython = "/usr/bin/python3"
-
-var (
-	torchOnce    sync.Once
-	torchMissing error
-)
-
-// needTorch skips the test unless torchPython imports torch.
-func needTorch(t *testing.T) {
-	t.Helper()
-	torchOnce.Do(func() {
-		if out, err := exec.Command(torchPython, "-c", "import torch").CombinedOutput(); err != nil {
-			torchMissing = fmt.Errorf("%v: %s", err, strings.TrimSpace(string(out)))
-		}
-	})
-	if torchMissing != nil {
-		testenv.RequireOrSkip(t, "PyTorch (Debian package python3-torch, which `make test` installs)", fmt.Sprintf("%s cannot import torch: %v", torchPython, torchMissing))
-	}
-}
-
-// runTorchJSON runs script of testdata with in as its JSON input and
-// decodes its JSON output into out.
-func runTorchJSON(t *testing.T, script string, in, out any) {
-	t.Helper()
-	dir := t.TempDir()
-	inPath, outPath := filepath.Join(dir, "in.json"), filepath.Join(dir, "out.json")
-	b, err := json.Marshal(in)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(inPath, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(torchPython, filepath.Join("testdata", script), inPath, outPath)
-	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1")
-	if msg, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("%s: %v\n%s", script, err, msg)
-	}
-	b, err = os.ReadFile(outPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(b, out); err != nil {
-		t.Fatalf("%s's output: %v", script, err)
-	}
-}
+// The tests here hold the optimizers against torch.optim itself (Debian's
+// python3-torch, testenv.Python), with the scripts of testdata.
 
 // torchParam is one parameter as torch_optim.py reads it.
 type torchParam struct {
@@ -110,7 +57,7 @@ var torchModelParams = []struct {
 // in different orders (torch divides by the bias corrections, pipetrain
 // folds them into the step size and eps).
 func TestOptimizersMatchPyTorch(t *testing.T) {
-	needTorch(t)
+	testenv.NeedTorch(t)
 	adam := Spec{Beta1: 0.9, Beta2: 0.95, Eps: 1e-8}
 	with := func(s Spec, name string, lr, wd float64, exclude ...string) Spec {
 		s.Name, s.LR, s.WeightDecay, s.DecayExclude = name, lr, wd, exclude
@@ -149,7 +96,7 @@ func TestOptimizersMatchPyTorch(t *testing.T) {
 				run.LRs = append(run.LRs, spec.LR*float64(s+1)/steps) // as a warmup drives it
 			}
 			var want [][][]float64
-			runTorchJSON(t, "torch_optim.py", run, &want)
+			testenv.RunPythonJSON(t, filepath.Join("testdata", "torch_optim.py"), run, &want)
 
 			o, err := NewNamed(spec, tensor.Float32, names, shapes)
 			if err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/data"
+	"github.com/pipetrain/pipetrain/internal/testenv"
 )
 
 // evalData is the data runStagesIn hands c's stages, for EvaluateWeights.
@@ -125,7 +126,7 @@ func TestEvaluateWeightsRefusesAnotherModel(t *testing.T) {
 // testdata/pytorch/evaluate_lm.py), within 1e-5 relative, on the same count
 // of tokens.
 func TestEvaluateLanguageModelMatchesPyTorch(t *testing.T) {
-	needTorch(t)
+	testenv.NeedTorch(t)
 	c := gptConfig("1f1b", plain("0-1", "2-4"), false)
 	c.Model.DType = "float32"
 	c.Data = configs.Data{Dataset: "tokens", BatchSize: 8, MicroBatches: 4, Own: writeTokenShards(t, t.TempDir())}

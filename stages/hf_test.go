@@ -15,6 +15,7 @@ import (
 	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/engine"
+	"github.com/pipetrain/pipetrain/internal/testenv"
 	"github.com/pipetrain/pipetrain/models"
 )
 
@@ -32,7 +33,7 @@ type hfCases struct {
 // hf_checkpoint.py under a temporary folder.
 func makeHFCheckpoints(t *testing.T) (string, hfCases) {
 	t.Helper()
-	needTorch(t)
+	testenv.NeedTorch(t)
 	root := t.TempDir()
 	runTorch(t, "hf_checkpoint.py", "make", root)
 	var cs hfCases

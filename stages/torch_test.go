@@ -5,11 +5,9 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 
 	"gorgonia.org/tensor"
@@ -21,42 +19,13 @@ import (
 	"github.com/pipetrain/pipetrain/models"
 )
 
-// The tests here hold pipetrain's weights against PyTorch itself: Debian's
-// python3-torch, run as /usr/bin/python3 (a python3 earlier on PATH may
-// lack it), with the scripts of testdata/pytorch.
-
-const torchPython = "/usr/bin/python3"
-
-var (
-	torchOnce    sync.Once
-	torchMissing error
-)
-
-// needTorch skips the test unless torchPython imports torch.
-func needTorch(t *testing.T) {
-	t.Helper()
-	torchOnce.Do(func() {
-		if out, err := exec.Command(torchPython, "-c", "import torch").CombinedOutput(); err != nil {
-			torchMissing = err
-			if lines := strings.Split(strings.TrimSpace(string(out)), "\n"); lines[len(lines)-1] != "" {
-				torchMissing = fmt.Errorf("%v: %s", err, lines[len(lines)-1])
-			}
-		}
-	})
-	if torchMissing != nil {
-		testenv.RequireOrSkip(t, "PyTorch (Debian package python3-torch, which `make test` installs)", fmt.Sprintf("%s cannot import torch: %v", torchPython, torchMissing))
-	}
-}
+// The tests here hold pipetrain's weights against PyTorch itself (Debian's
+// python3-torch, testenv.Python), with the scripts of testdata/pytorch.
 
 // runTorch runs one of the scripts of testdata/pytorch.
 func runTorch(t *testing.T, script string, args ...string) {
 	t.Helper()
-	cmd := exec.Command(torchPython, append([]string{filepath.Join("testdata", "pytorch", script)}, args...)...)
-	// No __pycache__ in the source tree.
-	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("%s %s: %v\n%s", script, strings.Join(args, " "), err, out)
-	}
+	testenv.RunPython(t, filepath.Join("testdata", "pytorch", script), args...)
 }
 
 // pipetrainLogits runs the model of c, with the final weights of the run in
@@ -163,7 +132,7 @@ func near(got, want []float64, tol float64) error {
 // docs/weights.md defines (strictly: every tensor a parameter of the
 // module, in its shape): its logits on the same input are pipetrain's.
 func TestPyTorchLoadsExports(t *testing.T) {
-	needTorch(t)
+	testenv.NeedTorch(t)
 	gpt := func(tied bool) *configs.Config {
 		c := gptConfig("1f1b", plain("0-1", "2-4"), tied)
 		c.Model.DType = "float32"
@@ -221,7 +190,7 @@ func TestClippedSGDStepMatchesPyTorch(t *testing.T) { sgdStepAgainstPyTorch(t, 0
 // sgdStepAgainstPyTorch runs the one-step comparison, clipping the
 // gradients to clip when it is above 0.
 func sgdStepAgainstPyTorch(t *testing.T, clip float64) {
-	needTorch(t)
+	testenv.NeedTorch(t)
 	dir := t.TempDir()
 	c := testConfig("1f1b", plain("0-1", "2-3"), 4, "float32", "sgd")
 	// One batch of every example runStagesIn trains on: PyTorch's batch.
