@@ -135,16 +135,14 @@ func (r *Runtime) shareEval(ctx context.Context, tag int, res *EvalResult) (floa
 			}
 		}
 	}
-	if ring := r.replicas.ringOrNil(); ring != nil {
+	if r.replicas.ringOrNil() != nil {
 		// The message of the losses' tag: 8 bytes a micro-batch.
 		mine := make([]byte, 8*r.cfg.Data.MicroBatches)
 		copy(mine, b)
-		r.replicas.waitOnRing()
-		all, err := ring.AllGather(ctx, step, r.layout.controlBase()+lossTag, mine)
+		all, err := r.replicas.gather(ctx, step, lossTag, mine)
 		if err != nil {
 			return 0, fmt.Errorf("sharing the evaluation's loss with the replicas: %w", err)
 		}
-		r.act.resumed()
 		b = all[0]
 	}
 	if len(b) < 8 {

@@ -346,6 +346,18 @@ func sharesOf[T float32 | float64](shares []any, lo, hi int) [][]T {
 	return out
 }
 
+// gather sends mine round the replicas' ring as control message tag
+// (lossTag, digestTag) of step and returns every replica's, marking the
+// wait on the ring for status queries.
+func (rs *replicaSync) gather(ctx context.Context, step int64, tag int, mine []byte) ([][]byte, error) {
+	rs.waitOnRing()
+	all, err := rs.ring.AllGather(ctx, step, rs.layout.controlBase()+tag, mine)
+	if err == nil {
+		rs.act.resumed()
+	}
+	return all, err
+}
+
 // gatherLosses returns every replica's micro-batch losses, in replica order
 // (the global batch's micro-batch order), given this replica's.
 func (rs *replicaSync) gatherLosses(ctx context.Context, step int, losses []float64) ([]float64, error) {
@@ -356,12 +368,10 @@ func (rs *replicaSync) gatherLosses(ctx context.Context, step int, losses []floa
 	for i, l := range losses {
 		binary.LittleEndian.PutUint64(mine[8*i:], math.Float64bits(l))
 	}
-	rs.waitOnRing()
-	all, err := rs.ring.AllGather(ctx, int64(step), rs.layout.controlBase()+lossTag, mine)
+	all, err := rs.gather(ctx, int64(step), lossTag, mine)
 	if err != nil {
 		return nil, fmt.Errorf("gathering the replicas' losses: %w", err)
 	}
-	rs.act.resumed()
 	losses = losses[:0]
 	for _, b := range all {
 		for i := 0; i+8 <= len(b); i += 8 {
@@ -379,12 +389,10 @@ func (rs *replicaSync) check(ctx context.Context, step int) error {
 		return nil
 	}
 	mine := rs.weightDigest()
-	rs.waitOnRing()
-	all, err := rs.ring.AllGather(ctx, int64(step), rs.layout.controlBase()+digestTag, mine)
+	all, err := rs.gather(ctx, int64(step), digestTag, mine)
 	if err != nil {
 		return fmt.Errorf("comparing the replicas' weights: %w", err)
 	}
-	rs.act.resumed()
 	for i := 1; i < len(all); i++ {
 		if !bytes.Equal(all[i], all[0]) {
 			return fmt.Errorf("replicas 0 and %d of stage %d hold different weights after step %d (digests %s and %s): %w",
