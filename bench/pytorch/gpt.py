@@ -12,14 +12,13 @@ Random byte windows stand in for the text corpus: the time of a step does
 not depend on the tokens, and pipetrain's own data feed is timed separately.
 """
 import argparse
-import json
 import math
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+import lmtrain
 
 # The model of configs/gpt-small-4stage.yaml: embedding 256x64 + positions
 # 64x64, 4 blocks of 49,984 (2 LayerNorms, q, k, v and output projections
@@ -87,12 +86,7 @@ def main():
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--micro-batches", type=int, default=4)
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--skip", type=int, default=10)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--lr", type=float, default=0.003)
+    lmtrain.add_run_args(p, batch=32, micro_batches=4, steps=40, skip=10, lr=0.003)
     a = p.parse_args()
     if a.steps <= a.skip:
         p.error("--steps must exceed --skip")
@@ -103,26 +97,7 @@ def main():
     n_params = sum(p.numel() for p in model.parameters())
     default_shape = (a.vocab, a.context, a.width, a.heads, a.layers) == (256, 64, 64, 4, 4)
     assert not default_shape or n_params == EXPECTED_PARAMS, f"{n_params} parameters, want {EXPECTED_PARAMS}"
-    opt = torch.optim.Adam(model.parameters(), lr=a.lr)
-    mb = a.batch // a.micro_batches
-    # Windows of context+1 random bytes: the inputs and their next-token targets.
-    data = torch.randint(0, a.vocab, (a.steps, a.micro_batches, mb, a.context + 1))
-
-    times = []
-    for step in range(a.steps):
-        start = time.perf_counter()
-        opt.zero_grad(set_to_none=False)
-        for m in range(a.micro_batches):
-            w = data[step, m]
-            logits = model(w[:, :-1])
-            loss = F.cross_entropy(logits.reshape(-1, a.vocab), w[:, 1:].reshape(-1)) / a.micro_batches
-            loss.backward()
-        opt.step()
-        times.append(time.perf_counter() - start)
-    ms = statistics.median(times[a.skip:]) * 1e3
-    print(json.dumps({"samples_per_sec": a.batch / ms * 1e3, "ms_per_step": ms, "params": n_params,
-                      "threads": a.threads, "torch": torch.__version__}))
-
+    lmtrain.train_and_report(model, a, a.vocab, a.context)
 
 if __name__ == "__main__":
     main()

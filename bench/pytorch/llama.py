@@ -13,14 +13,12 @@ Random byte windows stand in for the text corpus: the time of a step does
 not depend on the tokens.
 """
 import argparse
-import json
-import math
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+import lmtrain
 
 # The model of configs/bench-llama-10m.yaml: embedding 256x384, 6 blocks of
 # 1,573,632 (2 RMSNorm gains; q and o 384x384, k and v 384x128; gate and up
@@ -111,12 +109,7 @@ def main():
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--intermediate", type=int, default=1024)
     p.add_argument("--layers", type=int, default=6)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--micro-batches", type=int, default=2)
-    p.add_argument("--steps", type=int, default=12)
-    p.add_argument("--skip", type=int, default=4)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--lr", type=float, default=0.0003)
+    lmtrain.add_run_args(p, batch=8, micro_batches=2, steps=12, skip=4, lr=0.0003)
     a = p.parse_args()
     if a.steps <= a.skip:
         p.error("--steps must exceed --skip")
@@ -127,25 +120,7 @@ def main():
     n_params = sum(p.numel() for p in model.parameters())
     default_shape = (a.vocab, a.context, a.width, a.heads, a.kv_heads, a.intermediate, a.layers) == (256, 256, 384, 6, 2, 1024, 6)
     assert not default_shape or n_params == EXPECTED_PARAMS, f"{n_params} parameters, want {EXPECTED_PARAMS}"
-    opt = torch.optim.Adam(model.parameters(), lr=a.lr)
-    mb = a.batch // a.micro_batches
-    data = torch.randint(0, a.vocab, (a.steps, a.micro_batches, mb, a.context + 1))
-
-    times = []
-    for step in range(a.steps):
-        start = time.perf_counter()
-        opt.zero_grad(set_to_none=False)
-        for m in range(a.micro_batches):
-            w = data[step, m]
-            logits = model(w[:, :-1])
-            loss = F.cross_entropy(logits.reshape(-1, a.vocab), w[:, 1:].reshape(-1)) / a.micro_batches
-            loss.backward()
-        opt.step()
-        times.append(time.perf_counter() - start)
-    ms = statistics.median(times[a.skip:]) * 1e3
-    print(json.dumps({"samples_per_sec": a.batch / ms * 1e3, "ms_per_step": ms, "params": n_params,
-                      "threads": a.threads, "torch": torch.__version__}))
-
+    lmtrain.train_and_report(model, a, a.vocab, a.context)
 
 if __name__ == "__main__":
     main()
