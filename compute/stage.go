@@ -79,3 +79,16 @@ type Stage interface {
 	// HeldBytes is the memory the chunk's in-flight micro-batches hold.
 	HeldBytes() int64
 }
+
+// Drawing is a Stage whose training forwards may draw random numbers (a
+// model's dropout). Before each training forward the runtime calls
+// TrainNext with the step and the micro-batch's index in the step's global
+// batch as the one-process reference numbers it (replica r's micro-batch
+// j is r·micro_batches + j), so that every stage, replica and schedule
+// draws the same numbers for it; the Stage draws them again for that
+// micro-batch's recomputation and backward. A forward not announced, an
+// evaluation's, draws nothing. The cpu engine is one; a Stage that is not
+// computes no model that draws.
+type Drawing interface {
+	TrainNext(step, microBatch int)
+}

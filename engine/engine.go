@@ -71,6 +71,14 @@ type Engine struct {
 	// dual are the parameters gorgonia sums gradients for, into dual values
 	// bound to them (fused mode).
 	dual []*G.Node
+
+	// draws are the keys the layers' random draws (dropout) read, set
+	// before every run: the forward's key for a micro-batch's forward,
+	// recomputation and backward alike, so each draws its mask again
+	// instead of keeping it. next is the key TrainNext armed for the next
+	// Forward; a Forward without one draws nothing (evaluation).
+	draws []*models.DrawKey
+	next  models.DrawKey
 }
 
 // Options choose how an engine keeps what a micro-batch's backward needs;
@@ -99,6 +107,8 @@ type flight struct {
 	// forward ran on.
 	input   *tensor.Dense
 	targets []int
+	// key is what the forward drew its random numbers for (Engine.draws).
+	key models.DrawKey
 }
 
 // part is one parameterised part of a split engine's layers (models.Part).
@@ -157,6 +167,9 @@ func NewEngine(m *models.Model, first, last, batch int, seed uint64, o Options) 
 		linear = append(linear, linearWeightsOf(l, b, len(e.params))...)
 		h = b.Out
 		e.params = append(e.params, b.Params...)
+		if b.Draws != nil {
+			e.draws = append(e.draws, b.Draws)
+		}
 	}
 	isLinear, dual := e.makeSums(linear, parts)
 	e.dual = dual
@@ -343,11 +356,14 @@ func (e *Engine) Forward(key int, input *tensor.Dense, targets []int) (*tensor.D
 			return nil, fmt.Errorf("micro-batch %d targets: %w", key, err)
 		}
 	}
+	draw := e.next
+	e.next = models.DrawKey{}
+	e.setDraws(draw)
 	vm, err := e.runForward()
 	if err != nil {
 		return nil, fmt.Errorf("micro-batch %d forward: %w", key, err)
 	}
-	f := &flight{vm: vm}
+	f := &flight{vm: vm, key: draw}
 	e.flights[key] = f
 	e.peak = max(e.peak, len(e.flights))
 	if !e.Recompute {
@@ -362,6 +378,23 @@ func (e *Engine) Forward(key int, input *tensor.Dense, targets []int) (*tensor.D
 	}()
 	f.vm, f.input, f.targets = nil, input, slices.Clone(targets)
 	return copyDense(e.out.Value())
+}
+
+// TrainNext says that the next Forward is a training one, of the step's
+// micro-batch microBatch, numbered in the step's global batch as the
+// one-process reference numbers it: the key of the forward's random draws
+// (dropout), which its recomputation and backward draw again. It holds for
+// that one Forward; a Forward not announced draws nothing, as evaluation
+// and measurement want (compute.Drawing).
+func (e *Engine) TrainNext(step, microBatch int) {
+	e.next = models.DrawKey{Train: true, Step: step, MicroBatch: microBatch}
+}
+
+// setDraws sets the key every layer's draws read in the next run.
+func (e *Engine) setDraws(k models.DrawKey) {
+	for _, d := range e.draws {
+		*d = k
+	}
 }
 
 // runForward runs the bound input through a machine to the backward pause.
@@ -404,6 +437,7 @@ func (e *Engine) Recomputation(key int) error {
 			return fmt.Errorf("micro-batch %d targets: %w", key, err)
 		}
 	}
+	e.setDraws(f.key)
 	vm, err := e.runForward()
 	if err != nil {
 		return fmt.Errorf("micro-batch %d recomputation: %w", key, err)
@@ -441,6 +475,7 @@ func (e *Engine) Backward(key int, grad *tensor.Dense) (*tensor.Dense, error) {
 	}
 	delete(e.flights, key)
 	defer e.release(f.vm)
+	e.setDraws(f.key)
 	return e.resume(key, f.vm, grad)
 }
 
@@ -461,6 +496,7 @@ func (e *Engine) Input(key int, grad *tensor.Dense) (*tensor.Dense, error) {
 	f.vm = nil
 	defer e.release(vm)
 	e.lend(inputPass)
+	e.setDraws(f.key)
 	dx, err := e.resume(key, vm, grad)
 	if err != nil {
 		delete(e.flights, key)

@@ -176,6 +176,11 @@ func newProbe(model *models.Model, first, last, batch int, seed uint64) (*probe,
 // run runs one micro-batch's forward and fused backward, and its split
 // passes where the range can split; keep records their times.
 func (p *probe) run(keep bool) error {
+	// Training forwards, so that a dropout's draws are timed.
+	p.fused.TrainNext(0, 0)
+	if p.split != nil {
+		p.split.TrainNext(0, 0)
+	}
 	t0 := time.Now()
 	if _, err := p.fused.Forward(0, p.input, p.targets); err != nil {
 		return err

@@ -77,6 +77,12 @@ type Built struct {
 	// Parts are, for a Splittable layer, its parameterised parts, in the
 	// order BuildPart numbers them; every parameter is in exactly one.
 	Parts []Part
+	// Draws, for a layer whose ops draw random numbers in training
+	// (dropout), is where they read which run they draw for, forward and
+	// backward: whoever runs the graph sets it before each run (the engine,
+	// from what the runtime tells it). nil for a layer that draws none; a
+	// graph whose Draws nobody sets draws nothing, as evaluation wants.
+	Draws *DrawKey
 }
 
 // Part is one parameterised part of a layer, Tap = f(In, Params): with In, the

@@ -44,6 +44,7 @@ func init() {
 		{Name: "flatten", Parse: func(*SeqEntry) SeqLayer { return seqFlatten{} }},
 		{Name: "layernorm", Parse: func(*SeqEntry) SeqLayer { return seqLayerNorm{} }},
 		{Name: "rmsnorm", Parse: parseRMSNorm},
+		{Name: "dropout", Parse: parseDropout},
 	} {
 		RegisterSeqType(t)
 	}
@@ -183,28 +184,42 @@ func (e *SeqEntry) Int(key string, def, lo int) int {
 
 // Float is the positive number field key, def when absent.
 func (e *SeqEntry) Float(key string, def float64) float64 {
-	v, ok := e.value(key)
-	if !ok {
-		return def
-	}
-	var f float64
-	switch x := v.(type) {
-	case float64:
-		f = x
-	case float32:
-		f = float64(x)
-	default:
-		n, isInt := intOf(v)
-		if !isInt {
-			e.Fail(key, "%v is not a number", v)
-			return def
-		}
-		f = float64(n)
-	}
-	if !(f > 0) {
+	f, ok := e.number(key, def)
+	if ok && !(f > 0) {
 		e.Fail(key, "must be positive, got %v", f)
 	}
 	return f
+}
+
+// Fraction is the field key in [0, 1), a probability such as dropout's,
+// def when absent.
+func (e *SeqEntry) Fraction(key string, def float64) float64 {
+	f, ok := e.number(key, def)
+	if ok && !(f >= 0 && f < 1) {
+		e.Fail(key, "must be in [0, 1), got %v", f)
+	}
+	return f
+}
+
+// number is the numeric field key, def when absent; ok is false when the
+// field is absent or not a number (reported).
+func (e *SeqEntry) number(key string, def float64) (f float64, ok bool) {
+	v, ok := e.value(key)
+	if !ok {
+		return def, false
+	}
+	switch x := v.(type) {
+	case float64:
+		return x, true
+	case float32:
+		return float64(x), true
+	}
+	n, isInt := intOf(v)
+	if !isInt {
+		e.Fail(key, "%v is not a number", v)
+		return def, false
+	}
+	return float64(n), true
 }
 
 // Bool is the boolean field key, def when absent.
@@ -559,7 +574,13 @@ func (u *seqUnit) forward(g *G.ExprGraph, n *seqNode, path string, x *G.Node, se
 		value := p.Init(u.dt, paramRNG(seed, "stack", path+p.Name))
 		params = append(params, newParam(g, "stack"+path+p.Name, value))
 	}
-	out, err := n.layer.Forward(g, x, params)
+	var out *G.Node
+	var err error
+	if d, ok := n.layer.(SeqDrawing); ok {
+		out, err = u.forwardDrawing(g, d, path, x, len(params), seed, b)
+	} else {
+		out, err = n.layer.Forward(g, x, params)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", n.path, err)
 	}
@@ -568,6 +589,27 @@ func (u *seqUnit) forward(g *G.ExprGraph, n *seqNode, path string, x *G.Node, se
 		b.Parts = append(b.Parts, Part{In: x, Tap: out, Params: params})
 	}
 	return out, nil
+}
+
+// forwardDrawing adds a leaf that draws random numbers, its stream the
+// module path (path "9.1." is [9, 1]); the unit's leaves share one key,
+// b.Draws, which the engine sets before each run.
+func (u *seqUnit) forwardDrawing(g *G.ExprGraph, d SeqDrawing, path string, x *G.Node, params int, seed uint64, b *Built) (*G.Node, error) {
+	if params > 0 {
+		return nil, fmt.Errorf("a layer that draws random numbers cannot have parameters (%d)", params)
+	}
+	var layer []int
+	for _, s := range strings.Split(strings.TrimSuffix(path, "."), ".") {
+		i, err := strconv.Atoi(s)
+		if err != nil {
+			return nil, fmt.Errorf("module path %q: %w", path, err)
+		}
+		layer = append(layer, i)
+	}
+	if b.Draws == nil {
+		b.Draws = &DrawKey{}
+	}
+	return d.ForwardDrawing(g, x, Drawer{Key: b.Draws, Seed: seed, Layer: layer})
 }
 
 // BuildPart: each leaf with parameters is a part, its tap the leaf's output.

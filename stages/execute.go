@@ -7,6 +7,7 @@ import (
 
 	"gorgonia.org/tensor"
 
+	"github.com/pipetrain/pipetrain/compute"
 	"github.com/pipetrain/pipetrain/runlog"
 	"github.com/pipetrain/pipetrain/schedule"
 	"github.com/pipetrain/pipetrain/transport"
@@ -249,6 +250,9 @@ func (r *Runtime) forward(step int, a schedule.Action, input *tensor.Dense) (*te
 		if e.IsFirst() {
 			input = x
 		}
+	}
+	if d, ok := e.(compute.Drawing); ok {
+		d.TrainNext(step, r.mbBase+mb)
 	}
 	out, err := e.Forward(mb, input, targets)
 	if err != nil {

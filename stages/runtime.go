@@ -173,6 +173,9 @@ func New(o Options) (*Runtime, error) {
 		if err != nil {
 			return nil, fmt.Errorf("stage %d chunk %d: %w", r.stage, chunk, err)
 		}
+		if _, ok := s.(compute.Drawing); !ok && model.DrawsInTraining(lr[0], lr[1]) {
+			return nil, fmt.Errorf("stage %d chunk %d: layers [%d, %d) hold dropout, whose masks device %q cannot draw: its compute.Stage is not a compute.Drawing", r.stage, chunk, lr[0], lr[1], c.Stages[r.stage].Device)
+		}
 		r.chunks = append(r.chunks, s)
 		o, err := s.NewOptimizer(c.Train.Optimizer)
 		if err != nil {
