@@ -20,16 +20,18 @@ type entry = map[string]any
 // testStack is the model of testdata/sequential_torch.py: every built-in
 // type, a residual group repeated twice and one nested in another, on
 // 2x9x8 images: convolutions with stride and padding, pools that drop an
-// odd edge.
+// odd edge, dropout on an image and inside the repeated group (modules
+// without parameters that still take their index).
 func testStack(dtype string) Spec {
 	block := entry{"type": "residual", "repeat": 2, "stack": []any{
-		entry{"type": "layernorm"}, entry{"type": "linear", "out": 6}, entry{"type": "tanh"}, entry{"type": "linear", "out": 6, "bias": false},
+		entry{"type": "layernorm"}, entry{"type": "linear", "out": 6}, entry{"type": "tanh"}, entry{"type": "dropout", "p": 0.2}, entry{"type": "linear", "out": 6, "bias": false},
 	}}
 	return Spec{Name: "sequential", DType: dtype, Input: 144, Classes: 3, Own: map[string]any{
 		"input_shape": []any{2, 9, 8},
 		"stack": []any{
 			entry{"type": "conv2d", "out": 3, "kernel": 3, "stride": 2, "padding": 1},
 			entry{"type": "gelu"},
+			entry{"type": "dropout", "p": 0.4},
 			entry{"type": "maxpool"},
 			entry{"type": "conv2d", "out": 4, "kernel": 2, "padding": 1},
 			entry{"type": "avgpool", "kernel": 2},
@@ -57,14 +59,14 @@ func TestSequentialShapes(t *testing.T) {
 		got = append(got, l.Name()+" "+l.(interface{ Describe() string }).Describe())
 	}
 	want := []string{
-		"stack0 stack[0] conv2d, stack[1] gelu, stack[2] maxpool: 2x9x8 -> 3x2x2",
-		"stack3 stack[3] conv2d, stack[4] avgpool, stack[5] flatten: 3x2x2 -> 4",
-		"stack6 stack[6] linear: 4 -> 6",
-		"stack7 stack[7] residual: 6 -> 6",
-		"stack8 stack[7] residual: 6 -> 6",
-		"stack9 stack[8] rmsnorm: 6 -> 6",
-		"stack10 stack[9] residual, stack[10] relu: 6 -> 6",
-		"stack12 stack[11] linear: 6 -> 3",
+		"stack0 stack[0] conv2d, stack[1] gelu, stack[2] dropout, stack[3] maxpool: 2x9x8 -> 3x2x2",
+		"stack4 stack[4] conv2d, stack[5] avgpool, stack[6] flatten: 3x2x2 -> 4",
+		"stack7 stack[7] linear: 4 -> 6",
+		"stack8 stack[8] residual: 6 -> 6",
+		"stack9 stack[8] residual: 6 -> 6",
+		"stack10 stack[9] rmsnorm: 6 -> 6",
+		"stack11 stack[10] residual, stack[11] relu: 6 -> 6",
+		"stack13 stack[12] linear: 6 -> 3",
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("units:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -164,36 +166,66 @@ func TestSequentialTorchNames(t *testing.T) {
 		got = append(got, s)
 	}
 	want := []string{
-		"stack0.weight 0.weight", "stack0.bias 0.bias", "stack3.weight 3.weight", "stack3.bias 3.bias",
-		"stack6.weight 6.weight T", "stack6.bias 6.bias",
-		"stack7.0.weight 7.0.weight", "stack7.0.bias 7.0.bias", "stack7.1.weight 7.1.weight T", "stack7.1.bias 7.1.bias", "stack7.3.weight 7.3.weight T",
-		"stack8.0.weight 8.0.weight", "stack8.0.bias 8.0.bias", "stack8.1.weight 8.1.weight T", "stack8.1.bias 8.1.bias", "stack8.3.weight 8.3.weight T",
-		"stack9.weight 9.weight", "stack10.0.weight 10.0.weight T", "stack10.0.bias 10.0.bias",
-		"stack12.weight 12.weight T", "stack12.bias 12.bias",
+		"stack0.weight 0.weight", "stack0.bias 0.bias", "stack4.weight 4.weight", "stack4.bias 4.bias",
+		"stack7.weight 7.weight T", "stack7.bias 7.bias",
+		"stack8.0.weight 8.0.weight", "stack8.0.bias 8.0.bias", "stack8.1.weight 8.1.weight T", "stack8.1.bias 8.1.bias", "stack8.4.weight 8.4.weight T",
+		"stack9.0.weight 9.0.weight", "stack9.0.bias 9.0.bias", "stack9.1.weight 9.1.weight T", "stack9.1.bias 9.1.bias", "stack9.4.weight 9.4.weight T",
+		"stack10.weight 10.weight", "stack11.0.weight 11.0.weight T", "stack11.0.bias 11.0.bias",
+		"stack13.weight 13.weight T", "stack13.bias 13.bias",
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("names:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
 
-// buildStack builds every unit of m on x in one graph, returning the
-// output and the parameters.
+// stackKey is the training run buildStack's dropouts draw for.
+var stackKey = DrawKey{Train: true, Step: 3, MicroBatch: 1}
+
+// stackSeed is the seed buildStack builds with: the dropouts' too.
+const stackSeed = 9
+
+// buildStack builds every unit of m on x in one graph, its dropouts
+// drawing for stackKey, returning the output and the parameters.
 func buildStack(t *testing.T, m *Model, g *G.ExprGraph, x *G.Node) (*G.Node, []*G.Node) {
 	t.Helper()
 	h, params := x, []*G.Node(nil)
 	for _, l := range m.Layers {
-		b, err := l.Build(g, h, 9)
+		b, err := l.Build(g, h, stackSeed)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if b.Draws != nil {
+			*b.Draws = stackKey
 		}
 		h, params = b.Out, append(params, b.Params...)
 	}
 	return h, params
 }
 
-// TestSequentialGradients: the whole stack's gradients, for its weights
-// (moved away from the initial ones, so norms' gains and zero biases are
-// not special) and its input, against central differences in float64.
+// stackMasks are the masks of testStack's dropouts for a batch of n, by
+// module name, as 0 and 1: what its PyTorch form multiplies by.
+func stackMasks(n int) map[string][]float64 {
+	out := map[string][]float64{}
+	for name, d := range map[string]struct {
+		layer []int
+		p     float64
+		size  int
+	}{"2": {[]int{2}, 0.4, 3 * 5 * 4}, "8.3": {[]int{8, 3}, 0.2, 6}, "9.3": {[]int{9, 3}, 0.2, 6}} {
+		m := make([]float64, n*d.size)
+		for i, keep := range (Drawer{Seed: stackSeed, Layer: d.layer}).Mask(stackKey, d.p, len(m)) {
+			if keep {
+				m[i] = 1
+			}
+		}
+		out[name] = m
+	}
+	return out
+}
+
+// TestSequentialGradients: the whole stack's gradients in training (its
+// dropouts' masks fixed by the key), for its weights (moved away from the
+// initial ones, so norms' gains and zero biases are not special) and its
+// input, against central differences in float64.
 func TestSequentialGradients(t *testing.T) {
 	m := buildModel(t, testStack("float64"))
 	r := rand.New(rand.NewPCG(3, 3))
@@ -205,10 +237,12 @@ func TestSequentialGradients(t *testing.T) {
 }
 
 // TestSequentialMatchesPyTorch runs the stack forward and backward in
-// float32 and compares its output and the gradients of sum(output·R) for
-// every parameter and the input with the same nn.Sequential in PyTorch
-// (testdata/sequential_torch.py), given the weights under their export
-// names and layouts.
+// float32, training, and compares its output and the gradients of
+// sum(output·R) for every parameter and the input with the same
+// nn.Sequential in PyTorch (testdata/sequential_torch.py), given the
+// weights under their export names and layouts (loaded strictly: the
+// dropouts hold none but take their indices) and pipetrain's dropout
+// masks.
 func TestSequentialMatchesPyTorch(t *testing.T) {
 	testenv.NeedTorch(t)
 	m := buildModel(t, testStack("float32"))
@@ -233,7 +267,8 @@ func TestSequentialMatchesPyTorch(t *testing.T) {
 		Params map[string]torchTensor `json:"params"`
 		X      torchTensor            `json:"x"`
 		R      torchTensor            `json:"r"`
-	}{Params: map[string]torchTensor{}, X: torchTensor{Shape: []int{batch, 144}, Data: xv.Data().([]float32)}, R: torchTensor{Shape: []int{batch, 3}, Data: rw.Data().([]float32)}}
+		Masks  map[string][]float64   `json:"masks"`
+	}{Params: map[string]torchTensor{}, X: torchTensor{Shape: []int{batch, 144}, Data: xv.Data().([]float32)}, R: torchTensor{Shape: []int{batch, 3}, Data: rw.Data().([]float32)}, Masks: stackMasks(batch)}
 	for _, tp := range tps {
 		in.Params[tp.Torch] = torchTensor{Shape: tp.TorchShape, Data: toTorch(byName[tp.Name].Value().Data().([]float32), tp.Shape, tp.Transpose)}
 	}
