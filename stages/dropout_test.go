@@ -8,7 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pipetrain/pipetrain/compute"
 	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/engine"
 	"github.com/pipetrain/pipetrain/transport"
 )
 
@@ -205,4 +207,34 @@ func runGrid(t *testing.T, c *configs.Config) string {
 		t.FailNow()
 	}
 	return dir
+}
+
+// blindDevice opens the cpu engine behind a plain compute.Stage, which
+// cannot be told the training forwards' keys.
+type blindDevice struct{}
+
+func (blindDevice) Kind() string { return "blind" }
+
+func (blindDevice) Open(s compute.Spec) (compute.Stage, error) {
+	e, err := engine.NewEngine(s.Model, s.First, s.Last, s.Batch, s.Seed, s.Options)
+	return struct{ compute.Stage }{e}, err
+}
+
+func init() { compute.Register(blindDevice{}) }
+
+// TestSequentialDropoutNeedsADrawingDevice: a stage whose layers hold a
+// dropout refuses a device that cannot be told the keys, rather than
+// train without the dropout; the model without dropout trains on it as the
+// reference does.
+func TestSequentialDropoutNeedsADrawingDevice(t *testing.T) {
+	cfg := dropoutConfig("1f1b", plain("0-1", "2-4"))
+	cfg.Stages[0].Device = "blind"
+	_, err := New(Options{Config: cfg, Stage: 0, RunDir: t.TempDir(), Train: synthetic(96, 8, 3, 1), Test: synthetic(30, 8, 3, 2)})
+	want := `stage 0 chunk 0: layers [0, 2) hold dropout, whose masks device "blind" cannot draw: its compute.Stage is not a compute.Drawing`
+	if err == nil || err.Error() != want {
+		t.Errorf("got %v\nwant %s", err, want)
+	}
+	cfg = identityConfig("1f1b", plain("0-1", "2-4"))
+	cfg.Stages[0].Device = "blind"
+	sameRun(t, runInProcess(t, cfg, true), runInProcess(t, cfg, false))
 }
