@@ -45,7 +45,8 @@ func identityConfig(sched string, layers [][]string) *configs.Config {
 }
 
 // TestSequentialDropoutEqualsReference: a sequential model with dropout,
-// split over stages under gpipe, 1f1b, zb-h1 and zb-v, trains bit for bit
+// split over stages under gpipe, 1f1b, zb-h1, zb-v, interleaved and
+// dualpipev, trains bit for bit
 // as the one-process reference does: each micro-batch draws its masks from
 // (seed, step, its index in the global batch, the entry), wherever it is
 // computed, and its backward (zb's input pass, much later) draws the same
@@ -60,6 +61,8 @@ func TestSequentialDropoutEqualsReference(t *testing.T) {
 		{"zb-h1", plain("0", "1-4")},
 		{"gpipe", plain("0", "1", "2", "3-4")},
 		{"zb-v", [][]string{{"0", "4"}, {"1-2", "3"}}},
+		{"interleaved", [][]string{{"0", "2"}, {"1", "3-4"}}},
+		{"dualpipev", [][]string{{"0", "4"}, {"1-2", "3"}}},
 	} {
 		t.Run(fmt.Sprintf("%s/p%d", tc.sched, len(tc.layers)), func(t *testing.T) {
 			cfg := dropoutConfig(tc.sched, tc.layers)
@@ -237,4 +240,22 @@ func TestSequentialDropoutNeedsADrawingDevice(t *testing.T) {
 	cfg = identityConfig("1f1b", plain("0-1", "2-4"))
 	cfg.Stages[0].Device = "blind"
 	sameRun(t, runInProcess(t, cfg, true), runInProcess(t, cfg, false))
+}
+
+// TestSequentialDropoutResumes: the masks are keyed by the step itself, not
+// drawn from a generator a checkpoint would have to hold, so a run stopped
+// after 4 of 6 steps and resumed from its checkpoint ends as the run never
+// stopped.
+func TestSequentialDropoutResumes(t *testing.T) {
+	cfg := dropoutConfig("zb-h1", plain("0-1", "2-4"))
+	cfg.Train.Steps = 6
+	cfg.Checkpoint.Every, cfg.Checkpoint.Keep = 2, 2
+	full := runInProcess(t, cfg, false)
+	dir := t.TempDir()
+	cfg.Train.Steps = 4
+	runStagesIn(t, cfg, false, dir, false)
+	cfg.Train.Steps = 6
+	runStagesIn(t, cfg, false, dir, true)
+	sameWeights(t, full, dir)
+	sameLosses(t, full, dir)
 }
