@@ -25,9 +25,9 @@ import (
 //	keep iff u>>11 >= ⌊p·2⁵³⌋
 //
 // with mix SplitMix64's step (add γ = 0x9e3779b97f4a7c15, then its
-// finaliser), seed the model's (train.seed), step the training step,
-// microBatch the micro-batch's index in the step's global batch as the
-// one-process reference numbers it (replica r's micro-batch j is
+// finaliser), seed the model's (train.seed), step the training step
+// counted from 0, microBatch the micro-batch's index in the step's global
+// batch as the one-process reference numbers it (replica r's micro-batch j is
 // r·micro_batches + j) and L the entry's index in the nn.Sequential, with
 // the index inside a residual group after it ([9, 1] for module 9.1). A
 // kept element is scaled by 1/(1-p) (inverted dropout), so evaluation,
@@ -99,7 +99,8 @@ func dropout[T float32 | float64](d Drawer, p float64, out, x []T) {
 		return
 	}
 	s, t := d.state(*k), dropThreshold(p)
-	// 1/(1-p) as PyTorch's dropout computes its scale, in the tensor's dtype.
+	// 1/(1-p) in the tensor's dtype: PyTorch's dropout divides its mask by
+	// 1-p in the input's.
 	scale := T(1) / T(1-p)
 	for i, v := range x {
 		if mix(s+uint64(i)*golden)>>11 >= t {
