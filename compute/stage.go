@@ -87,8 +87,8 @@ type Stage interface {
 // j is r·micro_batches + j), so that every stage, replica and schedule
 // draws the same numbers for it; the Stage draws them again for that
 // micro-batch's recomputation and backward. A forward not announced, an
-// evaluation's, draws nothing. The cpu engine is one; a Stage that is not
-// computes no model that draws.
+// evaluation's, draws nothing. The cpu engine is one; a stage refuses to
+// open a chunk holding a dropout on a device whose Stage is not.
 type Drawing interface {
 	TrainNext(step, microBatch int)
 }

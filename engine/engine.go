@@ -385,7 +385,7 @@ func (e *Engine) Forward(key int, input *tensor.Dense, targets []int) (*tensor.D
 // one-process reference numbers it: the key of the forward's random draws
 // (dropout), which its recomputation and backward draw again. It holds for
 // that one Forward; a Forward not announced draws nothing, as evaluation
-// and measurement want (compute.Drawing).
+// wants (compute.Drawing).
 func (e *Engine) TrainNext(step, microBatch int) {
 	e.next = models.DrawKey{Train: true, Step: step, MicroBatch: microBatch}
 }
