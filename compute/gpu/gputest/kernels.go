@@ -1,0 +1,258 @@
+package gputest
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/pipetrain/pipetrain/compute/gpu"
+)
+
+// Kernel tolerances against float64 references: a kernel computes in
+// float32, whose unit in the last place is 1.2e-7 relative, with a few
+// roundings per element (the transcendental functions of the GPU's fast
+// paths are within 2 ulp); sums over k terms add k such roundings.
+const (
+	elemTol = 1e-6 // elementwise ops, relative to max(1, |want|)
+	sumTol  = 1e-5 // products and row sums of up to a hundred terms
+	// fdTol: a derivative against the float64 central difference of the
+	// float64 function, step 1e-4: truncation error of about 1e-8·f'''.
+	fdTol = 1e-4
+)
+
+// CheckKernels runs each of be's kernels on random values and checks it
+// against a float64 reference; the activations' derivatives also against
+// finite differences of the function.
+func CheckKernels(t *testing.T, be gpu.Backend) {
+	r := rand.New(rand.NewPCG(3, 4))
+	t.Run("gemm", func(t *testing.T) { checkGemm(t, be, r) })
+	t.Run("bias", func(t *testing.T) { checkBias(t, be, r) })
+	for _, f := range []gpu.Act{"", "relu", "tanh", "sigmoid", "gelu", "silu"} {
+		t.Run("activation-"+string(f), func(t *testing.T) { checkActivation(t, be, r, f) })
+	}
+	t.Run("xent", func(t *testing.T) { checkXent(t, be, r) })
+	t.Run("optimizers", func(t *testing.T) { checkOptimizers(t, be, r) })
+}
+
+func random(r *rand.Rand, n int, scale float64) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32((r.Float64()*2 - 1) * scale)
+	}
+	return v
+}
+
+// dev uploads v to a new buffer of be.
+func dev(t *testing.T, be gpu.Backend, v []float32) gpu.Buffer {
+	t.Helper()
+	b, err := be.Alloc(len(v))
+	if err == nil {
+		err = be.Upload(b, v)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { be.Free(b) })
+	return b
+}
+
+func host(t *testing.T, be gpu.Backend, b gpu.Buffer) []float32 {
+	t.Helper()
+	v := make([]float32, b.Len())
+	if err := be.Download(v, b); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// expect fails t at the first value of got more than tol·max(1, |want|)
+// from want.
+func expect(t *testing.T, what string, got []float32, want []float64, tol float64) {
+	t.Helper()
+	for i := range want {
+		if d := math.Abs(float64(got[i]) - want[i]); !(d <= tol*math.Max(1, math.Abs(want[i]))) {
+			t.Fatalf("%s[%d] = %g, want %g (float64) within %g", what, i, got[i], want[i], tol)
+		}
+	}
+}
+
+func checkGemm(t *testing.T, be gpu.Backend, r *rand.Rand) {
+	m, n, k := 7, 9, 33
+	for _, c := range []struct{ ta, tb bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
+		a, b, c0 := random(r, m*k, 1), random(r, k*n, 1), random(r, m*n, 1)
+		const alpha, beta = 0.5, 2
+		C := dev(t, be, c0)
+		if err := be.Gemm(c.ta, c.tb, m, n, k, alpha, dev(t, be, a), dev(t, be, b), beta, C); err != nil {
+			t.Fatal(err)
+		}
+		want := make([]float64, m*n)
+		for i := range m {
+			for j := range n {
+				var s float64
+				for p := range k {
+					ai, bi := i*k+p, p*n+j
+					if c.ta {
+						ai = p*m + i
+					}
+					if c.tb {
+						bi = j*k + p
+					}
+					s += float64(a[ai]) * float64(b[bi])
+				}
+				want[i*n+j] = alpha*s + beta*float64(c0[i*n+j])
+			}
+		}
+		expect(t, fmt.Sprintf("gemm transA=%v transB=%v", c.ta, c.tb), host(t, be, C), want, sumTol)
+	}
+}
+
+func checkBias(t *testing.T, be gpu.Backend, r *rand.Rand) {
+	rows, cols := 5, 11
+	y0, b := random(r, rows*cols, 1), random(r, cols, 1)
+	y := dev(t, be, y0)
+	if err := be.AddBias(y, dev(t, be, b), rows, cols); err != nil {
+		t.Fatal(err)
+	}
+	want := make([]float64, rows*cols)
+	sums := make([]float64, cols)
+	d0 := random(r, cols, 1)
+	for i := range want {
+		want[i] = float64(y0[i]) + float64(b[i%cols])
+		sums[i%cols] += float64(y0[i])
+	}
+	expect(t, "bias add", host(t, be, y), want, elemTol)
+	for j := range sums {
+		sums[j] += 0.5 * float64(d0[j])
+	}
+	d := dev(t, be, d0)
+	if err := be.SumRows(d, dev(t, be, y0), rows, cols, 0.5); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, "row sums", host(t, be, d), sums, sumTol)
+}
+
+// act64 is each activation in float64, the references.
+func act64(f gpu.Act, x float64) float64 {
+	switch f {
+	case "relu":
+		return math.Max(x, 0)
+	case "tanh":
+		return math.Tanh(x)
+	case "sigmoid":
+		return 1 / (1 + math.Exp(-x))
+	case "gelu":
+		return 0.5 * x * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(x+0.044715*x*x*x)))
+	case "silu":
+		return x / (1 + math.Exp(-x))
+	}
+	return x
+}
+
+func checkActivation(t *testing.T, be gpu.Backend, r *rand.Rand, f gpu.Act) {
+	n := 257
+	x0, dy0 := random(r, n, 4), random(r, n, 1)
+	x0[0] = 0 // relu's kink, where the engine's derivative is 1
+	x, y, dy, dx := dev(t, be, x0), dev(t, be, make([]float32, n)), dev(t, be, dy0), dev(t, be, make([]float32, n))
+	if err := be.Activate(f, y, x); err != nil {
+		t.Fatal(err)
+	}
+	if err := be.ActivateGrad(f, dx, dy, x, y); err != nil {
+		t.Fatal(err)
+	}
+	want, grad := make([]float64, n), make([]float64, n)
+	const h = 1e-4
+	for i, v := range x0 {
+		xv := float64(v)
+		want[i] = act64(f, xv)
+		grad[i] = float64(dy0[i]) * (act64(f, xv+h) - act64(f, xv-h)) / (2 * h)
+		if f == "relu" && math.Abs(xv) < h { // the kink: the derivative is [x ≥ 0] (gorgonia's), the difference ½
+			grad[i] = float64(dy0[i]) * map[bool]float64{true: 1, false: 0}[xv >= 0]
+		}
+	}
+	expect(t, "activation "+string(f), host(t, be, y), want, elemTol)
+	expect(t, "derivative of "+string(f), host(t, be, dx), grad, fdTol)
+}
+
+func checkXent(t *testing.T, be gpu.Backend, r *rand.Rand) {
+	rows, cols := 6, 13
+	x0 := random(r, rows*cols, 5)
+	tg := make([]float32, rows)
+	for i := range tg {
+		tg[i] = float32(r.IntN(cols))
+	}
+	loss, probs, x, targets := dev(t, be, make([]float32, rows)), dev(t, be, make([]float32, rows*cols)), dev(t, be, x0), dev(t, be, tg)
+	if err := be.Xent(loss, probs, x, targets, rows, cols); err != nil {
+		t.Fatal(err)
+	}
+	d := dev(t, be, make([]float32, rows*cols))
+	const scale = 0.25
+	if err := be.XentGrad(d, probs, targets, rows, cols, scale); err != nil {
+		t.Fatal(err)
+	}
+	wantLoss, wantP, wantD := make([]float64, rows), make([]float64, rows*cols), make([]float64, rows*cols)
+	for i := range rows {
+		row := x0[i*cols : (i+1)*cols]
+		var z float64
+		for _, v := range row {
+			z += math.Exp(float64(v))
+		}
+		wantLoss[i] = math.Log(z) - float64(row[int(tg[i])])
+		for j, v := range row {
+			p := math.Exp(float64(v)) / z
+			wantP[i*cols+j] = p
+			if j == int(tg[i]) {
+				p--
+			}
+			wantD[i*cols+j] = scale * p
+		}
+	}
+	expect(t, "row losses", host(t, be, loss), wantLoss, elemTol*10)
+	expect(t, "softmax", host(t, be, probs), wantP, elemTol)
+	expect(t, "cross-entropy gradient", host(t, be, d), wantD, elemTol)
+}
+
+func checkOptimizers(t *testing.T, be gpu.Backend, r *rand.Rand) {
+	n := 100
+	p0, g0, s0, v0 := random(r, n, 1), random(r, n, 1), random(r, n, 1), random(r, n, 1)
+	for i := range v0 {
+		v0[i] = v0[i] * v0[i] // a second moment is not negative
+	}
+	const lr, mu, b1, b2, step, eps, a = 0.1, 0.9, 0.9, 0.999, 0.01, 1e-8, 0.3
+	cases := []struct {
+		name string
+		run  func(p, g, s, v gpu.Buffer) error
+		// ref updates one element: parameter, gradient, the slots.
+		ref func(p, g, s, v float64) (float64, float64, float64, float64)
+	}{
+		{"sgd", func(p, g, _, _ gpu.Buffer) error { return be.SGD(p, g, lr) },
+			func(p, g, s, v float64) (float64, float64, float64, float64) { return p - lr*g, 0, s, v }},
+		{"momentum", func(p, g, s, _ gpu.Buffer) error { return be.Momentum(p, g, s, lr, mu) },
+			func(p, g, s, v float64) (float64, float64, float64, float64) {
+				s = mu*s + g
+				return p - lr*s, 0, s, v
+			}},
+		{"adam", func(p, g, m, v gpu.Buffer) error { return be.Adam(p, g, m, v, b1, b2, step, eps) },
+			func(p, g, m, v float64) (float64, float64, float64, float64) {
+				m, v = b1*m+(1-b1)*g, b2*v+(1-b2)*g*g
+				return p - step*m/(math.Sqrt(v)+eps), 0, m, v
+			}},
+		{"scale", func(p, _, _, _ gpu.Buffer) error { return be.Scale(p, a) },
+			func(p, g, s, v float64) (float64, float64, float64, float64) { return a * p, g, s, v }},
+		{"add-scaled", func(p, g, _, _ gpu.Buffer) error { return be.AddScaled(g, p, a) },
+			func(p, g, s, v float64) (float64, float64, float64, float64) { return p, g + a*p, s, v }},
+	}
+	for _, c := range cases {
+		p, g, s, v := dev(t, be, p0), dev(t, be, g0), dev(t, be, s0), dev(t, be, v0)
+		if err := c.run(p, g, s, v); err != nil {
+			t.Fatal(err)
+		}
+		want := [4][]float64{make([]float64, n), make([]float64, n), make([]float64, n), make([]float64, n)}
+		for i := range n {
+			want[0][i], want[1][i], want[2][i], want[3][i] = c.ref(float64(p0[i]), float64(g0[i]), float64(s0[i]), float64(v0[i]))
+		}
+		for j, b := range []gpu.Buffer{p, g, s, v} {
+			expect(t, fmt.Sprintf("%s: %s", c.name, []string{"parameter", "gradient", "first slot", "second slot"}[j]), host(t, be, b), want[j], elemTol*10)
+		}
+	}
+}
