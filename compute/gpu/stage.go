@@ -161,14 +161,14 @@ func (st *Stage) Close() {
 	st.params, st.grads, st.slots, st.free, st.logits = nil, nil, nil, map[int][]Buffer{}, nil
 }
 
-func (st *Stage) IsFirst() bool               { return st.first == 0 }
-func (st *Stage) IsLast() bool                { return st.last == len(st.model.Layers) }
-func (st *Stage) Layers() (first, last int)   { return st.first, st.last }
-func (st *Stage) InShape() tensor.Shape       { return st.model.ShapeAt(st.first, st.batch) }
-func (st *Stage) InFlight() int               { return len(st.flights) }
-func (st *Stage) PeakInFlight() int           { return st.peak }
-func (st *Stage) Unshare([]byte) bool         { return true } // inputs are copied to the device at once
-func (st *Stage) Backend() Backend            { return st.be }
+func (st *Stage) IsFirst() bool             { return st.first == 0 }
+func (st *Stage) IsLast() bool              { return st.last == len(st.model.Layers) }
+func (st *Stage) Layers() (first, last int) { return st.first, st.last }
+func (st *Stage) InShape() tensor.Shape     { return st.model.ShapeAt(st.first, st.batch) }
+func (st *Stage) InFlight() int             { return len(st.flights) }
+func (st *Stage) PeakInFlight() int         { return st.peak }
+func (st *Stage) Unshare([]byte) bool       { return true } // inputs are copied to the device at once
+func (st *Stage) Backend() Backend          { return st.be }
 func (st *Stage) LossScale(mbs int) *tensor.Dense {
 	return tensor.New(tensor.FromScalar(1 / float32(mbs)))
 }
