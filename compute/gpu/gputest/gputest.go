@@ -82,6 +82,12 @@ func Chunks(t *testing.T, m *models.Model, be gpu.Backend, o engine.Options) (cp
 	return cpu, dev
 }
 
+// Batch is a random micro-batch of rows inputs of in features and their
+// classes, the same for the same sizes.
+func Batch(rows, in, classes int) (*tensor.Dense, []int) {
+	return batch(rand.New(rand.NewPCG(uint64(rows), uint64(in))), rows, in, classes)
+}
+
 func batch(r *rand.Rand, rows, in, classes int) (*tensor.Dense, []int) {
 	x := make([]float32, rows*in)
 	for i := range x {

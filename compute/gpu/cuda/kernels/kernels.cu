@@ -1,0 +1,179 @@
+// The kernels of pipetrain's device stage (package compute/gpu), written
+// once here and compiled to PTX by `make ptx` (kernels.ptx, committed and
+// embedded in the cuda build), which the GPU's driver compiles for its
+// chip when the module loads. Each computes, in float32, what
+// compute/gpu/fake.go computes one element at a time. No fast-math: the
+// transcendental functions are CUDA's accurate ones (within 2 ulp).
+//
+// Every scalar parameter is 4 bytes and passed by the host in an 8-byte
+// slot (gorgonia/cu's Launch copies 8 bytes per parameter).
+
+#define ACT_NONE 0
+#define ACT_RELU 1
+#define ACT_TANH 2
+#define ACT_SIGMOID 3
+#define ACT_GELU 4
+#define ACT_SILU 5
+
+#define GELU_C 0.7978845608028654f
+
+extern "C" {
+
+// grid-stride loop over n elements
+#define EACH(i, n) for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += blockDim.x * gridDim.x)
+
+__global__ void fill(float *x, float v, int n) {
+	EACH(i, n) { x[i] = v; }
+}
+
+// y[i, j] += b[j]
+__global__ void bias_add(float *y, const float *b, int rows, int cols) {
+	EACH(i, rows * cols) { y[i] += b[i % cols]; }
+}
+
+// dst[j] = beta * dst[j] + sum_i src[i, j]; one thread per column, the
+// rows summed in order (the fake's order).
+__global__ void sum_rows(float *dst, const float *src, int rows, int cols, float beta) {
+	EACH(j, cols) {
+		float s = 0;
+		for (int i = 0; i < rows; i++) {
+			s += src[i * cols + j];
+		}
+		dst[j] = beta * dst[j] + s;
+	}
+}
+
+__device__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__global__ void act(int f, float *y, const float *x, int n) {
+	EACH(i, n) {
+		float v = x[i];
+		switch (f) {
+		case ACT_RELU: v = v >= 0 ? v : 0; break;
+		case ACT_TANH: v = tanhf(v); break;
+		case ACT_SIGMOID: v = sigmoidf(v); break;
+		case ACT_GELU: v = 0.5f * v * (1 + tanhf(GELU_C * (v + 0.044715f * v * v * v))); break;
+		case ACT_SILU: v = v * sigmoidf(v); break;
+		}
+		y[i] = v;
+	}
+}
+
+// dx = dy * f'(x), given y = f(x). relu's derivative at 0 is 1, as
+// gorgonia's Rectify (x * [x >= 0]) has it.
+__global__ void act_grad(int f, float *dx, const float *dy, const float *x, const float *y, int n) {
+	EACH(i, n) {
+		float v = x[i], d = 1;
+		switch (f) {
+		case ACT_RELU: d = v >= 0 ? 1 : 0; break;
+		case ACT_TANH: d = 1 - y[i] * y[i]; break;
+		case ACT_SIGMOID: d = y[i] * (1 - y[i]); break;
+		case ACT_GELU: {
+			float t = tanhf(GELU_C * (v + 0.044715f * v * v * v));
+			d = 0.5f * (1 + t) + 0.5f * v * (1 - t * t) * GELU_C * (1 + 3 * 0.044715f * v * v);
+			break;
+		}
+		case ACT_SILU: {
+			float s = sigmoidf(v);
+			d = s * (1 + v * (1 - s));
+			break;
+		}
+		}
+		dx[i] = dy[i] * d;
+	}
+}
+
+// One block of XENT_THREADS threads per row: probs = softmax(row),
+// loss[row] = max + log(sum exp(x - max)) - x[target].
+#define XENT_THREADS 256
+__global__ void xent(float *loss, float *probs, const float *logits, const float *targets, int rows, int cols) {
+	__shared__ float red[XENT_THREADS];
+	int r = blockIdx.x;
+	if (r >= rows) {
+		return;
+	}
+	const float *x = logits + (long long)r * cols;
+	float *p = probs + (long long)r * cols;
+	float m = -INFINITY;
+	for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+		m = fmaxf(m, x[j]);
+	}
+	red[threadIdx.x] = m;
+	__syncthreads();
+	for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+		if (threadIdx.x < s) {
+			red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + s]);
+		}
+		__syncthreads();
+	}
+	m = red[0];
+	__syncthreads();
+	float z = 0;
+	for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+		float e = expf(x[j] - m);
+		p[j] = e;
+		z += e;
+	}
+	red[threadIdx.x] = z;
+	__syncthreads();
+	for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+		if (threadIdx.x < s) {
+			red[threadIdx.x] += red[threadIdx.x + s];
+		}
+		__syncthreads();
+	}
+	z = red[0];
+	for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+		p[j] /= z;
+	}
+	if (threadIdx.x == 0) {
+		loss[r] = m + logf(z) - x[(int)targets[r]];
+	}
+}
+
+// d = scale * (probs - onehot(targets))
+__global__ void xent_grad(float *d, const float *probs, const float *targets, int rows, int cols, float scale) {
+	EACH(i, rows * cols) {
+		float v = probs[i];
+		if (i % cols == (int)targets[i / cols]) {
+			v -= 1;
+		}
+		d[i] = scale * v;
+	}
+}
+
+__global__ void sgd(float *p, float *g, float lr, int n) {
+	EACH(i, n) {
+		p[i] -= lr * g[i];
+		g[i] = 0;
+	}
+}
+
+__global__ void momentum(float *p, float *g, float *buf, float lr, float mu, int n) {
+	EACH(i, n) {
+		buf[i] = mu * buf[i] + g[i];
+		p[i] -= lr * buf[i];
+		g[i] = 0;
+	}
+}
+
+// Adam with the bias corrections folded into step and eps by the host.
+__global__ void adam(float *p, float *g, float *m, float *v, float b1, float b2, float step, float eps, int n) {
+	EACH(i, n) {
+		float gi = g[i];
+		m[i] = b1 * m[i] + (1 - b1) * gi;
+		v[i] = b2 * v[i] + (1 - b2) * gi * gi;
+		p[i] -= step * m[i] / (sqrtf(v[i]) + eps);
+		g[i] = 0;
+	}
+}
+
+__global__ void scale(float *x, float a, int n) {
+	EACH(i, n) { x[i] *= a; }
+}
+
+__global__ void add_scaled(float *y, const float *x, float a, int n) {
+	EACH(i, n) { y[i] += a * x[i]; }
+}
+
+} // extern "C"
