@@ -315,7 +315,9 @@ func (b *Backend) Adam(p, g, m, v gpu.Buffer, b1, b2, step, eps float32) error {
 	return b.launch("adam", p.Len(), p, g, m, v, b1, b2, step, eps, p.Len())
 }
 
-func (b *Backend) Scale(x gpu.Buffer, a float32) error { return b.launch("scale", x.Len(), x, a, x.Len()) }
+func (b *Backend) Scale(x gpu.Buffer, a float32) error {
+	return b.launch("scale", x.Len(), x, a, x.Len())
+}
 
 func (b *Backend) AddScaled(y, x gpu.Buffer, a float32) error {
 	return b.launch("add_scaled", y.Len(), y, x, a, y.Len())

@@ -46,7 +46,6 @@ import "C"
 import (
 	"fmt"
 	"unsafe"
-
 )
 
 // cuErr names a driver result.
