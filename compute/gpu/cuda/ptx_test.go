@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/pipetrain/pipetrain/internal/testenv"
 )
 
 // TestPTXIsCompiledFromKernels: the committed kernels/kernels.ptx, which
@@ -15,7 +17,11 @@ import (
 // go:generate line's flags, so the kernels cannot change without it.
 func TestPTXIsCompiledFromKernels(t *testing.T) {
 	if _, err := exec.LookPath("nvcc"); err != nil {
-		t.Skip("nvcc not found (scripts/cuda-deps.sh installs it):", err)
+		testenv.RequireOrSkip(t, "nvcc", "scripts/cuda-deps.sh installs CUDA 11.8's")
+	}
+	if v, _ := exec.Command("nvcc", "--version").Output(); !bytes.Contains(v, []byte("release 11.8,")) {
+		// Another nvcc writes other PTX (its version, its register choices).
+		testenv.RequireOrSkip(t, "nvcc 11.8", "the committed PTX is CUDA 11.8's (scripts/cuda-deps.sh), this nvcc says "+string(bytes.TrimSpace(v)))
 	}
 	doc, err := os.ReadFile("doc.go")
 	if err != nil {
