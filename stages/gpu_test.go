@@ -1,7 +1,10 @@
 package stages
 
 import (
+	"encoding/json"
 	"math"
+	"os"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 
@@ -49,6 +52,7 @@ func closeRun(t *testing.T, cfg *configs.Config, ref, dir string) {
 			t.Errorf("step %d: loss %v with device stages, %v on the cpu (relative tolerance %g)", i+1, ld[i], lr[i], lossTol)
 		}
 	}
+	closeEvaluation(t, ref, dir)
 	wr, wd := readWeights(t, ref), readWeights(t, dir)
 	if len(wr) == 0 || len(wd) != len(wr) {
 		t.Fatalf("%d weights with device stages, %d in the reference", len(wd), len(wr))
@@ -125,4 +129,28 @@ func TestDeviceResumeEqualsUninterrupted(t *testing.T) {
 	runStagesIn(t, cfg, false, dir, true)
 	sameWeights(t, full, dir)
 	sameLosses(t, full, dir)
+}
+
+// closeEvaluation: the final evaluation, whose logits the last stage hands
+// out (Logits), scores the examples as the reference's does: the same
+// examples, a loss within lossTol, and the same correct count but for
+// examples whose top two logits are closer than the tolerances.
+func closeEvaluation(t *testing.T, ref, dir string) {
+	t.Helper()
+	var er, ed EvalResult
+	for _, e := range []struct {
+		dir string
+		r   *EvalResult
+	}{{ref, &er}, {dir, &ed}} {
+		b, err := os.ReadFile(filepath.Join(e.dir, "eval.json"))
+		if err == nil {
+			err = json.Unmarshal(b, e.r)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if er.Examples == 0 || ed.Examples != er.Examples || math.Abs(ed.Loss-er.Loss) > lossTol*er.Loss || max(ed.Correct-er.Correct, er.Correct-ed.Correct) > 1 {
+		t.Errorf("evaluation with device stages %+v, on the cpu %+v", ed, er)
+	}
 }

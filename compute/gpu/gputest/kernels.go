@@ -33,6 +33,35 @@ func CheckKernels(t *testing.T, be gpu.Backend) {
 	}
 	t.Run("xent", func(t *testing.T) { checkXent(t, be, r) })
 	t.Run("optimizers", func(t *testing.T) { checkOptimizers(t, be, r) })
+	t.Run("long", func(t *testing.T) { checkLong(t, be, r) })
+}
+
+// checkLong runs an elementwise kernel over more elements than one launch
+// has threads (the kernels loop over the rest), and fills and copies as
+// many.
+func checkLong(t *testing.T, be gpu.Backend, r *rand.Rand) {
+	n := 256*4096 + 5
+	x0 := random(r, n, 1)
+	x := dev(t, be, x0)
+	if err := be.Scale(x, 3); err != nil {
+		t.Fatal(err)
+	}
+	want := make([]float64, n)
+	for i, v := range x0 {
+		want[i] = 3 * float64(v)
+	}
+	y := dev(t, be, make([]float32, n))
+	if err := be.Copy(y, x); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, "scaled and copied", host(t, be, y), want, elemTol)
+	if err := be.Fill(x, 0.25); err != nil {
+		t.Fatal(err)
+	}
+	for i := range want {
+		want[i] = 0.25
+	}
+	expect(t, "filled", host(t, be, x), want, 0)
 }
 
 func random(r *rand.Rand, n int, scale float64) []float32 {
@@ -77,34 +106,44 @@ func expect(t *testing.T, what string, got []float32, want []float64, tol float6
 	}
 }
 
+// checkGemm tries each transposition on a small product and on one whose
+// sizes are no multiple of a GPU's tiles.
 func checkGemm(t *testing.T, be gpu.Backend, r *rand.Rand) {
-	m, n, k := 7, 9, 33
-	for _, c := range []struct{ ta, tb bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
-		a, b, c0 := random(r, m*k, 1), random(r, k*n, 1), random(r, m*n, 1)
-		const alpha, beta = 0.5, 2
-		C := dev(t, be, c0)
-		if err := be.Gemm(c.ta, c.tb, m, n, k, alpha, dev(t, be, a), dev(t, be, b), beta, C); err != nil {
-			t.Fatal(err)
+	for _, size := range [][3]int{{7, 9, 33}, {130, 70, 300}} {
+		m, n, k := size[0], size[1], size[2]
+		for _, c := range []struct{ ta, tb bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
+			checkGemmCase(t, be, r, m, n, k, c.ta, c.tb)
 		}
-		want := make([]float64, m*n)
-		for i := range m {
-			for j := range n {
-				var s float64
-				for p := range k {
-					ai, bi := i*k+p, p*n+j
-					if c.ta {
-						ai = p*m + i
-					}
-					if c.tb {
-						bi = j*k + p
-					}
-					s += float64(a[ai]) * float64(b[bi])
-				}
-				want[i*n+j] = alpha*s + beta*float64(c0[i*n+j])
-			}
-		}
-		expect(t, fmt.Sprintf("gemm transA=%v transB=%v", c.ta, c.tb), host(t, be, C), want, sumTol)
 	}
+}
+
+// checkGemmCase checks one product against float64. Its tolerance grows
+// as √k: k float32 roundings of random sign.
+func checkGemmCase(t *testing.T, be gpu.Backend, r *rand.Rand, m, n, k int, ta, tb bool) {
+	a, b, c0 := random(r, m*k, 1), random(r, k*n, 1), random(r, m*n, 1)
+	const alpha, beta = 0.5, 2
+	c := dev(t, be, c0)
+	if err := be.Gemm(ta, tb, m, n, k, alpha, dev(t, be, a), dev(t, be, b), beta, c); err != nil {
+		t.Fatal(err)
+	}
+	want := make([]float64, m*n)
+	for i := range m {
+		for j := range n {
+			var s float64
+			for p := range k {
+				ai, bi := i*k+p, p*n+j
+				if ta {
+					ai = p*m + i
+				}
+				if tb {
+					bi = j*k + p
+				}
+				s += float64(a[ai]) * float64(b[bi])
+			}
+			want[i*n+j] = alpha*s + beta*float64(c0[i*n+j])
+		}
+	}
+	expect(t, fmt.Sprintf("gemm %dx%dx%d transA=%v transB=%v", m, n, k, ta, tb), host(t, be, c), want, sumTol*math.Sqrt(float64(k)/33))
 }
 
 func checkBias(t *testing.T, be gpu.Backend, r *rand.Rand) {
@@ -174,8 +213,15 @@ func checkActivation(t *testing.T, be gpu.Backend, r *rand.Rand, f gpu.Act) {
 	expect(t, "derivative of "+string(f), host(t, be, dx), grad, fdTol)
 }
 
+// checkXent tries rows narrower than a block of the kernel's threads and
+// rows wider than one (several columns a thread).
 func checkXent(t *testing.T, be gpu.Backend, r *rand.Rand) {
-	rows, cols := 6, 13
+	for _, size := range [][2]int{{6, 13}, {3, 1000}} {
+		checkXentSize(t, be, r, size[0], size[1])
+	}
+}
+
+func checkXentSize(t *testing.T, be gpu.Backend, r *rand.Rand, rows, cols int) {
 	x0 := random(r, rows*cols, 5)
 	tg := make([]float32, rows)
 	for i := range tg {
