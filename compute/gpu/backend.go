@@ -55,6 +55,17 @@ type Backend interface {
 	Xent(rowLoss, probs, logits, targets Buffer, rows, cols int) error
 	XentGrad(dlogits, probs, targets Buffer, rows, cols int, scale float32) error
 
+	// LayerNorm normalises each row of x (rows × cols) to zero mean and
+	// unit variance, y = (x − mean)·rstd·gain + bias with rstd =
+	// 1/√(var + eps), keeping each row's mean and rstd for the backward.
+	// RMSNorm is y = x·rstd·gain with rstd = 1/√(mean(x²) + eps). Their
+	// gradients write dx and add the gain's and bias's gradients to dgain
+	// and dbias. No model on the device uses them yet (docs/gpu.md).
+	LayerNorm(y, mean, rstd, x, gain, bias Buffer, rows, cols int, eps float32) error
+	LayerNormGrad(dx, dgain, dbias, dy, x, mean, rstd, gain Buffer, rows, cols int) error
+	RMSNorm(y, rstd, x, gain Buffer, rows, cols int, eps float32) error
+	RMSNormGrad(dx, dgain, dy, x, rstd, gain Buffer, rows, cols int) error
+
 	// SGD is p −= lr·g; Momentum is buf = mu·buf + g, p −= lr·buf; Adam is
 	// m = b1·m + (1−b1)·g, v = b2·v + (1−b2)·g², p −= step·m/(√v + eps)
 	// with step and eps bias-corrected by the caller (optim's efficient

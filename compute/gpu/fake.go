@@ -276,3 +276,93 @@ func (*Fake) AddScaled(y, x Buffer, a float32) error {
 	}
 	return nil
 }
+
+func (f *Fake) LayerNorm(y, mean, rstd, x, gain, bias Buffer, rows, cols int, eps float32) error {
+	return f.norm(y, mean, rstd, x, gain, bias, rows, cols, eps)
+}
+
+func (f *Fake) RMSNorm(y, rstd, x, gain Buffer, rows, cols int, eps float32) error {
+	return f.norm(y, nil, rstd, x, gain, nil, rows, cols, eps)
+}
+
+// norm is LayerNorm, or RMSNorm where mean is nil (no centring, no bias),
+// in kernels.cu's formulas.
+func (*Fake) norm(y, mean, rstd, x, gain, bias Buffer, rows, cols int, eps float32) error {
+	Y, R, X, G := f32(y), f32(rstd), f32(x), f32(gain)
+	for i := range rows {
+		xr, yr := X[i*cols:(i+1)*cols], Y[i*cols:(i+1)*cols]
+		var mu float32
+		if mean != nil {
+			for _, v := range xr {
+				mu += v
+			}
+			mu /= float32(cols)
+			f32(mean)[i] = mu
+		}
+		var ss float32
+		for _, v := range xr {
+			ss += (v - mu) * (v - mu)
+		}
+		r := 1 / float32(math.Sqrt(float64(ss/float32(cols)+eps)))
+		R[i] = r
+		for j, v := range xr {
+			yr[j] = (v - mu) * r * G[j]
+			if bias != nil {
+				yr[j] += f32(bias)[j]
+			}
+		}
+	}
+	return nil
+}
+
+func (f *Fake) LayerNormGrad(dx, dgain, dbias, dy, x, mean, rstd, gain Buffer, rows, cols int) error {
+	return f.normGrad(dx, dgain, dbias, dy, x, mean, rstd, gain, rows, cols)
+}
+
+func (f *Fake) RMSNormGrad(dx, dgain, dy, x, rstd, gain Buffer, rows, cols int) error {
+	return f.normGrad(dx, dgain, nil, dy, x, nil, rstd, gain, rows, cols)
+}
+
+// normGrad: with x̂ = (x − mean)·rstd and g = dy·gain, dx = rstd·(g −
+// mean(g) − x̂·mean(g·x̂)) (LayerNorm; RMSNorm drops mean(g)); dgain +=
+// Σ_rows dy·x̂, dbias += Σ_rows dy.
+func (*Fake) normGrad(dx, dgain, dbias, dy, x, mean, rstd, gain Buffer, rows, cols int) error {
+	DX, DG, DY, X, R, G := f32(dx), f32(dgain), f32(dy), f32(x), f32(rstd), f32(gain)
+	for i := range rows {
+		var mu float32
+		if mean != nil {
+			mu = f32(mean)[i]
+		}
+		r := R[i]
+		var sg, sgx float32
+		for j := range cols {
+			xh, g := (X[i*cols+j]-mu)*r, DY[i*cols+j]*G[j]
+			sg += g
+			sgx += g * xh
+		}
+		sg, sgx = sg/float32(cols), sgx/float32(cols)
+		if mean == nil {
+			sg = 0
+		}
+		for j := range cols {
+			xh, g := (X[i*cols+j]-mu)*r, DY[i*cols+j]*G[j]
+			DX[i*cols+j] = r * (g - sg - xh*sgx)
+		}
+	}
+	for j := range cols {
+		var s, sb float32
+		for i := range rows {
+			var mu float32
+			if mean != nil {
+				mu = f32(mean)[i]
+			}
+			s += DY[i*cols+j] * (X[i*cols+j] - mu) * R[i]
+			sb += DY[i*cols+j]
+		}
+		DG[j] += s
+		if dbias != nil {
+			f32(dbias)[j] += sb
+		}
+	}
+	return nil
+}

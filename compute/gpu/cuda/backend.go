@@ -24,7 +24,7 @@ import (
 var ptx string
 
 // kernelNames are kernels.cu's entry points.
-var kernelNames = []string{"fill", "bias_add", "sum_rows", "act", "act_grad", "xent", "xent_grad", "sgd", "momentum", "adam", "scale", "add_scaled"}
+var kernelNames = []string{"fill", "bias_add", "sum_rows", "act", "act_grad", "xent", "xent_grad", "norm", "norm_grad", "norm_param_grad", "sgd", "momentum", "adam", "scale", "add_scaled"}
 
 func init() { compute.Register(gpu.NewDevice("cuda", Open)) }
 
@@ -303,6 +303,34 @@ func (b *Backend) XentGrad(dlogits, probs, targets gpu.Buffer, rows, cols int, s
 	return b.launch("xent_grad", rows*cols, dlogits, probs, targets, rows, cols, scale)
 }
 
+// normThreads is kernels.cu's NORM_THREADS: one block of them per row.
+const normThreads = 256
+
+func (b *Backend) LayerNorm(y, mean, rstd, x, gain, bias gpu.Buffer, rows, cols int, eps float32) error {
+	return b.launchGrid("norm", rows, normThreads, y, mean, rstd, x, gain, bias, rows, cols, eps)
+}
+
+func (b *Backend) RMSNorm(y, rstd, x, gain gpu.Buffer, rows, cols int, eps float32) error {
+	return b.launchGrid("norm", rows, normThreads, y, null{}, rstd, x, gain, null{}, rows, cols, eps)
+}
+
+func (b *Backend) LayerNormGrad(dx, dgain, dbias, dy, x, mean, rstd, gain gpu.Buffer, rows, cols int) error {
+	if err := b.launchGrid("norm_grad", rows, normThreads, dx, dy, x, mean, rstd, gain, rows, cols); err != nil {
+		return err
+	}
+	return b.launch("norm_param_grad", cols, dgain, dbias, dy, x, mean, rstd, rows, cols)
+}
+
+func (b *Backend) RMSNormGrad(dx, dgain, dy, x, rstd, gain gpu.Buffer, rows, cols int) error {
+	if err := b.launchGrid("norm_grad", rows, normThreads, dx, dy, x, null{}, rstd, gain, rows, cols); err != nil {
+		return err
+	}
+	return b.launch("norm_param_grad", cols, dgain, null{}, dy, x, null{}, rstd, rows, cols)
+}
+
+// null is a kernel's NULL pointer argument (RMSNorm has no mean or bias).
+type null struct{}
+
 func (b *Backend) SGD(p, g gpu.Buffer, lr float32) error {
 	return b.launch("sgd", p.Len(), p, g, lr, p.Len())
 }
@@ -345,6 +373,8 @@ func (b *Backend) launchGrid(name string, blocks, perBlock int, args ...any) err
 		switch v := a.(type) {
 		case gpu.Buffer:
 			slots[i] = uint64(ptr(v))
+		case null:
+			slots[i] = 0
 		case int:
 			if v > math.MaxInt32 {
 				return fmt.Errorf("kernel %s: argument %d: %d does not fit an int", name, i, v)

@@ -34,6 +34,11 @@ func CheckKernels(t *testing.T, be gpu.Backend) {
 	t.Run("xent", func(t *testing.T) { checkXent(t, be, r) })
 	t.Run("optimizers", func(t *testing.T) { checkOptimizers(t, be, r) })
 	t.Run("long", func(t *testing.T) { checkLong(t, be, r) })
+	for _, layer := range []bool{true, false} {
+		for _, cols := range []int{37, 700} {
+			t.Run(fmt.Sprintf("norm-layer=%v-%d", layer, cols), func(t *testing.T) { checkNorm(t, be, r, layer, 5, cols) })
+		}
+	}
 }
 
 // checkLong runs an elementwise kernel over more elements than one launch
@@ -300,5 +305,101 @@ func checkOptimizers(t *testing.T, be gpu.Backend, r *rand.Rand) {
 		for j, b := range []gpu.Buffer{p, g, s, v} {
 			expect(t, fmt.Sprintf("%s: %s", c.name, []string{"parameter", "gradient", "first slot", "second slot"}[j]), host(t, be, b), want[j], elemTol*10)
 		}
+	}
+}
+
+// norm64 is LayerNorm (layer) or RMSNorm of one row in float64.
+func norm64(layer bool, x, gain, bias []float64, eps float64) []float64 {
+	n := float64(len(x))
+	var mu, ss float64
+	if layer {
+		for _, v := range x {
+			mu += v
+		}
+		mu /= n
+	}
+	for _, v := range x {
+		ss += (v - mu) * (v - mu)
+	}
+	r := 1 / math.Sqrt(ss/n+eps)
+	y := make([]float64, len(x))
+	for j, v := range x {
+		y[j] = (v - mu) * r * gain[j]
+		if layer {
+			y[j] += bias[j]
+		}
+	}
+	return y
+}
+
+// checkNorm checks LayerNorm's or RMSNorm's forward against float64 and
+// its gradients against central differences of the float64 forward of
+// L = Σ dy·y, with respect to each input, gain and bias.
+func checkNorm(t *testing.T, be gpu.Backend, r *rand.Rand, layer bool, rows, cols int) {
+	const eps = 1e-5
+	x0, g0, b0, dy0 := random(r, rows*cols, 2), random(r, cols, 1), random(r, cols, 1), random(r, rows*cols, 1)
+	for i := range x0 {
+		x0[i] += 0.5 // a mean to take away
+	}
+	zeros := func(n int) gpu.Buffer { return dev(t, be, make([]float32, n)) }
+	x, gain, bias, dy := dev(t, be, x0), dev(t, be, g0), dev(t, be, b0), dev(t, be, dy0)
+	y, mean, rstd, dx := zeros(rows*cols), zeros(rows), zeros(rows), zeros(rows*cols)
+	d0 := random(r, cols, 1) // the gradients are added to what these hold
+	dgain, dbias := dev(t, be, d0), dev(t, be, d0)
+	var err error
+	if layer {
+		if err = be.LayerNorm(y, mean, rstd, x, gain, bias, rows, cols, eps); err == nil {
+			err = be.LayerNormGrad(dx, dgain, dbias, dy, x, mean, rstd, gain, rows, cols)
+		}
+	} else if err = be.RMSNorm(y, rstd, x, gain, rows, cols, eps); err == nil {
+		err = be.RMSNormGrad(dx, dgain, dy, x, rstd, gain, rows, cols)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	f64 := func(v []float32) []float64 {
+		out := make([]float64, len(v))
+		for i, e := range v {
+			out[i] = float64(e)
+		}
+		return out
+	}
+	X, G, B, DY := f64(x0), f64(g0), f64(b0), f64(dy0)
+	loss := func() float64 { // Σ dy·y over the rows
+		var l float64
+		for i := range rows {
+			for j, v := range norm64(layer, X[i*cols:(i+1)*cols], G, B, eps) {
+				l += DY[i*cols+j] * v
+			}
+		}
+		return l
+	}
+	diff := func(v []float64, i int) float64 {
+		const h = 1e-5
+		keep := v[i]
+		v[i] = keep + h
+		up := loss()
+		v[i] = keep - h
+		down := loss()
+		v[i] = keep
+		return (up - down) / (2 * h)
+	}
+	want, wdx, wdg, wdb := make([]float64, 0, rows*cols), make([]float64, rows*cols), make([]float64, cols), make([]float64, cols)
+	for i := range rows {
+		want = append(want, norm64(layer, X[i*cols:(i+1)*cols], G, B, eps)...)
+	}
+	for i := range wdx {
+		wdx[i] = diff(X, i)
+	}
+	for j := range cols {
+		wdg[j] = float64(d0[j]) + diff(G, j)
+		wdb[j] = float64(d0[j]) + diff(B, j)
+	}
+	what := map[bool]string{true: "LayerNorm", false: "RMSNorm"}[layer]
+	expect(t, what, host(t, be, y), want, 10*elemTol)
+	expect(t, what+" input gradient", host(t, be, dx), wdx, fdTol)
+	expect(t, what+" gain gradient", host(t, be, dgain), wdg, fdTol)
+	if layer {
+		expect(t, what+" bias gradient", host(t, be, dbias), wdb, fdTol)
 	}
 }

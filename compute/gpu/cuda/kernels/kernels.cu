@@ -142,6 +142,102 @@ __global__ void xent_grad(float *d, const float *probs, const float *targets, in
 	}
 }
 
+// block_sum is the sum of v over the block's NORM_THREADS threads, which
+// every thread gets back; red is the block's shared scratch.
+#define NORM_THREADS 256
+__device__ float block_sum(float v, float *red) {
+	red[threadIdx.x] = v;
+	__syncthreads();
+	for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+		if (threadIdx.x < s) {
+			red[threadIdx.x] += red[threadIdx.x + s];
+		}
+		__syncthreads();
+	}
+	float sum = red[0];
+	__syncthreads();
+	return sum;
+}
+
+// One block per row: LayerNorm (mean != NULL) or RMSNorm (mean == NULL,
+// no centring, no bias): y = (x - mean) * rstd * gain (+ bias), rstd =
+// 1/sqrt(mean((x - mean)^2) + eps), keeping mean and rstd per row.
+__global__ void norm(float *y, float *mean, float *rstd, const float *x, const float *gain, const float *bias, int rows, int cols, float eps) {
+	__shared__ float red[NORM_THREADS];
+	int r = blockIdx.x;
+	if (r >= rows) {
+		return;
+	}
+	const float *xr = x + (long long)r * cols;
+	float *yr = y + (long long)r * cols;
+	float mu = 0;
+	if (mean) {
+		float s = 0;
+		for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+			s += xr[j];
+		}
+		mu = block_sum(s, red) / cols;
+	}
+	float ss = 0;
+	for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+		float d = xr[j] - mu;
+		ss += d * d;
+	}
+	float rs = rsqrtf(block_sum(ss, red) / cols + eps);
+	for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+		float v = (xr[j] - mu) * rs * gain[j];
+		yr[j] = bias ? v + bias[j] : v;
+	}
+	if (threadIdx.x == 0) {
+		rstd[r] = rs;
+		if (mean) {
+			mean[r] = mu;
+		}
+	}
+}
+
+// One block per row: with xh = (x - mean) * rstd and g = dy * gain,
+// dx = rstd * (g - mean(g) - xh * mean(g * xh)), mean(g) dropped for
+// RMSNorm (mean == NULL).
+__global__ void norm_grad(float *dx, const float *dy, const float *x, const float *mean, const float *rstd, const float *gain, int rows, int cols) {
+	__shared__ float red[NORM_THREADS];
+	int r = blockIdx.x;
+	if (r >= rows) {
+		return;
+	}
+	long long o = (long long)r * cols;
+	float mu = mean ? mean[r] : 0, rs = rstd[r];
+	float sg = 0, sgx = 0;
+	for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+		float g = dy[o + j] * gain[j];
+		sg += g;
+		sgx += g * (x[o + j] - mu) * rs;
+	}
+	sg = mean ? block_sum(sg, red) / cols : 0;
+	sgx = block_sum(sgx, red) / cols;
+	for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+		float xh = (x[o + j] - mu) * rs;
+		dx[o + j] = rs * (dy[o + j] * gain[j] - sg - xh * sgx);
+	}
+}
+
+// One thread per column: dgain[j] += sum_i dy * xh, dbias[j] += sum_i dy
+// (dbias may be NULL).
+__global__ void norm_param_grad(float *dgain, float *dbias, const float *dy, const float *x, const float *mean, const float *rstd, int rows, int cols) {
+	EACH(j, cols) {
+		float s = 0, sb = 0;
+		for (int i = 0; i < rows; i++) {
+			float d = dy[i * cols + j];
+			s += d * (x[i * cols + j] - (mean ? mean[i] : 0)) * rstd[i];
+			sb += d;
+		}
+		dgain[j] += s;
+		if (dbias) {
+			dbias[j] += sb;
+		}
+	}
+}
+
 __global__ void sgd(float *p, float *g, float lr, int n) {
 	EACH(i, n) {
 		p[i] -= lr * g[i];
