@@ -66,6 +66,13 @@ type Backend interface {
 	RMSNorm(y, rstd, x, gain Buffer, rows, cols int, eps float32) error
 	RMSNormGrad(dx, dgain, dy, x, rstd, gain Buffer, rows, cols int) error
 
+	// Rope turns each head of x (rows × width, row r at position r mod
+	// context, heads of headDim) as Hugging Face's apply_rotary_pos_emb:
+	// dimensions i and i+headDim/2 by the angle whose cosine and sine are
+	// cos and sin at t·headDim/2 + i (tables the caller makes). inverse
+	// turns back, which is also the rotation's gradient.
+	Rope(y, x, cos, sin Buffer, rows, width, context, headDim int, inverse bool) error
+
 	// SGD is p −= lr·g; Momentum is buf = mu·buf + g, p −= lr·buf; Adam is
 	// m = b1·m + (1−b1)·g, v = b2·v + (1−b2)·g², p −= step·m/(√v + eps)
 	// with step and eps bias-corrected by the caller (optim's efficient

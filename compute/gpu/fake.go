@@ -366,3 +366,26 @@ func (*Fake) normGrad(dx, dgain, dbias, dy, x, mean, rstd, gain Buffer, rows, co
 	}
 	return nil
 }
+
+func (*Fake) Rope(y, x, cos, sin Buffer, rows, width, context, headDim int, inverse bool) error {
+	Y, X, C, S := f32(y), f32(x), f32(cos), f32(sin)
+	half := headDim / 2
+	if width%headDim != 0 || headDim%2 != 0 || len(C) < context*half {
+		return fmt.Errorf("rotary embedding of width %d in heads of %d over %d positions, tables of %d", width, headDim, context, len(C))
+	}
+	for r := range rows {
+		t := r % context
+		for h := r * width; h < (r+1)*width; h += headDim {
+			for i := range half {
+				c, s := C[t*half+i], S[t*half+i]
+				if inverse {
+					s = -s
+				}
+				x1, x2 := X[h+i], X[h+half+i]
+				Y[h+i] = x1*c - x2*s
+				Y[h+half+i] = x2*c + x1*s
+			}
+		}
+	}
+	return nil
+}

@@ -24,7 +24,7 @@ import (
 var ptx string
 
 // kernelNames are kernels.cu's entry points.
-var kernelNames = []string{"fill", "bias_add", "sum_rows", "act", "act_grad", "xent", "xent_grad", "norm", "norm_grad", "norm_param_grad", "sgd", "momentum", "adam", "scale", "add_scaled"}
+var kernelNames = []string{"fill", "bias_add", "sum_rows", "act", "act_grad", "xent", "xent_grad", "norm", "norm_grad", "norm_param_grad", "rope", "sgd", "momentum", "adam", "scale", "add_scaled"}
 
 func init() { compute.Register(gpu.NewDevice("cuda", Open)) }
 
@@ -326,6 +326,17 @@ func (b *Backend) RMSNormGrad(dx, dgain, dy, x, rstd, gain gpu.Buffer, rows, col
 		return err
 	}
 	return b.launch("norm_param_grad", cols, dgain, null{}, dy, x, null{}, rstd, rows, cols)
+}
+
+func (b *Backend) Rope(y, x, cos, sin gpu.Buffer, rows, width, context, headDim int, inverse bool) error {
+	if width%headDim != 0 || headDim%2 != 0 || cos.Len() < context*headDim/2 {
+		return fmt.Errorf("rotary embedding of width %d in heads of %d over %d positions, tables of %d", width, headDim, context, cos.Len())
+	}
+	sign := float32(1)
+	if inverse {
+		sign = -1
+	}
+	return b.launch("rope", rows*width/2, y, x, cos, sin, rows, width, context, headDim, sign)
 }
 
 // null is a kernel's NULL pointer argument (RMSNorm has no mean or bias).

@@ -34,6 +34,7 @@ func CheckKernels(t *testing.T, be gpu.Backend) {
 	t.Run("xent", func(t *testing.T) { checkXent(t, be, r) })
 	t.Run("optimizers", func(t *testing.T) { checkOptimizers(t, be, r) })
 	t.Run("long", func(t *testing.T) { checkLong(t, be, r) })
+	t.Run("rope", func(t *testing.T) { checkRope(t, be, r) })
 	for _, layer := range []bool{true, false} {
 		for _, cols := range []int{37, 700} {
 			t.Run(fmt.Sprintf("norm-layer=%v-%d", layer, cols), func(t *testing.T) { checkNorm(t, be, r, layer, 5, cols) })
@@ -401,5 +402,57 @@ func checkNorm(t *testing.T, be gpu.Backend, r *rand.Rand, layer bool, rows, col
 	expect(t, what+" gain gradient", host(t, be, dgain), wdg, fdTol)
 	if layer {
 		expect(t, what+" bias gradient", host(t, be, dbias), wdb, fdTol)
+	}
+}
+
+// checkRope checks the rotation and its inverse against float64, on two
+// sequences of 5 positions with 3 heads of 8: the inverse undoes the
+// rotation and is its transpose, Σ dy·rope(x) = Σ rope⁻¹(dy)·x.
+func checkRope(t *testing.T, be gpu.Backend, r *rand.Rand) {
+	const context, heads, headDim, theta = 5, 3, 8, 10000.0
+	rows, width, half := 2*context, heads*headDim, headDim/2
+	cos, sin := make([]float32, context*half), make([]float32, context*half)
+	for i := range half {
+		f := 1 / math.Pow(theta, float64(2*i)/headDim)
+		for p := range context {
+			cos[p*half+i], sin[p*half+i] = float32(math.Cos(float64(p)*f)), float32(math.Sin(float64(p)*f))
+		}
+	}
+	x0, dy0 := random(r, rows*width, 1), random(r, rows*width, 1)
+	C, S := dev(t, be, cos), dev(t, be, sin)
+	y, back, dx := dev(t, be, make([]float32, rows*width)), dev(t, be, make([]float32, rows*width)), dev(t, be, make([]float32, rows*width))
+	for _, err := range []error{
+		be.Rope(y, dev(t, be, x0), C, S, rows, width, context, headDim, false),
+		be.Rope(back, y, C, S, rows, width, context, headDim, true),
+		be.Rope(dx, dev(t, be, dy0), C, S, rows, width, context, headDim, true),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, undone := make([]float64, rows*width), make([]float64, rows*width)
+	for row := range rows {
+		p := row % context
+		for h := row * width; h < (row+1)*width; h += headDim {
+			for i := range half {
+				c, s := float64(cos[p*half+i]), float64(sin[p*half+i])
+				x1, x2 := float64(x0[h+i]), float64(x0[h+half+i])
+				want[h+i], want[h+half+i] = x1*c-x2*s, x2*c+x1*s
+			}
+		}
+	}
+	for i, v := range x0 {
+		undone[i] = float64(v)
+	}
+	expect(t, "rotary embedding", host(t, be, y), want, elemTol)
+	expect(t, "rotary embedding undone", host(t, be, back), undone, elemTol)
+	var lhs, rhs float64
+	got, g := host(t, be, y), host(t, be, dx)
+	for i := range got {
+		lhs += float64(dy0[i]) * float64(got[i])
+		rhs += float64(g[i]) * float64(x0[i])
+	}
+	if math.Abs(lhs-rhs) > sumTol*math.Max(1, math.Abs(lhs))*10 {
+		t.Errorf("Σ dy·rope(x) = %g but Σ rope⁻¹(dy)·x = %g: the inverse is not the rotation's gradient", lhs, rhs)
 	}
 }

@@ -238,6 +238,25 @@ __global__ void norm_param_grad(float *dgain, float *dbias, const float *dy, con
 	}
 }
 
+// Hugging Face's rotary embedding: in each head of headDim, dimensions i
+// and i + headDim/2 turn by the angle of position t = row mod context and
+// frequency i, whose cosine and sine the tables hold at t * headDim/2 + i;
+// sign -1 turns back (the inverse, and the rotation's gradient). One
+// thread per pair.
+__global__ void rope(float *y, const float *x, const float *cos, const float *sin, int rows, int width, int context, int headDim, float sign) {
+	int half = headDim / 2, pairs = width / 2;
+	EACH(k, rows * pairs) {
+		int row = k / pairs, p = k % pairs;
+		int head = p / half, i = p % half;
+		long long h = (long long)row * width + head * headDim;
+		int tab = (row % context) * half + i;
+		float c = cos[tab], s = sign * sin[tab];
+		float x1 = x[h + i], x2 = x[h + half + i];
+		y[h + i] = x1 * c - x2 * s;
+		y[h + half + i] = x2 * c + x1 * s;
+	}
+}
+
 __global__ void sgd(float *p, float *g, float lr, int n) {
 	EACH(i, n) {
 		p[i] -= lr * g[i];
