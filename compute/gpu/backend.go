@@ -73,6 +73,19 @@ type Backend interface {
 	// turns back, which is also the rotation's gradient.
 	Rope(y, x, cos, sin Buffer, rows, width, context, headDim int, inverse bool) error
 
+	// Softmax is attention's: p = softmax(scale·s) along each row of s
+	// (rows × cols, cols the keys), and with causal, row r sees keys
+	// 0 … r mod cols only (the others get probability 0). SoftmaxGrad is
+	// its gradient, ds = scale·p·(dp − Σ_j p·dp). Attention is these
+	// between products (Gemm) of queries, keys and values.
+	Softmax(p, s Buffer, rows, cols int, scale float32, causal bool) error
+	SoftmaxGrad(ds, p, dp Buffer, rows, cols int, scale float32) error
+	// Embed copies row tokens[i] of table (a token id held as a float32)
+	// into row i of y, of width columns; EmbedGrad adds row i of dy to row
+	// tokens[i] of dtable.
+	Embed(y, table, tokens Buffer, rows, width int) error
+	EmbedGrad(dtable, dy, tokens Buffer, rows, width int) error
+
 	// SGD is p −= lr·g; Momentum is buf = mu·buf + g, p −= lr·buf; Adam is
 	// m = b1·m + (1−b1)·g, v = b2·v + (1−b2)·g², p −= step·m/(√v + eps)
 	// with step and eps bias-corrected by the caller (optim's efficient

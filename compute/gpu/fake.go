@@ -389,3 +389,67 @@ func (*Fake) Rope(y, x, cos, sin Buffer, rows, width, context, headDim int, inve
 	}
 	return nil
 }
+
+func (*Fake) Softmax(p, s Buffer, rows, cols int, scale float32, causal bool) error {
+	P, S := f32(p), f32(s)
+	for r := range rows {
+		seen := cols
+		if causal {
+			seen = r%cols + 1
+		}
+		sr, pr := S[r*cols:(r+1)*cols], P[r*cols:(r+1)*cols]
+		m := scale * sr[0]
+		for _, v := range sr[:seen] {
+			m = max(m, scale*v)
+		}
+		var z float32
+		for j := range pr {
+			pr[j] = 0
+			if j < seen {
+				pr[j] = float32(math.Exp(float64(scale*sr[j] - m)))
+				z += pr[j]
+			}
+		}
+		for j := range pr[:seen] {
+			pr[j] /= z
+		}
+	}
+	return nil
+}
+
+func (*Fake) SoftmaxGrad(ds, p, dp Buffer, rows, cols int, scale float32) error {
+	DS, P, DP := f32(ds), f32(p), f32(dp)
+	for r := range rows {
+		var dot float32
+		for j := range cols {
+			dot += P[r*cols+j] * DP[r*cols+j]
+		}
+		for j := range cols {
+			DS[r*cols+j] = scale * P[r*cols+j] * (DP[r*cols+j] - dot)
+		}
+	}
+	return nil
+}
+
+func (*Fake) Embed(y, table, tokens Buffer, rows, width int) error {
+	Y, T, K := f32(y), f32(table), f32(tokens)
+	for i := range rows {
+		k := int(K[i])
+		if k < 0 || (k+1)*width > len(T) {
+			return fmt.Errorf("token %d of row %d is not in the table's %d rows", k, i, len(T)/width)
+		}
+		copy(Y[i*width:(i+1)*width], T[k*width:(k+1)*width])
+	}
+	return nil
+}
+
+func (*Fake) EmbedGrad(dtable, dy, tokens Buffer, rows, width int) error {
+	D, DY, K := f32(dtable), f32(dy), f32(tokens)
+	for i := range rows {
+		k := int(K[i])
+		for j := range width {
+			D[k*width+j] += DY[i*width+j]
+		}
+	}
+	return nil
+}

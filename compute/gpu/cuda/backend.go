@@ -24,7 +24,7 @@ import (
 var ptx string
 
 // kernelNames are kernels.cu's entry points.
-var kernelNames = []string{"fill", "bias_add", "sum_rows", "act", "act_grad", "xent", "xent_grad", "norm", "norm_grad", "norm_param_grad", "rope", "sgd", "momentum", "adam", "scale", "add_scaled"}
+var kernelNames = []string{"fill", "bias_add", "sum_rows", "act", "act_grad", "xent", "xent_grad", "norm", "norm_grad", "norm_param_grad", "rope", "softmax", "softmax_grad", "embed", "embed_grad", "sgd", "momentum", "adam", "scale", "add_scaled"}
 
 func init() { compute.Register(gpu.NewDevice("cuda", Open)) }
 
@@ -337,6 +337,26 @@ func (b *Backend) Rope(y, x, cos, sin gpu.Buffer, rows, width, context, headDim 
 		sign = -1
 	}
 	return b.launch("rope", rows*width/2, y, x, cos, sin, rows, width, context, headDim, sign)
+}
+
+func (b *Backend) Softmax(p, s gpu.Buffer, rows, cols int, scale float32, causal bool) error {
+	c := 0
+	if causal {
+		c = 1
+	}
+	return b.launchGrid("softmax", rows, normThreads, p, s, rows, cols, scale, c)
+}
+
+func (b *Backend) SoftmaxGrad(ds, p, dp gpu.Buffer, rows, cols int, scale float32) error {
+	return b.launchGrid("softmax_grad", rows, normThreads, ds, p, dp, rows, cols, scale)
+}
+
+func (b *Backend) Embed(y, table, tokens gpu.Buffer, rows, width int) error {
+	return b.launch("embed", rows*width, y, table, tokens, rows, width)
+}
+
+func (b *Backend) EmbedGrad(dtable, dy, tokens gpu.Buffer, rows, width int) error {
+	return b.launch("embed_grad", rows*width, dtable, dy, tokens, rows, width)
 }
 
 // null is a kernel's NULL pointer argument (RMSNorm has no mean or bias).

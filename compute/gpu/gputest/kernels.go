@@ -35,6 +35,12 @@ func CheckKernels(t *testing.T, be gpu.Backend) {
 	t.Run("optimizers", func(t *testing.T) { checkOptimizers(t, be, r) })
 	t.Run("long", func(t *testing.T) { checkLong(t, be, r) })
 	t.Run("rope", func(t *testing.T) { checkRope(t, be, r) })
+	for _, causal := range []bool{false, true} {
+		for _, cols := range []int{7, 600} {
+			t.Run(fmt.Sprintf("softmax-causal=%v-%d", causal, cols), func(t *testing.T) { checkSoftmax(t, be, r, causal, cols) })
+		}
+	}
+	t.Run("embed", func(t *testing.T) { checkEmbed(t, be, r) })
 	for _, layer := range []bool{true, false} {
 		for _, cols := range []int{37, 700} {
 			t.Run(fmt.Sprintf("norm-layer=%v-%d", layer, cols), func(t *testing.T) { checkNorm(t, be, r, layer, 5, cols) })
@@ -455,4 +461,102 @@ func checkRope(t *testing.T, be gpu.Backend, r *rand.Rand) {
 	if math.Abs(lhs-rhs) > sumTol*math.Max(1, math.Abs(lhs))*10 {
 		t.Errorf("Σ dy·rope(x) = %g but Σ rope⁻¹(dy)·x = %g: the inverse is not the rotation's gradient", lhs, rhs)
 	}
+}
+
+// softmax64 is attention's softmax of one row in float64, the first seen
+// keys only.
+func softmax64(s []float64, scale float64, seen int) []float64 {
+	p := make([]float64, len(s))
+	m := math.Inf(-1)
+	for _, v := range s[:seen] {
+		m = math.Max(m, scale*v)
+	}
+	var z float64
+	for j := range s[:seen] {
+		p[j] = math.Exp(scale*s[j] - m)
+		z += p[j]
+	}
+	for j := range p {
+		p[j] /= z
+	}
+	return p
+}
+
+// checkSoftmax checks attention's softmax against float64 and its gradient
+// against central differences of L = Σ dp·softmax(s), on two blocks of
+// cols query rows (causal: row r sees r mod cols + 1 keys).
+func checkSoftmax(t *testing.T, be gpu.Backend, r *rand.Rand, causal bool, cols int) {
+	rows := 2 * cols
+	if cols > 64 {
+		rows = 9 // a few rows of a long context: the mask's shape is the same
+	}
+	const scale = 0.35
+	s0, dp0 := random(r, rows*cols, 4), random(r, rows*cols, 1)
+	p, ds := dev(t, be, make([]float32, rows*cols)), dev(t, be, make([]float32, rows*cols))
+	if err := be.Softmax(p, dev(t, be, s0), rows, cols, scale, causal); err != nil {
+		t.Fatal(err)
+	}
+	if err := be.SoftmaxGrad(ds, p, dev(t, be, dp0), rows, cols, scale); err != nil {
+		t.Fatal(err)
+	}
+	want, grad := make([]float64, 0, rows*cols), make([]float64, 0, rows*cols)
+	for row := range rows {
+		seen := cols
+		if causal {
+			seen = row%cols + 1
+		}
+		s := make([]float64, cols)
+		for j := range s {
+			s[j] = float64(s0[row*cols+j])
+		}
+		want = append(want, softmax64(s, scale, seen)...)
+		loss := func() float64 {
+			var l float64
+			for j, v := range softmax64(s, scale, seen) {
+				l += float64(dp0[row*cols+j]) * v
+			}
+			return l
+		}
+		for j := range s {
+			const h = 1e-5
+			keep := s[j]
+			s[j] = keep + h
+			up := loss()
+			s[j] = keep - h
+			down := loss()
+			s[j] = keep
+			grad = append(grad, (up-down)/(2*h))
+		}
+	}
+	expect(t, "softmax", host(t, be, p), want, elemTol)
+	expect(t, "softmax gradient", host(t, be, ds), grad, fdTol)
+}
+
+// checkEmbed gathers rows of a table by token, and scatters gradients back,
+// tokens repeated (their rows' gradients add up).
+func checkEmbed(t *testing.T, be gpu.Backend, r *rand.Rand) {
+	const vocab, width, rows = 11, 6, 20
+	table0, dy0 := random(r, vocab*width, 1), random(r, rows*width, 1)
+	tokens := make([]float32, rows)
+	for i := range tokens {
+		tokens[i] = float32(r.IntN(vocab))
+	}
+	tokens[1] = tokens[0]
+	y, dtable := dev(t, be, make([]float32, rows*width)), dev(t, be, make([]float32, vocab*width))
+	K := dev(t, be, tokens)
+	if err := be.Embed(y, dev(t, be, table0), K, rows, width); err != nil {
+		t.Fatal(err)
+	}
+	if err := be.EmbedGrad(dtable, dev(t, be, dy0), K, rows, width); err != nil {
+		t.Fatal(err)
+	}
+	want, grad := make([]float64, rows*width), make([]float64, vocab*width)
+	for i, k := range tokens {
+		for j := range width {
+			want[i*width+j] = float64(table0[int(k)*width+j])
+			grad[int(k)*width+j] += float64(dy0[i*width+j])
+		}
+	}
+	expect(t, "embedding", host(t, be, y), want, 0)
+	expect(t, "embedding gradient", host(t, be, dtable), grad, elemTol)
 }

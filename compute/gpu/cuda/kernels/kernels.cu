@@ -257,6 +257,79 @@ __global__ void rope(float *y, const float *x, const float *cos, const float *si
 	}
 }
 
+// Attention's softmax, one block of NORM_THREADS per row: p =
+// softmax(scale * s) over the keys a row sees, all of them, or with
+// causal the first (row mod cols) + 1; the others get 0.
+__global__ void softmax(float *p, const float *s, int rows, int cols, float scale, int causal) {
+	__shared__ float red[NORM_THREADS];
+	int r = blockIdx.x;
+	if (r >= rows) {
+		return;
+	}
+	const float *sr = s + (long long)r * cols;
+	float *pr = p + (long long)r * cols;
+	int seen = causal ? r % cols + 1 : cols;
+	float m = -INFINITY;
+	for (int j = threadIdx.x; j < seen; j += blockDim.x) {
+		m = fmaxf(m, scale * sr[j]);
+	}
+	red[threadIdx.x] = m;
+	__syncthreads();
+	for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+		if (threadIdx.x < k) {
+			red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + k]);
+		}
+		__syncthreads();
+	}
+	m = red[0];
+	__syncthreads();
+	float z = 0;
+	for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+		float e = j < seen ? expf(scale * sr[j] - m) : 0;
+		pr[j] = e;
+		z += e;
+	}
+	z = block_sum(z, red);
+	for (int j = threadIdx.x; j < seen; j += blockDim.x) {
+		pr[j] /= z;
+	}
+}
+
+// ds = scale * p * (dp - sum_j p * dp), one block per row.
+__global__ void softmax_grad(float *ds, const float *p, const float *dp, int rows, int cols, float scale) {
+	__shared__ float red[NORM_THREADS];
+	int r = blockIdx.x;
+	if (r >= rows) {
+		return;
+	}
+	long long o = (long long)r * cols;
+	float dot = 0;
+	for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+		dot += p[o + j] * dp[o + j];
+	}
+	dot = block_sum(dot, red);
+	for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+		ds[o + j] = scale * p[o + j] * (dp[o + j] - dot);
+	}
+}
+
+// y[i, :] = table[tokens[i], :]
+__global__ void embed(float *y, const float *table, const float *tokens, int rows, int width) {
+	EACH(k, rows * width) {
+		int i = k / width;
+		y[k] = table[(long long)tokens[i] * width + k % width];
+	}
+}
+
+// dtable[tokens[i], :] += dy[i, :]; rows with one token add atomically, in
+// no fixed order.
+__global__ void embed_grad(float *dtable, const float *dy, const float *tokens, int rows, int width) {
+	EACH(k, rows * width) {
+		int i = k / width;
+		atomicAdd(&dtable[(long long)tokens[i] * width + k % width], dy[k]);
+	}
+}
+
 __global__ void sgd(float *p, float *g, float lr, int n) {
 	EACH(i, n) {
 		p[i] -= lr * g[i];
