@@ -168,7 +168,6 @@ func (st *Stage) InShape() tensor.Shape     { return st.model.ShapeAt(st.first, 
 func (st *Stage) InFlight() int             { return len(st.flights) }
 func (st *Stage) PeakInFlight() int         { return st.peak }
 func (st *Stage) Unshare([]byte) bool       { return true } // inputs are copied to the device at once
-func (st *Stage) Backend() Backend          { return st.be }
 func (st *Stage) LossScale(mbs int) *tensor.Dense {
 	return tensor.New(tensor.FromScalar(1 / float32(mbs)))
 }
