@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Installs what the `cuda` build tag needs on a Debian 12 (bookworm) build machine:
-# CUDA 11.8's nvcc (nvidia-cuda-toolkit), its headers (nvidia-cuda-dev: cuda.h,
-# cublas_v2.h) and the driver's user-space library to link -lcuda against
-# (libcuda1). They live in Debian's non-free component, which this adds as a
-# second sources entry beside the system's own (same archive, same keyring).
+# Installs what the pipetrain_cuda build tag needs on a Debian 12 (bookworm)
+# build machine (docs/gpu.md): CUDA 11.8's nvcc (nvidia-cuda-toolkit), its
+# headers (nvidia-cuda-dev: cuda.h) and the driver's user-space library to link
+# -lcuda against (libcuda1). They live in Debian's non-free component, the
+# driver's support packages in contrib; this adds both as a second sources
+# entry beside the system's own (same archive, same keyring). About 800 MB to
+# download, 5 minutes on a build machine here.
 # Nothing here needs a GPU; the GPU machine brings its own driver and cuBLAS.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
