@@ -9,7 +9,7 @@ CONFIG ?= configs/fmnist-mlp-4stage.yaml
 RUN_DIR ?= runs/demo
 APT_PACKAGES := libopenblas0 dataset-fashion-mnist
 
-.PHONY: all deps build demo reference test test-blas vet race fuzz bench bench-schedules release clean
+.PHONY: all deps build demo reference test test-blas vet race fuzz bench bench-schedules release clean cuda-deps ptx vet-cuda gpu-check
 
 all: build
 
@@ -93,6 +93,38 @@ bench: build
 # (about 9 minutes on 2 cores; the 4-stage pinned setup runs only with 4 cores or more).
 bench-schedules: build
 	go run ./bench/schedules -bin $(BIN) -out docs/schedules-benchmark.md
+
+# CUDA (docs/gpu.md): the cuda:N device kind is built with -tags pipetrain_cuda
+# (not gorgonia's own cuda tag, which would put the cpu engine on its CUDA
+# machine), with cgo against Debian's CUDA 11.8 headers and libcuda, which
+# scripts/cuda-deps.sh installs; gorgonia/cu's own flags look in /usr/local/cuda.
+CUDA_TAGS := pipetrain_cuda
+CUDA_ENV := CGO_ENABLED=1 CGO_CFLAGS=-I/usr/include CGO_LDFLAGS=-L/usr/lib/x86_64-linux-gnu
+
+cuda-deps:
+	scripts/cuda-deps.sh
+
+# The kernels' PTX, embedded by the cuda build: commit it with kernels.cu.
+ptx: cuda-deps
+	go generate ./compute/gpu/cuda/
+
+# The tagged build compiles and vets here; its tests skip ("no CUDA device")
+# but for the PTX check, which nvcc runs here.
+vet-cuda: cuda-deps
+	$(CUDA_ENV) go vet -tags $(CUDA_TAGS) ./compute/... ./cmd/pipetrain/
+	$(CUDA_ENV) go build -tags $(CUDA_TAGS) -o /dev/null ./cmd/pipetrain
+	$(CUDA_ENV) go test -count=1 -tags $(CUDA_TAGS) ./compute/gpu/cuda/
+
+# Everything the GPU machine (no Go there) needs, in GPU_CHECK_DIR, under
+# 64 MiB: the tagged binary and test binary, the check script and the
+# training run's config and data. There: ./run.sh OUT.
+GPU_CHECK_DIR ?= bin/gpu-check
+gpu-check: cuda-deps deps
+	rm -rf $(GPU_CHECK_DIR) && mkdir -p $(GPU_CHECK_DIR)
+	$(CUDA_ENV) go build -tags $(CUDA_TAGS) -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $(GPU_CHECK_DIR)/pipetrain ./cmd/pipetrain
+	$(CUDA_ENV) go test -c -tags $(CUDA_TAGS) -trimpath -ldflags "-s -w" -o $(GPU_CHECK_DIR)/cuda.test ./compute/gpu/cuda/
+	cp scripts/gpu-check/run.sh scripts/gpu-check/mlp.yaml /usr/share/datasets/fashion-mnist/t10k-* $(GPU_CHECK_DIR)/
+	@size=$$(du -sm $(GPU_CHECK_DIR) | cut -f1); echo "$(GPU_CHECK_DIR): $$size MiB"; [ $$size -lt 64 ] || { echo "over 64 MiB"; exit 1; }
 
 # Binaries for Linux on amd64 and arm64, without cgo: each loads OpenBLAS at
 # run time where the system has it. -tags nodlopen gives a fully static one.

@@ -43,7 +43,7 @@ type Spec struct {
 
 // unbuilt names, for each device kind pipetrain knows but a build may leave
 // out, the build that has it.
-var unbuilt = map[string]string{"cuda": "pipetrain built with -tags cuda"}
+var unbuilt = map[string]string{"cuda": "pipetrain built with -tags pipetrain_cuda (docs/gpu.md)"}
 
 var (
 	mu      sync.RWMutex

@@ -22,7 +22,7 @@ func TestLookup(t *testing.T) {
 		}
 	}
 	for device, want := range map[string]string{
-		"cuda:0":         `"cuda:0": built without CUDA: pipetrain built with -tags cuda runs cuda:N stages`,
+		"cuda:0":         `"cuda:0": built without CUDA: pipetrain built with -tags pipetrain_cuda (docs/gpu.md) runs cuda:N stages`,
 		"cuda:x":         `"cuda:x": write cuda:N with N a device index`,
 		"lookup-test:-1": `write lookup-test:N with N a device index`,
 		"tpu":            `unknown device "tpu" (known: cpu, cuda:N, lookup-test)`,

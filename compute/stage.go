@@ -92,3 +92,13 @@ type Stage interface {
 type Drawing interface {
 	TrainNext(step, microBatch int)
 }
+
+// OptimizerOnDevice is a Stage whose optimizer state lives on its device,
+// not in the optim.Optimizer's slots in host memory: the checkpointer asks
+// it to copy the state into the slots before writing them, and back after
+// filling them from a checkpoint.
+type OptimizerOnDevice interface {
+	Stage
+	StoreOptimizer(o *optim.Optimizer) error
+	LoadOptimizer(o *optim.Optimizer) error
+}

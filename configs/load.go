@@ -27,7 +27,8 @@ const envPrefix = "PIPETRAIN_"
 // tests, which CI runs with it set, and every pipetrain they start inherits it.
 // PIPETRAIN_BLAS_PROBE and PIPETRAIN_BLAS_CHOSEN pass internal/blas's
 // kernel choice to the child processes and the restarted process it makes.
-var nonConfigEnv = map[string]bool{"PIPETRAIN_BLAS": true, "PIPETRAIN_REQUIRE_ALL": true, "PIPETRAIN_BLAS_PROBE": true, "PIPETRAIN_BLAS_CHOSEN": true}
+// PIPETRAIN_CUBLAS names the cuBLAS library cuda:N stages load (docs/gpu.md).
+var nonConfigEnv = map[string]bool{"PIPETRAIN_BLAS": true, "PIPETRAIN_REQUIRE_ALL": true, "PIPETRAIN_BLAS_PROBE": true, "PIPETRAIN_BLAS_CHOSEN": true, "PIPETRAIN_CUBLAS": true}
 
 // secretKeys are keys whose values never appear in messages.
 var secretKeys = map[string]bool{"transport.token": true}

@@ -38,6 +38,11 @@ func (k *checkpointer) partTensors() ([]checkpoint.Tensor, map[string]string, er
 	for c, s := range k.chunks {
 		o := k.optims[c]
 		meta[optimStepsKey(c)] = strconv.FormatInt(o.Steps(), 10)
+		if d, ok := s.(compute.OptimizerOnDevice); ok {
+			if err := d.StoreOptimizer(o); err != nil {
+				return nil, nil, fmt.Errorf("chunk %d: %w", c, err)
+			}
+		}
 		for i, w := range s.Weights() {
 			ts = append(ts, denseTensor(w.Name, w.Value))
 			for _, slot := range o.SlotNames() {
@@ -293,6 +298,11 @@ func (k *checkpointer) load(path string) error {
 		}
 		if err := s.LoadWeights(ws); err != nil {
 			return fmt.Errorf("%s: chunk %d: %w", path, c, err)
+		}
+		if d, ok := s.(compute.OptimizerOnDevice); ok {
+			if err := d.LoadOptimizer(o); err != nil {
+				return fmt.Errorf("%s: chunk %d: %w", path, c, err)
+			}
 		}
 	}
 	return nil
