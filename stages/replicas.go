@@ -167,6 +167,12 @@ type replicaSync struct {
 	// gradients; gradsDone counts the micro-batches whose gradients are in.
 	shares    []any
 	gradsDone int
+
+	// sharded says each chunk's optimizer keeps this replica's shard of
+	// the state; weightBufs are then each chunk's two flat vectors of
+	// weights, used on alternate steps as the reducer's buffers are (zero.go).
+	sharded    bool
+	weightBufs [][2]any
 }
 
 // newReplicaSync joins the stage's replicas: over their ring, or in the
