@@ -92,15 +92,15 @@ type checkpointer struct {
 	chunks        []compute.Stage    // their weights, in host memory
 	optims        []*optim.Optimizer // one per engine
 	log           io.Writer
-	name          string         // the process's, for its messages
-	judge         *evalJudge     // its state and the step's metric go into each part; may be nil
+	name          string     // the process's, for its messages
+	judge         *evalJudge // its state and the step's metric go into each part; may be nil
 	// gather, set when the replicas shard the optimizer state, assembles
 	// the whole state on every replica (replicaSync.gatherState); state
 	// holds it while the part is written.
-	gather func(ctx context.Context, step int) (slotState, error)
-	state  slotState
-	commits       sync.WaitGroup // commits in progress
-	lastCommit    chan struct{}  // closed when the newest commit has ended
+	gather     func(ctx context.Context, step int) (slotState, error)
+	state      slotState
+	commits    sync.WaitGroup // commits in progress
+	lastCommit chan struct{}  // closed when the newest commit has ended
 }
 
 // retention is which committed checkpoints pruning keeps.
