@@ -3,10 +3,13 @@ package stages
 import (
 	"context"
 	"fmt"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/transport"
 )
@@ -177,4 +180,114 @@ func shardedStateShrinks(t *testing.T, sharded, whole [][]*Runtime) {
 			}
 		}
 	}
+}
+
+// TestShardedCheckpointResumes stops a sharded 2 × 2 run after 4 of 6
+// steps and resumes it: the run ends with the weights and losses of one
+// never stopped. The sharded run's checkpoint holds the whole optimizer
+// state, each element once, with the bits the unsharded run's holds, so an
+// unsharded run's checkpoint resumes sharded too. A checkpoint of 2
+// replicas is refused by a run of 3: data_parallel is a training setting
+// (it cuts the micro-batches and orders the sums), which pipetrain resume
+// names with both values.
+func TestShardedCheckpointResumes(t *testing.T) {
+	cfg := gridTestConfig("1f1b", plain("0-1", "2-3"), 2, 2, "adam")
+	cfg.AllReduce.ShardOptimizer = true
+	cfg.Train.Steps = 6
+	full := t.TempDir()
+	runGrid(t, cfg, full, false)
+
+	cfg.Checkpoint.Every, cfg.Checkpoint.Keep = 2, 3
+	cfg.Train.Steps = 4
+	sharded := t.TempDir()
+	runGrid(t, cfg, sharded, false)
+	cfg.AllReduce.ShardOptimizer = false
+	whole := t.TempDir()
+	runGrid(t, cfg, whole, false)
+	for s := range cfg.Stages {
+		part := func(dir string) string {
+			return filepath.Join(checkpoint.StepDir(CheckpointDir(dir), 4), checkpoint.PartFile(s))
+		}
+		a, _, err := checkpoint.Read(part(sharded))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _, err := checkpoint.Read(part(whole))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(a) != len(b) {
+			t.Fatalf("stage %d: the sharded part holds %d tensors, the unsharded %d", s, len(a), len(b))
+		}
+		if err := checkpoint.Diff(byName(a), byName(b)); err != nil {
+			t.Errorf("stage %d: the sharded and unsharded checkpoints differ: %v", s, err)
+		}
+	}
+
+	cfg.Train.Steps = 6
+	for _, c := range []struct {
+		name, dir string
+	}{{"sharded", sharded}, {"unsharded", whole}} {
+		cfg.AllReduce.ShardOptimizer = true
+		rts := runGrid(t, cfg, c.dir, true)
+		if got := rts[1][1].optims[0].Steps(); got != 6 {
+			t.Errorf("%s checkpoint: stage 1 replica 1's optimizer has taken %d steps, want 6", c.name, got)
+		}
+		sameWeights(t, full, c.dir)
+		sameLosses(t, full, c.dir)
+	}
+
+	three := gridTestConfig("1f1b", plain("0-1", "2-3"), 2, 3, "adam")
+	three.AllReduce.ShardOptimizer = true
+	three.Data.BatchSize = cfg.Data.BatchSize
+	three.Train.Steps = 6
+	msg := resumeError(t, three, sharded)
+	for _, want := range []string{"no usable checkpoint", "written by a run of another config"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("resuming 2 replicas' checkpoint with 3: %q lacks %q", msg, want)
+		}
+	}
+	// What pipetrain resume names before any stage starts.
+	changes := configs.DiffSettings(cfg.TrainingSettings(), three.TrainingSettings())
+	if len(changes) != 1 || changes[0].String() != "data_parallel: 2, now 3" {
+		t.Errorf("2 replicas against 3: the settings that changed are %v, want data_parallel alone", changes)
+	}
+}
+
+func byName(ts []checkpoint.Tensor) map[string]checkpoint.Tensor {
+	out := map[string]checkpoint.Tensor{}
+	for _, t := range ts {
+		out[t.Name] = t
+	}
+	return out
+}
+
+// resumeError is the error New or Run of stage 0 replica 0 of a pipeline
+// of two stages gives resuming c in dir.
+func resumeError(t *testing.T, c *configs.Config, dir string) string {
+	t.Helper()
+	l, err := NewReplicaLayout(c, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, err := NewReplicaLayout(c, 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := transport.Pipe(l.Reduce, l.Reduce, 2)
+	down, up := transport.Pipe(l.Down, next.Up, 2)
+	for _, x := range []transport.Link{a, b, down, up} {
+		defer x.Close()
+	}
+	rt, err := New(Options{Layout: l, Config: c, RunDir: dir, ReplicaPrev: b, ReplicaNext: a, Next: down, Train: synthetic(96, 8, 3, 1), Test: synthetic(30, 8, 3, 2), Resume: true})
+	if err != nil {
+		return err.Error()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := rt.Run(ctx); err != nil {
+		return err.Error()
+	}
+	t.Fatal("resumed")
+	return ""
 }
