@@ -362,6 +362,9 @@ func (r *Runtime) Run(ctx context.Context) error {
 	}
 	fmt.Fprintf(r.log, "%s: layers %s, %s schedule, %d micro-batches of %d, %d steps; %s\n",
 		r.name(), strings.Join(layers, " and "), r.cfg.Schedule, r.cfg.Data.MicroBatches, r.cfg.MicroBatchSize(), r.cfg.Train.Steps, blas.Describe(r.threads))
+	if line := r.replicas.shardLine(r.optims); line != "" {
+		fmt.Fprintf(r.log, "%s: %s\n", r.name(), line)
+	}
 	start := time.Now()
 	lastLog := start
 	var err error

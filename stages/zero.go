@@ -125,3 +125,17 @@ func (rs *replicaSync) gatherState(ctx context.Context, step int, optims []*opti
 	}
 	return out, nil
 }
+
+// shardLine says how much optimizer state this replica keeps against the
+// whole, for the stage's log ("" unsharded): what sharding saves, measured.
+func (rs *replicaSync) shardLine(optims []*optim.Optimizer) string {
+	if rs == nil || !rs.sharded {
+		return ""
+	}
+	var mine, whole int64
+	for c, o := range optims {
+		mine += o.StateBytes()
+		whole += int64(rs.layout.Plans[c].N*len(o.SlotNames())) * int64(dtypeSize(rs.layout.Model))
+	}
+	return fmt.Sprintf("optimizer state %d bytes, this replica's share of %d (all_reduce.shard_optimizer)", mine, whole)
+}
