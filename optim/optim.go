@@ -70,13 +70,21 @@ func NewNamed(o Spec, dt tensor.Dtype, names []string, shapes []tensor.Shape) (*
 	if err != nil {
 		return nil, err
 	}
-	opt := &Optimizer{cfg: o, dt: dt, shapes: shapes, lr: o.LR, decay: decay, slots: map[string][]*tensor.Dense{}}
-	for _, n := range opt.SlotNames() {
-		for _, s := range shapes {
-			opt.slots[n] = append(opt.slots[n], tensor.New(tensor.Of(dt), tensor.WithShape(s.Clone()...)))
+	return &Optimizer{cfg: o, dt: dt, shapes: shapes, lr: o.LR, decay: decay}, nil
+}
+
+// allocate makes the whole state's buffers on first use, unless Shard has
+// limited the state to a shard: a sharded optimizer never holds the whole.
+func (o *Optimizer) allocate() {
+	if o.slots != nil || o.shard != nil {
+		return
+	}
+	o.slots = map[string][]*tensor.Dense{}
+	for _, n := range o.SlotNames() {
+		for _, s := range o.shapes {
+			o.slots[n] = append(o.slots[n], tensor.New(tensor.Of(o.dt), tensor.WithShape(s.Clone()...)))
 		}
 	}
-	return opt, nil
 }
 
 // decays is the weight decay of each parameter, or nil where none has any.
@@ -130,6 +138,7 @@ func (o *Optimizer) Step(params, grads []*tensor.Dense) error {
 			return fmt.Errorf("optimizer: parameter %d has shape %v and gradient %v, want %v", i, params[i].Shape(), grads[i].Shape(), o.shapes[i])
 		}
 	}
+	o.allocate()
 	o.steps++
 	for i := range params {
 		switch p := params[i].Data().(type) {
@@ -281,6 +290,7 @@ func (o *Optimizer) Slot(name string, i int) (*tensor.Dense, error) {
 	if o.shard != nil {
 		return nil, fmt.Errorf("optimizer %s keeps a shard of its state: read it with ExportSlot", o.cfg.Name)
 	}
+	o.allocate()
 	s, ok := o.slots[name]
 	if !ok || i < 0 || i >= len(s) {
 		return nil, fmt.Errorf("optimizer %s has no slot %q for parameter %d", o.cfg.Name, name, i)

@@ -29,7 +29,7 @@ type piece struct{ lo, hi, at int }
 // in own: half-open ranges over every parameter's elements flattened in
 // order (as the replicas' all-reduce flattens the gradients), ascending and
 // disjoint. Step then still zeroes every gradient. It must come before the
-// first step: the state it drops is the unsharded one's.
+// first step. The whole state is never allocated then.
 func (o *Optimizer) Shard(own [][2]int) error {
 	if o.steps != 0 || o.shard != nil {
 		return fmt.Errorf("optimizer %s: sharded after %d steps (sharded before: %v)", o.cfg.Name, o.steps, o.shard != nil)
@@ -68,7 +68,7 @@ func (o *Optimizer) Shard(own [][2]int) error {
 			}
 		}
 	}
-	o.shard, o.slots = sh, map[string][]*tensor.Dense{}
+	o.shard, o.slots = sh, nil
 	return nil
 }
 
@@ -84,8 +84,12 @@ func (o *Optimizer) StateBytes() int64 {
 	}
 	var n int64
 	for _, name := range o.SlotNames() {
-		for i := range o.shapes {
-			switch v := o.slotData(name, i).(type) {
+		for i, s := range o.shapes {
+			if o.shard == nil {
+				n += int64(s.TotalSize())
+				continue
+			}
+			switch v := o.shard.state[name][i].(type) {
 			case []float32:
 				n += int64(len(v))
 			case []float64:
@@ -124,6 +128,7 @@ func (o *Optimizer) ImportSlot(name string, i int, src *tensor.Dense) error {
 }
 
 func (o *Optimizer) moveSlot(name string, i int, full *tensor.Dense, out bool) error {
+	o.allocate()
 	if _, err := o.slotCheck(name, i); err != nil {
 		return err
 	}

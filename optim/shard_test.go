@@ -3,6 +3,7 @@ package optim
 import (
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 
 	"gorgonia.org/tensor"
@@ -353,5 +354,66 @@ func TestShardRefusesBadRanges(t *testing.T) {
 	}
 	if got := o.StateBytes(); got != 2*10*4 {
 		t.Errorf("a shard of 10 float32 elements keeps %d bytes of Adam state, want 80", got)
+	}
+}
+
+// TestShardedStateMemory measures the heap an optimizer's state takes after
+// a step: a shard of 1/R of the elements takes 1/R of the whole state's
+// memory (Adam's two moments of 4M float32 elements: 32 MiB whole), as
+// StateBytes reports, and never allocates the whole state on the way.
+func TestShardedStateMemory(t *testing.T) {
+	const n = 4 << 20
+	shapes := []tensor.Shape{{n}}
+	params := []*tensor.Dense{tensor.New(tensor.Of(tensor.Float32), tensor.WithShape(n))}
+	grads := []*tensor.Dense{tensor.New(tensor.Of(tensor.Float32), tensor.WithShape(n))}
+	spec := shardSpecs[1] // adam
+	heap := func() int64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return int64(m.HeapAlloc)
+	}
+	grown := func(own [][2]int) (int64, int64, int64) {
+		before := heap()
+		o, err := New(spec, tensor.Float32, shapes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if own != nil {
+			if err := o.Shard(own); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var peak runtime.MemStats
+		if err := o.Step(params, grads); err != nil {
+			t.Fatal(err)
+		}
+		runtime.ReadMemStats(&peak) // before any collection: what was allocated
+		after := heap()
+		runtime.KeepAlive(o)
+		return after - before, int64(peak.TotalAlloc), o.StateBytes()
+	}
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	start := int64(m.TotalAlloc)
+	whole, total, reported := grown(nil)
+	allocated := total - start
+	const wholeBytes = 2 * 4 * n
+	if reported != wholeBytes || whole < wholeBytes*9/10 || whole > wholeBytes*11/10 {
+		t.Fatalf("the whole state: heap grew %d bytes, StateBytes %d; want %d", whole, reported, wholeBytes)
+	}
+	t.Logf("whole Adam state of %d float32 elements: heap +%d bytes (allocated %d)", n, whole, allocated)
+	for _, R := range []int{2, 4} {
+		runtime.ReadMemStats(&m)
+		start := int64(m.TotalAlloc)
+		got, total, reported := grown(cuts(n, 1<<20, R)[0])
+		t.Logf("1/%d shard: heap +%d bytes, allocated %d, StateBytes %d", R, got, total-start, reported)
+		want := int64(wholeBytes / R)
+		if reported != want || got < want*9/10 || got > want*11/10 {
+			t.Errorf("1/%d shard: heap grew %d bytes, StateBytes %d; want %d", R, got, reported, want)
+		}
+		if total-start > want*11/10 {
+			t.Errorf("1/%d shard: %d bytes allocated on the way to a state of %d: the whole state was made", R, total-start, want)
+		}
 	}
 }
