@@ -56,6 +56,17 @@ func AllReduce[T float32 | float64](ctx context.Context, r *Ring, step int64, ba
 	return phases(ctx, r, step, base, p, vals, 0, 2*(r.Size-1))
 }
 
+// ReduceScatter runs the reduce-scatter half of AllReduce, with its
+// messages: afterwards each rank's vals hold the whole sum of the chunks it
+// owns (Owned), folded as AllReduce folds them, and running sums elsewhere.
+// vals is sent from as AllReduce sends from it.
+func ReduceScatter[T float32 | float64](ctx context.Context, r *Ring, step int64, base int, p Plan, vals []T) error {
+	if err := r.check(p, len(vals)); err != nil {
+		return err
+	}
+	return phases(ctx, r, step, base, p, vals, 0, r.Size-1)
+}
+
 // AllGatherOwned passes round the chunks each rank owns (Owned): the
 // all-gather half of AllReduce, with its messages, so that afterwards every
 // rank's vals hold each owner's chunks. A rank that updated its own chunks

@@ -317,3 +317,50 @@ func TestAllGatherOwnedSharesEachOwnersChunks(t *testing.T) {
 		}
 	}
 }
+
+// TestReduceScatterThenGatherIsAllReduce: after ReduceScatter each rank's
+// owned chunks hold Sum's bits, and AllGatherOwned then leaves every rank
+// with the whole of Sum, as AllReduce does.
+func TestReduceScatterThenGatherIsAllReduce(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for ranks := 2; ranks <= 5; ranks++ {
+		for _, c := range []struct{ n, bucket int }{{1, 0}, {7, 3}, {1001, 97}} {
+			p, err := NewPlan(c.n, c.bucket, ranks)
+			if err != nil {
+				t.Fatal(err)
+			}
+			parts := randomParts(rng, ranks, c.n)
+			want := make([]float32, c.n)
+			if err := Sum(p, parts, want); err != nil {
+				t.Fatal(err)
+			}
+			rings := ringOf(ranks, transport.Float32, p.Shapes())
+			scattered := make([][]float32, ranks)
+			for r, err := range runAll(rings, func(x *Ring) error {
+				if err := ReduceScatter(context.Background(), x, 2, 0, p, parts[x.Rank]); err != nil {
+					return err
+				}
+				scattered[x.Rank] = append([]float32(nil), parts[x.Rank]...)
+				return AllGatherOwned(context.Background(), x, 2, 0, p, parts[x.Rank])
+			}) {
+				if err != nil {
+					t.Fatalf("R=%d n=%d: rank %d: %v", ranks, c.n, r, err)
+				}
+			}
+			for r := range ranks {
+				for _, o := range Owned(p, r) {
+					for i := o[0]; i < o[1]; i++ {
+						if math.Float32bits(scattered[r][i]) != math.Float32bits(want[i]) {
+							t.Fatalf("R=%d n=%d: rank %d's owned element %d after the reduce-scatter is %v, Sum %v", ranks, c.n, r, i, scattered[r][i], want[i])
+						}
+					}
+				}
+				for i := range want {
+					if math.Float32bits(parts[r][i]) != math.Float32bits(want[i]) {
+						t.Fatalf("R=%d n=%d: rank %d element %d after the all-gather is %v, Sum %v", ranks, c.n, r, i, parts[r][i], want[i])
+					}
+				}
+			}
+		}
+	}
+}
