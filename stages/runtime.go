@@ -571,7 +571,7 @@ func (r *Runtime) trainStep(ctx context.Context, step int) error {
 	if err := r.gatherLosses(ctx, step); err != nil {
 		return err
 	}
-	if err := r.checkGradients(step); err != nil {
+	if err := r.checkSummedGradients(ctx, step); err != nil {
 		return err
 	}
 	t0 := time.Now()

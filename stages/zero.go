@@ -1,8 +1,11 @@
 package stages
 
 import (
+	"cmp"
 	"context"
+	"encoding/binary"
 	"fmt"
+	"math"
 
 	"gorgonia.org/tensor"
 
@@ -12,16 +15,19 @@ import (
 )
 
 // Sharded optimizer state (all_reduce.shard_optimizer, ZeRO stage 1). The
-// gradients are all-reduced as without it, so the finiteness check, the
-// gradient norm and the tied weights' sums read whole sums, as they do
-// unsharded. Each replica then updates only the elements its ring's
-// reduce-scatter left it the whole sum of (collective.Owned), keeping
-// optimizer state for those alone, and the ring's all-gather half passes
-// the updated elements round (shareWeights). Every element's update is the
-// optimizer's elementwise arithmetic on the same sum, state and weight, so
-// the weights keep the unsharded run's bits, and the replicas' weight
-// digests still agree. A checkpoint gathers the shards into the whole
-// state (gatherState), so its part is the unsharded one's.
+// gradients are reduce-scattered with the ring's first half, so each
+// replica holds the whole sum of its own chunks (collective.Owned), folded
+// as the all-reduce folds it. Each replica updates only those elements,
+// keeping optimizer state for them alone, and the ring's all-gather half
+// passes the updated elements round (shareWeights). Every element's update
+// is the optimizer's elementwise arithmetic on the same sum, state and
+// weight, so the weights keep the unsharded run's bits, and the replicas'
+// weight digests still agree. The finiteness check reads each replica's
+// own sums and the replicas share their verdicts (checkSummedGradients).
+// Clipping by the global norm and tied weights read whole sums: with
+// either, the gradients are all-reduced whole as unsharded, and the
+// weights all-gathered besides. A checkpoint gathers the shards into the
+// whole state (gatherState), so its part is the unsharded one's.
 
 // shardOptimizers makes each chunk's optimizer keep the state of this
 // replica's share of the chunk's elements, when the config shards it.
@@ -30,11 +36,88 @@ func (rs *replicaSync) shardOptimizers(optims []*optim.Optimizer) error {
 		return nil
 	}
 	for c, o := range optims {
-		if err := o.Shard(collective.Owned(rs.layout.Plans[c], rs.replica)); err != nil {
+		own := collective.Owned(rs.layout.Plans[c], rs.replica)
+		if err := o.Shard(own); err != nil {
 			return fmt.Errorf("chunk %d: %w", c, err)
 		}
+		rs.owned = append(rs.owned, own)
 	}
 	rs.sharded = true
+	cfg := rs.layout.Config
+	rs.reducer.scatter = cfg.Train.ClipGradNorm == 0 && len(rs.layout.Model.Tied) == 0
+	return nil
+}
+
+// reduceChunk sums a chunk's gradients over the ring: all-reduced, or
+// reduce-scattered alone when a sharded optimizer needs only its own sums.
+func reduceChunk[T float32 | float64](ctx context.Context, rd *reducer, step int64, chunk int, v []T) error {
+	if rd.scatter {
+		return collective.ReduceScatter(ctx, rd.ring, step, rd.bases[chunk], rd.plans[chunk], v)
+	}
+	return collective.AllReduce(ctx, rd.ring, step, rd.bases[chunk], rd.plans[chunk], v)
+}
+
+// unflattenSums puts a finished reduction's sums in place of the chunk's
+// gradients. After a reduce-scatter only this replica's own chunks are
+// sums: the rest are running sums no one may read, and are zeroed (the
+// optimizer step zeroes them anyway).
+func (rs *replicaSync) unflattenSums(j *reduction, grads []*tensor.Dense) {
+	if !rs.reducer.scatter {
+		unflatten(j.flat, grads)
+		return
+	}
+	switch v := j.flat.(type) {
+	case []float32:
+		keepOwned(v, rs.owned[j.chunk], grads)
+	case []float64:
+		keepOwned(v, rs.owned[j.chunk], grads)
+	}
+}
+
+func keepOwned[T float32 | float64](flat []T, own [][2]int, grads []*tensor.Dense) {
+	off := 0
+	for _, g := range grads {
+		d := g.Data().([]T)
+		clear(d)
+		for _, o := range own {
+			if lo, hi := max(o[0], off), min(o[1], off+len(d)); lo < hi {
+				copy(d[lo-off:hi-off], flat[lo:hi])
+			}
+		}
+		off += len(d)
+	}
+}
+
+// verdictBytes is a replica's verdict on its summed gradients: a flag, and
+// the value found.
+const verdictBytes = 16
+
+// checkSummedGradients runs the finiteness check on the step's summed
+// gradients. After a reduce-scatter each replica checks its own sums, and
+// the replicas share their verdicts, so that all of them stop at the step
+// a NaN or an infinity reached any share of.
+func (r *Runtime) checkSummedGradients(ctx context.Context, step int) error {
+	err := r.checkGradients(step)
+	rs := r.replicas
+	if rs == nil || rs.reducer == nil || !rs.reducer.scatter {
+		return err
+	}
+	mine := make([]byte, verdictBytes)
+	if nf := asNonFinite(err); nf != nil {
+		mine[0] = 1
+		binary.LittleEndian.PutUint64(mine[8:], math.Float64bits(nf.value))
+	} else if err != nil {
+		return err
+	}
+	all, gerr := rs.gather(ctx, int64(step), finiteTag, mine)
+	if err != nil || gerr != nil {
+		return cmp.Or(err, fmt.Errorf("sharing the replicas' verdicts on their gradients: %w", gerr))
+	}
+	for k, v := range all {
+		if v[0] == 1 {
+			return &nonFiniteError{what: fmt.Sprintf("a gradient in replica %d's share", k), value: math.Float64frombits(binary.LittleEndian.Uint64(v[8:])), step: step + 1, stage: r.name()}
+		}
+	}
 	return nil
 }
 

@@ -2,7 +2,9 @@ package stages
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -143,7 +145,65 @@ func TestShardedOptimizerEqualsReference(t *testing.T) {
 					cfg.AllReduce.ShardOptimizer = false
 					whole := runGrid(t, cfg, t.TempDir(), false)
 					shardedStateShrinks(t, sharded, whole)
+					scatteredTraffic(t, sharded, whole)
 				})
+			}
+		}
+	}
+}
+
+// TestShardedOptimizerWithClippingEqualsReference: clipping by the global
+// norm reads every stage's whole summed gradient, so a sharded run that
+// clips all-reduces the gradients whole, then all-gathers the weights
+// besides; it too equals the reference bit for bit, at 2 × 2 and 1 × 3.
+func TestShardedOptimizerWithClippingEqualsReference(t *testing.T) {
+	for _, g := range []struct {
+		layers   [][]string
+		replicas int
+	}{{plain("0-1", "2-3"), 2}, {plain("0-3"), 3}} {
+		cfg := gridTestConfig("zb-h1", g.layers, 2, g.replicas, "adamw")
+		cfg.Train.ClipGradNorm = 0.05
+		ref := runInProcess(t, cfg, true)
+		cfg.AllReduce.ShardOptimizer = true
+		dir := t.TempDir()
+		sharded := runGrid(t, cfg, dir, false)
+		sameMLPRun(t, cfg, ref, dir)
+		if sharded[0][0].replicas.reducer.scatter {
+			t.Errorf("%d x %d: a run that clips its gradients reduce-scatters them alone", len(g.layers), g.replicas)
+		}
+		ms := readMetricsOf(t, dir)
+		if ms[0].GradNorm == nil || *ms[0].GradNorm <= cfg.Train.ClipGradNorm {
+			t.Fatalf("%d x %d: the first step's gradient norm %v is not clipped to %v: the test clips nothing", len(g.layers), g.replicas, ms[0].GradNorm, cfg.Train.ClipGradNorm)
+		}
+	}
+}
+
+func readMetricsOf(t *testing.T, dir string) []Metric {
+	t.Helper()
+	ms, err := ReadMetrics(filepath.Join(dir, "metrics.jsonl"))
+	if err != nil || len(ms) == 0 {
+		t.Fatalf("%s: %d metrics (%v)", dir, len(ms), err)
+	}
+	return ms
+}
+
+// scatteredTraffic requires a sharded run that neither clips nor ties
+// weights to reduce-scatter its gradients alone: each replica's ring then
+// carries the payload the unsharded all-reduce carries, byte for byte (the
+// gradients' reduce-scatter and the weights' all-gather are its two
+// halves; Ring.Sent leaves out control messages such as the verdicts).
+func scatteredTraffic(t *testing.T, sharded, whole [][]*Runtime) {
+	t.Helper()
+	for i := range sharded {
+		R := len(sharded[i])
+		for r := range R {
+			rs := sharded[i][r].replicas
+			if !rs.reducer.scatter {
+				t.Fatalf("stage %d replica %d: the gradients are all-reduced whole", i, r)
+			}
+			got, want := rs.ring.Sent, whole[i][r].replicas.ring.Sent
+			if got != want || got == 0 {
+				t.Errorf("stage %d replica %d sent %d bytes on its ring sharded, %d unsharded", i, r, got, want)
 			}
 		}
 	}
@@ -290,4 +350,86 @@ func resumeError(t *testing.T, c *configs.Config, dir string) string {
 	}
 	t.Fatal("resumed")
 	return ""
+}
+
+// TestShardedNonFiniteGradientStopsEveryReplica: after a reduce-scatter
+// each replica checks only its own sums, so a NaN in replica 1's share is
+// found there alone; the replicas share their verdicts, and both stop at
+// the step with ErrNonFinite, replica 1 naming the parameter and replica 0
+// naming replica 1.
+func TestShardedNonFiniteGradientStopsEveryReplica(t *testing.T) {
+	cfg := gridTestConfig("1f1b", plain("0-3"), 2, 2, "adam")
+	cfg.AllReduce.ShardOptimizer = true
+	cfg.Train.Steps, cfg.Train.Evaluate = 1, false // a step, so that the gradients exist
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	var rts [2]*Runtime
+	var ls [2]*Layout
+	for r := range ls {
+		l, err := NewReplicaLayout(cfg, 0, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls[r] = l
+	}
+	a, b := transport.Pipe(ls[0].Reduce, ls[1].Reduce, 4)
+	c, d := transport.Pipe(ls[1].Reduce, ls[0].Reduce, 4)
+	for _, x := range []transport.Link{a, b, c, d} {
+		defer x.Close()
+	}
+	ends := [2][2]transport.Link{{d, a}, {b, c}} // [prev, next]
+	for r := range rts {
+		rt, err := New(Options{Layout: ls[r], Config: cfg, RunDir: t.TempDir(), ReplicaPrev: ends[r][0], ReplicaNext: ends[r][1],
+			Train: synthetic(96, 8, 3, 1), Test: synthetic(30, 8, 3, 2)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !rt.replicas.reducer.scatter {
+			t.Fatal("an MLP that does not clip all-reduces its gradients whole")
+		}
+		rts[r] = rt
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var errs [2]error
+	var wg sync.WaitGroup
+	for r, rt := range rts {
+		wg.Go(func() { errs[r] = rt.Run(ctx) })
+	}
+	wg.Wait()
+	if errs[0] != nil || errs[1] != nil {
+		t.Fatalf("a step: %v, %v", errs[0], errs[1])
+	}
+	// The first element replica 1 owns, in its parameter.
+	first := rts[1].replicas.owned[0][0][0]
+	ws, grads, err := stepGrads(rts[1].chunks[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := ""
+	for i, g := range grads {
+		if n := g.Shape().TotalSize(); first < n {
+			g.Data().([]float64)[first] = math.NaN()
+			name = ws[i].Name
+			break
+		} else {
+			first -= n
+		}
+	}
+	if err := rts[1].chunks[0].LoadGradients(ws); err != nil {
+		t.Fatal(err)
+	}
+	for r, rt := range rts {
+		wg.Go(func() { errs[r] = rt.checkSummedGradients(ctx, 2) })
+	}
+	wg.Wait()
+	for r, want := range []string{
+		"a gradient in replica 1's share became NaN at step 3 (stage 0 replica 0)",
+		"gradient of " + name + " became NaN at step 3 (stage 0 replica 1)",
+	} {
+		if !errors.Is(errs[r], ErrNonFinite) || errs[r].Error() != want {
+			t.Errorf("replica %d: %v; want %q", r, errs[r], want)
+		}
+	}
 }
