@@ -31,7 +31,7 @@ func runZero(o *options, b *bytes.Buffer) error {
 		{"1 × 4", []string{"0-7"}, 4},
 	}
 	fmt.Fprintf(b, "`%s` (Adam: two moments per weight) laid out as stages × replicas. The optimizer state is each process's largest stage's: the bytes its optimizers report (optim's StateBytes) and the growth of the Go heap when they are built and take a step, measured in this process; with `all_reduce.shard_optimizer` each replica keeps the moments of the elements its ring's reduce-scatter leaves it, 1/R of each bucket. ", base)
-	fmt.Fprintf(b, "samples/s are of `pipetrain launch`, %d steps, one BLAS thread per process, the same run alternating sharded and unsharded; sharding adds an all-gather of the updated weights to each step (half an all-reduce's traffic) and saves the optimizer work of the other R−1 shares.\n\n", o.pipeSteps)
+	fmt.Fprintf(b, "samples/s are of `pipetrain launch`, %d steps, one BLAS thread per process, the same run alternating sharded and unsharded; sharded, the gradients are reduce-scattered and the updated weights all-gathered (the same bytes as the all-reduce; no clipping or tied weights here), each replica does 1/R of the optimizer's work, and the all-gather runs after the optimizer step, where the unsharded all-reduce's second half overlapped the backward.\n\n", o.pipeSteps)
 	fmt.Fprintf(b, "| grid | optimizer state per replica, unsharded | sharded | sharded / unsharded | heap, unsharded | heap, sharded | samples/s unsharded | samples/s sharded | sharded / unsharded |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, g := range grids {
 		rc := runConfig{base: base, steps: o.pipeSteps, layers: g.layers, replicas: g.replicas, micro: 4,
