@@ -117,9 +117,10 @@ func runGrid(t *testing.T, c *configs.Config, dir string, resume bool) [][]*Runt
 // zb-h1 with AdamW (weight decay on the weights alone, a warmup and cosine
 // schedule) and with SGD with momentum, each replica keeping the optimizer
 // state of its share of every stage's elements: the losses, evaluation and
-// weights must equal the one-process reference's bit for bit, the replicas
-// must pass the weight digest check after every step, and each replica's
-// optimizer state must be 1/R of the unsharded run's.
+// weights must equal the one-process reference's and the unsharded run's
+// bit for bit, the replicas must pass the weight digest check after every
+// step, each replica's optimizer state must be 1/R of the unsharded run's,
+// and its ring must carry the unsharded run's bytes.
 func TestShardedOptimizerEqualsReference(t *testing.T) {
 	grids := []struct {
 		layers   [][]string
@@ -143,7 +144,9 @@ func TestShardedOptimizerEqualsReference(t *testing.T) {
 					sharded := runGrid(t, cfg, dir, false)
 					sameMLPRun(t, cfg, ref, dir)
 					cfg.AllReduce.ShardOptimizer = false
-					whole := runGrid(t, cfg, t.TempDir(), false)
+					wholeDir := t.TempDir()
+					whole := runGrid(t, cfg, wholeDir, false)
+					sameMLPRun(t, cfg, wholeDir, dir)
 					shardedStateShrinks(t, sharded, whole)
 					scatteredTraffic(t, sharded, whole)
 				})
