@@ -172,11 +172,9 @@ type replicaSync struct {
 	gradsDone int
 
 	// sharded says each chunk's optimizer keeps this replica's shard of
-	// the state; weightBufs are then each chunk's two flat vectors of
-	// weights, used on alternate steps as the reducer's buffers are (zero.go).
-	sharded    bool
-	weightBufs [][2]any
-	owned      [][][2]int // per chunk, the elements this replica updates
+	// the state (zero.go).
+	sharded bool
+	owned   [][][2]int // per chunk, the elements this replica updates
 }
 
 // newReplicaSync joins the stage's replicas: over their ring, or in the

@@ -93,13 +93,15 @@ func keepOwned[T float32 | float64](flat []T, own [][2]int, grads []*tensor.Dens
 const verdictBytes = 16
 
 // checkSummedGradients runs the finiteness check on the step's summed
-// gradients. After a reduce-scatter each replica checks its own sums, and
-// the replicas share their verdicts, so that all of them stop at the step
-// a NaN or an infinity reached any share of.
+// gradients. With a sharded optimizer the replicas then share their
+// verdicts: after a reduce-scatter each has checked its own sums only, and
+// all of them must stop at the step a NaN or an infinity reached any
+// share of. The round also frees the step's gradient buffers for the
+// weights' all-gather (shareWeights), so it runs after an all-reduce too.
 func (r *Runtime) checkSummedGradients(ctx context.Context, step int) error {
 	err := r.checkGradients(step)
 	rs := r.replicas
-	if rs == nil || rs.reducer == nil || !rs.reducer.scatter {
+	if rs == nil || !rs.sharded {
 		return err
 	}
 	mine := make([]byte, verdictBytes)
@@ -127,14 +129,15 @@ func (rs *replicaSync) shareWeights(ctx context.Context, step int) error {
 	if rs == nil || !rs.sharded {
 		return nil
 	}
-	if rs.weightBufs == nil {
-		rs.weightBufs = make([][2]any, len(rs.chunks))
-	}
 	for c, chunk := range rs.chunks {
 		ws := chunk.Weights()
 		vals := weightValues(ws)
-		// Alternate buffers: the ring may still be sending the last step's.
-		buf := &rs.weightBufs[c][step%2]
+		// The weights travel in the step's gradient buffer, which no
+		// message still reads: the verdicts' round after the reductions
+		// (checkSummedGradients) has shown that the next replica took every
+		// message of them. It is the next step's other buffer, so the
+		// gathered weights may be sent from it until the step after.
+		buf := &rs.reducer.buffers[c][step%2]
 		*buf = flatten(vals, *buf)
 		if err := rs.gatherOwned(ctx, int64(step), c, *buf); err != nil {
 			return fmt.Errorf("sharing chunk %d's updated weights: %w", c, err)
