@@ -50,12 +50,61 @@ func (r *Ring) name(rank int) string {
 // running sum is complete, and is overwritten by the all-gather only after
 // the rank it went to has used it, which the gathered sum depends on.
 func AllReduce[T float32 | float64](ctx context.Context, r *Ring, step int64, base int, p Plan, vals []T) error {
-	if len(vals) != p.N {
-		return fmt.Errorf("all-reduce of %d elements with a plan for %d", len(vals), p.N)
+	if err := r.check(p, len(vals)); err != nil {
+		return err
+	}
+	return phases(ctx, r, step, base, p, vals, 0, 2*(r.Size-1))
+}
+
+// ReduceScatter runs the reduce-scatter half of AllReduce, with its
+// messages: afterwards each rank's vals hold the whole sum of the chunks it
+// owns (Owned), folded as AllReduce folds them, and running sums elsewhere.
+// vals is sent from as AllReduce sends from it.
+func ReduceScatter[T float32 | float64](ctx context.Context, r *Ring, step int64, base int, p Plan, vals []T) error {
+	if err := r.check(p, len(vals)); err != nil {
+		return err
+	}
+	return phases(ctx, r, step, base, p, vals, 0, r.Size-1)
+}
+
+// AllGatherOwned passes round the chunks each rank owns (Owned): the
+// all-gather half of AllReduce, with its messages, so that afterwards every
+// rank's vals hold each owner's chunks. A rank that updated its own chunks
+// from a reduce-scattered sum (a sharded optimizer) shares them this way.
+// vals is sent from as AllReduce sends from it. Under a compressed wire
+// dtype the chunks would arrive rounded: callers gather at full precision.
+func AllGatherOwned[T float32 | float64](ctx context.Context, r *Ring, step int64, base int, p Plan, vals []T) error {
+	if err := r.check(p, len(vals)); err != nil {
+		return err
+	}
+	return phases(ctx, r, step, base, p, vals, r.Size-1, 2*(r.Size-1))
+}
+
+// Owned is the element ranges rank holds the whole sum of after the
+// reduce-scatter half of a ring all-reduce with plan p: chunk rank+1 of
+// each bucket, in ascending order.
+func Owned(p Plan, rank int) [][2]int {
+	out := make([][2]int, 0, len(p.Buckets))
+	for b := range p.Buckets {
+		lo, hi := p.Chunk(b, (rank+1)%p.Ranks)
+		out = append(out, [2]int{lo, hi})
+	}
+	return out
+}
+
+func (r *Ring) check(p Plan, n int) error {
+	if n != p.N {
+		return fmt.Errorf("all-reduce of %d elements with a plan for %d", n, p.N)
 	}
 	if p.Ranks != r.Size {
 		return fmt.Errorf("all-reduce among %d ranks with a plan for %d", r.Size, p.Ranks)
 	}
+	return nil
+}
+
+// phases runs phases [from, to) of each bucket's ring (the reduce-scatter's
+// are 0 to R-2, the all-gather's R-1 to 2R-3) over vals.
+func phases[T float32 | float64](ctx context.Context, r *Ring, step int64, base int, p Plan, vals []T, from, to int) error {
 	if r.Size == 1 {
 		return nil
 	}
@@ -63,22 +112,22 @@ func AllReduce[T float32 | float64](ctx context.Context, r *Ring, step int64, ba
 	// first, so one bucket's messages cross the link while the other's are
 	// summed. Every rank runs the same order, so messages arrive in the
 	// order they are awaited; two in flight never fill a link's queue.
-	P := 2 * (r.Size - 1) // phases per bucket
-	lag := (P + 1) / 2    // steps between the starts of successive buckets
+	P := to - from     // phases per bucket
+	lag := (P + 1) / 2 // steps between the starts of successive buckets
 	B := len(p.Buckets)
 	last := (B-1)*lag + P
 	for k := 0; k < last; k++ {
 		lo, hi := max(0, (k-P+lag)/lag), min(B-1, k/lag)
 		for b := lo; b <= hi; b++ {
 			if t := k - b*lag; t >= 0 && t < P {
-				if err := sendPhase(ctx, r, step, base, p, b, t, vals); err != nil {
+				if err := sendPhase(ctx, r, step, base, p, b, from+t, vals); err != nil {
 					return err
 				}
 			}
 		}
 		for b := lo; b <= hi; b++ {
 			if t := k - b*lag; t >= 0 && t < P {
-				if err := recvPhase(ctx, r, step, base, p, b, t, vals); err != nil {
+				if err := recvPhase(ctx, r, step, base, p, b, from+t, vals); err != nil {
 					return err
 				}
 			}

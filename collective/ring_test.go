@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -253,6 +254,113 @@ func TestBucketElemsHoldsWholeElements(t *testing.T) {
 	} {
 		if got := BucketElems(c.bytes, c.size); got != c.want {
 			t.Errorf("BucketElems(%d, %d) = %d, want %d", c.bytes, c.size, got, c.want)
+		}
+	}
+}
+
+// TestAllGatherOwnedSharesEachOwnersChunks: after an all-reduce, each rank
+// overwrites the chunks it owns (as a sharded optimizer updates them) and
+// AllGatherOwned, on the same ring in the same step, hands every rank each
+// owner's values; the owned ranges of the ranks cover the vector once.
+func TestAllGatherOwnedSharesEachOwnersChunks(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for ranks := 2; ranks <= 5; ranks++ {
+		for _, c := range []struct{ n, bucket int }{{1, 0}, {7, 3}, {1001, 97}} {
+			p, err := NewPlan(c.n, c.bucket, ranks)
+			if err != nil {
+				t.Fatal(err)
+			}
+			owner := make([]int, c.n)
+			for i := range owner {
+				owner[i] = -1
+			}
+			for r := range ranks {
+				for _, o := range Owned(p, r) {
+					for i := o[0]; i < o[1]; i++ {
+						if owner[i] >= 0 {
+							t.Fatalf("R=%d n=%d: element %d owned by ranks %d and %d", ranks, c.n, i, owner[i], r)
+						}
+						owner[i] = r
+					}
+				}
+			}
+			if i := slices.Index(owner, -1); i >= 0 {
+				t.Fatalf("R=%d n=%d: element %d owned by no rank", ranks, c.n, i)
+			}
+			grads := randomParts(rng, ranks, c.n)
+			updated := randomParts(rng, ranks, c.n)
+			weights := make([][]float32, ranks)
+			for r := range weights {
+				weights[r] = make([]float32, c.n)
+			}
+			rings := ringOf(ranks, transport.Float32, p.Shapes())
+			for r, err := range runAll(rings, func(x *Ring) error {
+				if err := AllReduce(context.Background(), x, 9, 0, p, grads[x.Rank]); err != nil {
+					return err
+				}
+				for _, o := range Owned(p, x.Rank) {
+					copy(weights[x.Rank][o[0]:o[1]], updated[x.Rank][o[0]:o[1]])
+				}
+				return AllGatherOwned(context.Background(), x, 9, 0, p, weights[x.Rank])
+			}) {
+				if err != nil {
+					t.Fatalf("R=%d n=%d: rank %d: %v", ranks, c.n, r, err)
+				}
+			}
+			for r := range weights {
+				for i, w := range weights[r] {
+					if want := updated[owner[i]][i]; math.Float32bits(w) != math.Float32bits(want) {
+						t.Fatalf("R=%d n=%d: rank %d element %d is %v, its owner %d's %v", ranks, c.n, r, i, w, owner[i], want)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestReduceScatterThenGatherIsAllReduce: after ReduceScatter each rank's
+// owned chunks hold Sum's bits, and AllGatherOwned then leaves every rank
+// with the whole of Sum, as AllReduce does.
+func TestReduceScatterThenGatherIsAllReduce(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for ranks := 2; ranks <= 5; ranks++ {
+		for _, c := range []struct{ n, bucket int }{{1, 0}, {7, 3}, {1001, 97}} {
+			p, err := NewPlan(c.n, c.bucket, ranks)
+			if err != nil {
+				t.Fatal(err)
+			}
+			parts := randomParts(rng, ranks, c.n)
+			want := make([]float32, c.n)
+			if err := Sum(p, parts, want); err != nil {
+				t.Fatal(err)
+			}
+			rings := ringOf(ranks, transport.Float32, p.Shapes())
+			scattered := make([][]float32, ranks)
+			for r, err := range runAll(rings, func(x *Ring) error {
+				if err := ReduceScatter(context.Background(), x, 2, 0, p, parts[x.Rank]); err != nil {
+					return err
+				}
+				scattered[x.Rank] = append([]float32(nil), parts[x.Rank]...)
+				return AllGatherOwned(context.Background(), x, 2, 0, p, parts[x.Rank])
+			}) {
+				if err != nil {
+					t.Fatalf("R=%d n=%d: rank %d: %v", ranks, c.n, r, err)
+				}
+			}
+			for r := range ranks {
+				for _, o := range Owned(p, r) {
+					for i := o[0]; i < o[1]; i++ {
+						if math.Float32bits(scattered[r][i]) != math.Float32bits(want[i]) {
+							t.Fatalf("R=%d n=%d: rank %d's owned element %d after the reduce-scatter is %v, Sum %v", ranks, c.n, r, i, scattered[r][i], want[i])
+						}
+					}
+				}
+				for i := range want {
+					if math.Float32bits(parts[r][i]) != math.Float32bits(want[i]) {
+						t.Fatalf("R=%d n=%d: rank %d element %d after the all-gather is %v, Sum %v", ranks, c.n, r, i, parts[r][i], want[i])
+					}
+				}
+			}
 		}
 	}
 }

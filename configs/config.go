@@ -202,6 +202,11 @@ type AllReduce struct {
 	// CheckEvery compares a digest of every replica's weights every so many
 	// steps, stopping the run if they differ (0: never).
 	CheckEvery int `mapstructure:"check_every" json:"check_every"`
+	// ShardOptimizer makes each replica keep the optimizer state of, and
+	// update, only the elements it holds the whole sum of after the
+	// reduce-scatter, then share the updated weights (ZeRO stage 1). The
+	// bits are the unsharded run's, so it is no training setting.
+	ShardOptimizer bool `mapstructure:"shard_optimizer" json:"shard_optimizer,omitempty"`
 }
 
 // Stage places contiguous ranges of layers on one process: one range, or with
@@ -285,6 +290,7 @@ var defaults = map[string]any{
 	"data_parallel":              1,
 	"all_reduce.bucket_bytes":    DefaultBucketBytes,
 	"all_reduce.check_every":     10,
+	"all_reduce.shard_optimizer": false,
 	"compute.blas_threads":       0,
 	"compute.blas_kernels":       "auto",
 	"transport.connect_timeout":  "30s",

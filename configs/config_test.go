@@ -112,6 +112,8 @@ func TestValidationRules(t *testing.T) {
 			[]string{"stages[0].recompute: full recomputation is added to a named schedule; a custom schedule recomputes where its own RF actions say"}},
 		{"selective without attention", "address: 127.0.0.1:7001}", "address: 127.0.0.1:7001, recompute: selective}", []string{"stages[0].recompute: selective recomputes attention's probabilities, and none of this stage's layers has attention"}},
 		{"unknown dtype", "name: mlp,", "name: mlp, dtype: float16,", []string{"model.dtype:", `unknown dtype "float16" (known: float32, float64)`}},
+		{"sharded optimizer under compression", "schedule: gpipe", "schedule: gpipe\ntransport: {compression: bf16}\nall_reduce: {shard_optimizer: true}",
+			[]string{"all_reduce.shard_optimizer: shares the updated weights over the replicas' ring, which transport.compression bf16 would round"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -103,6 +103,13 @@ func TestTrainingDigestCoversReplicas(t *testing.T) {
 	if c.TrainingDigest() != base.TrainingDigest() {
 		t.Error("all_reduce.check_every changed the training digest")
 	}
+	// A sharded optimizer computes the unsharded one's bits, and its
+	// checkpoints hold the whole state: either resumes the other's.
+	c = clone(base)
+	c.AllReduce.ShardOptimizer = true
+	if c.TrainingDigest() != base.TrainingDigest() {
+		t.Error("all_reduce.shard_optimizer changed the training digest")
+	}
 	plain, err := Load("fmnist-mlp-4stage.yaml")
 	if err != nil {
 		t.Fatal(err)

@@ -101,6 +101,11 @@ func (c *Config) validateReplicas(p *Problems) {
 	if c.AllReduce.CheckEvery < 0 {
 		p.add("all_reduce.check_every", "must be 0 (never) or a number of steps, got %d", c.AllReduce.CheckEvery)
 	}
+	if comp := c.Transport.Compression; c.AllReduce.ShardOptimizer && comp != "" && comp != compressions[0] {
+		// The updated weights cross the replicas' ring, whose wire would
+		// round them to 16 bits.
+		p.add("all_reduce.shard_optimizer", "shares the updated weights over the replicas' ring, which transport.compression %s would round; use one or the other", comp)
+	}
 	r := c.Replicas()
 	for i, s := range c.Stages {
 		field := fmt.Sprintf("stages[%d]", i)

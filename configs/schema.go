@@ -219,9 +219,10 @@ var keyDocs = map[string]string{
 	"stages[i].metrics_address": "host:port where the stage serves its Prometheus metrics (http://ADDRESS/metrics) while it trains.",
 	"stages[i].recompute":       "Activation recomputation: none keeps every activation until the backward; full keeps only each micro-batch's input and runs the forward again (RF) right before the backward; selective keeps all but attention's probabilities, which attention's backward computes again (GPT and Llama blocks).",
 
-	"all_reduce":              "How the replicas of a stage sum their gradients.",
-	"all_reduce.bucket_bytes": "Gradients are summed in buckets of at most this many bytes, one after another (0: the default). The cut decides the order of the sums, so it is a training setting.",
-	"all_reduce.check_every":  "Compare a digest of every replica's weights every so many steps, stopping the run if they differ (0: never).",
+	"all_reduce":                 "How the replicas of a stage sum their gradients.",
+	"all_reduce.bucket_bytes":    "Gradients are summed in buckets of at most this many bytes, one after another (0: the default). The cut decides the order of the sums, so it is a training setting.",
+	"all_reduce.check_every":     "Compare a digest of every replica's weights every so many steps, stopping the run if they differ (0: never).",
+	"all_reduce.shard_optimizer": "Each replica keeps the optimizer state of, and updates, only its share of the stage's weights, then the replicas pass the updated weights round (ZeRO stage 1): optimizer memory falls to 1/data_parallel, the bits stay the unsharded run's.",
 
 	"checkpoint":                 "How often each stage saves its weights and optimizer state.",
 	"checkpoint.every":           "Steps between checkpoints (0: none).",

@@ -34,6 +34,9 @@ type Optimizer struct {
 	// workers is how many goroutines share a large parameter's update
 	// (SetWorkers); 0 or 1: the calling goroutine alone.
 	workers int
+	// shard, when set (Shard), limits the state and the update to some
+	// elements of the parameters; slots is then empty.
+	shard *shard
 }
 
 // SetWorkers lets Step cut each parameter of at least parallelMin elements
@@ -67,13 +70,21 @@ func NewNamed(o Spec, dt tensor.Dtype, names []string, shapes []tensor.Shape) (*
 	if err != nil {
 		return nil, err
 	}
-	opt := &Optimizer{cfg: o, dt: dt, shapes: shapes, lr: o.LR, decay: decay, slots: map[string][]*tensor.Dense{}}
-	for _, n := range opt.SlotNames() {
-		for _, s := range shapes {
-			opt.slots[n] = append(opt.slots[n], tensor.New(tensor.Of(dt), tensor.WithShape(s.Clone()...)))
+	return &Optimizer{cfg: o, dt: dt, shapes: shapes, lr: o.LR, decay: decay}, nil
+}
+
+// allocate makes the whole state's buffers on first use, unless Shard has
+// limited the state to a shard: a sharded optimizer never holds the whole.
+func (o *Optimizer) allocate() {
+	if o.slots != nil || o.shard != nil {
+		return
+	}
+	o.slots = map[string][]*tensor.Dense{}
+	for _, n := range o.SlotNames() {
+		for _, s := range o.shapes {
+			o.slots[n] = append(o.slots[n], tensor.New(tensor.Of(o.dt), tensor.WithShape(s.Clone()...)))
 		}
 	}
-	return opt, nil
 }
 
 // decays is the weight decay of each parameter, or nil where none has any.
@@ -127,21 +138,44 @@ func (o *Optimizer) Step(params, grads []*tensor.Dense) error {
 			return fmt.Errorf("optimizer: parameter %d has shape %v and gradient %v, want %v", i, params[i].Shape(), grads[i].Shape(), o.shapes[i])
 		}
 	}
+	o.allocate()
 	o.steps++
 	for i := range params {
 		switch p := params[i].Data().(type) {
 		case []float32:
-			o.shared(len(p), func(lo, hi int) { update(o, i, p, grads[i].Data().([]float32), lo, hi) })
+			g := grads[i].Data().([]float32)
+			o.ranges(i, len(p), func(lo, hi, at int) { update(o, i, p, g, lo, hi, at) })
+			zeroUnowned(o, i, g)
 		case []float64:
-			o.shared(len(p), func(lo, hi int) { update(o, i, p, grads[i].Data().([]float64), lo, hi) })
+			g := grads[i].Data().([]float64)
+			o.ranges(i, len(p), func(lo, hi, at int) { update(o, i, p, g, lo, hi, at) })
+			zeroUnowned(o, i, g)
 		}
 	}
 	return nil
 }
 
-// shared runs f over [0, n) in o.workers contiguous ranges at once, or
-// whole on the caller's goroutine.
-func (o *Optimizer) shared(n int, f func(lo, hi int)) { parallel.Ranges(n, o.workers, parallelMin, f) }
+// ranges runs f over the elements of parameter i (of n) that the optimizer
+// updates, each range [lo, hi) with its state at [at, at+hi-lo), cut among
+// o.workers goroutines at once, or whole on the caller's goroutine.
+func (o *Optimizer) ranges(i, n int, f func(lo, hi, at int)) {
+	if o.shard == nil {
+		parallel.Ranges(n, o.workers, parallelMin, func(lo, hi int) { f(lo, hi, lo) })
+		return
+	}
+	for _, pc := range o.shard.pieces[i] {
+		parallel.Ranges(pc.hi-pc.lo, o.workers, parallelMin, func(a, b int) { f(pc.lo+a, pc.lo+b, pc.at+a) })
+	}
+}
+
+// slotData is the state of slot name for parameter i: the whole buffer, or
+// a shard's owned elements packed in order.
+func (o *Optimizer) slotData(name string, i int) any {
+	if o.shard != nil {
+		return o.shard.state[name][i]
+	}
+	return o.slots[name][i].Data()
+}
 
 // adamScales are the step's bias-corrected step size and the epsilon scaled to
 // match: lr*sqrt(1-b2^t)/(1-b1^t) and eps*sqrt(1-b2^t), as in Kingma and Ba's
@@ -157,15 +191,18 @@ func (o *Optimizer) adamScales() (step, eps float64) {
 // parameter's leading elements go to the vector kernels (vectorised),
 // which give the loops' bits: the conversions round each operation, as
 // they do, so that no compiler fuses a multiply and an add here either.
-func update[T float32 | float64](o *Optimizer, i int, p, g []T, lo, hi int) {
+//
+// The state of elements [lo, hi) is at [at, at+hi-lo) of the slots.
+func update[T float32 | float64](o *Optimizer, i int, p, g []T, lo, hi, at int) {
 	p, g = p[lo:hi], g[lo:hi]
+	st := func(name string) []T { return o.slotData(name, i).([]T)[at : at+hi-lo] }
 	lr := T(o.lr)
 	if wd := o.Decay(i); wd != 0 {
 		decay(o.cfg.Name == "adamw", o.lr, wd, p, g)
 	}
 	switch {
 	case o.cfg.usesAdam():
-		m, v := o.slots["m"][i].Data().([]T)[lo:hi], o.slots["v"][i].Data().([]T)[lo:hi]
+		m, v := st("m"), st("v")
 		b1, b2 := T(o.cfg.Beta1), T(o.cfg.Beta2)
 		c1, c2 := 1-b1, 1-b2
 		s, e := o.adamScales()
@@ -183,7 +220,7 @@ func update[T float32 | float64](o *Optimizer, i int, p, g []T, lo, hi int) {
 			g[j] = 0
 		}
 	case o.cfg.Momentum > 0:
-		buf, mu := o.slots["momentum"][i].Data().([]T)[lo:hi], T(o.cfg.Momentum)
+		buf, mu := st("momentum"), T(o.cfg.Momentum)
 		done := 0
 		if p32, ok := any(p).([]float32); ok {
 			done = vectorised(update32{p: p32, g: any(g).([]float32), buf: any(buf).([]float32), lr: float32(lr), mu: float32(mu)})
@@ -250,6 +287,10 @@ func (o *Optimizer) SlotNames() []string {
 // Slot returns buffer name of parameter i, which the caller may read or fill
 // (restoring a checkpoint).
 func (o *Optimizer) Slot(name string, i int) (*tensor.Dense, error) {
+	if o.shard != nil {
+		return nil, fmt.Errorf("optimizer %s keeps a shard of its state: read it with ExportSlot", o.cfg.Name)
+	}
+	o.allocate()
 	s, ok := o.slots[name]
 	if !ok || i < 0 || i >= len(s) {
 		return nil, fmt.Errorf("optimizer %s has no slot %q for parameter %d", o.cfg.Name, name, i)

@@ -45,9 +45,12 @@ func (k *checkpointer) partTensors() ([]checkpoint.Tensor, map[string]string, er
 		}
 		for i, w := range s.Weights() {
 			ts = append(ts, denseTensor(w.Name, w.Value))
-			for _, slot := range o.SlotNames() {
-				v, err := o.Slot(slot, i)
-				if err != nil {
+			for j, slot := range o.SlotNames() {
+				var v *tensor.Dense
+				var err error
+				if k.state != nil {
+					v = k.state[c][j][i] // gathered from the replicas' shards
+				} else if v, err = o.Slot(slot, i); err != nil {
 					return nil, nil, err
 				}
 				ts = append(ts, denseTensor(optimName(slot, w.Name), v))
@@ -94,10 +97,15 @@ type checkpointer struct {
 	chunks        []compute.Stage    // their weights, in host memory
 	optims        []*optim.Optimizer // one per engine
 	log           io.Writer
-	name          string         // the process's, for its messages
-	judge         *evalJudge     // its state and the step's metric go into each part; may be nil
-	commits       sync.WaitGroup // commits in progress
-	lastCommit    chan struct{}  // closed when the newest commit has ended
+	name          string     // the process's, for its messages
+	judge         *evalJudge // its state and the step's metric go into each part; may be nil
+	// gather, set when the replicas shard the optimizer state, assembles
+	// the whole state on every replica (replicaSync.gatherState); state
+	// holds it while the part is written.
+	gather     func(ctx context.Context, step int) (slotState, error)
+	state      slotState
+	commits    sync.WaitGroup // commits in progress
+	lastCommit chan struct{}  // closed when the newest commit has ended
 }
 
 // retention is which committed checkpoints pruning keeps.
@@ -108,6 +116,11 @@ func (k *checkpointer) retention() checkpoint.Retention {
 // writes says whether this process writes checkpoint parts: one replica per
 // stage on a shared run directory, every process on its own.
 func (k *checkpointer) writes() bool { return k.replica == 0 || k.coord != nil }
+
+// takesPart says whether this process has a hand in each checkpoint: it
+// writes a part, or its replica holds a shard of the optimizer state the
+// part needs.
+func (k *checkpointer) takesPart() bool { return k.writes() || k.gather != nil }
 
 // clearAfter removes the checkpoints after step first that this process
 // must clear: a fresh run clears them all, as an older run's checkpoints in
@@ -126,6 +139,17 @@ func (k *checkpointer) clearAfter(first int) error {
 // then commits it in the background: through the coordinator, or on a
 // shared run directory by stage 0 once every stage's part is in.
 func (k *checkpointer) save(ctx context.Context, done int) error {
+	if k.gather != nil {
+		state, err := k.gather(ctx, done)
+		if err != nil {
+			return fmt.Errorf("%s: checkpoint of step %d: %w", k.name, done, err)
+		}
+		k.state = state
+		defer func() { k.state = nil }() // the whole state is held while the part is written, no longer
+	}
+	if !k.writes() {
+		return nil
+	}
 	ts, meta, err := k.partTensors()
 	if err != nil {
 		return err
@@ -287,11 +311,7 @@ func (k *checkpointer) load(path string) error {
 				return fmt.Errorf("%s: %w", path, err)
 			}
 			for _, slot := range o.SlotNames() {
-				v, err := o.Slot(slot, i)
-				if err != nil {
-					return err
-				}
-				if err := fill(byName, optimName(slot, w.Name), v); err != nil {
+				if err := fillSlot(byName, optimName(slot, w.Name), o, slot, i, w.Value); err != nil {
 					return fmt.Errorf("%s: %w", path, err)
 				}
 			}
@@ -306,6 +326,24 @@ func (k *checkpointer) load(path string) error {
 		}
 	}
 	return nil
+}
+
+// fillSlot restores slot of parameter i (whose value is w) from the
+// checkpoint tensor name, which holds the whole state: a sharded optimizer
+// takes its share of it, so a part resumes with any number of shards.
+func fillSlot(byName map[string]checkpoint.Tensor, name string, o *optim.Optimizer, slot string, i int, w *tensor.Dense) error {
+	if !o.Sharded() {
+		v, err := o.Slot(slot, i)
+		if err != nil {
+			return err
+		}
+		return fill(byName, name, v)
+	}
+	full := tensor.New(tensor.Of(w.Dtype()), tensor.WithShape(w.Shape().Clone()...))
+	if err := fill(byName, name, full); err != nil {
+		return err
+	}
+	return o.ImportSlot(slot, i, full)
 }
 
 // fill copies a checkpoint tensor into a live one of the same name, shape and dtype.

@@ -120,10 +120,12 @@ func (l *Layout) planReduction() error {
 }
 
 // Control messages on the replica ring, tagged after every plan's chunks:
-// the last stage's micro-batch losses, and a digest of the weights.
+// the last stage's micro-batch losses, a digest of the weights, and the
+// verdict on a sharded replica's gradients (zero.go).
 const (
 	lossTag = iota
 	digestTag
+	finiteTag
 	controlTags
 )
 
@@ -143,7 +145,7 @@ func (l *Layout) reduceShapes(dt transport.DType) [][]int {
 	for _, p := range l.Plans {
 		out = append(out, p.Shapes()...)
 	}
-	out = append(out, collective.BytesShape(dt, 8*l.Config.Data.MicroBatches), collective.BytesShape(dt, sha256.Size))
+	out = append(out, collective.BytesShape(dt, 8*l.Config.Data.MicroBatches), collective.BytesShape(dt, sha256.Size), collective.BytesShape(dt, verdictBytes))
 	return out
 }
 

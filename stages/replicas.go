@@ -50,7 +50,10 @@ type reduction struct {
 // stage hands them over: every replica does so in schedule order, so the
 // ring's messages never interleave.
 type reducer struct {
-	ring    *collective.Ring
+	ring *collective.Ring
+	// scatter runs the reduce-scatter alone: each replica then holds the
+	// whole sum of its own chunks only (zero.go).
+	scatter bool
 	plans   []collective.Plan
 	bases   []int // first tag of each chunk's plan
 	jobs    chan *reduction
@@ -79,9 +82,9 @@ func (rd *reducer) run(ctx context.Context) {
 		before := rd.ring.Sent
 		switch v := j.flat.(type) {
 		case []float32:
-			j.err = collective.AllReduce(ctx, rd.ring, s, rd.bases[j.chunk], rd.plans[j.chunk], v)
+			j.err = reduceChunk(ctx, rd, s, j.chunk, v)
 		case []float64:
-			j.err = collective.AllReduce(ctx, rd.ring, s, rd.bases[j.chunk], rd.plans[j.chunk], v)
+			j.err = reduceChunk(ctx, rd, s, j.chunk, v)
 		}
 		j.sent, j.end = rd.ring.Sent-before, time.Now()
 		close(j.done)
@@ -167,6 +170,11 @@ type replicaSync struct {
 	// gradients; gradsDone counts the micro-batches whose gradients are in.
 	shares    []any
 	gradsDone int
+
+	// sharded says each chunk's optimizer keeps this replica's shard of
+	// the state (zero.go).
+	sharded bool
+	owned   [][][2]int // per chunk, the elements this replica updates
 }
 
 // newReplicaSync joins the stage's replicas: over their ring, or in the
@@ -270,7 +278,7 @@ func (rs *replicaSync) await(ctx context.Context, done func(*reduction, time.Dur
 		if err != nil {
 			return err
 		}
-		unflatten(j.flat, grads)
+		rs.unflattenSums(j, grads)
 		if err := rs.chunks[j.chunk].LoadGradients(ws); err != nil {
 			return err
 		}

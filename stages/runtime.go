@@ -201,6 +201,14 @@ func New(o Options) (*Runtime, error) {
 	if r.replicas, err = newReplicaSync(o, l, c, r.chunks, &r.act, r.live); err != nil {
 		return nil, err
 	}
+	if err := r.replicas.shardOptimizers(r.optims); err != nil {
+		return nil, fmt.Errorf("%s: all_reduce.shard_optimizer: %w", r.name(), err)
+	}
+	if r.replicas != nil && r.replicas.sharded {
+		r.ckpt.gather = func(ctx context.Context, step int) (slotState, error) {
+			return r.replicas.gatherState(ctx, step, r.optims)
+		}
+	}
 	if err := r.loadData(o, model); err != nil {
 		return nil, err
 	}
@@ -357,6 +365,9 @@ func (r *Runtime) Run(ctx context.Context) error {
 	}
 	fmt.Fprintf(r.log, "%s: layers %s, %s schedule, %d micro-batches of %d, %d steps; %s\n",
 		r.name(), strings.Join(layers, " and "), r.cfg.Schedule, r.cfg.Data.MicroBatches, r.cfg.MicroBatchSize(), r.cfg.Train.Steps, blas.Describe(r.threads))
+	if line := r.replicas.shardLine(r.optims); line != "" {
+		fmt.Fprintf(r.log, "%s: %s\n", r.name(), line)
+	}
 	start := time.Now()
 	lastLog := start
 	var err error
@@ -434,7 +445,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 				lastLog = now
 			}
 		}
-		if r.checkpointsAfter(done) || (stopEarly && r.cfg.Checkpoint.Every > 0 && r.ckpt.writes()) {
+		if r.checkpointsAfter(done) || (stopEarly && r.cfg.Checkpoint.Every > 0 && r.ckpt.takesPart()) {
 			if err := r.ckpt.save(commitCtx, done); err != nil {
 				return err
 			}
@@ -472,12 +483,12 @@ func (r *Runtime) Run(ctx context.Context) error {
 	return nil
 }
 
-// checkpointsAfter says whether this process writes a checkpoint part after
-// step done in the course of training: every checkpoint.every steps and
-// after the last.
+// checkpointsAfter says whether this process takes part in a checkpoint
+// after step done in the course of training: every checkpoint.every steps
+// and after the last.
 func (r *Runtime) checkpointsAfter(done int) bool {
 	every := r.cfg.Checkpoint.Every
-	return every > 0 && r.ckpt.writes() && (done%every == 0 || done == r.cfg.Train.Steps)
+	return every > 0 && r.ckpt.takesPart() && (done%every == 0 || done == r.cfg.Train.Steps)
 }
 
 // stopAfter ends a paused stage at the agreed step done (see Pause): it
@@ -487,7 +498,7 @@ func (r *Runtime) checkpointsAfter(done int) bool {
 // it waits for the commit. The final evaluation and weights are left to the
 // resumed run.
 func (r *Runtime) stopAfter(ctx, commitCtx context.Context, first, done int) error {
-	if done > first && r.ckpt.writes() && !r.checkpointsAfter(done) {
+	if done > first && r.ckpt.takesPart() && !r.checkpointsAfter(done) {
 		if err := r.ckpt.save(commitCtx, done); err != nil {
 			return err
 		}
@@ -563,7 +574,7 @@ func (r *Runtime) trainStep(ctx context.Context, step int) error {
 	if err := r.gatherLosses(ctx, step); err != nil {
 		return err
 	}
-	if err := r.checkGradients(step); err != nil {
+	if err := r.checkSummedGradients(ctx, step); err != nil {
 		return err
 	}
 	t0 := time.Now()
@@ -576,6 +587,9 @@ func (r *Runtime) trainStep(ctx context.Context, step int) error {
 	}
 	r.live.action(runlog.Optimizer, time.Since(t0), 0, r.inFlight())
 	if err := r.events.add(runlog.Event{Stage: r.stage, Replica: r.replica, Step: step, Kind: runlog.Optimizer, StartNS: t0.UnixNano(), EndNS: time.Now().UnixNano()}); err != nil {
+		return err
+	}
+	if err := r.replicas.shareWeights(ctx, step); err != nil {
 		return err
 	}
 	return r.replicas.check(ctx, step)
