@@ -4,14 +4,11 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/pipetrain/pipetrain/compute"
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/engine"
-	"github.com/pipetrain/pipetrain/transport"
 )
 
 // dropoutConfig is sequentialConfig with dropout on the image (stack[2],
@@ -136,80 +133,9 @@ func TestSequentialDropoutReplicas(t *testing.T) {
 		cfg.Stages[s].Address, cfg.Stages[s].Addresses = addrs[0], addrs
 	}
 	ref := runInProcess(t, cfg, true)
-	sameRun(t, ref, runGrid(t, cfg))
-}
-
-// runGrid runs every stage of every replica of c as a goroutine, the
-// pipelines and the replicas' rings linked by in-memory pipes, in one run
-// directory, and returns it.
-func runGrid(t *testing.T, c *configs.Config) string {
-	t.Helper()
-	if err := c.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	p, reps := len(c.Stages), c.Replicas()
-	layouts := make([][]*Layout, p)
-	for s := range p {
-		for r := range reps {
-			l, err := NewReplicaLayout(c, s, r)
-			if err != nil {
-				t.Fatal(err)
-			}
-			layouts[s] = append(layouts[s], l)
-		}
-	}
-	type links struct{ prev, next, ringPrev, ringNext transport.Link }
-	ls := make([][]links, p)
-	for s := range p {
-		ls[s] = make([]links, reps)
-	}
-	var all []transport.Link
-	for s := range p {
-		for r := range reps {
-			if s+1 < p {
-				a, b := transport.Pipe(layouts[s][r].Down, layouts[s+1][r].Up, c.Transport.QueueDepth)
-				ls[s][r].next, ls[s+1][r].prev = a, b
-				all = append(all, a, b)
-			}
-			n := (r + 1) % reps
-			a, b := transport.Pipe(layouts[s][r].Reduce, layouts[s][n].Reduce, 4)
-			ls[s][r].ringNext, ls[s][n].ringPrev = a, b
-			all = append(all, a, b)
-		}
-	}
-	t.Cleanup(func() {
-		for _, l := range all {
-			l.Close()
-		}
-	})
 	dir := t.TempDir()
-	train, test := synthetic(96, 8, 3, 1), synthetic(30, 8, 3, 2)
-	var wg sync.WaitGroup
-	errs := make([]error, p*reps)
-	for s := range p {
-		for r := range reps {
-			l := ls[s][r]
-			rt, err := New(Options{Layout: layouts[s][r], Config: c, RunDir: dir, Prev: l.prev, Next: l.next, ReplicaPrev: l.ringPrev, ReplicaNext: l.ringNext, Train: train, Test: test})
-			if err != nil {
-				t.Fatalf("stage %d replica %d: %v", s, r, err)
-			}
-			wg.Go(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-				defer cancel()
-				errs[s*reps+r] = rt.Run(ctx)
-			})
-		}
-	}
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			t.Errorf("stage %d replica %d: %v", i/reps, i%reps, err)
-		}
-	}
-	if t.Failed() {
-		t.FailNow()
-	}
-	return dir
+	runGrid(t, cfg, dir, false)
+	sameRun(t, ref, dir)
 }
 
 // blindDevice opens the cpu engine behind a plain compute.Stage, which
