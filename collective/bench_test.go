@@ -8,12 +8,13 @@ import (
 	"time"
 )
 
-// grpcRing joins ranks ranks by gRPC replica-ring links on loopback.
-func grpcRing(tb testing.TB, ranks int, p Plan) []*Ring {
+// loopbackRing joins ranks ranks by gRPC replica-ring links on loopback,
+// and with streams by ring streams beside them.
+func loopbackRing(tb testing.TB, ranks int, p Plan, streams bool) []*Ring {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	rings, close, err := Loopback(ctx, ranks, p)
+	rings, close, err := Loopback(ctx, ranks, p, streams)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -21,50 +22,72 @@ func grpcRing(tb testing.TB, ranks int, p Plan) []*Ring {
 	return rings
 }
 
+// forEachTransport runs test over gRPC links and over ring streams.
+func forEachTransport(t *testing.T, test func(t *testing.T, streams bool)) {
+	for _, streams := range []bool{false, true} {
+		name := "grpc"
+		if streams {
+			name = "stream"
+		}
+		t.Run(name, func(t *testing.T) { test(t, streams) })
+	}
+}
+
 // BenchmarkRingAllReduce reports the bus bandwidth (2(R-1)/R · S / t) of
-// the ring over real gRPC links on loopback.
+// the ring over real gRPC links and over ring streams on loopback.
 func BenchmarkRingAllReduce(b *testing.B) {
 	for _, ranks := range []int{2, 4} {
-		for _, c := range []struct{ size, bucket int }{{1 << 20, 0}, {16 << 20, 0}, {16 << 20, 1 << 20}, {16 << 20, 256 << 10}, {4 << 20, 256 << 10}} {
-			size := c.size
-			b.Run(fmt.Sprintf("R=%d/%dMiB/bucket=%dKiB", ranks, size>>20, c.bucket>>10), func(b *testing.B) {
-				p, _ := NewPlan(size/4, c.bucket/4, ranks)
-				rings := grpcRing(b, ranks, p)
-				bufs := make([][2][]float32, ranks)
-				for r := range bufs {
-					bufs[r] = [2][]float32{make([]float32, p.N), make([]float32, p.N)}
-				}
-				b.SetBytes(int64(2 * (ranks - 1) * size / ranks))
-				b.ResetTimer()
-				var wg sync.WaitGroup
-				errs := make([]error, ranks)
-				for r := range ranks {
-					wg.Go(func() {
-						for i := range b.N {
-							if errs[r] = AllReduce(context.Background(), rings[r], int64(i), 0, p, bufs[r][i%2]); errs[r] != nil {
-								return
-							}
-						}
-					})
-				}
-				wg.Wait()
-				for _, err := range errs {
-					if err != nil {
-						b.Fatal(err)
+		for _, c := range []struct{ size, bucket int }{{1 << 20, 0}, {4 << 20, 1 << 20}, {16 << 20, 0}, {16 << 20, 1 << 20}, {16 << 20, 256 << 10}, {4 << 20, 256 << 10}} {
+			for _, over := range []string{"grpc", "stream"} {
+				size := c.size
+				b.Run(fmt.Sprintf("R=%d/%dMiB/bucket=%dKiB/%s", ranks, size>>20, c.bucket>>10, over), func(b *testing.B) {
+					p, _ := NewPlan(size/4, c.bucket/4, ranks)
+					rings := loopbackRing(b, ranks, p, over == "stream")
+					bufs := make([][2][]float32, ranks)
+					for r := range bufs {
+						bufs[r] = [2][]float32{make([]float32, p.N), make([]float32, p.N)}
 					}
-				}
-			})
+					b.SetBytes(int64(2 * (ranks - 1) * size / ranks))
+					b.ResetTimer()
+					var wg sync.WaitGroup
+					errs := make([]error, ranks)
+					for r := range ranks {
+						wg.Go(func() {
+							for i := range b.N {
+								if errs[r] = AllReduce(context.Background(), rings[r], int64(i), 0, p, bufs[r][i%2]); errs[r] != nil {
+									return
+								}
+							}
+						})
+					}
+					wg.Wait()
+					for _, err := range errs {
+						if err != nil {
+							b.Fatal(err)
+						}
+					}
+				})
+			}
 		}
 	}
 }
 
 // TestRingOverGRPCAlternatingBuffers runs consecutive all-reduces over real
-// links, whose sends are not copied: with two buffers alternating, every
-// result must equal Sum of what each rank put in.
+// links, and over ring streams, neither of which copies what it sends: with
+// two buffers alternating, every result must equal Sum of what each rank
+// put in, bit for bit.
 func TestRingOverGRPCAlternatingBuffers(t *testing.T) {
-	const ranks, steps = 3, 6
+	forEachTransport(t, func(t *testing.T, streams bool) {
+		for _, ranks := range []int{2, 3, 4} {
+			t.Run(fmt.Sprint(ranks), func(t *testing.T) { testAlternatingBuffers(t, ranks, streams) })
+		}
+	})
+}
+
+func testAlternatingBuffers(t *testing.T, ranks int, streams bool) {
+	const steps = 6
 	p, _ := NewPlan(50001, 7000, ranks)
-	rings := grpcRing(t, ranks, p)
+	rings := loopbackRing(t, ranks, p, streams)
 	bufs := make([][2][]float32, ranks)
 	for r := range bufs {
 		bufs[r] = [2][]float32{make([]float32, p.N), make([]float32, p.N)}

@@ -3,6 +3,7 @@ package configs
 import (
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -100,6 +101,9 @@ func (c *Config) validateReplicas(p *Problems) {
 	}
 	if c.AllReduce.CheckEvery < 0 {
 		p.add("all_reduce.check_every", "must be 0 (never) or a number of steps, got %d", c.AllReduce.CheckEvery)
+	}
+	if t := c.AllReduce.Transport; t != "" && !slices.Contains(AllReduceTransports, t) {
+		p.add("all_reduce.transport", "unknown transport %q (known: %s)", t, strings.Join(AllReduceTransports, ", "))
 	}
 	r := c.Replicas()
 	for i, s := range c.Stages {

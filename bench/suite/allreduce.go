@@ -87,7 +87,7 @@ func runAllReduce(o *options, b *bytes.Buffer) error {
 				return err
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			rings, cleanup, err := collective.Loopback(ctx, R, p)
+			rings, cleanup, err := collective.Loopback(ctx, R, p, false)
 			cancel()
 			if err != nil {
 				return err
