@@ -391,6 +391,11 @@ func DialStream(ctx context.Context, addr string, self, peer Hello, opts Options
 	}
 	refusal, err := readStreamAnswer(c)
 	if err != nil {
+		if isRemoteAlert(err) {
+			// TLS 1.3: the listener checks this side's certificate after
+			// the handshake, so its refusal comes as an alert here.
+			return nil, explainTLSRefusal(who, err)
+		}
 		if ctx.Err() != nil {
 			err = ctx.Err()
 		}
@@ -571,12 +576,12 @@ func (s *StreamIn) Recv(ctx context.Context, want Frame, read func(payload io.Re
 
 func (s *StreamIn) recv(ctx context.Context, want Frame, read func(payload io.Reader) error) error {
 	peer := s.peer.name()
-	if dl, ok := ctx.Deadline(); ok {
-		s.conn.SetReadDeadline(dl)
-	}
+	// The read ends when ctx does, by a deadline in the past: set only
+	// then, so a timed-out read always finds ctx done and reports its cause.
 	stop := context.AfterFunc(ctx, func() { s.conn.SetReadDeadline(time.Unix(1, 0)) })
+	stopped := false
 	defer func() {
-		if stop() {
+		if !stopped && stop() {
 			s.conn.SetReadDeadline(time.Time{})
 		}
 	}()
@@ -614,6 +619,13 @@ func (s *StreamIn) recv(ctx context.Context, want Frame, read func(payload io.Re
 	if lr.N != 0 {
 		return fmt.Errorf("ring stream from %s: %d bytes of a frame's payload left unread", peer, lr.N)
 	}
+	// ctx ending just now has set, or is setting, a deadline in the past
+	// that would fail the next frame's read: the stream ends here instead.
+	stopped = true
+	if !stop() {
+		return explain(ctx.Err())
+	}
+	s.conn.SetReadDeadline(time.Time{})
 	return nil
 }
 
