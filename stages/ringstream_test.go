@@ -20,18 +20,21 @@ func connectReplicas(t *testing.T, tr string) [2]*Links {
 	c.Train.Steps, c.Train.Evaluate = 3, false
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	// Layouts are built one at a time: gorgonia's graph building is not
+	// safe for concurrent use, and processes never share it.
+	var layouts [2]*Layout
+	for r := range layouts {
+		l, err := NewReplicaLayout(c, 0, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		layouts[r] = l
+	}
 	var links [2]*Links
 	var errs [2]error
 	var wg sync.WaitGroup
 	for r := range links {
-		wg.Go(func() {
-			l, err := NewReplicaLayout(c, 0, r)
-			if err != nil {
-				errs[r] = err
-				return
-			}
-			links[r], errs[r] = Connect(ctx, l)
-		})
+		wg.Go(func() { links[r], errs[r] = Connect(ctx, layouts[r]) })
 	}
 	wg.Wait()
 	for r, err := range errs {
@@ -46,8 +49,7 @@ func connectReplicas(t *testing.T, tr string) [2]*Links {
 	})
 	train, test := synthetic(64, 8, 3, 1), synthetic(16, 8, 3, 2)
 	var rts [2]*Runtime
-	for r := range rts {
-		l, _ := NewReplicaLayout(c, 0, r)
+	for r, l := range layouts {
 		rt, err := New(Options{Layout: l, Config: c, RunDir: t.TempDir(), ReplicaPrev: links[r].ReplicaPrev, ReplicaNext: links[r].ReplicaNext,
 			ReplicaIn: links[r].ReplicaIn, ReplicaOut: links[r].ReplicaOut, Train: train, Test: test})
 		if err != nil {
