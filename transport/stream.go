@@ -411,25 +411,9 @@ func DialStream(ctx context.Context, addr string, self, peer Hello, opts Options
 		return nil, fmt.Errorf("%s: %w", who, ctx.Err())
 	}
 	c.SetDeadline(time.Time{})
-	tuneSocket(c)
 	ok = true
 	return newStreamOut(c, self, peer, opts), nil
 }
-
-// tuneSocket gives a ring stream's socket buffers room for a bucket's
-// chunk in flight; the kernel caps them at its limits.
-func tuneSocket(c net.Conn) {
-	type buffered interface {
-		SetReadBuffer(int) error
-		SetWriteBuffer(int) error
-	}
-	if b, ok := c.(buffered); ok {
-		b.SetReadBuffer(streamSocketBuffer)
-		b.SetWriteBuffer(streamSocketBuffer)
-	}
-}
-
-const streamSocketBuffer = 4 << 20
 
 // outFrame is a queued frame: its header and payload, written by one writev.
 type outFrame struct {
