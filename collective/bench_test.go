@@ -3,6 +3,8 @@ package collective
 import (
 	"context"
 	"fmt"
+	"math"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -120,6 +122,41 @@ func testAlternatingBuffers(t *testing.T, ranks int, streams bool) {
 					t.Fatalf("step %d rank %d element %d: %v, want %v", step, r, i, v, want[i])
 				}
 			}
+		}
+	}
+}
+
+// TestRingOverStreamsSmallPlans: over ring streams, plans whose chunks are
+// empty or one element long (fewer elements than ranks, odd buckets) give
+// every rank Sum's bits, as over links.
+func TestRingOverStreamsSmallPlans(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, ranks := range []int{2, 3, 5} {
+		for _, c := range []struct{ n, bucket int }{{1, 0}, {7, 3}, {1001, 97}} {
+			t.Run(fmt.Sprintf("R=%d/n=%d/bucket=%d", ranks, c.n, c.bucket), func(t *testing.T) {
+				p, err := NewPlan(c.n, c.bucket, ranks)
+				if err != nil {
+					t.Fatal(err)
+				}
+				parts := randomParts(rng, ranks, c.n)
+				want := make([]float32, c.n)
+				if err := Sum(p, parts, want); err != nil {
+					t.Fatal(err)
+				}
+				rings := loopbackRing(t, ranks, p, true)
+				for r, err := range runAll(rings, func(x *Ring) error { return AllReduce(context.Background(), x, 9, 0, p, parts[x.Rank]) }) {
+					if err != nil {
+						t.Fatalf("rank %d: %v", r, err)
+					}
+				}
+				for r := range parts {
+					for i := range want {
+						if math.Float32bits(parts[r][i]) != math.Float32bits(want[i]) {
+							t.Fatalf("rank %d element %d: %v, Sum gives %v", r, i, parts[r][i], want[i])
+						}
+					}
+				}
+			})
 		}
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
-	"unsafe"
 )
 
 // The replica ring's data path (all_reduce.transport: stream) moves the
@@ -162,12 +161,4 @@ func EncodeFloat32s(dt DType, vals []float32, wire []byte) error {
 		return fmt.Errorf("cannot encode float32 values as %s", dt)
 	}
 	return nil
-}
-
-// f32View is b's memory as float32s (b aligned, little-endian host).
-func f32View(b []byte) []float32 {
-	if len(b) < 4 {
-		return nil
-	}
-	return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/4)
 }
