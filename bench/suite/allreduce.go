@@ -51,7 +51,7 @@ func runAllReduce(o *options, b *bytes.Buffer) error {
 	fmt.Fprintf(b, "over each all_reduce.transport: ring streams (framed byte streams beside the replica-ring links, written from the gradient buffers and read into the reduction buffer; the default) and the gRPC replica-ring links themselves. ")
 	fmt.Fprintf(b, "Bus bandwidth is nccl-tests' figure, 2(R−1)/R · S / t: what each rank's link carried per second. ")
 	fmt.Fprintf(b, "The baseline is raw TCP moving the ring's own traffic: R connections in a ring, every rank writing S/R bytes to the next while reading as much from the previous, 2(R−1) times, with no framing, copies or additions, timed and reported as the ring is: what the machine allows for this pattern, its %d cores shared by the R ranks. ", runtime.NumCPU())
-	fmt.Fprintf(b, "The three are measured in alternating rounds in one run (raw TCP, gRPC, streams, then again, %d rounds), so that other processes' load falls on all three alike; each figure is the median of its rounds, with the spread ((max − min) / median) beside it. ", o.reps)
+	fmt.Fprintf(b, "The three are measured in alternating rounds in one run (raw TCP, gRPC, streams and the streams alone, each round starting with the next of them, %d rounds), so that other processes' load falls on all three alike; each figure is the median of its rounds, ± half its spread ((max − min) / median), and each ratio the median of the rounds' own ratios, which pairs figures measured under the same load. ", o.reps)
 	fmt.Fprintf(b, "A last figure splits the streams' cost in two: the same streams moving the same messages in the same order with no additions and no waiting for a sum before sending it on is the most a ring over them can carry.\n\n")
 	loadStart := loadAvg()
 	var rows bytes.Buffer
@@ -71,20 +71,34 @@ func runAllReduce(o *options, b *bytes.Buffer) error {
 			if size == 4<<20 {
 				busAt4MiB[R] = str
 			}
+			// Ratios are the medians of each round's own ratio: a round's
+			// three figures were measured within a second of each other,
+			// under the same load, which the medians of separate columns
+			// would not pair.
+			strRaw, grpcRaw, strGRPC := pairedRatio(r.streams, r.raw), pairedRatio(r.grpc, r.raw), pairedRatio(r.streams, r.grpc)
 			fmt.Fprintf(&rows, "| %d MiB | %d | %.0f ± %s | %.0f ± %s | %s | %.0f ± %s | %s | %s | %.0f | %s |\n", size>>20, R,
-				raw, pct(spread(r.raw)/2), str, pct(spread(r.streams)/2), pct(str/raw), grpc, pct(spread(r.grpc)/2), pct(grpc/raw), ratio(str/grpc), alone, pct(str/alone))
+				raw, pct(spread(r.raw)/2), str, pct(spread(r.streams)/2), pct(strRaw), grpc, pct(spread(r.grpc)/2), pct(grpcRaw), ratio(strGRPC), alone, pct(pairedRatio(r.streams, r.alone)))
 			logf("all-reduce %d MiB R=%d: raw TCP ring %.0f MB/s, streams %.0f (%s of raw), gRPC %.0f (%s of raw), streams alone %.0f",
-				size>>20, R, raw, str, pct(str/raw), grpc, pct(grpc/raw), alone)
+				size>>20, R, raw, str, pct(strRaw), grpc, pct(grpcRaw), alone)
 			if size <= 4<<20 {
-				measured = append(measured, fmt.Sprintf("%d MiB R=%d %s", size>>20, R, pct(str/raw)))
-				met = met && str/raw >= allReduceTarget
+				measured = append(measured, fmt.Sprintf("%d MiB R=%d %s", size>>20, R, pct(strRaw)))
+				met = met && strRaw >= allReduceTarget
 			}
 		}
 	}
 	b.Write(rows.Bytes())
-	fmt.Fprintf(b, "\nLoad average (1 min) %.2f when these rounds began and %.2f when they ended, this benchmark's own threads included; ± is half the spread.\n", loadStart, loadAvg())
+	fmt.Fprintf(b, "\nLoad average (1 min) %.2f when these rounds began and %.2f when they ended, this benchmark's own threads included.\n", loadStart, loadAvg())
 	targets = append(targets, targetResult{"all-reduce bus bandwidth over ring streams / raw TCP moving the same ring traffic, 1 and 4 MiB", "≥ " + pct(allReduceTarget), strings.Join(measured, ", "), met})
 	return runGrids(o, b, busAt4MiB)
+}
+
+// pairedRatio is the median over rounds of a[i] / b[i].
+func pairedRatio(a, b []float64) float64 {
+	r := make([]float64, min(len(a), len(b)))
+	for i := range r {
+		r[i] = a[i] / b[i]
+	}
+	return stats.Median(r)
 }
 
 // ringRounds are one size and rank count's bus bandwidths in MB/s, round
@@ -125,25 +139,27 @@ func compareRings(o *options, size, R, reps int) (ringRounds, error) {
 			return out, err
 		}
 	}
-	for range o.reps {
-		runtime.GC()
-		mb, err := tr.allReduceOnce(size, reps)
-		if err != nil {
-			return out, err
-		}
-		out.raw = append(out.raw, mb)
-		for i, dst := range []*[]float64{&out.grpc, &out.streams} {
+	arms := []struct {
+		dst *[]float64
+		run func() (float64, error)
+	}{
+		{&out.raw, func() (float64, error) { return tr.allReduceOnce(size, reps) }},
+		{&out.grpc, func() (float64, error) { return busMBs(trials[0], R, p, reps) }},
+		{&out.streams, func() (float64, error) { return busMBs(trials[1], R, p, reps) }},
+		{&out.alone, func() (float64, error) { return busOf(trials[1].RunLinksOnly, R, p, reps) }},
+	}
+	// Each round starts with the next arm, so none always runs first
+	// (after a GC, or as other processes wake).
+	for k := range o.reps {
+		for i := range arms {
+			a := arms[(i+k)%len(arms)]
 			runtime.GC()
-			if mb, err = busMBs(trials[i], R, p, reps); err != nil {
+			mb, err := a.run()
+			if err != nil {
 				return out, err
 			}
-			*dst = append(*dst, mb)
+			*a.dst = append(*a.dst, mb)
 		}
-		runtime.GC()
-		if mb, err = busOf(trials[1].RunLinksOnly, R, p, reps); err != nil {
-			return out, err
-		}
-		out.alone = append(out.alone, mb)
 	}
 	return out, nil
 }
