@@ -198,8 +198,8 @@ func (s *Server) serveStream(c net.Conn) {
 		return
 	}
 	r := s.role(hs.Hello.Group)
-	if r == nil {
-		refuse(fmt.Sprintf("a %s ring stream reached a listener that serves only %s links", hs.Hello.Group, s.serves()))
+	if r == nil || hs.Hello.Group != ReplicaGroup {
+		refuse(fmt.Sprintf("a ring stream for a %s link reached a listener that takes them for replica ring links only (it serves %s)", hs.Hello.Group, s.serves()))
 		return
 	}
 	if err := s.admitStream(r, hs.Hello); err != nil {
@@ -213,11 +213,16 @@ func (s *Server) serveStream(c net.Conn) {
 	}
 	c.SetDeadline(time.Time{})
 	in := &StreamIn{conn: c, self: r.self, peer: hs.Hello.clone()}
-	select {
-	case r.streams <- streamResult{in: in}:
-	case <-s.done:
+	// admitStream lets one stream through per role, so the send never
+	// waits; but one admitted as Close runs must not stay in the queue
+	// Close has already drained.
+	s.handlers.mu.Lock()
+	defer s.handlers.mu.Unlock()
+	if s.handlers.closed {
 		c.Close()
+		return
 	}
+	r.streams <- streamResult{in: in}
 }
 
 // admitStream accepts a stream's hello for role r: r's gRPC link must be
