@@ -262,7 +262,8 @@ func TestRingStreamTLSRefusesForeignCertificate(t *testing.T) {
 }
 
 // TestRingStreamBeforeLinkRefused: a stream whose gRPC link has not passed
-// its handshake is refused, naming the link.
+// its handshake is refused, naming the link, and so is one for a pipeline
+// link.
 func TestRingStreamBeforeLinkRefused(t *testing.T) {
 	checkLeaks(t)
 	shapes := [][]int{{8}}
@@ -278,6 +279,11 @@ func TestRingStreamBeforeLinkRefused(t *testing.T) {
 	_, err = DialStream(ctxT(t, 10*time.Second), srv.Addr(), up, down, Options{})
 	if err == nil || !strings.Contains(err.Error(), "its replica ring link is not connected") {
 		t.Errorf("stream before its link: %v", err)
+	}
+	pipe := gridHello(PipelineGroup, 0, 2, 0, 2, shapes)
+	_, err = DialStream(ctxT(t, 10*time.Second), srv.Addr(), pipe, down, Options{})
+	if err == nil || !strings.Contains(err.Error(), "a ring stream for a pipeline link reached a listener that takes them for replica ring links only") {
+		t.Errorf("stream of a pipeline link: %v", err)
 	}
 }
 
