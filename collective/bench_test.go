@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/pipetrain/pipetrain/transport"
 )
 
 // loopbackRing joins ranks ranks by gRPC replica-ring links on loopback,
@@ -158,5 +161,76 @@ func TestRingOverStreamsSmallPlans(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestStreamsEqualLinksForEveryWireDType: float64 values, and float32
+// values compressed to bfloat16 or float16 on the wire (which the streams
+// cast block by block instead of moving in place), end every rank with the
+// bits the same all-reduce over gRPC links gives, for three ranks and
+// several buckets; float64 ones equal Sum.
+func TestStreamsEqualLinksForEveryWireDType(t *testing.T) {
+	const ranks = 3
+	p, _ := NewPlan(20011, 3000, ranks)
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, dt := range []transport.DType{transport.Float64, transport.BFloat16, transport.Float16} {
+		t.Run(dt.String(), func(t *testing.T) {
+			var got [2][][]float64 // by transport, by rank
+			parts := make([][]float64, ranks)
+			for r := range parts {
+				parts[r] = make([]float64, p.N)
+				for i := range parts[r] {
+					parts[r][i] = rng.NormFloat64() * float64(1+i%7)
+				}
+			}
+			for k, streams := range []bool{false, true} {
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				rings, close, err := loopback(ctx, ranks, p, streams, dt)
+				cancel()
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(close)
+				got[k] = make([][]float64, ranks)
+				errs := runAll(rings, func(x *Ring) error {
+					if dt == transport.Float64 {
+						v := slices.Clone(parts[x.Rank])
+						got[k][x.Rank] = v
+						return AllReduce(context.Background(), x, 1, 0, p, v)
+					}
+					v := make([]float32, p.N)
+					for i := range v {
+						v[i] = float32(parts[x.Rank][i])
+					}
+					err := AllReduce(context.Background(), x, 1, 0, p, v)
+					got[k][x.Rank] = make([]float64, p.N)
+					for i := range v {
+						got[k][x.Rank][i] = float64(v[i])
+					}
+					return err
+				})
+				for r, err := range errs {
+					if err != nil {
+						t.Fatalf("streams %t rank %d: %v", streams, r, err)
+					}
+				}
+			}
+			if dt == transport.Float64 {
+				want := make([]float64, p.N)
+				if err := Sum(p, parts, want); err != nil {
+					t.Fatal(err)
+				}
+				got[0] = append(got[0], want)
+			}
+			for r := range got[1] {
+				for i, v := range got[1][r] {
+					for _, ref := range got[0] {
+						if math.Float64bits(v) != math.Float64bits(ref[i]) {
+							t.Fatalf("rank %d element %d over streams: %v, over links or Sum: %v", r, i, v, ref[i])
+						}
+					}
+				}
+			}
+		})
 	}
 }

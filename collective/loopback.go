@@ -19,9 +19,14 @@ import (
 // has already done. Benchmarks and `simulate --allreduce-bandwidth
 // measure` time the ring over it.
 func Loopback(ctx context.Context, ranks int, p Plan, streams bool) (rings []*Ring, close func(), err error) {
+	return loopback(ctx, ranks, p, streams, transport.Float32)
+}
+
+// loopback is Loopback with links of wire dtype dt.
+func loopback(ctx context.Context, ranks int, p Plan, streams bool, dt transport.DType) (rings []*Ring, close func(), err error) {
 	hello := func(r int) transport.Hello {
 		return transport.Hello{Group: transport.ReplicaGroup, Stage: 0, Stages: 1, Replica: r, Replicas: ranks,
-			ConfigDigest: "loopback", DType: transport.Float32, Shapes: p.Shapes()}
+			ConfigDigest: "loopback", DType: dt, Shapes: p.Shapes()}
 	}
 	rings = make([]*Ring, ranks)
 	servers := make([]*transport.Server, ranks)
@@ -53,7 +58,7 @@ func Loopback(ctx context.Context, ranks int, p Plan, streams bool) (rings []*Ri
 			return nil, nil, err
 		}
 		servers[r] = s
-		rings[r] = &Ring{Rank: r, Size: ranks, DType: transport.Float32}
+		rings[r] = &Ring{Rank: r, Size: ranks, DType: dt}
 	}
 	errs := make([]error, 2*ranks)
 	var wg sync.WaitGroup
