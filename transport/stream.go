@@ -378,9 +378,13 @@ func DialStream(ctx context.Context, addr string, self, peer Hello, opts Options
 	}
 	if opts.TLS != nil {
 		cfg := opts.TLS.clientConfig()
-		if cfg.ServerName == "" && network == "tcp" {
-			host, _, _ := net.SplitHostPort(addr)
-			cfg.ServerName = host
+		if cfg.ServerName == "" {
+			// The name gRPC's dialer checks on the same address: the host,
+			// or "localhost" for a Unix socket (its unix resolver's authority).
+			cfg.ServerName = "localhost"
+			if network == "tcp" {
+				cfg.ServerName, _, _ = net.SplitHostPort(addr)
+			}
 		}
 		tc := tls.Client(c, cfg)
 		if err := tc.HandshakeContext(ctx); err != nil {

@@ -156,6 +156,7 @@ func TestRingStreamCarriesFrames(t *testing.T) {
 		{"unix", "unix:" + filepath.Join(t.TempDir(), "r1.sock"), Options{}, Options{}},
 		{"token", "127.0.0.1:0", Options{Token: "s3cret"}, Options{Token: "s3cret"}},
 		{"tls", "127.0.0.1:0", Options{TLS: issue(t, ca, ca, "replica 1")}, Options{TLS: issue(t, ca, ca, "replica 0")}},
+		{"unix with tls", "unix:" + filepath.Join(t.TempDir(), "r1t.sock"), Options{TLS: issue(t, ca, ca, "replica 1")}, Options{TLS: issue(t, ca, ca, "replica 0")}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			rl := newRingLink(t, c.addr, c.opts, c.dial)
