@@ -52,6 +52,7 @@ fuzz_target = go test -run '^$$' -fuzz '^$(1)$$' -fuzztime $(FUZZTIME) ./$(2)/
 fuzz:
 	$(call fuzz_target,FuzzTensorUnmarshal,transport) || $(call fuzz_target,FuzzTensorUnmarshal,transport)
 	$(call fuzz_target,FuzzHandshake,transport) || $(call fuzz_target,FuzzHandshake,transport)
+	$(call fuzz_target,FuzzRingStreamFrame,transport) || $(call fuzz_target,FuzzRingStreamFrame,transport)
 	$(call fuzz_target,FuzzConfigLoad,configs) || $(call fuzz_target,FuzzConfigLoad,configs)
 	$(call fuzz_target,FuzzRendezvousMessage,cluster) || $(call fuzz_target,FuzzRendezvousMessage,cluster)
 

@@ -13,18 +13,31 @@ import (
 
 // Loopback joins ranks rings in this process by gRPC replica-ring links on
 // 127.0.0.1, the links a stage's replicas use, with p's tags in their
-// handshakes. close closes every link and server; it is also what an error
-// return has already done. Benchmarks and `simulate --allreduce-bandwidth
+// handshakes, and with streams also by the ring streams beside them
+// (all_reduce.transport: stream), which then carry the all-reduces. close
+// closes every link, stream and server; it is also what an error return
+// has already done. Benchmarks and `simulate --allreduce-bandwidth
 // measure` time the ring over it.
-func Loopback(ctx context.Context, ranks int, p Plan) (rings []*Ring, close func(), err error) {
+func Loopback(ctx context.Context, ranks int, p Plan, streams bool) (rings []*Ring, close func(), err error) {
+	return loopback(ctx, ranks, p, streams, transport.Float32)
+}
+
+// loopback is Loopback with links of wire dtype dt.
+func loopback(ctx context.Context, ranks int, p Plan, streams bool, dt transport.DType) (rings []*Ring, close func(), err error) {
 	hello := func(r int) transport.Hello {
 		return transport.Hello{Group: transport.ReplicaGroup, Stage: 0, Stages: 1, Replica: r, Replicas: ranks,
-			ConfigDigest: "loopback", DType: transport.Float32, Shapes: p.Shapes()}
+			ConfigDigest: "loopback", DType: dt, Shapes: p.Shapes()}
 	}
 	rings = make([]*Ring, ranks)
 	servers := make([]*transport.Server, ranks)
 	close = func() {
 		for _, r := range rings {
+			if r != nil && r.Out != nil {
+				r.Out.Close()
+			}
+			if r != nil && r.In != nil {
+				r.In.Close()
+			}
 			if r != nil && r.Next != nil {
 				r.Next.Close()
 			}
@@ -39,13 +52,13 @@ func Loopback(ctx context.Context, ranks int, p Plan) (rings []*Ring, close func
 		}
 	}
 	for r := range ranks {
-		s, err := transport.Listen("127.0.0.1:0", hello(r), transport.Options{})
+		s, err := transport.Listen("127.0.0.1:0", hello(r), transport.Options{Streams: streams})
 		if err != nil {
 			close()
 			return nil, nil, err
 		}
 		servers[r] = s
-		rings[r] = &Ring{Rank: r, Size: ranks, DType: transport.Float32}
+		rings[r] = &Ring{Rank: r, Size: ranks, DType: dt}
 	}
 	errs := make([]error, 2*ranks)
 	var wg sync.WaitGroup
@@ -61,6 +74,21 @@ func Loopback(ctx context.Context, ranks int, p Plan) (rings []*Ring, close func
 	if err := errors.Join(errs...); err != nil {
 		close()
 		return nil, nil, err
+	}
+	if streams {
+		for r := range ranks {
+			wg.Go(func() { rings[r].In, errs[2*r] = servers[r].AcceptStream(ctx, transport.ReplicaGroup) })
+			wg.Go(func() {
+				h := hello(r)
+				h.Address = servers[r].Addr()
+				rings[r].Out, errs[2*r+1] = transport.DialStream(ctx, servers[(r+1)%ranks].Addr(), h, rings[r].Next.Peer(), transport.Options{})
+			})
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			close()
+			return nil, nil, err
+		}
 	}
 	return rings, close, nil
 }
@@ -137,8 +165,9 @@ type Figures struct {
 // gradients), timed at two sizes: one small bucket, whose time is mostly
 // the messages' cost, and a vector of several buckets, mostly bandwidth.
 // Each size is timed in reps batches (the median is used) after a warm-up.
-// The ranks share this machine's cores, as replicas on one host do.
-func MeasureLoopback(ctx context.Context, ranks, bucketBytes, reps int) (Figures, error) {
+// The ranks share this machine's cores, as replicas on one host do. With
+// streams the all-reduces travel on ring streams (Loopback).
+func MeasureLoopback(ctx context.Context, ranks, bucketBytes, reps int, streams bool) (Figures, error) {
 	if ranks < 2 {
 		return Figures{}, fmt.Errorf("collective: measuring a ring of %d ranks; it needs 2 or more", ranks)
 	}
@@ -153,7 +182,7 @@ func MeasureLoopback(ctx context.Context, ranks, bucketBytes, reps int) (Figures
 		if err != nil {
 			return Figures{}, err
 		}
-		t, err := medianTime(ctx, ranks, p, reps)
+		t, err := medianTime(ctx, ranks, p, reps, streams)
 		if err != nil {
 			return Figures{}, err
 		}
@@ -184,9 +213,9 @@ func fitFigures(xs, ms, ts [2]float64) Figures {
 // medianTime times plan p among ranks fresh loopback ranks: the median
 // over reps batches of all-reduces, each batch about batchTime long, after
 // warming the links up (their pools and flow-control windows start cold).
-func medianTime(ctx context.Context, ranks int, p Plan, reps int) (time.Duration, error) {
+func medianTime(ctx context.Context, ranks int, p Plan, reps int, streams bool) (time.Duration, error) {
 	const warmUp, batchTime = 4, 25 * time.Millisecond
-	rings, close, err := Loopback(ctx, ranks, p)
+	rings, close, err := Loopback(ctx, ranks, p, streams)
 	if err != nil {
 		return 0, err
 	}

@@ -35,28 +35,35 @@ func TestFitFiguresRecoversTheModel(t *testing.T) {
 func TestMeasureLoopback(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	f, err := MeasureLoopback(ctx, 3, 256<<10, 3)
-	if err != nil {
-		t.Fatal(err)
+	for _, streams := range []bool{false, true} {
+		f, err := MeasureLoopback(ctx, 3, 256<<10, 3, streams)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f.BytesPerSecond <= 1e6 || f.BytesPerSecond > 1e12 || f.Latency < 0 || f.Latency > time.Second {
+			t.Fatalf("streams %t: implausible figures %+v", streams, f)
+		}
 	}
-	if f.BytesPerSecond <= 1e6 || f.BytesPerSecond > 1e12 || f.Latency < 0 || f.Latency > time.Second {
-		t.Fatalf("implausible figures %+v", f)
-	}
-	if _, err := MeasureLoopback(ctx, 1, 1<<20, 1); err == nil {
+	if _, err := MeasureLoopback(ctx, 1, 1<<20, 1, false); err == nil {
 		t.Fatal("a ring of one rank was measured")
 	}
 }
 
 // TestRunLinksOnlyMovesTheRingsTraffic: the links-only baseline sends
-// exactly the bytes an all-reduce of the same plan sends, on every rank.
+// exactly the bytes an all-reduce of the same plan sends, on every rank,
+// over links and over streams.
 func TestRunLinksOnlyMovesTheRingsTraffic(t *testing.T) {
+	forEachTransport(t, testRunLinksOnlyMovesTheRingsTraffic)
+}
+
+func testRunLinksOnlyMovesTheRingsTraffic(t *testing.T, streams bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	p, err := NewPlan(30001, 4000, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rings := grpcRing(t, 3, p)
+	rings := loopbackRing(t, 3, p, streams)
 	trial := NewTrial(rings, p)
 	if _, err := trial.Run(ctx, 2); err != nil {
 		t.Fatal(err)

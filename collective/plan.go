@@ -15,7 +15,11 @@
 // position and borrows the links, which belong to the caller.
 package collective
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/pipetrain/pipetrain/engine"
+)
 
 // Plan fixes how a vector of N elements is all-reduced among Ranks ranks:
 // cut into buckets of at most BucketElems elements, in order, each bucket cut
@@ -105,7 +109,13 @@ func Sum[T float32 | float64](p Plan, parts [][]T, out []T) error {
 }
 
 // add sets acc[i] = acc[i] + v[i]: the running sum first, as the ring adds.
+// float32 sums take the engine's vector kernel, whose lanes add as this
+// loop does.
 func add[T float32 | float64](acc, v []T) {
+	if a, ok := any(acc).([]float32); ok {
+		engine.AddFloat32s(a, any(v).([]float32))
+		return
+	}
 	v = v[:len(acc)]
 	for i := range acc {
 		acc[i] += v[i]

@@ -26,6 +26,13 @@ type Ring struct {
 	Name func(rank int) string
 	// Sent counts the payload bytes this rank has sent.
 	Sent int64
+	// Out and In, when both are set, carry AllReduce's messages instead of
+	// Next and Prev: byte streams to the next rank and from the previous
+	// one (all_reduce.transport: stream), beside the links, which still
+	// carry AllGather's control messages.
+	Out     *transport.StreamOut
+	In      *transport.StreamIn
+	scratch []byte // In's receive block (scratchFor)
 }
 
 func (r *Ring) name(rank int) string {
@@ -163,6 +170,9 @@ func sendPhase[T float32 | float64](ctx context.Context, r *Ring, step int64, ba
 		}
 	}
 	v, tag := bucketChunk(r, base, p, b, c, vals)
+	if r.streams() {
+		return sendStream(ctx, r, step, t, tag, v)
+	}
 	return r.send(ctx, step, t, tag, v)
 }
 
@@ -170,9 +180,15 @@ func recvPhase[T float32 | float64](ctx context.Context, r *Ring, step int64, ba
 	R, i := r.Size, r.Rank
 	if t < R-1 {
 		v, tag := bucketChunk(r, base, p, b, i-t-1, vals)
+		if r.streams() {
+			return recvStream(ctx, r, step, t, tag, v, true)
+		}
 		return recvInto(ctx, r, step, t, tag, v, add[T])
 	}
 	v, tag := bucketChunk(r, base, p, b, i-(t-R+1), vals)
+	if r.streams() {
+		return recvStream(ctx, r, step, t, tag, v, false)
+	}
 	return recvInto(ctx, r, step, t, tag, v, set[T])
 }
 
@@ -183,6 +199,9 @@ func set[T float32 | float64](dst, v []T) { copy(dst, v) }
 func moveOnly(ctx context.Context, r *Ring, step int64, p Plan, vals []float32) error {
 	if r.Size == 1 {
 		return nil
+	}
+	if r.streams() {
+		return moveOnlyStreams(ctx, r, step, p, vals)
 	}
 	for b := range p.Buckets {
 		for t := range 2 * (r.Size - 1) {

@@ -207,6 +207,21 @@ type AllReduce struct {
 	// reduce-scatter, then share the updated weights (ZeRO stage 1). The
 	// bits are the unsharded run's, so it is no training setting.
 	ShardOptimizer bool `mapstructure:"shard_optimizer" json:"shard_optimizer,omitempty"`
+	// Transport is how the all-reduces' chunks travel between replicas
+	// (AllReduceTransports): stream, framed byte streams beside the ring's
+	// gRPC links, or grpc, the links themselves. Both sum the same values
+	// in the same order, so it changes speed, not results.
+	Transport string `mapstructure:"transport" json:"transport"`
+}
+
+// AllReduceTransports are all_reduce.transport's values, the default ("")
+// first.
+var AllReduceTransports = []string{"stream", "grpc"}
+
+// RingStreams reports whether the replicas' all-reduces travel on ring
+// streams (all_reduce.transport: stream, the default).
+func (c *Config) RingStreams() bool {
+	return c.AllReduce.Transport == "" || c.AllReduce.Transport == "stream"
 }
 
 // Stage places contiguous ranges of layers on one process: one range, or with
@@ -291,6 +306,7 @@ var defaults = map[string]any{
 	"all_reduce.bucket_bytes":    DefaultBucketBytes,
 	"all_reduce.check_every":     10,
 	"all_reduce.shard_optimizer": false,
+	"all_reduce.transport":       "stream",
 	"compute.blas_threads":       0,
 	"compute.blas_kernels":       "auto",
 	"transport.connect_timeout":  "30s",

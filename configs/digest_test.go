@@ -110,6 +110,12 @@ func TestTrainingDigestCoversReplicas(t *testing.T) {
 	if c.TrainingDigest() != base.TrainingDigest() {
 		t.Error("all_reduce.shard_optimizer changed the training digest")
 	}
+	// Both transports sum the same values in the same order.
+	c = clone(base)
+	c.AllReduce.Transport = "grpc"
+	if c.TrainingDigest() != base.TrainingDigest() {
+		t.Error("all_reduce.transport changed the training digest")
+	}
 	plain, err := Load("fmnist-mlp-4stage.yaml")
 	if err != nil {
 		t.Fatal(err)

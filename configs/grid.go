@@ -3,6 +3,7 @@ package configs
 import (
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -105,6 +106,9 @@ func (c *Config) validateReplicas(p *Problems) {
 		// The updated weights cross the replicas' ring, whose wire would
 		// round them to 16 bits.
 		p.add("all_reduce.shard_optimizer", "shares the updated weights over the replicas' ring, which transport.compression %s would round; use one or the other", comp)
+	}
+	if t := c.AllReduce.Transport; t != "" && !slices.Contains(AllReduceTransports, t) {
+		p.add("all_reduce.transport", "unknown transport %q (known: %s)", t, strings.Join(AllReduceTransports, ", "))
 	}
 	r := c.Replicas()
 	for i, s := range c.Stages {

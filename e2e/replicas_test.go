@@ -49,7 +49,9 @@ checkpoint: {every: 0}`
 // one-process reference's bit for bit: each schedule at 2 × 2 (zb-v's and
 // dualpipev's loss gathered on stage 0, which holds both ends of their V), pure data
 // parallelism at 1 × 2 and 1 × 3, and the GPT with tied embeddings at 2 × 2,
-// also with its gradients clipped by their global norm.
+// also with its gradients clipped by their global norm; and gpipe, 1F1B and
+// ZB-H1 at 1 × 2, 2 × 2 and 3 × 2 with the all-reduces over ring streams
+// and over the gRPC links (all_reduce.transport).
 func TestReplicasEqualReference(t *testing.T) {
 	needData(t)
 	cases := []struct {
@@ -70,6 +72,24 @@ func TestReplicasEqualReference(t *testing.T) {
 			[]string{`"0-3"`}, 3},
 		{"gpt-tied/2x2", gridGPT + "\nschedule: 1f1b", []string{`"0-1"`, `"2-3"`}, 2},
 		{"gpt-tied-clipped/2x2", strings.Replace(gridGPT, "{name: adam, lr: 0.003}}", "{name: adam, lr: 0.003}, clip_grad_norm: 0.5}", 1) + "\nschedule: zb-h1", []string{`"0-1"`, `"2-3"`}, 2},
+	}
+	// The plain schedules on every grid shape, over each all_reduce.transport
+	// (the cases above take the default, stream).
+	for _, tr := range []string{"stream", "grpc"} {
+		for _, sched := range []string{"gpipe", "1f1b", "zb-h1"} {
+			for _, g := range []struct {
+				name   string
+				layers []string
+			}{{"1x2", []string{`"0-3"`}}, {"2x2", []string{`"0-1"`, `"2-3"`}}, {"3x2", []string{`"0"`, `"1"`, `"2-3"`}}} {
+				body := strings.Replace(gridMLP, "check_every: 10}", "check_every: 10, transport: "+tr+"}", 1)
+				cases = append(cases, struct {
+					name     string
+					body     string
+					layers   []string
+					replicas int
+				}{tr + "/" + sched + "/" + g.name, body + "\nschedule: " + sched, g.layers, 2})
+			}
+		}
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

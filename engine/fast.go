@@ -181,6 +181,11 @@ func scalarOf(s interface{}, dt tensor.Dtype) (float64, bool) {
 	return 0, false
 }
 
+// AddFloat32s sets acc[i] = acc[i] + v[i] with the vector kernel where
+// the CPU has one: each lane is the same IEEE addition as the Go loop, so
+// the bits are the same. The replicas' all-reduce sums its chunks with it.
+func AddFloat32s(acc, v []float32) { binary32(kernelAdd, acc, acc, v[:len(acc)]) }
+
 // binaryGo is the kernels in Go: for the vector kernels' tails, float64,
 // machines without AVX and builds with -tags nosimd or for other
 // architectures.

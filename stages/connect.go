@@ -20,12 +20,23 @@ type Links struct {
 	// ReplicaPrev and ReplicaNext join the stage's replicas in a ring
 	// (data_parallel > 1): from replica r-1 and to replica r+1.
 	ReplicaPrev, ReplicaNext transport.Link
-	server                   *transport.Server
+	// ReplicaIn and ReplicaOut are the ring streams beside ReplicaPrev and
+	// ReplicaNext (all_reduce.transport: stream), which then carry the
+	// all-reduces; nil otherwise.
+	ReplicaIn  *transport.StreamIn
+	ReplicaOut *transport.StreamOut
+	server     *transport.Server
 }
 
 // Close closes every link (flushing queued sends) and releases the listening port.
 func (l *Links) Close() error {
 	var errs []error
+	if l.ReplicaOut != nil {
+		errs = append(errs, l.ReplicaOut.Close())
+	}
+	if l.ReplicaIn != nil {
+		errs = append(errs, l.ReplicaIn.Close())
+	}
 	for _, c := range []transport.Link{l.Next, l.Prev, l.ReplicaNext, l.ReplicaPrev} {
 		if c != nil {
 			errs = append(errs, c.Close())
@@ -56,6 +67,7 @@ func Connect(ctx context.Context, l *Layout) (*Links, error) {
 	}
 	opts.Listener = l.Listener
 	links := &Links{}
+	opts.Streams = l.Replicas > 1 && c.RingStreams()
 	listen, dial := p > 1 && (i > 0 || ring), p > 1 && (i+1 < p || ring)
 	replicated := l.Replicas > 1
 	var roles []transport.Hello
@@ -126,7 +138,31 @@ func Connect(ctx context.Context, l *Layout) (*Links, error) {
 		}
 		return nil, errors.Join(acceptErr, dialErr)
 	}
+	if opts.Streams {
+		if err := openRingStreams(ctx, l, links, opts); err != nil {
+			links.Close()
+			return nil, err
+		}
+	}
 	return links, nil
+}
+
+// openRingStreams opens the ring streams beside the replica ring's links,
+// whose handshakes have agreed on the peers: the one to replica r+1 beside
+// ReplicaNext, and the one from replica r-1 beside ReplicaPrev.
+func openRingStreams(ctx context.Context, l *Layout, links *Links, opts transport.Options) error {
+	c, i, r := l.Config, l.Stage, l.Replica
+	var inErr, outErr error
+	var wg sync.WaitGroup
+	wg.Go(func() { links.ReplicaIn, inErr = links.server.AcceptStream(ctx, transport.ReplicaGroup) })
+	wg.Go(func() {
+		links.ReplicaOut, outErr = transport.DialStream(ctx, c.Address(i, (r+1)%l.Replicas), l.Reduce, links.ReplicaNext.Peer(), opts)
+	})
+	wg.Wait()
+	if err := firstCause(inErr, outErr); err != nil {
+		return fmt.Errorf("%s (all_reduce.transport: stream): %w", c.ProcessName(i, r), err)
+	}
+	return nil
 }
 
 // firstCause picks the error that caused the others among a's and b's.

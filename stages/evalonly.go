@@ -61,6 +61,7 @@ func evaluationRuntime(o Options, path string) (*Runtime, error) {
 	}
 	o.Config, o.Reference, o.Layout, o.RunDir, o.Resume = &c, true, nil, "", false
 	o.Prev, o.Next, o.ReplicaPrev, o.ReplicaNext, o.Coordinator, o.Pause = nil, nil, nil, nil, nil, nil
+	o.ReplicaIn, o.ReplicaOut = nil, nil
 	return New(o)
 }
 

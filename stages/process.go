@@ -100,7 +100,7 @@ func RunProcess(ctx context.Context, o ProcessOptions) error {
 	}
 	defer links.Close()
 	opts := Options{Layout: layout, Config: cfg, Stage: index, RunDir: o.RunDir, Prev: links.Prev, Next: links.Next,
-		ReplicaPrev: links.ReplicaPrev, ReplicaNext: links.ReplicaNext, Log: log, Resume: o.Resume, Pause: o.Pause}
+		ReplicaPrev: links.ReplicaPrev, ReplicaNext: links.ReplicaNext, ReplicaIn: links.ReplicaIn, ReplicaOut: links.ReplicaOut, Log: log, Resume: o.Resume, Pause: o.Pause}
 	if job != nil {
 		opts.Coordinator = job.coord
 	}

@@ -194,7 +194,7 @@ func newReplicaSync(o Options, l *Layout, cfg *configs.Config, chunks []compute.
 	}
 	stage := l.Stage
 	rs.ring = &collective.Ring{Rank: l.Replica, Size: l.Replicas, Next: o.ReplicaNext, Prev: o.ReplicaPrev,
-		DType: l.Reduce.DType, Timeout: cfg.Transport.RecvTimeout,
+		DType: l.Reduce.DType, Timeout: cfg.Transport.RecvTimeout, Out: o.ReplicaOut, In: o.ReplicaIn,
 		Name: func(k int) string { return fmt.Sprintf("stage %d replica %d", stage, k) }}
 	rs.reducer = newReducer(l, rs.ring)
 	live.sentOn("replicas", 0)

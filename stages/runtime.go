@@ -46,6 +46,10 @@ type Options struct {
 	// ReplicaPrev and ReplicaNext join the stage's replicas in a ring, from
 	// replica r-1 and to replica r+1 (data_parallel > 1; Connect makes them).
 	ReplicaPrev, ReplicaNext transport.Link
+	// ReplicaIn and ReplicaOut, when set, carry the all-reduces beside
+	// ReplicaPrev and ReplicaNext (all_reduce.transport: stream).
+	ReplicaIn  *transport.StreamIn
+	ReplicaOut *transport.StreamOut
 	// Log receives human-readable progress lines.
 	Log io.Writer
 	// Train, Test and Text are data already loaded, handed to the dataset's

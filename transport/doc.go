@@ -39,6 +39,13 @@
 // addresses only. Keep-alive pings (Options.Heartbeat, PeerTimeout) notice a
 // neighbour that hangs without closing its connection.
 //
+// The replica ring may also move its all-reduces on ring streams beside its
+// links (Options.Streams, DialStream, Server.AcceptStream; stream.go):
+// framed byte streams on the listener's own address, opened once the link's
+// handshake has agreed on the peers, authenticated like a link before
+// anything else is read, written from the caller's buffers and read into
+// them (streamframe.go).
+//
 // Other packages' small gRPC services (the cluster's rendezvous) use
 // Service, which serves and calls one raw-bytes stream method with exactly
 // the links' security: the same token check before anything is read, the

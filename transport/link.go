@@ -69,6 +69,10 @@ type Options struct {
 	// address before it knows its links (a rendezvous) binds first, then
 	// listens. Listen's exposure rules still apply to the address.
 	Listener net.Listener
+	// Streams makes Listen also take the replica ring's byte streams
+	// (AcceptStream, all_reduce.transport: stream) on its address, told
+	// from gRPC connections by their first bytes.
+	Streams bool
 	// Logf receives the listener's refusals of unauthenticated connections
 	// (which Accept does not report: it keeps waiting for the real
 	// neighbour); default log.Printf.

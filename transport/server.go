@@ -70,6 +70,12 @@ type role struct {
 	// replaces a stale error, so a good dialer is never lost behind a bad one.
 	results   chan acceptResult
 	connected bool // a link was established; later dialers are refused (guarded by Server.mu)
+	// peer is the hello of the link's dialer once the link is up, and
+	// streamed whether its ring stream came (Options.Streams; guarded by
+	// Server.mu); streams holds the stream for AcceptStream.
+	peer     *Hello
+	streamed bool
+	streams  chan streamResult
 }
 
 type acceptResult struct {
@@ -106,7 +112,11 @@ func Listen(addr string, self Hello, opts Options, more ...Hello) (*Server, erro
 					r.self.Stage, r.self.Stages, r.self.Replica, r.self.replicas(), r.self.Group, h.Stage, h.Stages, h.Replica, h.replicas(), h.Group)
 			}
 		}
-		roles = append(roles, &role{self: h.clone(), results: make(chan acceptResult, 1)})
+		r := &role{self: h.clone(), results: make(chan acceptResult, 1)}
+		if opts.Streams {
+			r.streams = make(chan streamResult, 1)
+		}
+		roles = append(roles, r)
 	}
 	who := roles[0].self.who()
 	lis, err := bind(addr, opts, who)
@@ -129,6 +139,9 @@ func Listen(addr string, self Hello, opts Options, more ...Hello) (*Server, erro
 		done: make(chan struct{}),
 	}
 	s.gs.RegisterService(&serviceDesc, s)
+	if opts.Streams {
+		lis = newMuxListener(lis, opts.ConnectTimeout, s.serveStream)
+	}
 	go s.gs.Serve(lis) // returns when Close stops the server
 	return s, nil
 }
@@ -214,6 +227,13 @@ func (s *Server) Close() error {
 			case res := <-r.results:
 				if res.link != nil {
 					res.link.Close()
+				}
+			default:
+			}
+			select {
+			case res := <-r.streams:
+				if res.in != nil {
+					res.in.Close()
 				}
 			default:
 			}
@@ -303,6 +323,11 @@ func (s *Server) serveLink(stream grpc.ServerStream) error {
 		s.mu.Lock()
 		if r.connected { // a duplicate dialer is not Accept's concern
 			err = duplicateDialer(r, hs.Hello)
+		} else {
+			// Set before the dialer hears the answer, after which it may
+			// open its ring stream at once.
+			peer := hs.Hello.clone()
+			r.peer = &peer
 		}
 		r.connected = true
 		s.mu.Unlock()
@@ -319,7 +344,7 @@ func (s *Server) serveLink(stream grpc.ServerStream) error {
 	}
 	if err := stream.SendMsg(frame{(&handshake{Hello: r.self}).marshal()}); err != nil {
 		s.mu.Lock()
-		r.connected = false
+		r.connected, r.peer = false, nil
 		s.mu.Unlock()
 		return err
 	}

@@ -47,104 +47,121 @@ func runAllReduce(o *options, b *bytes.Buffer) error {
 	if o.quick {
 		perRep = 64 << 20
 	}
-	fmt.Fprintf(b, "The ring all-reduce the replicas of a stage sum their gradients with (package collective), over pipetrain's gRPC replica-ring links on loopback, ")
-	fmt.Fprintf(b, "all ranks in this process, S bytes of float32 gradients cut into buckets of the default all_reduce.bucket_bytes (1 MiB), as a stage reduces them. ")
+	fmt.Fprintf(b, "The ring all-reduce the replicas of a stage sum their gradients with (package collective), all ranks in this process on loopback, S bytes of float32 gradients cut into buckets of the default all_reduce.bucket_bytes (1 MiB), as a stage reduces them, ")
+	fmt.Fprintf(b, "over each all_reduce.transport: ring streams (framed byte streams beside the replica-ring links, written from the gradient buffers and read into the reduction buffer; the default) and the gRPC replica-ring links themselves. ")
 	fmt.Fprintf(b, "Bus bandwidth is nccl-tests' figure, 2(R−1)/R · S / t: what each rank's link carried per second. ")
-	fmt.Fprintf(b, "Two baselines, measured in the same run: raw TCP loopback throughput of one stream of messages of size S (as in Transport), ")
-	fmt.Fprintf(b, "and raw TCP moving the ring's own traffic: R connections in a ring, every rank writing S/R bytes to the next while reading as much from the previous, 2(R−1) times, ")
-	fmt.Fprintf(b, "timed and reported as the ring is. The second is what the machine allows for this pattern: on %d cores the R simultaneous streams share the CPUs that one stream had to itself, ", runtime.NumCPU())
-	fmt.Fprintf(b, "so the ratio against it says what pipetrain's ring (framing, copies, the additions) costs, and the one against a single stream what sharing the cores costs besides. ")
-	fmt.Fprintf(b, "A third figure splits the ring's cost in two: the same gRPC links moving the same messages in the same order, with no additions and no waiting for a sum before sending it on, is the most any ring over these links can carry; the ring's share of it is what its own work costs.\n\n")
-	fmt.Fprintf(b, "| size S | ranks R | ring bus bandwidth MB/s | raw TCP ring MB/s | ratio | gRPC links alone MB/s | links / raw TCP ring | ring / links | raw TCP one stream MB/s | ratio |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(b, "The baseline is raw TCP moving the ring's own traffic: R connections in a ring, every rank writing S/R bytes to the next while reading as much from the previous, 2(R−1) times, with no framing, copies or additions, timed and reported as the ring is: what the machine allows for this pattern, its %d cores shared by the R ranks. ", runtime.NumCPU())
+	fmt.Fprintf(b, "The three are measured in alternating rounds in one run (raw TCP, gRPC, streams and the streams alone, each round starting with the next of them, %d rounds), so that other processes' load falls on all three alike; each figure is the median of its rounds, ± half its spread ((max − min) / median), and each ratio the median of the rounds' own ratios, which pairs figures measured under the same load. ", o.reps)
+	fmt.Fprintf(b, "A last figure splits the streams' cost in two: the same streams moving the same messages in the same order with no additions and no waiting for a sum before sending it on is the most a ring over them can carry.\n\n")
+	loadStart := loadAvg()
+	var rows bytes.Buffer
+	fmt.Fprintf(&rows, "| size S | ranks R | raw TCP ring MB/s | ring over streams MB/s | streams / raw | ring over gRPC MB/s | gRPC / raw | streams / gRPC | streams alone MB/s | ring / streams alone |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	var measured []string
 	met := true
-	busAt4MiB := map[int]float64{} // MB/s by ranks, for the grids' predictions
+	busAt4MiB := map[int]float64{} // MB/s by ranks over streams, for the grids' predictions
 	for _, size := range sizes {
-		tp, err := newTCPPair(size)
-		if err != nil {
-			return err
-		}
 		n := int(max(4, perRep/int64(size)))
-		if _, _, _, err := streamOnce(tp, max(2, n/4), size); err != nil {
-			tp.close()
-			return err
-		}
-		var tcp []float64
-		for range o.reps {
-			runtime.GC()
-			mb, _, _, err := streamOnce(tp, n, size)
-			if err != nil {
-				tp.close()
-				return err
-			}
-			tcp = append(tcp, mb)
-		}
-		tp.close()
-		tcpMed := stats.Median(tcp)
 		for _, R := range []int{2, 4} {
-			p, err := collective.NewPlan(size/4, configs.DefaultBucketBytes/4, R)
-			if err != nil {
-				return err
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			rings, cleanup, err := collective.Loopback(ctx, R, p)
-			cancel()
-			if err != nil {
-				return err
-			}
-			trial := collective.NewTrial(rings, p)
 			reps := max(2, n/(2*R))
-			if _, err := busMBs(trial, R, p, max(1, reps/4)); err != nil {
-				cleanup()
-				return err
-			}
-			var bus, links []float64
-			for range o.reps {
-				runtime.GC()
-				mb, err := busMBs(trial, R, p, reps)
-				if err != nil {
-					cleanup()
-					return err
-				}
-				bus = append(bus, mb)
-				runtime.GC()
-				if mb, err = busOf(trial.RunLinksOnly, R, p, reps); err != nil {
-					cleanup()
-					return err
-				}
-				links = append(links, mb)
-			}
-			cleanup()
-			tr, err := newTCPRing(R)
+			r, err := compareRings(o, size, R, reps)
 			if err != nil {
-				return err
+				return fmt.Errorf("%d MiB R=%d: %w", size>>20, R, err)
 			}
-			var raw []float64
-			tr.allReduceOnce(size, max(1, reps/4))
-			for range o.reps {
-				mb, err := tr.allReduceOnce(size, reps)
-				if err != nil {
-					tr.close()
-					return err
-				}
-				raw = append(raw, mb)
-			}
-			tr.close()
-			med, rawMed, linksMed := stats.Median(bus), stats.Median(raw), stats.Median(links)
+			raw, str, grpc, alone := stats.Median(r.raw), stats.Median(r.streams), stats.Median(r.grpc), stats.Median(r.alone)
 			if size == 4<<20 {
-				busAt4MiB[R] = med
+				busAt4MiB[R] = str
 			}
-			ratio := med / rawMed
-			fmt.Fprintf(b, "| %d MiB | %d | %.0f | %.0f | %s | %.0f | %s | %s | %.0f | %s |\n", size>>20, R, med, rawMed, pct(ratio),
-				linksMed, pct(linksMed/rawMed), pct(med/linksMed), tcpMed, pct(med/tcpMed))
-			logf("all-reduce %d MiB R=%d: bus %.0f MB/s, raw TCP ring %.0f MB/s (%s), gRPC links alone %.0f MB/s (%s of raw), one stream %.0f MB/s (%s)",
-				size>>20, R, med, rawMed, pct(ratio), linksMed, pct(linksMed/rawMed), tcpMed, pct(med/tcpMed))
-			measured = append(measured, fmt.Sprintf("%d MiB R=%d %s", size>>20, R, pct(ratio)))
-			met = met && ratio >= allReduceTarget
+			// Ratios are the medians of each round's own ratio: a round's
+			// three figures were measured within a second of each other,
+			// under the same load, which the medians of separate columns
+			// would not pair.
+			strRaw, grpcRaw, strGRPC := pairedRatio(r.streams, r.raw), pairedRatio(r.grpc, r.raw), pairedRatio(r.streams, r.grpc)
+			fmt.Fprintf(&rows, "| %d MiB | %d | %.0f ± %s | %.0f ± %s | %s | %.0f ± %s | %s | %s | %.0f | %s |\n", size>>20, R,
+				raw, pct(spread(r.raw)/2), str, pct(spread(r.streams)/2), pct(strRaw), grpc, pct(spread(r.grpc)/2), pct(grpcRaw), ratio(strGRPC), alone, pct(pairedRatio(r.streams, r.alone)))
+			logf("all-reduce %d MiB R=%d: raw TCP ring %.0f MB/s, streams %.0f (%s of raw), gRPC %.0f (%s of raw), streams alone %.0f",
+				size>>20, R, raw, str, pct(strRaw), grpc, pct(grpcRaw), alone)
+			if size <= 4<<20 {
+				measured = append(measured, fmt.Sprintf("%d MiB R=%d %s", size>>20, R, pct(strRaw)))
+				met = met && strRaw >= allReduceTarget
+			}
 		}
 	}
-	targets = append(targets, targetResult{"all-reduce bus bandwidth / raw TCP moving the same ring traffic, 1-16 MiB", "≥ " + pct(allReduceTarget), strings.Join(measured, ", "), met})
+	b.Write(rows.Bytes())
+	fmt.Fprintf(b, "\nLoad average (1 min) %.2f when these rounds began and %.2f when they ended, this benchmark's own threads included.\n", loadStart, loadAvg())
+	targets = append(targets, targetResult{"all-reduce bus bandwidth over ring streams / raw TCP moving the same ring traffic, 1 and 4 MiB", "≥ " + pct(allReduceTarget), strings.Join(measured, ", "), met})
 	return runGrids(o, b, busAt4MiB)
+}
+
+// pairedRatio is the median over rounds of a[i] / b[i].
+func pairedRatio(a, b []float64) float64 {
+	r := make([]float64, min(len(a), len(b)))
+	for i := range r {
+		r[i] = a[i] / b[i]
+	}
+	return stats.Median(r)
+}
+
+// ringRounds are one size and rank count's bus bandwidths in MB/s, round
+// by round: the raw TCP ring, the ring over gRPC links, over ring streams,
+// and the streams moving the ring's messages alone.
+type ringRounds struct{ raw, grpc, streams, alone []float64 }
+
+// compareRings times the raw TCP ring and the ring over each transport in
+// alternating rounds of reps all-reduces of size bytes among R ranks.
+func compareRings(o *options, size, R, reps int) (ringRounds, error) {
+	var out ringRounds
+	p, err := collective.NewPlan(size/4, configs.DefaultBucketBytes/4, R)
+	if err != nil {
+		return out, err
+	}
+	tr, err := newTCPRing(R)
+	if err != nil {
+		return out, err
+	}
+	defer tr.close()
+	var trials [2]*collective.Trial // gRPC, streams
+	for i, streams := range []bool{false, true} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		rings, cleanup, err := collective.Loopback(ctx, R, p, streams)
+		cancel()
+		if err != nil {
+			return out, err
+		}
+		defer cleanup()
+		trials[i] = collective.NewTrial(rings, p)
+	}
+	warm := max(1, reps/4)
+	if _, err := tr.allReduceOnce(size, warm); err != nil {
+		return out, err
+	}
+	for _, t := range trials {
+		if _, err := busMBs(t, R, p, warm); err != nil {
+			return out, err
+		}
+	}
+	arms := []struct {
+		dst *[]float64
+		run func() (float64, error)
+	}{
+		{&out.raw, func() (float64, error) { return tr.allReduceOnce(size, reps) }},
+		{&out.grpc, func() (float64, error) { return busMBs(trials[0], R, p, reps) }},
+		{&out.streams, func() (float64, error) { return busMBs(trials[1], R, p, reps) }},
+		{&out.alone, func() (float64, error) { return busOf(trials[1].RunLinksOnly, R, p, reps) }},
+	}
+	// Each round starts with the next arm, so none always runs first
+	// (after a GC, or as other processes wake).
+	for k := range o.reps {
+		for i := range arms {
+			a := arms[(i+k)%len(arms)]
+			runtime.GC()
+			mb, err := a.run()
+			if err != nil {
+				return out, err
+			}
+			*a.dst = append(*a.dst, mb)
+		}
+	}
+	return out, nil
 }
 
 // runGrids trains one model on the same number of processes laid out as

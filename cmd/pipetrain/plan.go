@@ -136,7 +136,7 @@ func runPlan(w io.Writer, o planOptions) error {
 	}
 	size := int(model.DType.Size())
 	bucket := predict.BucketBytes(cfg, model)
-	ring, err := o.ring.resolve(cfg.Replicas(), bucket)
+	ring, err := o.ring.resolve(cfg.Replicas(), bucket, cfg.RingStreams())
 	if err != nil {
 		return err
 	}

@@ -106,7 +106,7 @@ func TestPlanMeasuresTheRing(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	if !regexp.MustCompile(`  all-reduce: a ring at [0-9.]+ [MG]B/s plus [0-9.]+ ms a message, buckets of 1.00 MiB; measured here: 2 ranks in one process over gRPC links on loopback`).MatchString(out) {
+	if !regexp.MustCompile(`  all-reduce: a ring at [0-9.]+ [MG]B/s plus [0-9.]+ ms a message, buckets of 1.00 MiB; measured here: 2 ranks in one process over ring streams on loopback`).MatchString(out) {
 		t.Errorf("no measured ring figures in\n%s", out)
 	}
 	if strings.Contains(out, "not measured") {

@@ -38,7 +38,7 @@ type ringFigures struct {
 // resolve reads the flags; "measure" times ranks ranks here over loopback
 // links, in buckets of bucketBytes (the latency is measured too unless
 // --allreduce-latency was given).
-func (f ringFlags) resolve(ranks, bucketBytes int) (ringFigures, error) {
+func (f ringFlags) resolve(ranks, bucketBytes int, streams bool) (ringFigures, error) {
 	r := ringFigures{bytesPerSecond: defaultAllReduceBandwidth, latency: f.latency, latKnown: f.latencySet}
 	if f.latency < 0 {
 		return r, fmt.Errorf("--allreduce-latency %v: must be 0 or more", f.latency)
@@ -49,7 +49,7 @@ func (f ringFlags) resolve(ranks, bucketBytes int) (ringFigures, error) {
 		ranks = max(ranks, 2)
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		m, err := collective.MeasureLoopback(ctx, ranks, bucketBytes, 5)
+		m, err := collective.MeasureLoopback(ctx, ranks, bucketBytes, 5, streams)
 		if err != nil {
 			return r, fmt.Errorf("--allreduce-bandwidth measure: %w", err)
 		}
@@ -57,7 +57,11 @@ func (f ringFlags) resolve(ranks, bucketBytes int) (ringFigures, error) {
 		if !f.latencySet {
 			r.latency, r.latKnown = m.Latency, true
 		}
-		r.measured = fmt.Sprintf("measured here: %d ranks in one process over gRPC links on loopback, median of 5 at two sizes", ranks)
+		over := "gRPC links"
+		if streams {
+			over = "ring streams"
+		}
+		r.measured = fmt.Sprintf("measured here: %d ranks in one process over %s on loopback, median of 5 at two sizes", ranks, over)
 	default:
 		v, err := parseBandwidth(f.bandwidth)
 		if err != nil {

@@ -549,7 +549,7 @@ func newReplication(cfg *configs.Config, model *models.Model, o simulateOptions,
 		flags.bandwidth = "" // nothing to all-reduce, so nothing to measure
 	}
 	var err error
-	if r.figures, err = flags.resolve(cfg.Replicas(), predict.BucketBytes(cfg, model)); err != nil {
+	if r.figures, err = flags.resolve(cfg.Replicas(), predict.BucketBytes(cfg, model), cfg.RingStreams()); err != nil {
 		return nil, err
 	}
 	m, err := predict.NewReplication(cfg, model, schedule.Link{BytesPerSecond: r.figures.bytesPerSecond, Latency: r.figures.latency})

@@ -606,7 +606,7 @@ func TestSimulateMeasuresTheRing(t *testing.T) {
 		if want := ringTime(g0, 2, bw, latMS, 1<<20); math.Abs(got-want) > 0.01*want+0.01 {
 			t.Errorf("stage 0 charged %.3f ms, the measured figures give %.3f", got, want)
 		}
-		for _, w := range []string{"  all-reduce figures measured here: 2 ranks in one process over gRPC links on loopback"} {
+		for _, w := range []string{"  all-reduce figures measured here: 2 ranks in one process over ring streams on loopback"} {
 			if !strings.Contains(out, w) {
 				t.Errorf("missing %q in\n%s", w, out)
 			}
