@@ -80,6 +80,7 @@ func enums() map[string][]string {
 		"stages[i].recompute":   RecomputeModes,
 
 		"train.lr_schedule.kind": optim.ScheduleKinds(),
+		"parameter_servers.mode": psModes,
 	}
 	maps.Copy(e, modelEnums())
 	return e
