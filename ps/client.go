@@ -1,0 +1,149 @@
+package ps
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/pipetrain/pipetrain/engine"
+	"github.com/pipetrain/pipetrain/transport"
+)
+
+// Client is one worker stage's stream to one server. Its requests are
+// answered in turn; a Client is used by one goroutine.
+type Client struct {
+	addr          string
+	worker, stage int
+	reqs          chan request
+	done          chan struct{}
+	err           error // why the stream ended, once done is closed
+	closeOnce     sync.Once
+}
+
+type request struct {
+	h     header
+	reply chan result
+}
+
+type result struct {
+	h   header
+	err error
+}
+
+// Dial opens worker's stage's stream to the server at addr with o's
+// security and says hello with the stage's initial weights, the tensors
+// of the stage that server holds.
+func Dial(ctx context.Context, addr string, o transport.Options, worker, stage int, version int64, init []engine.Weight) (*Client, error) {
+	c := &Client{addr: addr, worker: worker, stage: stage, reqs: make(chan request), done: make(chan struct{})}
+	hello := header{op: opHello, worker: worker, stage: stage, step: version, tensors: init}
+	started := make(chan error, 1)
+	go func() {
+		defer close(c.done)
+		first := true
+		c.err = Service.Call(ctx, addr, o, func(s *transport.ServiceStream) error {
+			if err := send(s, hello); err != nil {
+				return err
+			}
+			h, err := recv(s)
+			if err != nil {
+				return err
+			}
+			if h.op != opOK {
+				return fmt.Errorf("hello answered with %d", h.op)
+			}
+			if first {
+				first = false
+				started <- nil
+			}
+			return c.serve(s)
+		})
+		if first {
+			started <- c.err
+		}
+	}()
+	select {
+	case err := <-started:
+		if err != nil {
+			return nil, fmt.Errorf("worker %d stage %d: %w", worker, stage, err)
+		}
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
+	return c, nil
+}
+
+// serve runs the requests on s until a bye.
+func (c *Client) serve(s *transport.ServiceStream) error {
+	for r := range c.reqs {
+		err := send(s, r.h)
+		var h header
+		if err == nil {
+			h, err = recv(s)
+		}
+		r.reply <- result{h, err}
+		if err != nil {
+			return err
+		}
+		if r.h.op == opBye {
+			return nil
+		}
+	}
+	return nil
+}
+
+func (c *Client) do(ctx context.Context, h header) (header, error) {
+	h.worker, h.stage = c.worker, c.stage
+	r := request{h: h, reply: make(chan result, 1)}
+	select {
+	case c.reqs <- r:
+	case <-c.done:
+		return header{}, c.ended()
+	case <-ctx.Done():
+		return header{}, context.Cause(ctx)
+	}
+	select {
+	case res := <-r.reply:
+		if res.err != nil {
+			return header{}, fmt.Errorf("parameter server at %s: %w", c.addr, res.err)
+		}
+		return res.h, nil
+	case <-ctx.Done():
+		return header{}, context.Cause(ctx)
+	}
+}
+
+func (c *Client) ended() error {
+	if c.err != nil {
+		return c.err
+	}
+	return errors.New("the stream to the parameter server at " + c.addr + " ended")
+}
+
+// Push sends the gradients of step; dropped says the server had made the
+// step's update without them (backup workers).
+func (c *Client) Push(ctx context.Context, step int64, grads []engine.Weight) (dropped bool, err error) {
+	h, err := c.do(ctx, header{op: opPush, step: step, tensors: grads})
+	return h.dropped, err
+}
+
+// Pull waits until the worker may compute step and returns the server's
+// weights then, and their version (the updates made).
+func (c *Client) Pull(ctx context.Context, step int64) ([]engine.Weight, int64, error) {
+	h, err := c.do(ctx, header{op: opPull, step: step})
+	if err == nil && h.op != opWeights {
+		err = fmt.Errorf("parameter server at %s answered a pull with %d", c.addr, h.op)
+	}
+	return h.tensors, h.step, err
+}
+
+// Close says bye and waits for the stream to end.
+func (c *Client) Close(ctx context.Context) error {
+	var err error
+	c.closeOnce.Do(func() {
+		_, err = c.do(ctx, header{op: opBye})
+		close(c.reqs)
+		<-c.done
+	})
+	return err
+}
