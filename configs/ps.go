@@ -70,6 +70,9 @@ func (c *Config) validatePS(p *Problems, tied bool) {
 	if tied {
 		p.add("parameter_servers", "the model ties weights across stages (%s), which parameter servers do not support yet", c.Model.Name)
 	}
+	if c.Checkpoint.Every > 0 {
+		p.add("checkpoint.every", "must be 0 with parameter_servers: the servers do not checkpoint their shards yet, and a worker's checkpoint lacks the optimizer state")
+	}
 	if c.Train.EarlyStop.Patience > 0 {
 		p.add("train.early_stop", "is not supported with parameter_servers yet")
 	}

@@ -80,6 +80,7 @@ type Runtime struct {
 	mbBase, scaleMBs int
 	threads          int                // BLAS threads (and elementwise workers) of this process
 	replicas         *replicaSync       // the all-reduce among the stage's replicas; nil without
+	ps               *psWorker          // the worker's side of the parameter servers; nil without
 	chunks           []compute.Stage    // what each chunk's device opened, which the executor drives
 	optims           []*optim.Optimizer // one per chunk: state and step counts are per parameter list
 	actions          []schedule.Action  // this stage's compute, in order
@@ -196,6 +197,9 @@ func New(o Options) (*Runtime, error) {
 	}
 
 	if r.replicas, err = newReplicaSync(o, l, c, r.chunks, &r.act, r.live); err != nil {
+		return nil, err
+	}
+	if r.ps, err = newPSWorker(l, r.chunks); err != nil {
 		return nil, err
 	}
 	if err := r.loadData(o, model); err != nil {
@@ -339,6 +343,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 	}
 	defer r.close()
 	defer r.replicas.start(ctx)()
+	defer r.ps.close(ctx)
 	defer r.stopFetching()
 	// Commits still running when training stops are given up: a checkpoint whose
 	// manifest is not written is never resumed from.
@@ -562,6 +567,9 @@ func (r *Runtime) trainStep(ctx context.Context, step int) error {
 	}
 	if err := r.checkGradients(step); err != nil {
 		return err
+	}
+	if r.ps != nil {
+		return r.psStep(ctx, step) // the servers step the optimizer
 	}
 	t0 := time.Now()
 	lr := r.cfg.LearningRate(int64(step)) // the schedule's, the same on every stage and replica

@@ -1,0 +1,310 @@
+package stages
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	G "gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
+
+	"github.com/pipetrain/pipetrain/compute"
+	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/models"
+	"github.com/pipetrain/pipetrain/ps"
+	"github.com/pipetrain/pipetrain/runlog"
+)
+
+// Parameter servers (docs/parameter-servers.md). With parameter_servers
+// set, each replica of the pipeline is a worker: at the end of a step each
+// of its stages pushes its summed gradients to the servers holding its
+// tensors (PSOwners), instead of all-reducing them over the replicas'
+// ring, and pulls the updated weights before the next step; the servers
+// run the optimizer. The reference sums the replicas' shares in worker
+// order, (g0 + g1) + g2 ..., as the servers do (sumWorkerShares), and
+// steps once, so a sync run equals it bit for bit.
+
+// PSOwners assigns each of the model's parameters, by name, to one of
+// the config's servers, balanced by bytes (ps.Assign over the parameters
+// in model order). Workers and tests compute it alike.
+func PSOwners(c *configs.Config, model *models.Model) (map[string]int, error) {
+	ts, err := modelTensors(model)
+	if err != nil {
+		return nil, err
+	}
+	owners := map[string]int{}
+	for i, s := range ps.Assign(ts, c.ParameterServers.Count) {
+		owners[ts[i].Name] = s
+	}
+	return owners, nil
+}
+
+// modelTensors lists the model's parameters in order, by name and bytes,
+// building each layer's graph as ParamCount does.
+func modelTensors(m *models.Model) (out []ps.Tensor, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("listing the model's parameters: %v", r)
+		}
+	}()
+	g := G.NewGraph()
+	in := m.ShapeAt(0, 1)
+	h := G.NewTensor(g, m.DType, len(in), G.WithShape(in...), G.WithName("input"))
+	for _, layer := range m.Layers {
+		b, err := layer.Build(g, h, 0)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range b.Params {
+			out = append(out, ps.Tensor{Name: p.Name(), Bytes: int64(p.Shape().TotalSize() * dtypeSize(m))})
+		}
+		h = b.Out
+	}
+	return out, nil
+}
+
+// PSSettings are server i's settings from the config: the run's
+// optimizer and learning-rate schedule, and the workers it waits for.
+func PSSettings(c *configs.Config, i int) ps.Settings {
+	return ps.Settings{Index: i, Rule: ps.Rule{Workers: c.Replicas(), Aggregate: c.ParameterServers.Aggregate},
+		Optimizer: c.Train.Optimizer, LR: c.LearningRate, Threads: c.Threads(0)}
+}
+
+// psWorker is a worker stage's side of the servers.
+type psWorker struct {
+	cfg           *configs.Config
+	worker, stage int
+	chunks        []compute.Stage
+	owners        map[string]int
+	servers       []int              // the servers holding some of the stage's tensors, in order
+	clients       map[int]*ps.Client // by server
+	dropped       int64              // the stage's pushes the servers dropped
+}
+
+// newPSWorker joins a worker stage to the servers; nil without servers
+// and in the reference.
+func newPSWorker(l *Layout, chunks []compute.Stage) (*psWorker, error) {
+	c := l.Config
+	if !c.PSEnabled() || l.Reference {
+		return nil, nil
+	}
+	owners, err := PSOwners(c, l.Model)
+	if err != nil {
+		return nil, err
+	}
+	w := &psWorker{cfg: c, worker: l.Replica, stage: l.Stage, chunks: chunks, owners: owners}
+	for _, ch := range chunks {
+		for _, wt := range ch.Weights() {
+			s, ok := owners[wt.Name]
+			if !ok {
+				return nil, fmt.Errorf("%s: weight %s is no parameter of the model's", c.ProcessName(l.Stage, l.Replica), wt.Name)
+			}
+			if !slices.Contains(w.servers, s) {
+				w.servers = append(w.servers, s)
+			}
+		}
+	}
+	slices.Sort(w.servers)
+	for _, s := range w.servers {
+		if c.PSAddress(s) == "" {
+			return nil, fmt.Errorf("parameter_servers.addresses: no address for server %d, which holds weights of stage %d", s, l.Stage)
+		}
+	}
+	return w, nil
+}
+
+// shard is the stage's tensors held by server s, in the stage's order,
+// from each chunk's list (Weights or Gradients).
+func (w *psWorker) shard(s int, lists [][]compute.Weight) []compute.Weight {
+	var out []compute.Weight
+	for _, ws := range lists {
+		for _, wt := range ws {
+			if w.owners[wt.Name] == s {
+				out = append(out, wt)
+			}
+		}
+	}
+	return out
+}
+
+// connect says hello to each server with the stage's weights, which
+// every worker holds alike at the start (the servers check).
+func (w *psWorker) connect(ctx context.Context, version int64) error {
+	opts, err := LinkOptions(w.cfg, w.stage)
+	if err != nil {
+		return err
+	}
+	weights := make([][]compute.Weight, len(w.chunks))
+	for i, ch := range w.chunks {
+		weights[i] = ch.Weights()
+	}
+	w.clients = map[int]*ps.Client{}
+	for _, s := range w.servers {
+		cl, err := ps.Dial(ctx, w.cfg.PSAddress(s), opts, w.worker, w.stage, version, w.shard(s, weights))
+		if err != nil {
+			return fmt.Errorf("%s: %w", configs.PSName(s), err)
+		}
+		w.clients[s] = cl
+	}
+	return nil
+}
+
+// eachServer runs f for each of the stage's servers at once and returns
+// the first error.
+func (w *psWorker) eachServer(f func(s int, cl *ps.Client) error) error {
+	errs := make([]error, len(w.servers))
+	var wg sync.WaitGroup
+	for i, s := range w.servers {
+		wg.Go(func() { errs[i] = f(s, w.clients[s]) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			return fmt.Errorf("%s: %w", configs.PSName(w.servers[i]), err)
+		}
+	}
+	return nil
+}
+
+// push sends the step's gradients to their servers, then zeroes them for
+// the next step's sums, as an optimizer step would.
+func (w *psWorker) push(ctx context.Context, step int) (dropped int, err error) {
+	grads := make([][]compute.Weight, len(w.chunks))
+	for i, ch := range w.chunks {
+		if grads[i], err = ch.Gradients(); err != nil {
+			return 0, err
+		}
+	}
+	var mu sync.Mutex
+	err = w.eachServer(func(s int, cl *ps.Client) error {
+		d, err := cl.Push(ctx, int64(step), w.shard(s, grads))
+		if d {
+			mu.Lock()
+			dropped++
+			mu.Unlock()
+		}
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	for i, ch := range w.chunks {
+		for _, g := range grads[i] {
+			g.Value.Zero()
+		}
+		if err := ch.LoadGradients(grads[i]); err != nil {
+			return 0, err
+		}
+	}
+	return dropped, nil
+}
+
+// pull waits until the servers have made every update before step and
+// loads their weights into the stage's chunks.
+func (w *psWorker) pull(ctx context.Context, step int) error {
+	got := map[string]*tensor.Dense{}
+	var mu sync.Mutex
+	err := w.eachServer(func(s int, cl *ps.Client) error {
+		ws, _, err := cl.Pull(ctx, int64(step))
+		mu.Lock()
+		defer mu.Unlock()
+		for _, wt := range ws {
+			got[wt.Name] = wt.Value
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	for _, ch := range w.chunks {
+		ws := ch.Weights()
+		for i, wt := range ws {
+			v, ok := got[wt.Name]
+			if !ok {
+				return fmt.Errorf("the servers sent no weight %s", wt.Name)
+			}
+			ws[i].Value = v
+		}
+		if err := ch.LoadWeights(ws); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// close says bye to every server.
+func (w *psWorker) close(ctx context.Context) {
+	if w == nil {
+		return
+	}
+	for _, cl := range w.clients {
+		cl.Close(ctx)
+	}
+}
+
+// psStep ends a worker stage's step: the push of its gradients and the
+// pull of the weights the next step computes with, in place of the
+// optimizer step. The stage connects at its first step.
+func (r *Runtime) psStep(ctx context.Context, step int) error {
+	w := r.ps
+	if w.clients == nil {
+		if err := w.connect(ctx, int64(step)); err != nil {
+			return err
+		}
+	}
+	t0 := time.Now()
+	dropped, err := w.push(ctx, step)
+	if err != nil {
+		return fmt.Errorf("pushing the gradients: %w", err)
+	}
+	w.dropped += int64(dropped)
+	t1 := time.Now()
+	if err := w.pull(ctx, step+1); err != nil {
+		return fmt.Errorf("pulling the weights: %w", err)
+	}
+	t2 := time.Now()
+	r.live.action(runlog.Optimizer, t2.Sub(t0), 0, r.inFlight())
+	return r.events.add(runlog.Event{Stage: r.stage, Replica: r.replica, Step: step, Kind: runlog.Optimizer,
+		StartNS: t0.UnixNano(), EndNS: t2.UnixNano(), WaitNS: t2.Sub(t1).Nanoseconds()})
+}
+
+// sumWorkerShares is the reference's sum of the replicas' shares under
+// parameter servers: in worker order, of the workers whose pushes the
+// servers keep (Layout.PSKept; every worker's without it).
+func (rs *replicaSync) sumWorkerShares(step, chunk int) error {
+	ws, grads, err := stepGrads(rs.chunks[chunk])
+	if err != nil {
+		return err
+	}
+	kept := make([]int, len(rs.shares))
+	for i := range kept {
+		kept[i] = i
+	}
+	if rs.layout.PSKept != nil {
+		kept = rs.layout.PSKept(step)
+	}
+	out := flatten(grads, nil)
+	for k, w := range kept {
+		switch v := out.(type) {
+		case []float32:
+			sumInto(k == 0, v, rs.shares[w].([]float32))
+		case []float64:
+			sumInto(k == 0, v, rs.shares[w].([]float64))
+		}
+	}
+	unflatten(out, grads)
+	rs.gradsDone = 0
+	return rs.chunks[chunk].LoadGradients(ws)
+}
+
+func sumInto[T float32 | float64](first bool, acc, v []T) {
+	if first {
+		copy(acc, v)
+		return
+	}
+	for i := range acc {
+		acc[i] += v[i]
+	}
+}

@@ -1,0 +1,176 @@
+package stages
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pipetrain/pipetrain/checkpoint"
+	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/ps"
+	"github.com/pipetrain/pipetrain/transport"
+)
+
+// psConfig is a 2-stage MLP run with workers replicas of the pipeline and
+// servers parameter servers (their addresses filled in by startServers).
+func psConfig(workers, servers int, opt string) *configs.Config {
+	c := testConfig("1f1b", plain("0-1", "2-3"), 2, "float32", opt)
+	c.DataParallel = workers
+	c.Data.BatchSize = 4 * workers * c.Data.MicroBatches
+	for i := range c.Stages {
+		for w := range workers {
+			c.Stages[i].Addresses = append(c.Stages[i].Addresses, fmt.Sprintf("127.0.0.1:%d", 7000+10*i+w))
+		}
+		c.Stages[i].Address = c.Stages[i].Addresses[0]
+	}
+	c.Transport.Token = "ps-test-token"
+	c.ParameterServers = configs.ParameterServers{Count: servers, Mode: "sync"}
+	return c
+}
+
+// startServers serves c's parameter servers on loopback ports, with the
+// links' token, and writes their addresses into c.
+func startServers(t *testing.T, c *configs.Config) []*ps.Server {
+	t.Helper()
+	opts, err := LinkOptions(c, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*ps.Server
+	c.ParameterServers.Addresses = nil
+	for i := range c.ParameterServers.Count {
+		srv := ps.NewServer(PSSettings(c, i))
+		ss, err := srv.Serve("127.0.0.1:0", opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ss.Close() })
+		c.ParameterServers.Addresses = append(c.ParameterServers.Addresses, ss.Addr())
+		out = append(out, srv)
+	}
+	return out
+}
+
+// runWorkers runs every stage of every worker of c in this process, each
+// worker's stages linked by in-memory pipes, delay(w, stage, step) run
+// before each of worker w's pushes when set; it returns the run directory.
+func runWorkers(t *testing.T, c *configs.Config) string {
+	t.Helper()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	train, test := synthetic(96, 8, 3, 1), synthetic(30, 8, 3, 2)
+	p, m := len(c.Stages), c.Replicas()
+	type proc struct {
+		rt    *Runtime
+		links [2]transport.Link
+	}
+	procs := make([][]proc, m)
+	for w := range m {
+		procs[w] = make([]proc, p)
+		layouts := make([]*Layout, p)
+		for i := range p {
+			l, err := NewReplicaLayout(c, i, w)
+			if err != nil {
+				t.Fatal(err)
+			}
+			layouts[i] = l
+		}
+		for i := 0; i+1 < p; i++ {
+			a, b := transport.Pipe(layouts[i].Down, layouts[i+1].Up, c.Transport.QueueDepth)
+			procs[w][i].links[1], procs[w][i+1].links[0] = a, b
+		}
+		for i, l := range layouts {
+			rt, err := New(Options{Layout: l, Config: c, RunDir: dir, Prev: procs[w][i].links[0], Next: procs[w][i].links[1], Train: train, Test: test})
+			if err != nil {
+				t.Fatalf("worker %d stage %d: %v", w, i, err)
+			}
+			procs[w][i].rt = rt
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	errs := make([][]error, m)
+	var wg sync.WaitGroup
+	for w := range procs {
+		errs[w] = make([]error, p)
+		for i, pr := range procs[w] {
+			wg.Go(func() {
+				errs[w][i] = pr.rt.Run(ctx)
+				if errs[w][i] != nil {
+					cancel()
+				}
+				for _, l := range pr.links {
+					if l != nil {
+						l.Close()
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	for w := range errs {
+		for i, err := range errs[w] {
+			if err != nil {
+				t.Errorf("worker %d stage %d: %v", w, i, err)
+			}
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	return dir
+}
+
+// serversHoldReference checks that the servers hold the reference's final weights,
+// bit for bit, between them every one once, and that the workers saved
+// them too.
+func serversHoldReference(t *testing.T, servers []*ps.Server, ref, run string) {
+	t.Helper()
+	want := readWeights(t, ref)
+	held := map[string]checkpoint.Tensor{}
+	for i, s := range servers {
+		ws := s.Weights()
+		if len(ws) == 0 {
+			t.Errorf("server %d holds no tensors", i)
+		}
+		for name, v := range ws {
+			if _, dup := held[name]; dup {
+				t.Errorf("%s held by two servers", name)
+			}
+			tt := checkpoint.Tensor{Name: name, Shape: v.Shape().Clone()}
+			switch d := v.Data().(type) {
+			case []float32:
+				tt.F32 = d
+			case []float64:
+				tt.F64 = d
+			}
+			held[name] = tt
+		}
+	}
+	if err := checkpoint.Diff(want, held); err != nil {
+		t.Errorf("servers' weights differ from the reference's: %v", err)
+	}
+	if err := checkpoint.Diff(want, readWeights(t, run)); err != nil {
+		t.Errorf("worker 0's saved weights differ from the reference's: %v", err)
+	}
+}
+
+// TestSyncPSEqualsReference: 3 workers of a 2-stage pipeline with 2
+// parameter servers train the same weights and evaluation as the
+// one-process reference, bit for bit, with each optimizer.
+func TestSyncPSEqualsReference(t *testing.T) {
+	for _, opt := range []string{"sgd", "adam"} {
+		t.Run(opt, func(t *testing.T) {
+			c := psConfig(3, 2, opt)
+			servers := startServers(t, c)
+			run := runWorkers(t, c)
+			ref := runInProcess(t, c, true)
+			serversHoldReference(t, servers, ref, run)
+			sameFile(t, ref+"/eval.json", run+"/eval.json")
+		})
+	}
+}
