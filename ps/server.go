@@ -110,8 +110,8 @@ func (s *Server) handle(st *transport.ServiceStream) error {
 }
 
 // hello registers a worker stage: the first brings the group's tensors
-// and their initial values; every other must list the same tensors with
-// the same values, which all workers start from.
+// and their values at version h.step; every other must list the same
+// tensors, with the same values while the group is at that version.
 func (s *Server) hello(h header) (header, error) {
 	if h.worker < 0 || h.worker >= s.set.Rule.Workers {
 		return header{}, fmt.Errorf("no such worker: the workers are 0-%d", s.set.Rule.Workers-1)
@@ -127,7 +127,10 @@ func (s *Server) hello(h header) (header, error) {
 		s.groups[h.stage] = g
 		return header{op: opOK, step: g.m.Version()}, nil
 	}
-	if err := g.same(h.tensors, true); err != nil {
+	// Weights from the same version must hold the same bits; a worker
+	// that says hello after an update (a late backup worker) is checked
+	// by name and shape only, and pulls the newer weights.
+	if err := g.same(h.tensors, g.m.Version() == h.step); err != nil {
 		return header{}, fmt.Errorf("initial weights: %w", err)
 	}
 	return header{op: opOK, step: g.m.Version()}, nil

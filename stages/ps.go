@@ -12,6 +12,7 @@ import (
 
 	"github.com/pipetrain/pipetrain/compute"
 	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/internal/words"
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/ps"
 	"github.com/pipetrain/pipetrain/runlog"
@@ -81,6 +82,9 @@ type psWorker struct {
 	servers       []int              // the servers holding some of the stage's tensors, in order
 	clients       map[int]*ps.Client // by server
 	dropped       int64              // the stage's pushes the servers dropped
+	// beforePush, if set, runs before each step's push: tests delay a
+	// worker with it.
+	beforePush func(step int)
 }
 
 // newPSWorker joins a worker stage to the servers; nil without servers
@@ -254,12 +258,19 @@ func (r *Runtime) psStep(ctx context.Context, step int) error {
 			return err
 		}
 	}
+	if w.beforePush != nil {
+		w.beforePush(step)
+	}
 	t0 := time.Now()
 	dropped, err := w.push(ctx, step)
 	if err != nil {
 		return fmt.Errorf("pushing the gradients: %w", err)
 	}
-	w.dropped += int64(dropped)
+	if dropped > 0 {
+		w.dropped += int64(dropped)
+		fmt.Fprintf(r.log, "%s: step %d's gradients came after the update of %s, which dropped them (backup workers)\n",
+			r.name(), step+1, words.Count(dropped, "server"))
+	}
 	t1 := time.Now()
 	if err := w.pull(ctx, step+1); err != nil {
 		return fmt.Errorf("pulling the weights: %w", err)
@@ -267,7 +278,7 @@ func (r *Runtime) psStep(ctx context.Context, step int) error {
 	t2 := time.Now()
 	r.live.action(runlog.Optimizer, t2.Sub(t0), 0, r.inFlight())
 	return r.events.add(runlog.Event{Stage: r.stage, Replica: r.replica, Step: step, Kind: runlog.Optimizer,
-		StartNS: t0.UnixNano(), EndNS: t2.UnixNano(), WaitNS: t2.Sub(t1).Nanoseconds()})
+		StartNS: t0.UnixNano(), EndNS: t2.UnixNano(), WaitNS: t2.Sub(t1).Nanoseconds(), Dropped: dropped})
 }
 
 // sumWorkerShares is the reference's sum of the replicas' shares under

@@ -3,6 +3,7 @@ package stages
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -31,8 +32,9 @@ func psConfig(workers, servers int, opt string) *configs.Config {
 }
 
 // startServers serves c's parameter servers on loopback ports, with the
-// links' token, and writes their addresses into c.
-func startServers(t *testing.T, c *configs.Config) []*ps.Server {
+// links' token, and writes their addresses into c; observe, if set,
+// hears each server's updates and drops.
+func startServers(t *testing.T, c *configs.Config, observe func(server int, e ps.Event)) []*ps.Server {
 	t.Helper()
 	opts, err := LinkOptions(c, 0)
 	if err != nil {
@@ -42,6 +44,9 @@ func startServers(t *testing.T, c *configs.Config) []*ps.Server {
 	c.ParameterServers.Addresses = nil
 	for i := range c.ParameterServers.Count {
 		srv := ps.NewServer(PSSettings(c, i))
+		if observe != nil {
+			srv.Observe = func(e ps.Event) { observe(i, e) }
+		}
 		ss, err := srv.Serve("127.0.0.1:0", opts)
 		if err != nil {
 			t.Fatal(err)
@@ -54,9 +59,9 @@ func startServers(t *testing.T, c *configs.Config) []*ps.Server {
 }
 
 // runWorkers runs every stage of every worker of c in this process, each
-// worker's stages linked by in-memory pipes, delay(w, stage, step) run
-// before each of worker w's pushes when set; it returns the run directory.
-func runWorkers(t *testing.T, c *configs.Config) string {
+// worker's stages linked by in-memory pipes, each runtime handed to setup
+// (when set) before it runs; it returns the run directory.
+func runWorkers(t *testing.T, c *configs.Config, setup func(w, stage int, rt *Runtime)) string {
 	t.Helper()
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
@@ -89,6 +94,9 @@ func runWorkers(t *testing.T, c *configs.Config) string {
 				t.Fatalf("worker %d stage %d: %v", w, i, err)
 			}
 			procs[w][i].rt = rt
+			if setup != nil {
+				setup(w, i, rt)
+			}
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -166,11 +174,101 @@ func TestSyncPSEqualsReference(t *testing.T) {
 	for _, opt := range []string{"sgd", "adam"} {
 		t.Run(opt, func(t *testing.T) {
 			c := psConfig(3, 2, opt)
-			servers := startServers(t, c)
-			run := runWorkers(t, c)
+			servers := startServers(t, c, nil)
+			run := runWorkers(t, c, nil)
 			ref := runInProcess(t, c, true)
 			serversHoldReference(t, servers, ref, run)
 			sameFile(t, ref+"/eval.json", run+"/eval.json")
 		})
 	}
+}
+
+// runReference runs c's one-process reference with layout changes made
+// by adjust, and returns its run directory.
+func runReference(t *testing.T, c *configs.Config, adjust func(*Layout)) string {
+	t.Helper()
+	l, err := ReferenceLayout(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	adjust(l)
+	dir := t.TempDir()
+	rt, err := New(Options{Layout: l, Config: c, Reference: true, RunDir: dir, Train: synthetic(96, 8, 3, 1), Test: synthetic(30, 8, 3, 2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := rt.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestBackupWorkersDropTheLateWorker: with aggregate 2 of 3 workers and
+// worker 2 held back until each step's update is made, every update sums
+// workers 0 and 1, exactly worker 2's pushes are dropped (and counted, on
+// the servers and the worker), and the weights equal the reference that
+// sums only workers 0 and 1, bit for bit.
+func TestBackupWorkersDropTheLateWorker(t *testing.T) {
+	c := psConfig(3, 2, "adam")
+	c.ParameterServers.Aggregate = 2
+	var mu sync.Mutex
+	updated := sync.NewCond(&mu)
+	made := map[[2]int]int64{}  // updates made, by server and stage
+	drops := map[[3]int]int64{} // pushes dropped, by server, stage and worker
+	servers := startServers(t, c, func(s int, e ps.Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		if e.Update == nil {
+			drops[[3]int{s, e.Stage, e.Dropped}]++
+			return
+		}
+		if !slices.Equal(e.Update.Workers, []int{0, 1}) {
+			t.Errorf("server %d stage %d: update of step %d sums workers %v, want [0 1]", s, e.Stage, e.Step+1, e.Update.Workers)
+		}
+		made[[2]int{s, e.Stage}] = e.Step + 1
+		updated.Broadcast()
+	})
+	var late []*Runtime
+	run := runWorkers(t, c, func(w, stage int, rt *Runtime) {
+		if w != 2 {
+			return
+		}
+		late = append(late, rt)
+		rt.ps.beforePush = func(step int) {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, s := range rt.ps.servers {
+				for made[[2]int{s, stage}] <= int64(step) {
+					updated.Wait()
+				}
+			}
+		}
+	})
+	steps := int64(c.Train.Steps)
+	for key, n := range drops {
+		if key[2] != 2 || n != steps {
+			t.Errorf("server %d stage %d dropped %d pushes of worker %d; want only worker 2's, all %d", key[0], key[1], n, key[2], steps)
+		}
+	}
+	if len(late) != len(c.Stages) {
+		t.Fatalf("%d stages of worker 2 delayed", len(late))
+	}
+	for _, rt := range late {
+		if want := steps * int64(len(rt.ps.servers)); rt.ps.dropped != want {
+			t.Errorf("worker 2 stage %d counted %d dropped pushes, want %d", rt.stage, rt.ps.dropped, want)
+		}
+		for _, s := range rt.ps.servers {
+			if n := drops[[3]int{s, rt.stage, 2}]; n != steps {
+				t.Errorf("server %d dropped %d of stage %d's pushes from worker 2, want %d", s, n, rt.stage, steps)
+			}
+			if n := servers[s].Dropped(rt.stage, 2); n != steps {
+				t.Errorf("server %d counts %d drops of worker 2 stage %d, want %d", s, n, rt.stage, steps)
+			}
+		}
+	}
+	ref := runReference(t, c, func(l *Layout) { l.PSKept = func(int) []int { return []int{0, 1} } })
+	serversHoldReference(t, servers, ref, run)
+	sameFile(t, ref+"/eval.json", run+"/eval.json")
 }
