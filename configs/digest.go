@@ -41,7 +41,7 @@ func (c *Config) trainingState() map[string]any {
 		// Servers sum the gradients in worker order, and backup workers
 		// drop some; a run without servers keeps its digest.
 		ps := c.ParameterServers
-		state["parameter_servers"] = map[string]any{"count": ps.Count, "mode": ps.Mode, "aggregate": ps.Aggregate}
+		state["parameter_servers"] = map[string]any{"count": ps.Count, "mode": ps.Mode, "aggregate": ps.Aggregate, "max_staleness": ps.MaxStaleness}
 	}
 	if c.Train.ClipGradNorm > 0 {
 		// Clipping changes the updates; a run without it keeps its digest.

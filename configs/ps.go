@@ -1,6 +1,7 @@
 package configs
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -17,8 +18,12 @@ type ParameterServers struct {
 	Count int `mapstructure:"count" json:"count"`
 	// Mode is how the servers combine the workers' pushes: sync (one
 	// update per step from every worker's gradient, summed in worker
-	// order), the only mode so far.
+	// order) or async (each push applied as it arrives, within
+	// MaxStaleness).
 	Mode string `mapstructure:"mode" json:"mode"`
+	// MaxStaleness bounds, in async mode, how many updates the weights a
+	// worker computes with may lag behind the servers' (0: sync's updates).
+	MaxStaleness int `mapstructure:"max_staleness" json:"max_staleness"`
 	// Aggregate is how many workers' pushes a sync step sums (backup
 	// workers): the first Aggregate to arrive, summed in worker order; the
 	// later ones are dropped. 0: every worker's.
@@ -29,7 +34,7 @@ type ParameterServers struct {
 }
 
 // psModes are the values of parameter_servers.mode; "" means sync.
-var psModes = []string{"sync"}
+var psModes = []string{"sync", "async"}
 
 // PSEnabled reports whether the run has parameter servers.
 func (c *Config) PSEnabled() bool { return c.ParameterServers.Count > 0 }
@@ -50,14 +55,23 @@ func (c *Config) validatePS(p *Problems, tied bool) {
 		p.add("parameter_servers.count", "must be 0 (no servers) or a number of server processes, got %d", ps.Count)
 	}
 	if ps.Mode != "" && !slices.Contains(psModes, ps.Mode) {
-		p.add("parameter_servers.mode", "unknown mode %q (known: %s; async is not implemented yet)", ps.Mode, strings.Join(psModes, ", "))
+		p.add("parameter_servers.mode", "unknown mode %q (known: %s)", ps.Mode, strings.Join(psModes, ", "))
 	}
 	if n := ps.Aggregate; n < 0 || n > c.Replicas() {
 		p.add("parameter_servers.aggregate", "must be 0 (every worker) or 1-%d (data_parallel is %d), got %d", c.Replicas(), c.Replicas(), n)
 	}
+	if ps.MaxStaleness < 0 {
+		p.add("parameter_servers.max_staleness", "must be 0 or more updates, got %d", ps.MaxStaleness)
+	}
+	if ps.Mode == "async" && ps.Aggregate > 0 {
+		p.add("parameter_servers.aggregate", "is for sync mode (backup workers); async applies every push")
+	}
+	if ps.Mode != "async" && ps.MaxStaleness > 0 {
+		p.add("parameter_servers.max_staleness", "is for async mode; mode is %s", cmp.Or(ps.Mode, "sync"))
+	}
 	if ps.Count <= 0 {
-		if ps.Aggregate > 0 || len(ps.Addresses) > 0 {
-			p.add("parameter_servers.count", "missing: aggregate and addresses need count, the number of servers")
+		if ps.Aggregate > 0 || ps.MaxStaleness > 0 || len(ps.Addresses) > 0 {
+			p.add("parameter_servers.count", "missing: aggregate, max_staleness and addresses need count, the number of servers")
 		}
 		return
 	}
@@ -95,11 +109,14 @@ func init() {
 	defaults["parameter_servers.count"] = 0
 	defaults["parameter_servers.mode"] = "sync"
 	defaults["parameter_servers.aggregate"] = 0
+	defaults["parameter_servers.max_staleness"] = 0
+	minimums["parameter_servers.max_staleness"] = 0
 	minimums["parameter_servers.count"] = 0
 	minimums["parameter_servers.aggregate"] = 0
 	keyDocs["parameter_servers"] = "Parameter servers instead of the replicas' all-reduce (docs/parameter-servers.md): the servers hold the weights and optimizer state, sharded by tensor; each replica of the pipeline is a worker that pushes its gradients and pulls the updated weights."
 	keyDocs["parameter_servers.count"] = "Server processes (0: none, the replicas all-reduce over their ring)."
-	keyDocs["parameter_servers.mode"] = "sync: one update per step from the workers' gradients summed in worker order, bit-identical to the one-process reference."
+	keyDocs["parameter_servers.mode"] = "sync: one update per step from the workers' gradients summed in worker order, bit-identical to the one-process reference; async: each push applied as it arrives, within max_staleness."
+	keyDocs["parameter_servers.max_staleness"] = "Async mode: how many updates the weights a worker computes with may lag behind the servers' (0: every step waits for every worker, sync's updates)."
 	keyDocs["parameter_servers.aggregate"] = "Backup workers: each sync step sums the first this many of the data_parallel workers' pushes, in worker order, and drops the later ones (0: every worker's)."
 	keyDocs["parameter_servers.addresses"] = "Where each server listens, server 0 first (host:port)."
 }

@@ -137,6 +137,22 @@ func (c *Client) Pull(ctx context.Context, step int64) ([]engine.Weight, int64, 
 	return h.tensors, h.step, err
 }
 
+// Leave tells the server the worker pushed its last gradients.
+func (c *Client) Leave(ctx context.Context) error {
+	_, err := c.do(ctx, header{op: opLeave})
+	return err
+}
+
+// PullFinal waits until every worker has left and returns the final
+// weights.
+func (c *Client) PullFinal(ctx context.Context) ([]engine.Weight, error) {
+	h, err := c.do(ctx, header{op: opPull, final: true})
+	if err == nil && h.op != opWeights {
+		err = fmt.Errorf("parameter server at %s answered a pull with %d", c.addr, h.op)
+	}
+	return h.tensors, err
+}
+
 // Close says bye and waits for the stream to end.
 func (c *Client) Close(ctx context.Context) error {
 	var err error

@@ -27,6 +27,9 @@ func feed(t *testing.T, m *Machine, ps ...push) []string {
 		}
 		if up != nil {
 			out = append(out, fmt.Sprintf("u%d:%v", up.Step, up.Workers))
+			if m.rule.Async {
+				out[len(out)-1] += fmt.Sprint(up.Staleness)
+			}
 		}
 	}
 	return out
@@ -40,13 +43,13 @@ func TestSyncSumsEveryWorkerInWorkerOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := feed(t, m, push{2, 0}, push{0, 0}); len(got) != 0 || m.Pullable(1) {
-		t.Fatalf("after 2 of 3 pushes: %v, pullable %v", got, m.Pullable(1))
+	if got := feed(t, m, push{2, 0}, push{0, 0}); len(got) != 0 || m.Pullable(0, 1) {
+		t.Fatalf("after 2 of 3 pushes: %v, pullable %v", got, m.Pullable(0, 1))
 	}
 	if got := feed(t, m, push{1, 0}); !slices.Equal(got, []string{"u0:[0 1 2]"}) {
 		t.Fatalf("got %v", got)
 	}
-	if !m.Pullable(1) || m.Pullable(2) || m.Version() != 1 {
+	if !m.Pullable(0, 1) || m.Pullable(0, 2) || m.Version() != 1 {
 		t.Fatalf("version %d", m.Version())
 	}
 	if got := feed(t, m, push{1, 1}, push{2, 1}, push{0, 1}); !slices.Equal(got, []string{"u1:[0 1 2]"}) {
@@ -117,5 +120,76 @@ func TestAssignBalancesBytes(t *testing.T) {
 	}
 	if got := Assign(ts, 1); !slices.Equal(got, []int{0, 0, 0, 0, 0}) {
 		t.Errorf("one server: %v", got)
+	}
+}
+
+// pull has worker w pull, which it may only once its push is applied.
+func pull(t *testing.T, m *Machine, w int) {
+	t.Helper()
+	if !m.Pullable(w, 0) {
+		t.Fatalf("worker %d may not pull at version %d", w, m.Version())
+	}
+	m.Pulled(w)
+}
+
+// TestAsyncZeroStalenessIsSync: with max_staleness 0 no push is applied
+// before every worker's push of the step is in, and then all in one
+// update, in worker order: sync's updates.
+func TestAsyncZeroStalenessIsSync(t *testing.T) {
+	m, err := NewMachine(Rule{Workers: 3, Async: true}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for step := range int64(3) {
+		if got := feed(t, m, push{2, step}, push{0, step}); len(got) != 0 {
+			t.Fatalf("step %d: %v before worker 1 pushed", step+1, got)
+		}
+		if m.Pullable(0, 0) {
+			t.Fatal("worker 0 may pull before its push is applied")
+		}
+		if got := feed(t, m, push{1, step}); !slices.Equal(got, []string{fmt.Sprintf("u%d:[0 1 2][0 0 0]", step)}) {
+			t.Fatalf("step %d: %v", step+1, got)
+		}
+		for w := range 3 {
+			pull(t, m, w)
+		}
+	}
+}
+
+// TestAsyncStalenessBound: with max_staleness 1, a push is applied at
+// once while every computing worker stays within one update; a push that
+// would leave a worker two behind waits and is applied together with
+// that worker's push, which is then one update stale.
+func TestAsyncStalenessBound(t *testing.T) {
+	m, _ := NewMachine(Rule{Workers: 3, Async: true, MaxStaleness: 1}, 0)
+	if got := feed(t, m, push{0, 0}); !slices.Equal(got, []string{"u0:[0][0]"}) {
+		t.Fatalf("first push: %v", got)
+	}
+	pull(t, m, 0) // worker 0 computes on version 1
+	// Worker 1's push would leave worker 2 (on version 0) two behind.
+	if got := feed(t, m, push{1, 0}); len(got) != 0 {
+		t.Fatalf("worker 1's push: %v", got)
+	}
+	if m.Pullable(1, 0) {
+		t.Fatal("worker 1 pulls before its push is applied")
+	}
+	if got := feed(t, m, push{2, 0}); !slices.Equal(got, []string{"u0:[1 2][1 1]"}) {
+		t.Fatalf("worker 2's push: %v", got)
+	}
+	// Workers 1 and 2 now compute on version 2, worker 0 on version 1:
+	// its push is applied at once (one update stale), and its next one
+	// would leave them two behind, so it waits until they leave.
+	pull(t, m, 1)
+	pull(t, m, 2)
+	if got := feed(t, m, push{0, 1}); !slices.Equal(got, []string{"u1:[0][1]"}) {
+		t.Fatalf("worker 0's second push: %v", got)
+	}
+	pull(t, m, 0)
+	if got := feed(t, m, push{0, 2}); len(got) != 0 {
+		t.Fatalf("worker 0's third push with workers 1 and 2 two behind: %v", got)
+	}
+	m.Leave(1)
+	if up := m.Leave(2); up == nil || !slices.Equal(up.Workers, []int{0}) {
+		t.Fatalf("after workers 1 and 2 left: %+v", up)
 	}
 }

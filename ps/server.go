@@ -95,7 +95,12 @@ func (s *Server) handle(st *transport.ServiceStream) error {
 			reply, err = s.push(h)
 		case opPull:
 			reply, err = s.pull(st.Context(), h)
+		case opLeave:
+			reply, err = header{op: opOK}, s.leave(h)
 		case opBye:
+			if err := s.leave(h); err != nil {
+				return fmt.Errorf("%s, worker %d stage %d: %w", s.name(), h.worker, h.stage, err)
+			}
 			return st.Send(header{op: opOK}.marshal())
 		default:
 			err = fmt.Errorf("unknown request %d", h.op)
@@ -206,16 +211,43 @@ func (s *Server) push(h header) (header, error) {
 		grads[i] = t.Value
 	}
 	g.grads[h.worker] = grads
-	if up != nil {
-		if err := s.apply(g, up); err != nil {
-			s.err = fmt.Errorf("update of step %d: %w", up.Step+1, err)
-			return header{}, s.err
-		}
-		s.observe(Event{Stage: h.stage, Update: up, Step: up.Step})
-		close(s.changed)
-		s.changed = make(chan struct{})
+	if err := s.update(h.stage, g, up); err != nil {
+		return header{}, err
 	}
 	return header{op: opOK, step: g.m.Version()}, nil
+}
+
+// update makes up (nil: nothing to make) and wakes the waiting pulls.
+func (s *Server) update(stage int, g *group, up *Update) error {
+	if up == nil {
+		return nil
+	}
+	if err := s.apply(g, up); err != nil {
+		s.err = fmt.Errorf("update of step %d: %w", up.Step+1, err)
+		return s.err
+	}
+	s.observe(Event{Stage: stage, Update: up, Step: up.Step})
+	s.wake()
+	return nil
+}
+
+// wake tells the waiting pulls that something changed.
+func (s *Server) wake() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// leave records a worker stage's bye: in async mode the others stop
+// waiting for it.
+func (s *Server) leave(h header) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g, ok := s.groups[h.stage]
+	if !ok {
+		return nil
+	}
+	defer s.wake() // final pulls wait for the last to leave
+	return s.update(h.stage, g, g.m.Leave(h.worker))
 }
 
 func (s *Server) observe(e Event) {
@@ -272,7 +304,8 @@ func (s *Server) pull(ctx context.Context, h header) (header, error) {
 			s.mu.Unlock()
 			return header{}, errors.New("a pull before the stage's hello")
 		}
-		if g.m.Pullable(h.step) {
+		if (!h.final && g.m.Pullable(h.worker, h.step)) || (h.final && g.m.Done()) {
+			g.m.Pulled(h.worker)
 			out := header{op: opWeights, step: g.m.Version()}
 			for i, p := range g.params {
 				out.tensors = append(out.tensors, engine.Weight{Name: g.names[i], Value: p.Clone().(*tensor.Dense)})

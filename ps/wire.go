@@ -21,12 +21,17 @@ import (
 //	hello (worker's initial weights) -> ok (version)
 //	push (step's gradients)          -> ok (version, dropped)
 //	pull (step about to be computed) -> weights (version, tensors)
+//	leave (the worker's last push)   -> ok
 //	bye                              -> ok
+//
+// A final pull (after leave) waits for every worker to leave: in async
+// mode the others' pushes still change the weights after one's last.
 const (
 	opHello byte = iota + 1
 	opPush
 	opPull
 	opBye
+	opLeave
 	opOK
 	opWeights
 )
@@ -39,6 +44,7 @@ type header struct {
 	worker, stage int
 	step          int64 // a push's or pull's step; an answer's version
 	dropped       bool  // an ok to a push that came too late
+	final         bool  // a pull of the run's final weights
 	tensors       []engine.Weight
 }
 
@@ -49,7 +55,10 @@ func (h header) marshal() []byte {
 	b = binary.LittleEndian.AppendUint64(b, uint64(h.step))
 	flag := byte(0)
 	if h.dropped {
-		flag = 1
+		flag |= 1
+	}
+	if h.final {
+		flag |= 2
 	}
 	b = append(b, flag)
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(h.tensors)))
@@ -79,7 +88,7 @@ func unmarshalHeader(b []byte) (header, error) {
 	h.worker = int(binary.LittleEndian.Uint32(b[1:]))
 	h.stage = int(binary.LittleEndian.Uint32(b[5:]))
 	h.step = int64(binary.LittleEndian.Uint64(b[9:]))
-	h.dropped = b[17] == 1
+	h.dropped, h.final = b[17]&1 != 0, b[17]&2 != 0
 	n := int(binary.LittleEndian.Uint32(b[18:]))
 	b = b[22:]
 	if n > len(b) {

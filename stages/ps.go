@@ -69,7 +69,8 @@ func modelTensors(m *models.Model) (out []ps.Tensor, err error) {
 // PSSettings are server i's settings from the config: the run's
 // optimizer and learning-rate schedule, and the workers it waits for.
 func PSSettings(c *configs.Config, i int) ps.Settings {
-	return ps.Settings{Index: i, Rule: ps.Rule{Workers: c.Replicas(), Aggregate: c.ParameterServers.Aggregate},
+	p := c.ParameterServers
+	return ps.Settings{Index: i, Rule: ps.Rule{Workers: c.Replicas(), Aggregate: p.Aggregate, Async: p.Mode == "async", MaxStaleness: p.MaxStaleness},
 		Optimizer: c.Train.Optimizer, LR: c.LearningRate, Threads: c.Threads(0)}
 }
 
@@ -210,8 +211,20 @@ func (w *psWorker) push(ctx context.Context, step int) (dropped int, err error) 
 func (w *psWorker) pull(ctx context.Context, step int) error {
 	got := map[string]*tensor.Dense{}
 	var mu sync.Mutex
+	final := step == w.cfg.Train.Steps && w.cfg.ParameterServers.Mode == "async"
 	err := w.eachServer(func(s int, cl *ps.Client) error {
-		ws, _, err := cl.Pull(ctx, int64(step))
+		var ws []compute.Weight
+		var err error
+		if final {
+			// The others' pushes still change the weights after this
+			// worker's last: its final weights are the servers' once all
+			// have left.
+			if err = cl.Leave(ctx); err == nil {
+				ws, err = cl.PullFinal(ctx)
+			}
+		} else {
+			ws, _, err = cl.Pull(ctx, int64(step))
+		}
 		mu.Lock()
 		defer mu.Unlock()
 		for _, wt := range ws {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -169,11 +170,14 @@ func serversHoldReference(t *testing.T, servers []*ps.Server, ref, run string) {
 
 // TestSyncPSEqualsReference: 3 workers of a 2-stage pipeline with 2
 // parameter servers train the same weights and evaluation as the
-// one-process reference, bit for bit, with each optimizer.
+// one-process reference, bit for bit, with each optimizer, in sync mode
+// and in async mode with max_staleness 0.
 func TestSyncPSEqualsReference(t *testing.T) {
-	for _, opt := range []string{"sgd", "adam"} {
-		t.Run(opt, func(t *testing.T) {
+	for _, name := range []string{"sync/sgd", "sync/adam", "async/adam"} {
+		mode, opt, _ := strings.Cut(name, "/")
+		t.Run(name, func(t *testing.T) {
 			c := psConfig(3, 2, opt)
+			c.ParameterServers.Mode = mode
 			servers := startServers(t, c, nil)
 			run := runWorkers(t, c, nil)
 			ref := runInProcess(t, c, true)
@@ -271,4 +275,59 @@ func TestBackupWorkersDropTheLateWorker(t *testing.T) {
 	ref := runReference(t, c, func(l *Layout) { l.PSKept = func(int) []int { return []int{0, 1} } })
 	serversHoldReference(t, servers, ref, run)
 	sameFile(t, ref+"/eval.json", run+"/eval.json")
+}
+
+// TestAsyncAppliesEveryPushOnce: in async mode with max_staleness 2 and
+// worker 2 slowed down, the run ends with every worker's push of every
+// step applied exactly once on each server, none more than 2 updates
+// stale, and worker 0 saves the servers' final weights.
+func TestAsyncAppliesEveryPushOnce(t *testing.T) {
+	c := psConfig(3, 2, "adam")
+	c.ParameterServers.Mode, c.ParameterServers.MaxStaleness = "async", 2
+	var mu sync.Mutex
+	applied := map[[3]int]int{} // pushes applied, by server, stage and worker
+	var maxStale int64
+	servers := startServers(t, c, func(s int, e ps.Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		if e.Update == nil {
+			t.Errorf("server %d dropped worker %d's push of step %d in async mode", s, e.Dropped, e.Step+1)
+			return
+		}
+		for k, w := range e.Update.Workers {
+			applied[[3]int{s, e.Stage, w}]++
+			maxStale = max(maxStale, e.Update.Staleness[k])
+		}
+	})
+	var stages [][2]int // the (server, stage) groups, from worker 0's stages
+	run := runWorkers(t, c, func(w, stage int, rt *Runtime) {
+		if w == 0 {
+			for _, s := range rt.ps.servers {
+				stages = append(stages, [2]int{s, stage})
+			}
+		}
+		if w == 2 {
+			rt.ps.beforePush = func(int) { time.Sleep(20 * time.Millisecond) }
+		}
+	})
+	for _, g := range stages {
+		for w := range 3 {
+			if n := applied[[3]int{g[0], g[1], w}]; n != c.Train.Steps {
+				t.Errorf("server %d stage %d applied %d of worker %d's %d pushes", g[0], g[1], n, w, c.Train.Steps)
+			}
+		}
+	}
+	if maxStale > 2 {
+		t.Errorf("an update was %d updates stale; max_staleness is 2", maxStale)
+	}
+	t.Logf("most stale update: %d", maxStale)
+	held := map[string]checkpoint.Tensor{}
+	for _, s := range servers {
+		for name, v := range s.Weights() {
+			held[name] = checkpoint.Tensor{Name: name, Shape: v.Shape().Clone(), F32: v.Data().([]float32)}
+		}
+	}
+	if err := checkpoint.Diff(held, readWeights(t, run)); err != nil {
+		t.Errorf("worker 0 saved other weights than the servers hold: %v", err)
+	}
 }
