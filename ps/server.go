@@ -337,6 +337,39 @@ func (s *Server) Weights() map[string]*tensor.Dense {
 	return out
 }
 
+// Finished waits until groups groups have every worker gone (each
+// worker stage said bye or leave) with its pushes applied: the run's
+// training is over.
+func (s *Server) Finished(ctx context.Context, groups int) error {
+	for {
+		s.mu.Lock()
+		done := len(s.groups) >= groups
+		for _, g := range s.groups {
+			done = done && g.m.Done()
+		}
+		changed := s.changed
+		s.mu.Unlock()
+		if done {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
+}
+
+// Updates is how many updates stage's group has made.
+func (s *Server) Updates(stage int) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if g, ok := s.groups[stage]; ok {
+		return g.m.Version()
+	}
+	return 0
+}
+
 // Dropped is how many of worker w's pushes to stage's group were dropped.
 func (s *Server) Dropped(stage, w int) int64 {
 	s.mu.Lock()

@@ -1,8 +1,10 @@
 package stages
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"io"
 	"slices"
 	"sync"
 	"time"
@@ -331,4 +333,122 @@ func sumInto[T float32 | float64](first bool, acc, v []T) {
 	for i := range acc {
 		acc[i] += v[i]
 	}
+}
+
+// PSServedStages lists the pipeline stages with tensors on server i.
+func PSServedStages(c *configs.Config, i int) ([]int, error) {
+	var out []int
+	for st := range c.Stages {
+		l, err := NewLayout(c, st)
+		if err != nil {
+			return nil, err
+		}
+		owners, err := PSOwners(c, l.Model)
+		if err != nil {
+			return nil, err
+		}
+		names, err := stageTensorNames(l)
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range names {
+			if owners[n] == i {
+				out = append(out, st)
+				break
+			}
+		}
+	}
+	return out, nil
+}
+
+// stageTensorNames are the names of the parameters of the layout's
+// chunks.
+func stageTensorNames(l *Layout) ([]string, error) {
+	all, err := modelTensors(l.Model)
+	if err != nil {
+		return nil, err
+	}
+	// modelTensors lists the layers' parameters in order; count each
+	// layer's to find the chunks' ranges.
+	var out []string
+	perLayer, err := layerParamCounts(l.Model)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range l.Ranges {
+		lo := 0
+		for k := range r[0] {
+			lo += perLayer[k]
+		}
+		hi := lo
+		for k := r[0]; k < r[1]; k++ {
+			hi += perLayer[k]
+		}
+		for _, t := range all[lo:hi] {
+			out = append(out, t.Name)
+		}
+	}
+	return out, nil
+}
+
+// layerParamCounts is how many parameters each layer of the model has.
+func layerParamCounts(m *models.Model) (out []int, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("counting the model's parameters: %v", r)
+		}
+	}()
+	g := G.NewGraph()
+	in := m.ShapeAt(0, 1)
+	h := G.NewTensor(g, m.DType, len(in), G.WithShape(in...), G.WithName("input"))
+	for _, layer := range m.Layers {
+		b, err := layer.Build(g, h, 0)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, len(b.Params))
+		h = b.Out
+	}
+	return out, nil
+}
+
+// ServePS runs parameter server i of the config: it serves the workers'
+// streams at its address, guarded like the links, until every worker
+// stage it holds tensors of has finished, and logs what it did.
+func ServePS(ctx context.Context, c *configs.Config, i int, log io.Writer) error {
+	if !c.PSEnabled() || i < 0 || i >= c.ParameterServers.Count {
+		return fmt.Errorf("%s has parameter_servers.count %d: no server %d", c.Path, c.ParameterServers.Count, i)
+	}
+	addr := c.PSAddress(i)
+	if addr == "" {
+		return fmt.Errorf("parameter_servers.addresses: no address for server %d", i)
+	}
+	served, err := PSServedStages(c, i)
+	if err != nil {
+		return err
+	}
+	opts, err := LinkOptions(c, 0)
+	if err != nil {
+		return err
+	}
+	srv := ps.NewServer(PSSettings(c, i))
+	ss, err := srv.Serve(addr, opts)
+	if err != nil {
+		return fmt.Errorf("%s: %w", configs.PSName(i), err)
+	}
+	defer ss.Close()
+	start := time.Now()
+	fmt.Fprintf(log, "%s: serving stages %v of %d workers at %s (%s)\n", configs.PSName(i), served, c.Replicas(), ss.Addr(), cmp.Or(c.ParameterServers.Mode, "sync"))
+	if err := srv.Finished(ctx, len(served)); err != nil {
+		return fmt.Errorf("%s: %w", configs.PSName(i), err)
+	}
+	for _, st := range served {
+		var dropped int64
+		for w := range c.Replicas() {
+			dropped += srv.Dropped(st, w)
+		}
+		fmt.Fprintf(log, "%s: stage %d: %d updates, %d pushes dropped\n", configs.PSName(i), st, srv.Updates(st), dropped)
+	}
+	fmt.Fprintf(log, "%s: done in %.1fs\n", configs.PSName(i), time.Since(start).Seconds())
+	return nil
 }

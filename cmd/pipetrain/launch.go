@@ -106,7 +106,15 @@ func launchCmd() *cobra.Command {
 			if opts.Env, err = localRendezvous(cfg); err != nil {
 				return err
 			}
+			servers, err := startPSServers(exe, cfg, opts.Env, extra, os.Stdout)
+			if err != nil {
+				return err
+			}
 			if err := superviseRun(cmd.Context(), cfg, opts); err != nil {
+				servers.stop()
+				return err
+			}
+			if err := servers.stop(); err != nil {
 				return err
 			}
 			return printSummary(f.runDir)
