@@ -21,8 +21,9 @@ type ParameterServers struct {
 	// order) or async (each push applied as it arrives, within
 	// MaxStaleness).
 	Mode string `mapstructure:"mode" json:"mode"`
-	// MaxStaleness bounds, in async mode, how many updates the weights a
-	// worker computes with may lag behind the servers' (0: sync's updates).
+	// MaxStaleness bounds, in async mode, how many steps of the other
+	// workers' the weights a worker computes with may miss (stale-
+	// synchronous parallel; 0: sync's updates).
 	MaxStaleness int `mapstructure:"max_staleness" json:"max_staleness"`
 	// Aggregate is how many workers' pushes a sync step sums (backup
 	// workers): the first Aggregate to arrive, summed in worker order; the
@@ -61,7 +62,7 @@ func (c *Config) validatePS(p *Problems, tied bool) {
 		p.add("parameter_servers.aggregate", "must be 0 (every worker) or 1-%d (data_parallel is %d), got %d", c.Replicas(), c.Replicas(), n)
 	}
 	if ps.MaxStaleness < 0 {
-		p.add("parameter_servers.max_staleness", "must be 0 or more updates, got %d", ps.MaxStaleness)
+		p.add("parameter_servers.max_staleness", "must be 0 or more steps, got %d", ps.MaxStaleness)
 	}
 	if ps.Mode == "async" && ps.Aggregate > 0 {
 		p.add("parameter_servers.aggregate", "is for sync mode (backup workers); async applies every push")
@@ -116,7 +117,7 @@ func init() {
 	keyDocs["parameter_servers"] = "Parameter servers instead of the replicas' all-reduce (docs/parameter-servers.md): the servers hold the weights and optimizer state, sharded by tensor; each replica of the pipeline is a worker that pushes its gradients and pulls the updated weights."
 	keyDocs["parameter_servers.count"] = "Server processes (0: none, the replicas all-reduce over their ring)."
 	keyDocs["parameter_servers.mode"] = "sync: one update per step from the workers' gradients summed in worker order, bit-identical to the one-process reference; async: each push applied as it arrives, within max_staleness."
-	keyDocs["parameter_servers.max_staleness"] = "Async mode: how many updates the weights a worker computes with may lag behind the servers' (0: every step waits for every worker, sync's updates)."
+	keyDocs["parameter_servers.max_staleness"] = "Async mode: a worker about to compute step s waits until every other worker has pushed its steps before s - max_staleness (stale-synchronous parallel); 0: each step's pushes are summed into one update, sync's."
 	keyDocs["parameter_servers.aggregate"] = "Backup workers: each sync step sums the first this many of the data_parallel workers' pushes, in worker order, and drops the later ones (0: every worker's)."
 	keyDocs["parameter_servers.addresses"] = "Where each server listens, server 0 first (host:port)."
 }

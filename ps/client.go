@@ -18,6 +18,8 @@ type Client struct {
 	reqs          chan request
 	done          chan struct{}
 	err           error // why the stream ended, once done is closed
+	version       int64 // the server's version when it answered the hello
+	cancel        context.CancelFunc
 	closeOnce     sync.Once
 }
 
@@ -33,15 +35,18 @@ type result struct {
 
 // Dial opens worker's stage's stream to the server at addr with o's
 // security and says hello with the stage's initial weights, the tensors
-// of the stage that server holds.
+// of the stage that server holds. ctx bounds the wait for the hello's
+// answer; the stream lasts until Close.
 func Dial(ctx context.Context, addr string, o transport.Options, worker, stage int, version int64, init []engine.Weight) (*Client, error) {
 	c := &Client{addr: addr, worker: worker, stage: stage, reqs: make(chan request), done: make(chan struct{})}
+	streamCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	c.cancel = cancel
 	hello := header{op: opHello, worker: worker, stage: stage, step: version, tensors: init}
 	started := make(chan error, 1)
 	go func() {
 		defer close(c.done)
 		first := true
-		c.err = Service.Call(ctx, addr, o, func(s *transport.ServiceStream) error {
+		c.err = Service.Call(streamCtx, addr, o, func(s *transport.ServiceStream) error {
 			if err := send(s, hello); err != nil {
 				return err
 			}
@@ -53,6 +58,7 @@ func Dial(ctx context.Context, addr string, o transport.Options, worker, stage i
 				return fmt.Errorf("hello answered with %d", h.op)
 			}
 			if first {
+				c.version = h.step
 				first = false
 				started <- nil
 			}
@@ -65,13 +71,20 @@ func Dial(ctx context.Context, addr string, o transport.Options, worker, stage i
 	select {
 	case err := <-started:
 		if err != nil {
+			cancel()
 			return nil, fmt.Errorf("worker %d stage %d: %w", worker, stage, err)
 		}
 	case <-ctx.Done():
-		return nil, context.Cause(ctx)
+		cancel()
+		<-c.done
+		return nil, fmt.Errorf("worker %d stage %d: %w", worker, stage, c.ended())
 	}
 	return c, nil
 }
+
+// Version is the updates the server had made when it answered the hello:
+// more than the worker started from when it rejoins a run under way.
+func (c *Client) Version() int64 { return c.version }
 
 // serve runs the requests on s until a bye.
 func (c *Client) serve(s *transport.ServiceStream) error {
@@ -95,6 +108,9 @@ func (c *Client) serve(s *transport.ServiceStream) error {
 func (c *Client) do(ctx context.Context, h header) (header, error) {
 	h.worker, h.stage = c.worker, c.stage
 	r := request{h: h, reply: make(chan result, 1)}
+	if err := ctx.Err(); err != nil {
+		return header{}, context.Cause(ctx) // sends nothing once the worker is stopped
+	}
 	select {
 	case c.reqs <- r:
 	case <-c.done:
@@ -159,6 +175,7 @@ func (c *Client) Close(ctx context.Context) error {
 	c.closeOnce.Do(func() {
 		_, err = c.do(ctx, header{op: opBye})
 		close(c.reqs)
+		c.cancel()
 		<-c.done
 	})
 	return err

@@ -40,8 +40,8 @@ type Update struct {
 // Machine is a server's aggregation logic for one group of tensors (those
 // of one pipeline stage): a state machine fed the workers' pushes and
 // pulls, in the order they happen, that says which pushes make each
-// update and which are dropped. It does no I/O and keeps no gradients;
-// the Server does.
+// update and which are dropped, and when a pull may be answered. It does
+// no I/O and keeps no gradients; the Server does.
 //
 // Sync with every worker: update t sums every worker's push of step t.
 // With Aggregate N < Workers (backup workers), update t sums the first N
@@ -49,24 +49,26 @@ type Update struct {
 // was made is dropped. Pushing step t needs the weights of update t-1,
 // so a push of a step beyond the next update is the worker's error.
 //
-// Async with MaxStaleness k: a push is applied on arrival, as an update
-// of its own, unless the update would leave a worker still computing
-// (one that has not pushed since its last pull) more than k updates
-// behind; then it waits, and every push that waits is applied with the
-// next push that makes the update possible, summed in worker order, in
-// one update. A worker pulls once its own push is applied. So with k = 0
-// each update sums every worker's push of one step: sync, bit for bit;
-// with k > 0 a fast worker runs up to k updates ahead of a slow one.
+// Async with MaxStaleness k (stale-synchronous parallel): each push is
+// applied on arrival, as an update of its own, and a worker about to
+// compute step s pulls once every worker still in the run has pushed
+// its steps before s-k: its weights miss at most the last k steps of the
+// others. With k = 0 no push may be applied to weights other than those
+// it was computed from, so the pushes of a step wait for one another and
+// are summed, in worker order, into one update: sync's, bit for bit. A
+// worker that leaves (or whose stream is lost) is waited for no more.
 type Machine struct {
 	rule    Rule
 	version int64 // updates made so far
 	arrived []int // sync: workers whose push of step version is in, in arrival order
 	dropped []int64
-	// Async: each worker's pending push (its step, -1: none), the
-	// version it last pulled, and whether it has left.
-	pending []int64
+	// Async: each worker's clock (the steps it has pushed), the version
+	// it last pulled, whether it has left, and (k = 0) whether its push of
+	// the step in progress waits for the others'.
+	clock   []int64
 	pulled  []int64
 	left    []bool
+	pending []bool
 }
 
 // NewMachine starts a group at version (the updates already applied: 0,
@@ -76,9 +78,9 @@ func NewMachine(r Rule, version int64) (*Machine, error) {
 		return nil, fmt.Errorf("ps: rule %+v", r)
 	}
 	m := &Machine{rule: r, version: version, dropped: make([]int64, r.Workers),
-		pending: make([]int64, r.Workers), pulled: make([]int64, r.Workers), left: make([]bool, r.Workers)}
-	for w := range m.pending {
-		m.pending[w], m.pulled[w] = -1, version
+		clock: make([]int64, r.Workers), pulled: make([]int64, r.Workers), left: make([]bool, r.Workers), pending: make([]bool, r.Workers)}
+	for w := range m.clock {
+		m.clock[w], m.pulled[w] = version, version
 	}
 	return m, nil
 }
@@ -91,20 +93,29 @@ func (m *Machine) Version() int64 { return m.version }
 func (m *Machine) Dropped(w int) int64 { return m.dropped[w] }
 
 // Pullable reports whether worker w, about to compute step, may pull:
-// in sync mode once the update of every earlier step is made, in async
-// mode once its own push is applied.
+// in sync mode once the update of every earlier step is made; in async
+// mode once every other worker still in the run has pushed its steps
+// before step-MaxStaleness, and w's own are applied.
 func (m *Machine) Pullable(w int, step int64) bool {
-	if m.rule.Async {
-		return m.pending[w] < 0
+	if !m.rule.Async {
+		return m.version >= step
 	}
-	return m.version >= step
+	if m.pending[w] {
+		return false
+	}
+	for v, c := range m.clock {
+		if v != w && !m.left[v] && c < step-int64(m.rule.MaxStaleness) {
+			return false
+		}
+	}
+	return true
 }
 
 // Done reports whether every worker has left with its pushes applied:
 // the weights are final.
 func (m *Machine) Done() bool {
 	for w, left := range m.left {
-		if !left || m.pending[w] >= 0 {
+		if !left || m.pending[w] {
 			return false
 		}
 	}
@@ -149,11 +160,26 @@ func (m *Machine) pushAsync(w int, step int64) (*Update, error) {
 	switch {
 	case m.left[w]:
 		return nil, fmt.Errorf("ps: worker %d pushed step %d after leaving", w, step+1)
-	case m.pending[w] >= 0:
-		return nil, fmt.Errorf("ps: worker %d pushed step %d while its push of step %d waits: it must pull in between", w, step+1, m.pending[w]+1)
+	case m.pending[w]:
+		return nil, fmt.Errorf("ps: worker %d pushed step %d while its push of step %d waits: it must pull in between", w, step+1, m.clock[w])
 	}
-	m.pending[w] = step
-	return m.tryUpdate(), nil
+	m.clock[w] = step + 1
+	if m.rule.MaxStaleness > 0 {
+		up := &Update{Step: step, Workers: []int{w}, Staleness: []int64{m.version - m.pulled[w]}}
+		m.version++
+		return up, nil
+	}
+	m.pending[w] = true
+	return m.tryStep(), nil
+}
+
+// Join records that worker w (re)joined: a worker that left and was
+// restarted computes from the weights it pulls now.
+func (m *Machine) Join(w int) {
+	if w < 0 || w >= m.rule.Workers || !m.left[w] {
+		return
+	}
+	m.left[w], m.pending[w], m.pulled[w] = false, false, m.version
 }
 
 // Leave records that worker w is done (or gone): the others no longer
@@ -163,31 +189,31 @@ func (m *Machine) Leave(w int) *Update {
 		return nil
 	}
 	m.left[w] = true
-	if !m.rule.Async {
+	if !m.rule.Async || m.rule.MaxStaleness > 0 {
 		return nil
 	}
-	return m.tryUpdate()
+	return m.tryStep()
 }
 
-// tryUpdate makes the update of every waiting push, if it leaves no
-// computing worker more than MaxStaleness updates behind.
-func (m *Machine) tryUpdate() *Update {
+// tryStep (max_staleness 0) makes the update of the waiting pushes once
+// every worker still in the run has pushed the step.
+func (m *Machine) tryStep() *Update {
 	up := &Update{Step: -1}
-	for w, step := range m.pending {
+	for w, waits := range m.pending {
 		switch {
-		case step >= 0:
+		case waits:
 			up.Workers = append(up.Workers, w)
 			up.Staleness = append(up.Staleness, m.version-m.pulled[w])
-			up.Step = max(up.Step, step)
-		case !m.left[w] && m.version+1-m.pulled[w] > int64(m.rule.MaxStaleness):
-			return nil // w computes on weights the update would leave too stale
+			up.Step = max(up.Step, m.clock[w]-1)
+		case !m.left[w]:
+			return nil // w has not pushed the step yet
 		}
 	}
 	if len(up.Workers) == 0 {
 		return nil
 	}
 	for _, w := range up.Workers {
-		m.pending[w] = -1
+		m.pending[w] = false
 	}
 	m.version++
 	return up

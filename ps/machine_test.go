@@ -156,40 +156,34 @@ func TestAsyncZeroStalenessIsSync(t *testing.T) {
 	}
 }
 
-// TestAsyncStalenessBound: with max_staleness 1, a push is applied at
-// once while every computing worker stays within one update; a push that
-// would leave a worker two behind waits and is applied together with
-// that worker's push, which is then one update stale.
+// TestAsyncStalenessBound: with max_staleness 1 every push is applied on
+// arrival, and a worker about to compute step s pulls once every other
+// worker still in the run has pushed its steps before s-1; one that leaves
+// holds nobody back.
 func TestAsyncStalenessBound(t *testing.T) {
 	m, _ := NewMachine(Rule{Workers: 3, Async: true, MaxStaleness: 1}, 0)
-	if got := feed(t, m, push{0, 0}); !slices.Equal(got, []string{"u0:[0][0]"}) {
-		t.Fatalf("first push: %v", got)
+	if got := feed(t, m, push{0, 0}, push{2, 0}); !slices.Equal(got, []string{"u0:[0][0]", "u0:[2][1]"}) {
+		t.Fatalf("first pushes: %v", got)
 	}
-	pull(t, m, 0) // worker 0 computes on version 1
-	// Worker 1's push would leave worker 2 (on version 0) two behind.
-	if got := feed(t, m, push{1, 0}); len(got) != 0 {
-		t.Fatalf("worker 1's push: %v", got)
-	}
-	if m.Pullable(1, 0) {
-		t.Fatal("worker 1 pulls before its push is applied")
-	}
-	if got := feed(t, m, push{2, 0}); !slices.Equal(got, []string{"u0:[1 2][1 1]"}) {
-		t.Fatalf("worker 2's push: %v", got)
-	}
-	// Workers 1 and 2 now compute on version 2, worker 0 on version 1:
-	// its push is applied at once (one update stale), and its next one
-	// would leave them two behind, so it waits until they leave.
-	pull(t, m, 1)
-	pull(t, m, 2)
-	if got := feed(t, m, push{0, 1}); !slices.Equal(got, []string{"u1:[0][1]"}) {
+	// Worker 0 may compute step 2 (index 1) while worker 1 has pushed
+	// nothing: its weights miss at most one step of worker 1's.
+	pull(t, m, 0)
+	if got := feed(t, m, push{0, 1}); !slices.Equal(got, []string{"u1:[0][0]"}) {
 		t.Fatalf("worker 0's second push: %v", got)
 	}
-	pull(t, m, 0)
-	if got := feed(t, m, push{0, 2}); len(got) != 0 {
-		t.Fatalf("worker 0's third push with workers 1 and 2 two behind: %v", got)
+	// Step 3 (index 2) needs every worker's step 1.
+	if m.Pullable(0, 2) {
+		t.Fatal("worker 0 may compute step 3 before worker 1 pushed step 1")
+	}
+	if got := feed(t, m, push{1, 0}); !slices.Equal(got, []string{"u0:[1][3]"}) {
+		t.Fatalf("worker 1's push: %v", got)
+	}
+	if !m.Pullable(0, 2) || m.Pullable(0, 3) {
+		t.Fatalf("after worker 1's step 1: pullable step 3 %v, step 4 %v", m.Pullable(0, 2), m.Pullable(0, 3))
 	}
 	m.Leave(1)
-	if up := m.Leave(2); up == nil || !slices.Equal(up.Workers, []int{0}) {
-		t.Fatalf("after workers 1 and 2 left: %+v", up)
+	m.Leave(2)
+	if !m.Pullable(0, 3) {
+		t.Error("workers 1 and 2 left, and still hold worker 0 back")
 	}
 }

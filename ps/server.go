@@ -35,10 +35,14 @@ type Settings struct {
 
 // Event is what a server reports of its updates and drops (Server.Observe).
 type Event struct {
-	Stage   int
-	Update  *Update // nil for a drop
-	Dropped int     // the worker whose push was dropped, when Update is nil
-	Step    int64
+	Stage  int
+	Update *Update // nil for a drop or a departure
+	// Dropped is the worker whose push was dropped, or which departed,
+	// when Update is nil.
+	Dropped int
+	// Departed: the worker's stream ended without a bye.
+	Departed bool
+	Step     int64
 }
 
 // Server holds its shard of the weights and optimizer state, one group
@@ -82,6 +86,14 @@ func (s *Server) name() string { return fmt.Sprintf("parameter server %d", s.set
 
 // handle serves one worker stage's stream.
 func (s *Server) handle(st *transport.ServiceStream) error {
+	var joined *header // the stream's hello; nil once it said bye
+	defer func() {
+		if joined != nil {
+			// Gone without a bye (killed, or its connection lost): in
+			// async mode the others stop waiting for it.
+			s.depart(*joined)
+		}
+	}()
 	for {
 		h, err := recv(st)
 		if err != nil {
@@ -90,7 +102,9 @@ func (s *Server) handle(st *transport.ServiceStream) error {
 		var reply header
 		switch h.op {
 		case opHello:
-			reply, err = s.hello(h)
+			if reply, err = s.hello(h); err == nil {
+				joined = &header{worker: h.worker, stage: h.stage}
+			}
 		case opPush:
 			reply, err = s.push(h)
 		case opPull:
@@ -98,6 +112,7 @@ func (s *Server) handle(st *transport.ServiceStream) error {
 		case opLeave:
 			reply, err = header{op: opOK}, s.leave(h)
 		case opBye:
+			joined = nil
 			if err := s.leave(h); err != nil {
 				return fmt.Errorf("%s, worker %d stage %d: %w", s.name(), h.worker, h.stage, err)
 			}
@@ -138,6 +153,7 @@ func (s *Server) hello(h header) (header, error) {
 	if err := g.same(h.tensors, g.m.Version() == h.step); err != nil {
 		return header{}, fmt.Errorf("initial weights: %w", err)
 	}
+	g.m.Join(h.worker)
 	return header{op: opOK, step: g.m.Version()}, nil
 }
 
@@ -235,6 +251,14 @@ func (s *Server) update(stage int, g *group, up *Update) error {
 func (s *Server) wake() {
 	close(s.changed)
 	s.changed = make(chan struct{})
+}
+
+// depart records that a worker stage's stream ended without a bye.
+func (s *Server) depart(h header) {
+	s.mu.Lock()
+	s.observe(Event{Stage: h.stage, Departed: true, Dropped: h.worker})
+	s.mu.Unlock()
+	s.leave(h)
 }
 
 // leave records a worker stage's bye: in async mode the others stop

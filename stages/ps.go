@@ -119,6 +119,13 @@ func newPSWorker(l *Layout, chunks []compute.Stage) (*psWorker, error) {
 			return nil, fmt.Errorf("parameter_servers.addresses: no address for server %d, which holds weights of stage %d", s, l.Stage)
 		}
 	}
+	// Before the first step, so that its forwards compute with the
+	// servers' weights; within connect_timeout, as a stage's links.
+	ctx, cancel := context.WithTimeout(context.Background(), c.Transport.ConnectTimeout)
+	defer cancel()
+	if err := w.connect(ctx, 0); err != nil {
+		return nil, fmt.Errorf("%s: %w", c.ProcessName(l.Stage, l.Replica), err)
+	}
 	return w, nil
 }
 
@@ -137,7 +144,9 @@ func (w *psWorker) shard(s int, lists [][]compute.Weight) []compute.Weight {
 }
 
 // connect says hello to each server with the stage's weights, which
-// every worker holds alike at the start (the servers check).
+// every worker holds alike at the start (the servers check). A worker
+// that finds the servers further on (one restarted in an async run)
+// pulls their weights before it computes.
 func (w *psWorker) connect(ctx context.Context, version int64) error {
 	opts, err := LinkOptions(w.cfg, w.stage)
 	if err != nil {
@@ -154,6 +163,11 @@ func (w *psWorker) connect(ctx context.Context, version int64) error {
 			return fmt.Errorf("%s: %w", configs.PSName(s), err)
 		}
 		w.clients[s] = cl
+	}
+	for _, cl := range w.clients {
+		if cl.Version() > version {
+			return w.pull(ctx, int(version))
+		}
 	}
 	return nil
 }
@@ -268,11 +282,6 @@ func (w *psWorker) close(ctx context.Context) {
 // optimizer step. The stage connects at its first step.
 func (r *Runtime) psStep(ctx context.Context, step int) error {
 	w := r.ps
-	if w.clients == nil {
-		if err := w.connect(ctx, int64(step)); err != nil {
-			return err
-		}
-	}
 	if w.beforePush != nil {
 		w.beforePush(step)
 	}

@@ -64,6 +64,29 @@ func startServers(t *testing.T, c *configs.Config, observe func(server int, e ps
 // (when set) before it runs; it returns the run directory.
 func runWorkers(t *testing.T, c *configs.Config, setup func(w, stage int, rt *Runtime)) string {
 	t.Helper()
+	dir, errs := runGrid(t, c, func(w, stage int, rt *Runtime, _ func()) {
+		if setup != nil {
+			setup(w, stage, rt)
+		}
+	})
+	for w := range errs {
+		for i, err := range errs[w] {
+			if err != nil {
+				t.Errorf("worker %d stage %d: %v", w, i, err)
+			}
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	return dir
+}
+
+// runGrid is runWorkers with each worker under a context of its own,
+// which kill (handed to setup) cancels and a failure of one of its
+// stages cancels too; it returns every stage's error.
+func runGrid(t *testing.T, c *configs.Config, setup func(w, stage int, rt *Runtime, kill func())) (string, [][]error) {
+	t.Helper()
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -75,6 +98,13 @@ func runWorkers(t *testing.T, c *configs.Config, setup func(w, stage int, rt *Ru
 		links [2]transport.Link
 	}
 	procs := make([][]proc, m)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ctxs, kills := make([]context.Context, m), make([]context.CancelFunc, m)
+	for w := range m {
+		ctxs[w], kills[w] = context.WithCancel(ctx)
+		defer kills[w]()
+	}
 	for w := range m {
 		procs[w] = make([]proc, p)
 		layouts := make([]*Layout, p)
@@ -95,22 +125,18 @@ func runWorkers(t *testing.T, c *configs.Config, setup func(w, stage int, rt *Ru
 				t.Fatalf("worker %d stage %d: %v", w, i, err)
 			}
 			procs[w][i].rt = rt
-			if setup != nil {
-				setup(w, i, rt)
-			}
+			setup(w, i, rt, kills[w])
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
 	errs := make([][]error, m)
 	var wg sync.WaitGroup
 	for w := range procs {
 		errs[w] = make([]error, p)
 		for i, pr := range procs[w] {
 			wg.Go(func() {
-				errs[w][i] = pr.rt.Run(ctx)
+				errs[w][i] = pr.rt.Run(ctxs[w])
 				if errs[w][i] != nil {
-					cancel()
+					kills[w]()
 				}
 				for _, l := range pr.links {
 					if l != nil {
@@ -121,17 +147,7 @@ func runWorkers(t *testing.T, c *configs.Config, setup func(w, stage int, rt *Ru
 		}
 	}
 	wg.Wait()
-	for w := range errs {
-		for i, err := range errs[w] {
-			if err != nil {
-				t.Errorf("worker %d stage %d: %v", w, i, err)
-			}
-		}
-	}
-	if t.Failed() {
-		t.FailNow()
-	}
-	return dir
+	return dir, errs
 }
 
 // serversHoldReference checks that the servers hold the reference's final weights,
@@ -224,6 +240,10 @@ func TestBackupWorkersDropTheLateWorker(t *testing.T) {
 	servers := startServers(t, c, func(s int, e ps.Event) {
 		mu.Lock()
 		defer mu.Unlock()
+		if e.Departed {
+			t.Errorf("server %d: worker %d stage %d left without a bye", s, e.Dropped, e.Stage)
+			return
+		}
 		if e.Update == nil {
 			drops[[3]int{s, e.Stage, e.Dropped}]++
 			return
@@ -279,8 +299,11 @@ func TestBackupWorkersDropTheLateWorker(t *testing.T) {
 
 // TestAsyncAppliesEveryPushOnce: in async mode with max_staleness 2 and
 // worker 2 slowed down, the run ends with every worker's push of every
-// step applied exactly once on each server, none more than 2 updates
-// stale, and worker 0 saves the servers' final weights.
+// step applied exactly once on each server, and worker 0 saves the
+// servers' final weights. A worker's weights miss at most the others'
+// last 2 steps when it pulls, and they push at most 2 steps beyond its
+// own before its push lands, so no push is more than (2·2+1)·2 = 10
+// updates stale.
 func TestAsyncAppliesEveryPushOnce(t *testing.T) {
 	c := psConfig(3, 2, "adam")
 	c.ParameterServers.Mode, c.ParameterServers.MaxStaleness = "async", 2
@@ -290,6 +313,10 @@ func TestAsyncAppliesEveryPushOnce(t *testing.T) {
 	servers := startServers(t, c, func(s int, e ps.Event) {
 		mu.Lock()
 		defer mu.Unlock()
+		if e.Departed {
+			t.Errorf("server %d: worker %d stage %d left without a bye", s, e.Dropped, e.Stage)
+			return
+		}
 		if e.Update == nil {
 			t.Errorf("server %d dropped worker %d's push of step %d in async mode", s, e.Dropped, e.Step+1)
 			return
@@ -317,8 +344,8 @@ func TestAsyncAppliesEveryPushOnce(t *testing.T) {
 			}
 		}
 	}
-	if maxStale > 2 {
-		t.Errorf("an update was %d updates stale; max_staleness is 2", maxStale)
+	if maxStale > 10 {
+		t.Errorf("an update was %d updates stale; max_staleness 2 of 3 workers allows 10", maxStale)
 	}
 	t.Logf("most stale update: %d", maxStale)
 	held := map[string]checkpoint.Tensor{}
@@ -328,6 +355,83 @@ func TestAsyncAppliesEveryPushOnce(t *testing.T) {
 		}
 	}
 	if err := checkpoint.Diff(held, readWeights(t, run)); err != nil {
+		t.Errorf("worker 0 saved other weights than the servers hold: %v", err)
+	}
+}
+
+// TestAsyncSurvivesAKilledWorker: in async mode (max_staleness 1) worker 2
+// is killed before its stage 1 pushes step 3. The servers note its streams
+// ending without a bye and stop waiting for it: workers 0 and 1 train to
+// the end with every push of theirs applied exactly once, worker 2's
+// pushes before the kill applied once each, and worker 0 saves the
+// servers' final weights.
+func TestAsyncSurvivesAKilledWorker(t *testing.T) {
+	c := psConfig(3, 2, "adam")
+	c.ParameterServers.Mode, c.ParameterServers.MaxStaleness = "async", 1
+	var mu sync.Mutex
+	applied := map[[3]int]int{} // pushes applied, by server, stage and worker
+	departed := map[[3]int]bool{}
+	servers := startServers(t, c, func(s int, e ps.Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case e.Departed:
+			departed[[3]int{s, e.Stage, e.Dropped}] = true
+		case e.Update == nil:
+			t.Errorf("server %d dropped worker %d's push in async mode", s, e.Dropped)
+		default:
+			for _, w := range e.Update.Workers {
+				applied[[3]int{s, e.Stage, w}]++
+			}
+		}
+	})
+	var groups [][2]int // (server, stage)
+	dir, errs := runGrid(t, c, func(w, stage int, rt *Runtime, kill func()) {
+		if w == 0 {
+			for _, s := range rt.ps.servers {
+				groups = append(groups, [2]int{s, stage})
+			}
+		}
+		if w == 2 && stage == 1 {
+			rt.ps.beforePush = func(step int) {
+				if step == 2 {
+					kill()
+				}
+			}
+		}
+	})
+	for w := range 2 {
+		for i, err := range errs[w] {
+			if err != nil {
+				t.Errorf("worker %d stage %d: %v", w, i, err)
+			}
+		}
+	}
+	if errs[2][1] == nil || !strings.Contains(errs[2][1].Error(), "context canceled") {
+		t.Errorf("killed worker 2 stage 1: %v", errs[2][1])
+	}
+	steps := c.Train.Steps
+	for _, g := range groups {
+		for w := range 2 {
+			if n := applied[[3]int{g[0], g[1], w}]; n != steps {
+				t.Errorf("server %d stage %d applied %d of worker %d's %d pushes", g[0], g[1], n, w, steps)
+			}
+		}
+		n := applied[[3]int{g[0], g[1], 2}]
+		if lo, hi := 2, map[int]int{0: 3, 1: 2}[g[1]]; n < lo || n > hi {
+			t.Errorf("server %d stage %d applied %d of killed worker 2's pushes, want %d-%d", g[0], g[1], n, lo, hi)
+		}
+		if !departed[[3]int{g[0], g[1], 2}] {
+			t.Errorf("server %d did not note worker 2 stage %d leaving", g[0], g[1])
+		}
+	}
+	held := map[string]checkpoint.Tensor{}
+	for _, s := range servers {
+		for name, v := range s.Weights() {
+			held[name] = checkpoint.Tensor{Name: name, Shape: v.Shape().Clone(), F32: v.Data().([]float32)}
+		}
+	}
+	if err := checkpoint.Diff(held, readWeights(t, dir)); err != nil {
 		t.Errorf("worker 0 saved other weights than the servers hold: %v", err)
 	}
 }
