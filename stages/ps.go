@@ -461,3 +461,46 @@ func ServePS(ctx context.Context, c *configs.Config, i int, log io.Writer) error
 	fmt.Fprintf(log, "%s: done in %.1fs\n", configs.PSName(i), time.Since(start).Seconds())
 	return nil
 }
+
+// PSShare is what one parameter server holds.
+type PSShare struct {
+	Stages  []int // the pipeline stages whose tensors it holds
+	Tensors int
+	Bytes   int64
+}
+
+// PSShares is what each of the config's servers holds.
+func PSShares(c *configs.Config) ([]PSShare, error) {
+	out := make([]PSShare, c.ParameterServers.Count)
+	for st := range c.Stages {
+		l, err := NewLayout(c, st)
+		if err != nil {
+			return nil, err
+		}
+		all, err := modelTensors(l.Model)
+		if err != nil {
+			return nil, err
+		}
+		owners, err := PSOwners(c, l.Model)
+		if err != nil {
+			return nil, err
+		}
+		bytes := map[string]int64{}
+		for _, t := range all {
+			bytes[t.Name] = t.Bytes
+		}
+		names, err := stageTensorNames(l)
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range names {
+			sh := &out[owners[n]]
+			if !slices.Contains(sh.Stages, st) {
+				sh.Stages = append(sh.Stages, st)
+			}
+			sh.Tensors++
+			sh.Bytes += bytes[n]
+		}
+	}
+	return out, nil
+}

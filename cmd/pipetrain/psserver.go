@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/internal/words"
 	"github.com/pipetrain/pipetrain/stages"
 )
 
@@ -112,4 +113,31 @@ func (s *psServers) stop() error {
 		}
 	}
 	return nil
+}
+
+// printPS lists a config's parameter servers: where each listens and
+// which stages' tensors it holds, the replicas then being their workers.
+func printPS(out io.Writer, cfg *configs.Config) {
+	if !cfg.PSEnabled() {
+		return
+	}
+	shares, err := stages.PSShares(cfg)
+	if err != nil {
+		fmt.Fprintf(out, "  parameter servers: %v\n", err)
+		return
+	}
+	ps := cfg.ParameterServers
+	how := "sync"
+	switch {
+	case ps.Mode == "async":
+		how = fmt.Sprintf("async, max_staleness %d", ps.MaxStaleness)
+	case ps.Aggregate > 0 && ps.Aggregate < cfg.Replicas():
+		how = fmt.Sprintf("sync, the first %d of %d workers' pushes each step", ps.Aggregate, cfg.Replicas())
+	}
+	fmt.Fprintf(out, "  parameter servers: %d (%s); the replicas are their workers, with no all-reduce ring\n", ps.Count, how)
+	fmt.Fprintf(out, "    %-7s %-21s %-8s %s\n", "server", "address", "stages", "holds")
+	for i, sh := range shares {
+		st := fmt.Sprint(sh.Stages)
+		fmt.Fprintf(out, "    %-7d %-21s %-8s %s, %s\n", i, cfg.PSAddress(i), st[1:len(st)-1], words.Count(sh.Tensors, "tensor"), fmt.Sprintf("%.2f MB", float64(sh.Bytes)/1e6))
+	}
 }
