@@ -136,21 +136,31 @@ func (c *Client) ended() error {
 	return errors.New("the stream to the parameter server at " + c.addr + " ended")
 }
 
-// Push sends the gradients of step; dropped says the server had made the
-// step's update without them (backup workers).
-func (c *Client) Push(ctx context.Context, step int64, grads []engine.Weight) (dropped bool, err error) {
-	h, err := c.do(ctx, header{op: opPush, step: step, tensors: grads})
+// Push sends the gradients of step, with the step's micro-batch losses
+// from the stage that computes them (nil elsewhere); dropped says the
+// server had made the step's update without them (backup workers).
+func (c *Client) Push(ctx context.Context, step int64, grads []engine.Weight, losses []float64) (dropped bool, err error) {
+	h, err := c.do(ctx, header{op: opPush, step: step, tensors: grads, losses: losses})
 	return h.dropped, err
 }
 
+// Pulled is a pull's answer.
+type Pulled struct {
+	Weights []engine.Weight
+	Version int64 // the updates made
+	// Losses are the micro-batch losses the last update's workers pushed,
+	// in worker order.
+	Losses []float64
+}
+
 // Pull waits until the worker may compute step and returns the server's
-// weights then, and their version (the updates made).
-func (c *Client) Pull(ctx context.Context, step int64) ([]engine.Weight, int64, error) {
+// weights then.
+func (c *Client) Pull(ctx context.Context, step int64) (Pulled, error) {
 	h, err := c.do(ctx, header{op: opPull, step: step})
 	if err == nil && h.op != opWeights {
 		err = fmt.Errorf("parameter server at %s answered a pull with %d", c.addr, h.op)
 	}
-	return h.tensors, h.step, err
+	return Pulled{h.tensors, h.step, h.losses}, err
 }
 
 // Leave tells the server the worker pushed its last gradients.
@@ -161,12 +171,12 @@ func (c *Client) Leave(ctx context.Context) error {
 
 // PullFinal waits until every worker has left and returns the final
 // weights.
-func (c *Client) PullFinal(ctx context.Context) ([]engine.Weight, error) {
+func (c *Client) PullFinal(ctx context.Context) (Pulled, error) {
 	h, err := c.do(ctx, header{op: opPull, final: true})
 	if err == nil && h.op != opWeights {
 		err = fmt.Errorf("parameter server at %s answered a pull with %d", c.addr, h.op)
 	}
-	return h.tensors, err
+	return Pulled{h.tensors, h.step, h.losses}, err
 }
 
 // Close says bye and waits for the stream to end.

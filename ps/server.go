@@ -69,6 +69,11 @@ type group struct {
 	grads  [][]*tensor.Dense // each worker's push of the step in progress, nil when none
 	opt    *optim.Optimizer
 	m      *Machine
+	// losses are each worker's micro-batch losses pushed with the step in
+	// progress, and lastLosses the last update's workers', in worker
+	// order: what pulls answer with.
+	losses     [][]float64
+	lastLosses []float64
 }
 
 // NewServer makes an empty server; the workers' hellos bring the tensors.
@@ -162,7 +167,7 @@ func (s *Server) newGroup(ts []engine.Weight, version int64) (*group, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := &group{m: m, grads: make([][]*tensor.Dense, s.set.Rule.Workers)}
+	g := &group{m: m, grads: make([][]*tensor.Dense, s.set.Rule.Workers), losses: make([][]float64, s.set.Rule.Workers)}
 	var shapes []tensor.Shape
 	for _, t := range ts {
 		g.names = append(g.names, t.Name)
@@ -226,7 +231,7 @@ func (s *Server) push(h header) (header, error) {
 	for i, t := range h.tensors {
 		grads[i] = t.Value
 	}
-	g.grads[h.worker] = grads
+	g.grads[h.worker], g.losses[h.worker] = grads, h.losses
 	if err := s.update(h.stage, g, up); err != nil {
 		return header{}, err
 	}
@@ -294,8 +299,12 @@ func (s *Server) apply(g *group, up *Update) error {
 			}
 		}
 	}
+	g.lastLosses = nil
+	for _, w := range up.Workers {
+		g.lastLosses = append(g.lastLosses, g.losses[w]...)
+	}
 	for w := range g.grads {
-		g.grads[w] = nil
+		g.grads[w], g.losses[w] = nil, nil
 	}
 	if s.set.LR != nil {
 		g.opt.SetLR(s.set.LR(up.Step))
@@ -330,7 +339,7 @@ func (s *Server) pull(ctx context.Context, h header) (header, error) {
 		}
 		if (!h.final && g.m.Pullable(h.worker, h.step)) || (h.final && g.m.Done()) {
 			g.m.Pulled(h.worker)
-			out := header{op: opWeights, step: g.m.Version()}
+			out := header{op: opWeights, step: g.m.Version(), losses: slices.Clone(g.lastLosses)}
 			for i, p := range g.params {
 				out.tensors = append(out.tensors, engine.Weight{Name: g.names[i], Value: p.Clone().(*tensor.Dense)})
 			}

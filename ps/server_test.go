@@ -3,6 +3,7 @@ package ps
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -46,11 +47,16 @@ func TestServerSumsPushesAndServesPulls(t *testing.T) {
 	errs := make([]error, 2)
 	for w, c := range clients {
 		wg.Go(func() {
-			if _, err := c.Push(ctx, 0, vec("w", float32(w+1), 4)); err != nil {
+			if _, err := c.Push(ctx, 0, vec("w", float32(w+1), 4), []float64{float64(w) + 0.5}); err != nil {
 				errs[w] = err
 				return
 			}
-			got[w], _, errs[w] = c.Pull(ctx, 1)
+			var p Pulled
+			p, errs[w] = c.Pull(ctx, 1)
+			got[w] = p.Weights
+			if fmt.Sprint(p.Losses) != "[0.5 1.5]" {
+				errs[w] = fmt.Errorf("pulled losses %v, want both workers' in worker order", p.Losses)
+			}
 		})
 	}
 	wg.Wait()

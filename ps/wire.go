@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"unsafe"
 
 	"gorgonia.org/tensor"
@@ -46,6 +47,10 @@ type header struct {
 	dropped       bool  // an ok to a push that came too late
 	final         bool  // a pull of the run's final weights
 	tensors       []engine.Weight
+	// losses are a push's micro-batch losses (from the stage that computes
+	// the loss), and in a pull's answer those of the update's workers, in
+	// worker order.
+	losses []float64
 }
 
 func (h header) marshal() []byte {
@@ -71,6 +76,10 @@ func (h header) marshal() []byte {
 		for _, d := range shape {
 			b = binary.LittleEndian.AppendUint32(b, uint32(d))
 		}
+	}
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(h.losses)))
+	for _, l := range h.losses {
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(l))
 	}
 	return b
 }
@@ -127,6 +136,16 @@ func unmarshalHeader(b []byte) (header, error) {
 			return h, fmt.Errorf("ps: tensor %s has %d-byte elements", name, size)
 		}
 		h.tensors = append(h.tensors, engine.Weight{Name: name, Value: tensor.New(tensor.Of(dt), tensor.WithShape(shape...))})
+	}
+	if len(b) < 4 {
+		return h, errShort
+	}
+	n = int(binary.LittleEndian.Uint32(b))
+	if b = b[4:]; len(b) != 8*n {
+		return h, errShort
+	}
+	for i := range n {
+		h.losses = append(h.losses, math.Float64frombits(binary.LittleEndian.Uint64(b[8*i:])))
 	}
 	return h, nil
 }

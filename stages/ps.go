@@ -166,7 +166,8 @@ func (w *psWorker) connect(ctx context.Context, version int64) error {
 	}
 	for _, cl := range w.clients {
 		if cl.Version() > version {
-			return w.pull(ctx, int(version))
+			_, err := w.pull(ctx, int(version))
+			return err
 		}
 	}
 	return nil
@@ -189,9 +190,10 @@ func (w *psWorker) eachServer(f func(s int, cl *ps.Client) error) error {
 	return nil
 }
 
-// push sends the step's gradients to their servers, then zeroes them for
-// the next step's sums, as an optimizer step would.
-func (w *psWorker) push(ctx context.Context, step int) (dropped int, err error) {
+// push sends the step's gradients to their servers, with the step's
+// micro-batch losses (nil but on the stage that computes them), then
+// zeroes them for the next step's sums, as an optimizer step would.
+func (w *psWorker) push(ctx context.Context, step int, losses []float64) (dropped int, err error) {
 	grads := make([][]compute.Weight, len(w.chunks))
 	for i, ch := range w.chunks {
 		if grads[i], err = ch.Gradients(); err != nil {
@@ -200,7 +202,7 @@ func (w *psWorker) push(ctx context.Context, step int) (dropped int, err error) 
 	}
 	var mu sync.Mutex
 	err = w.eachServer(func(s int, cl *ps.Client) error {
-		d, err := cl.Push(ctx, int64(step), w.shard(s, grads))
+		d, err := cl.Push(ctx, int64(step), w.shard(s, grads), losses)
 		if d {
 			mu.Lock()
 			dropped++
@@ -223,48 +225,54 @@ func (w *psWorker) push(ctx context.Context, step int) (dropped int, err error) 
 }
 
 // pull waits until the servers have made every update before step and
-// loads their weights into the stage's chunks.
-func (w *psWorker) pull(ctx context.Context, step int) error {
+// loads their weights into the stage's chunks. It returns the micro-batch
+// losses of the last update's workers, in worker order, from the first of
+// the stage's servers.
+func (w *psWorker) pull(ctx context.Context, step int) ([]float64, error) {
 	got := map[string]*tensor.Dense{}
+	var losses []float64
 	var mu sync.Mutex
 	final := step == w.cfg.Train.Steps && w.cfg.ParameterServers.Mode == "async"
 	err := w.eachServer(func(s int, cl *ps.Client) error {
-		var ws []compute.Weight
+		var p ps.Pulled
 		var err error
 		if final {
 			// The others' pushes still change the weights after this
 			// worker's last: its final weights are the servers' once all
 			// have left.
 			if err = cl.Leave(ctx); err == nil {
-				ws, err = cl.PullFinal(ctx)
+				p, err = cl.PullFinal(ctx)
 			}
 		} else {
-			ws, _, err = cl.Pull(ctx, int64(step))
+			p, err = cl.Pull(ctx, int64(step))
 		}
 		mu.Lock()
 		defer mu.Unlock()
-		for _, wt := range ws {
+		for _, wt := range p.Weights {
 			got[wt.Name] = wt.Value
+		}
+		if s == w.servers[0] {
+			losses = p.Losses
 		}
 		return err
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, ch := range w.chunks {
 		ws := ch.Weights()
 		for i, wt := range ws {
 			v, ok := got[wt.Name]
 			if !ok {
-				return fmt.Errorf("the servers sent no weight %s", wt.Name)
+				return nil, fmt.Errorf("the servers sent no weight %s", wt.Name)
 			}
 			ws[i].Value = v
 		}
 		if err := ch.LoadWeights(ws); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return nil
+	return losses, nil
 }
 
 // close says bye to every server.
@@ -286,7 +294,11 @@ func (r *Runtime) psStep(ctx context.Context, step int) error {
 		w.beforePush(step)
 	}
 	t0 := time.Now()
-	dropped, err := w.push(ctx, step)
+	var losses []float64
+	if r.holdsLoss() {
+		losses = r.losses
+	}
+	dropped, err := w.push(ctx, step, losses)
 	if err != nil {
 		return fmt.Errorf("pushing the gradients: %w", err)
 	}
@@ -296,8 +308,15 @@ func (r *Runtime) psStep(ctx context.Context, step int) error {
 			r.name(), step+1, words.Count(dropped, "server"))
 	}
 	t1 := time.Now()
-	if err := w.pull(ctx, step+1); err != nil {
+	all, err := w.pull(ctx, step+1)
+	if err != nil {
 		return fmt.Errorf("pulling the weights: %w", err)
+	}
+	if r.holdsLoss() && len(all) == r.scaleMBs {
+		// The whole batch's losses, when the update summed every
+		// worker's step (sync, and async with max_staleness 0), as the
+		// replicas' ring gathers them; else this worker's own.
+		r.losses = all
 	}
 	t2 := time.Now()
 	r.live.action(runlog.Optimizer, t2.Sub(t0), 0, r.inFlight())
