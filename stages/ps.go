@@ -193,12 +193,13 @@ func (w *psWorker) eachServer(f func(s int, cl *ps.Client) error) error {
 // push sends the step's gradients to their servers, with the step's
 // micro-batch losses (nil but on the stage that computes them), then
 // zeroes them for the next step's sums, as an optimizer step would.
-func (w *psWorker) push(ctx context.Context, step int, losses []float64) (dropped int, err error) {
+func (w *psWorker) push(ctx context.Context, step int, losses []float64) (dropped int, sent int64, err error) {
 	grads := make([][]compute.Weight, len(w.chunks))
 	for i, ch := range w.chunks {
 		if grads[i], err = ch.Gradients(); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
+		sent += weightBytes(grads[i])
 	}
 	var mu sync.Mutex
 	err = w.eachServer(func(s int, cl *ps.Client) error {
@@ -211,17 +212,26 @@ func (w *psWorker) push(ctx context.Context, step int, losses []float64) (droppe
 		return err
 	})
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	for i, ch := range w.chunks {
 		for _, g := range grads[i] {
 			g.Value.Zero()
 		}
 		if err := ch.LoadGradients(grads[i]); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 	}
-	return dropped, nil
+	return dropped, sent, nil
+}
+
+// weightBytes is the payload of ws.
+func weightBytes(ws []compute.Weight) int64 {
+	var n int64
+	for _, w := range ws {
+		n += int64(w.Value.Shape().TotalSize()) * int64(w.Value.Dtype().Size())
+	}
+	return n
 }
 
 // pull waits until the servers have made every update before step and
@@ -298,7 +308,7 @@ func (r *Runtime) psStep(ctx context.Context, step int) error {
 	if r.holdsLoss() {
 		losses = r.losses
 	}
-	dropped, err := w.push(ctx, step, losses)
+	dropped, sent, err := w.push(ctx, step, losses)
 	if err != nil {
 		return fmt.Errorf("pushing the gradients: %w", err)
 	}
@@ -320,8 +330,12 @@ func (r *Runtime) psStep(ctx context.Context, step int) error {
 	}
 	t2 := time.Now()
 	r.live.action(runlog.Optimizer, t2.Sub(t0), 0, r.inFlight())
+	r.live.sentOn("servers", sent)
+	for _, ch := range w.chunks {
+		r.live.receivedOn("servers", weightBytes(ch.Weights()))
+	}
 	return r.events.add(runlog.Event{Stage: r.stage, Replica: r.replica, Step: step, Kind: runlog.Optimizer,
-		StartNS: t0.UnixNano(), EndNS: t2.UnixNano(), WaitNS: t2.Sub(t1).Nanoseconds(), Dropped: dropped})
+		StartNS: t0.UnixNano(), EndNS: t2.UnixNano(), WaitNS: t2.Sub(t1).Nanoseconds(), BytesSent: sent, Dropped: dropped})
 }
 
 // sumWorkerShares is the reference's sum of the replicas' shares under

@@ -2,7 +2,9 @@ package stages
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -12,6 +14,7 @@ import (
 	"github.com/pipetrain/pipetrain/checkpoint"
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/ps"
+	"github.com/pipetrain/pipetrain/runlog"
 	"github.com/pipetrain/pipetrain/transport"
 )
 
@@ -433,5 +436,53 @@ func TestAsyncSurvivesAKilledWorker(t *testing.T) {
 	}
 	if err := checkpoint.Diff(held, readWeights(t, dir)); err != nil {
 		t.Errorf("worker 0 saved other weights than the servers hold: %v", err)
+	}
+}
+
+// TestPSMetricsCountServerBytes: a worker stage's Prometheus metrics count
+// the gradient bytes it pushed and the weight bytes it pulled, every step
+// all of its parameters each way, and its event log records the pushes.
+func TestPSMetricsCountServerBytes(t *testing.T) {
+	c := psConfig(2, 2, "sgd")
+	startServers(t, c, nil)
+	var rts []*Runtime
+	dir := runWorkers(t, c, func(w, stage int, rt *Runtime) {
+		if w == 0 {
+			rts = append(rts, rt)
+		}
+	})
+	for _, rt := range rts {
+		var params int64
+		for _, ch := range rt.chunks {
+			params += weightBytes(ch.Weights())
+		}
+		var b strings.Builder
+		if _, err := rt.Metrics().WriteTo(&b); err != nil {
+			t.Fatal(err)
+		}
+		want := int64(c.Train.Steps) * params
+		for _, m := range []string{"sent", "received"} {
+			line := fmt.Sprintf("pipetrain_%s_bytes_total{stage=\"%d\",link=\"servers\"} %d\n", m, rt.stage, want)
+			if !strings.Contains(b.String(), line) {
+				t.Errorf("stage %d metrics lack %q:\n%s", rt.stage, line, b.String())
+			}
+		}
+	}
+	raw, err := os.ReadFile(runlog.EventsFile(dir, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pushes := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
+		var e runlog.Event
+		if err := json.Unmarshal([]byte(line), &e); err != nil {
+			t.Fatalf("%s: %v", line, err)
+		}
+		if e.Kind == runlog.Optimizer && e.BytesSent > 0 {
+			pushes++
+		}
+	}
+	if pushes != c.Train.Steps {
+		t.Errorf("stage 1's events show %d pushes, want %d", pushes, c.Train.Steps)
 	}
 }
