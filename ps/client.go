@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/pipetrain/pipetrain/engine"
 	"github.com/pipetrain/pipetrain/transport"
@@ -62,7 +63,14 @@ func Dial(ctx context.Context, addr string, o transport.Options, worker, stage i
 				first = false
 				started <- nil
 			}
-			return c.serve(s)
+			err = c.serve(s)
+			if err != nil {
+				// A session that broke is not dialed again: the server
+				// lost this worker's place (or died), and the worker's
+				// request already has the error.
+				cancel()
+			}
+			return err
 		})
 		if first {
 			started <- c.err
@@ -179,10 +187,16 @@ func (c *Client) PullFinal(ctx context.Context) (Pulled, error) {
 	return Pulled{h.tensors, h.step, h.losses}, err
 }
 
-// Close says bye and waits for the stream to end.
+// closeGrace bounds the goodbye of Close.
+const closeGrace = 5 * time.Second
+
+// Close says bye (waiting at most closeGrace for the answer) and ends the
+// stream.
 func (c *Client) Close(ctx context.Context) error {
 	var err error
 	c.closeOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(ctx, closeGrace)
+		defer cancel()
 		_, err = c.do(ctx, header{op: opBye})
 		close(c.reqs)
 		c.cancel()
