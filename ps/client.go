@@ -22,7 +22,14 @@ type Client struct {
 	version       int64 // the server's version when it answered the hello
 	cancel        context.CancelFunc
 	closeOnce     sync.Once
+	half          transport.DType // the pushes' and pulls' wire dtype; 0: as they are
 }
+
+// Compress sends the pushes' float32 gradients and has the pulls' float32
+// weights sent as half (transport.Float16 or BFloat16), as
+// transport.compression does a link's: half the bytes, rounded. The
+// hello's initial weights always travel whole.
+func (c *Client) Compress(half transport.DType) { c.half = half }
 
 type request struct {
 	h     header
@@ -148,7 +155,7 @@ func (c *Client) ended() error {
 // from the stage that computes them (nil elsewhere); dropped says the
 // server had made the step's update without them (backup workers).
 func (c *Client) Push(ctx context.Context, step int64, grads []engine.Weight, losses []float64) (dropped bool, err error) {
-	h, err := c.do(ctx, header{op: opPush, step: step, tensors: grads, losses: losses})
+	h, err := c.do(ctx, header{op: opPush, step: step, tensors: grads, losses: losses, half: c.half})
 	return h.dropped, err
 }
 
@@ -164,7 +171,7 @@ type Pulled struct {
 // Pull waits until the worker may compute step and returns the server's
 // weights then.
 func (c *Client) Pull(ctx context.Context, step int64) (Pulled, error) {
-	h, err := c.do(ctx, header{op: opPull, step: step})
+	h, err := c.do(ctx, header{op: opPull, step: step, half: c.half})
 	if err == nil && h.op != opWeights {
 		err = fmt.Errorf("parameter server at %s answered a pull with %d", c.addr, h.op)
 	}
@@ -180,7 +187,7 @@ func (c *Client) Leave(ctx context.Context) error {
 // PullFinal waits until every worker has left and returns the final
 // weights.
 func (c *Client) PullFinal(ctx context.Context) (Pulled, error) {
-	h, err := c.do(ctx, header{op: opPull, final: true})
+	h, err := c.do(ctx, header{op: opPull, final: true, half: c.half})
 	if err == nil && h.op != opWeights {
 		err = fmt.Errorf("parameter server at %s answered a pull with %d", c.addr, h.op)
 	}

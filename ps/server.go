@@ -339,7 +339,7 @@ func (s *Server) pull(ctx context.Context, h header) (header, error) {
 		}
 		if (!h.final && g.m.Pullable(h.worker, h.step)) || (h.final && g.m.Done()) {
 			g.m.Pulled(h.worker)
-			out := header{op: opWeights, step: g.m.Version(), losses: slices.Clone(g.lastLosses)}
+			out := header{op: opWeights, step: g.m.Version(), losses: slices.Clone(g.lastLosses), half: h.half}
 			for i, p := range g.params {
 				out.tensors = append(out.tensors, engine.Weight{Name: g.names[i], Value: p.Clone().(*tensor.Dense)})
 			}

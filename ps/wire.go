@@ -47,6 +47,10 @@ type header struct {
 	dropped       bool  // an ok to a push that came too late
 	final         bool  // a pull of the run's final weights
 	tensors       []engine.Weight
+	// half is the 16-bit wire dtype (transport.Float16 or BFloat16) the
+	// message's float32 tensors travel in, 0 for none (transport
+	// compression); in a pull, the dtype its answer is to use.
+	half transport.DType
 	// losses are a push's micro-batch losses (from the stage that computes
 	// the loss), and in a pull's answer those of the update's workers, in
 	// worker order.
@@ -65,12 +69,12 @@ func (h header) marshal() []byte {
 	if h.final {
 		flag |= 2
 	}
-	b = append(b, flag)
+	b = append(b, flag, byte(h.half))
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(h.tensors)))
 	for _, t := range h.tensors {
 		b = binary.LittleEndian.AppendUint16(b, uint16(len(t.Name)))
 		b = append(b, t.Name...)
-		b = append(b, byte(elemSize(t.Value)))
+		b = append(b, byte(h.wireSize(t.Value)))
 		shape := t.Value.Shape()
 		b = append(b, byte(len(shape)))
 		for _, d := range shape {
@@ -90,7 +94,7 @@ var errShort = errors.New("ps: message cut short")
 // data frames that follow.
 func unmarshalHeader(b []byte) (header, error) {
 	var h header
-	if len(b) < 22 {
+	if len(b) < 23 {
 		return h, errShort
 	}
 	h.op = b[0]
@@ -98,8 +102,12 @@ func unmarshalHeader(b []byte) (header, error) {
 	h.stage = int(binary.LittleEndian.Uint32(b[5:]))
 	h.step = int64(binary.LittleEndian.Uint64(b[9:]))
 	h.dropped, h.final = b[17]&1 != 0, b[17]&2 != 0
-	n := int(binary.LittleEndian.Uint32(b[18:]))
-	b = b[22:]
+	h.half = transport.DType(b[18])
+	if h.half != 0 && h.half != transport.Float16 && h.half != transport.BFloat16 {
+		return h, fmt.Errorf("ps: wire dtype %d", b[18])
+	}
+	n := int(binary.LittleEndian.Uint32(b[19:]))
+	b = b[23:]
 	if n > len(b) {
 		return h, errShort
 	}
@@ -126,9 +134,12 @@ func unmarshalHeader(b []byte) (header, error) {
 		if total > 1<<31 {
 			return h, fmt.Errorf("ps: tensor %s of %v elements", name, shape)
 		}
+		if size == 2 && h.half == 0 {
+			return h, fmt.Errorf("ps: tensor %s has 2-byte elements in an uncompressed message", name)
+		}
 		var dt tensor.Dtype
 		switch size {
-		case 4:
+		case 4, 2:
 			dt = tensor.Float32
 		case 8:
 			dt = tensor.Float64
@@ -150,11 +161,28 @@ func unmarshalHeader(b []byte) (header, error) {
 	return h, nil
 }
 
-func elemSize(t *tensor.Dense) int {
-	if t.Dtype() == tensor.Float64 {
+// wireSize is the bytes each of t's elements takes on the wire: 2 for a
+// float32 tensor of a compressed message.
+func (h header) wireSize(t *tensor.Dense) int {
+	switch {
+	case t.Dtype() == tensor.Float64:
 		return 8
+	case h.half != 0:
+		return 2
 	}
 	return 4
+}
+
+// wireBytes is t's data as it travels: its bytes, or its float32 values
+// rounded to h.half.
+func (h header) wireBytes(t *tensor.Dense) []byte {
+	if v, ok := t.Data().([]float32); ok && h.half != 0 {
+		tt, err := transport.FromFloat32sAs(h.half, transport.Gradient, 0, 0, []int{len(v)}, v)
+		if err == nil {
+			return tt.Data
+		}
+	}
+	return bytesOf(t)
 }
 
 // bytesOf is t's data as bytes, in the host's order: the processes of a
@@ -185,7 +213,7 @@ func send(s *transport.ServiceStream, h header) error {
 		return err
 	}
 	for _, t := range h.tensors {
-		data := bytesOf(t.Value)
+		data := h.wireBytes(t.Value)
 		for len(data) > 0 {
 			if frame == nil {
 				frame = make([]byte, 0, frameBytes)
@@ -215,6 +243,11 @@ func recv(s *transport.ServiceStream) (header, error) {
 	var frame []byte
 	for _, t := range h.tensors {
 		dst := bytesOf(t.Value)
+		half := h.wireSize(t.Value) == 2
+		if half {
+			dst = make([]byte, len(dst)/2)
+		}
+		raw := dst
 		for len(dst) > 0 {
 			if len(frame) == 0 {
 				if frame, err = s.Recv(); err != nil {
@@ -223,6 +256,10 @@ func recv(s *transport.ServiceStream) (header, error) {
 			}
 			n := copy(dst, frame)
 			dst, frame = dst[n:], frame[n:]
+		}
+		if half {
+			wide := (&transport.Tensor{DType: h.half, Data: raw}).AsFloat32s()
+			copy(t.Value.Data().([]float32), wide)
 		}
 	}
 	if len(frame) > 0 {

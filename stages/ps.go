@@ -18,6 +18,7 @@ import (
 	"github.com/pipetrain/pipetrain/models"
 	"github.com/pipetrain/pipetrain/ps"
 	"github.com/pipetrain/pipetrain/runlog"
+	"github.com/pipetrain/pipetrain/transport"
 )
 
 // Parameter servers (docs/parameter-servers.md). With parameter_servers
@@ -82,6 +83,8 @@ type psWorker struct {
 	worker, stage int
 	chunks        []compute.Stage
 	owners        map[string]int
+	model         *models.Model
+	halved        bool // pushes and pulls travel as 16-bit floats (transport.compression)
 	servers       []int              // the servers holding some of the stage's tensors, in order
 	clients       map[int]*ps.Client // by server
 	dropped       int64              // the stage's pushes the servers dropped
@@ -101,7 +104,7 @@ func newPSWorker(l *Layout, chunks []compute.Stage) (*psWorker, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &psWorker{cfg: c, worker: l.Replica, stage: l.Stage, chunks: chunks, owners: owners}
+	w := &psWorker{cfg: c, worker: l.Replica, stage: l.Stage, chunks: chunks, owners: owners, model: l.Model}
 	for _, ch := range chunks {
 		for _, wt := range ch.Weights() {
 			s, ok := owners[wt.Name]
@@ -152,6 +155,10 @@ func (w *psWorker) connect(ctx context.Context, version int64) error {
 	if err != nil {
 		return err
 	}
+	half, err := WireDType(w.cfg, w.model)
+	if err != nil {
+		return err
+	}
 	weights := make([][]compute.Weight, len(w.chunks))
 	for i, ch := range w.chunks {
 		weights[i] = ch.Weights()
@@ -163,6 +170,10 @@ func (w *psWorker) connect(ctx context.Context, version int64) error {
 			return fmt.Errorf("%s: %w", configs.PSName(s), err)
 		}
 		w.clients[s] = cl
+		if half != transport.Float32 && half != transport.Float64 {
+			cl.Compress(half)
+			w.halved = true
+		}
 	}
 	for _, cl := range w.clients {
 		if cl.Version() > version {
@@ -199,7 +210,7 @@ func (w *psWorker) push(ctx context.Context, step int, losses []float64) (droppe
 		if grads[i], err = ch.Gradients(); err != nil {
 			return 0, 0, err
 		}
-		sent += weightBytes(grads[i])
+		sent += w.wireBytes(grads[i])
 	}
 	var mu sync.Mutex
 	err = w.eachServer(func(s int, cl *ps.Client) error {
@@ -223,6 +234,14 @@ func (w *psWorker) push(ctx context.Context, step int, losses []float64) (droppe
 		}
 	}
 	return dropped, sent, nil
+}
+
+// wireBytes is what ws take on the wire to and from the servers.
+func (w *psWorker) wireBytes(ws []compute.Weight) int64 {
+	if w.halved {
+		return weightBytes(ws) / 2
+	}
+	return weightBytes(ws)
 }
 
 // weightBytes is the payload of ws.
@@ -332,7 +351,7 @@ func (r *Runtime) psStep(ctx context.Context, step int) error {
 	r.live.action(runlog.Optimizer, t2.Sub(t0), 0, r.inFlight())
 	r.live.sentOn("servers", sent)
 	for _, ch := range w.chunks {
-		r.live.receivedOn("servers", weightBytes(ch.Weights()))
+		r.live.receivedOn("servers", w.wireBytes(ch.Weights()))
 	}
 	return r.events.add(runlog.Event{Stage: r.stage, Replica: r.replica, Step: step, Kind: runlog.Optimizer,
 		StartNS: t0.UnixNano(), EndNS: t2.UnixNano(), WaitNS: t2.Sub(t1).Nanoseconds(), BytesSent: sent, Dropped: dropped})
