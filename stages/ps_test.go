@@ -486,3 +486,52 @@ func TestPSMetricsCountServerBytes(t *testing.T) {
 		t.Errorf("stage 1's events show %d pushes, want %d", pushes, c.Train.Steps)
 	}
 }
+
+// TestSlowWorkerCosts measures how long worker 0 takes to reach its last
+// push of 12 steps, of 3 workers with worker 2 slowed by 40 ms before each
+// push of each of its two stages: sync waits for it every step; backup
+// workers (aggregate 2) do not, and drop its pushes; async with
+// max_staleness k lets the others run k steps ahead of it and no more, so
+// a worker slow at every step still sets their pace, k steps later. It
+// logs the times (docs/parameter-servers.md quotes a run).
+func TestSlowWorkerCosts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("timing")
+	}
+	const delay = 40 * time.Millisecond
+	cases := []struct {
+		name      string
+		mode      string
+		aggregate int
+		staleness int
+	}{{"sync", "sync", 0, 0}, {"backup 2 of 3", "sync", 2, 0}, {"async k=1", "async", 0, 1}, {"async k=4", "async", 0, 4}}
+	took := map[string]time.Duration{}
+	for _, tc := range cases {
+		c := psConfig(3, 2, "adam")
+		c.Train.Steps, c.Train.Evaluate = 12, false
+		c.ParameterServers.Mode, c.ParameterServers.Aggregate, c.ParameterServers.MaxStaleness = tc.mode, tc.aggregate, tc.staleness
+		startServers(t, c, nil)
+		start := time.Now()
+		var last time.Time
+		runWorkers(t, c, func(w, stage int, rt *Runtime) {
+			switch {
+			case w == 2:
+				rt.ps.beforePush = func(int) { time.Sleep(delay) }
+			case w == 0 && stage == 0:
+				rt.ps.beforePush = func(step int) {
+					if step == c.Train.Steps-1 {
+						last = time.Now()
+					}
+				}
+			}
+		})
+		took[tc.name] = last.Sub(start)
+		t.Logf("%-14s worker 0 at its last push after %v (worker 2 slowed by %v before each push)", tc.name, took[tc.name].Round(time.Millisecond), delay)
+	}
+	if floor := 11 * delay; took["sync"] < floor {
+		t.Errorf("sync took %v, less than the slow worker's own %v", took["sync"], floor)
+	}
+	if took["backup 2 of 3"] > took["sync"]/2 {
+		t.Errorf("backup workers took %v, sync %v: they should not wait for the slow worker", took["backup 2 of 3"], took["sync"])
+	}
+}
