@@ -84,7 +84,7 @@ type psWorker struct {
 	chunks        []compute.Stage
 	owners        map[string]int
 	model         *models.Model
-	halved        bool // pushes and pulls travel as 16-bit floats (transport.compression)
+	halved        bool               // pushes and pulls travel as 16-bit floats (transport.compression)
 	servers       []int              // the servers holding some of the stage's tensors, in order
 	clients       map[int]*ps.Client // by server
 	dropped       int64              // the stage's pushes the servers dropped
