@@ -45,9 +45,9 @@ func PSOwners(c *configs.Config, model *models.Model) (map[string]int, error) {
 	return owners, nil
 }
 
-// modelTensors lists the model's parameters in order, by name and bytes,
-// building each layer's graph as ParamCount does.
-func modelTensors(m *models.Model) (out []ps.Tensor, err error) {
+// layerTensors lists each layer's parameters in order, by name and bytes,
+// building each layer's graph as models.ParamCount does.
+func layerTensors(m *models.Model) (out [][]ps.Tensor, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("listing the model's parameters: %v", r)
@@ -61,12 +61,20 @@ func modelTensors(m *models.Model) (out []ps.Tensor, err error) {
 		if err != nil {
 			return nil, err
 		}
+		var ts []ps.Tensor
 		for _, p := range b.Params {
-			out = append(out, ps.Tensor{Name: p.Name(), Bytes: int64(p.Shape().TotalSize() * dtypeSize(m))})
+			ts = append(ts, ps.Tensor{Name: p.Name(), Bytes: int64(p.Shape().TotalSize() * dtypeSize(m))})
 		}
+		out = append(out, ts)
 		h = b.Out
 	}
 	return out, nil
+}
+
+// modelTensors lists the model's parameters in order.
+func modelTensors(m *models.Model) ([]ps.Tensor, error) {
+	layers, err := layerTensors(m)
+	return slices.Concat(layers...), err
 }
 
 // PSSettings are server i's settings from the config: the run's
@@ -398,79 +406,11 @@ func sumInto[T float32 | float64](first bool, acc, v []T) {
 
 // PSServedStages lists the pipeline stages with tensors on server i.
 func PSServedStages(c *configs.Config, i int) ([]int, error) {
-	var out []int
-	for st := range c.Stages {
-		l, err := NewLayout(c, st)
-		if err != nil {
-			return nil, err
-		}
-		owners, err := PSOwners(c, l.Model)
-		if err != nil {
-			return nil, err
-		}
-		names, err := stageTensorNames(l)
-		if err != nil {
-			return nil, err
-		}
-		for _, n := range names {
-			if owners[n] == i {
-				out = append(out, st)
-				break
-			}
-		}
-	}
-	return out, nil
-}
-
-// stageTensorNames are the names of the parameters of the layout's
-// chunks.
-func stageTensorNames(l *Layout) ([]string, error) {
-	all, err := modelTensors(l.Model)
+	shares, err := PSShares(c)
 	if err != nil {
 		return nil, err
 	}
-	// modelTensors lists the layers' parameters in order; count each
-	// layer's to find the chunks' ranges.
-	var out []string
-	perLayer, err := layerParamCounts(l.Model)
-	if err != nil {
-		return nil, err
-	}
-	for _, r := range l.Ranges {
-		lo := 0
-		for k := range r[0] {
-			lo += perLayer[k]
-		}
-		hi := lo
-		for k := r[0]; k < r[1]; k++ {
-			hi += perLayer[k]
-		}
-		for _, t := range all[lo:hi] {
-			out = append(out, t.Name)
-		}
-	}
-	return out, nil
-}
-
-// layerParamCounts is how many parameters each layer of the model has.
-func layerParamCounts(m *models.Model) (out []int, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("counting the model's parameters: %v", r)
-		}
-	}()
-	g := G.NewGraph()
-	in := m.ShapeAt(0, 1)
-	h := G.NewTensor(g, m.DType, len(in), G.WithShape(in...), G.WithName("input"))
-	for _, layer := range m.Layers {
-		b, err := layer.Build(g, h, 0)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, len(b.Params))
-		h = b.Out
-	}
-	return out, nil
+	return shares[i].Stages, nil
 }
 
 // ServePS runs parameter server i of the config: it serves the workers'
@@ -529,29 +469,23 @@ func PSShares(c *configs.Config) ([]PSShare, error) {
 		if err != nil {
 			return nil, err
 		}
-		all, err := modelTensors(l.Model)
-		if err != nil {
-			return nil, err
-		}
 		owners, err := PSOwners(c, l.Model)
 		if err != nil {
 			return nil, err
 		}
-		bytes := map[string]int64{}
-		for _, t := range all {
-			bytes[t.Name] = t.Bytes
-		}
-		names, err := stageTensorNames(l)
+		layers, err := layerTensors(l.Model)
 		if err != nil {
 			return nil, err
 		}
-		for _, n := range names {
-			sh := &out[owners[n]]
-			if !slices.Contains(sh.Stages, st) {
-				sh.Stages = append(sh.Stages, st)
+		for _, r := range l.Ranges {
+			for _, t := range slices.Concat(layers[r[0]:r[1]]...) {
+				sh := &out[owners[t.Name]]
+				if !slices.Contains(sh.Stages, st) {
+					sh.Stages = append(sh.Stages, st)
+				}
+				sh.Tensors++
+				sh.Bytes += t.Bytes
 			}
-			sh.Tensors++
-			sh.Bytes += bytes[n]
 		}
 	}
 	return out, nil

@@ -535,3 +535,56 @@ func TestSlowWorkerCosts(t *testing.T) {
 		t.Errorf("backup workers took %v, sync %v: they should not wait for the slow worker", took["backup 2 of 3"], took["sync"])
 	}
 }
+
+// TestPSSharesCoverTheModelOnce: the servers' shares hold every parameter
+// once, and each stage's servers are those a worker stage dials.
+func TestPSSharesCoverTheModelOnce(t *testing.T) {
+	c := psConfig(2, 2, "sgd")
+	c.ParameterServers.Addresses = []string{"127.0.0.1:7100", "127.0.0.1:7101"}
+	shares, err := PSShares(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := ReferenceLayout(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := modelTensors(l.Model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bytes int64
+	for _, tt := range all {
+		bytes += tt.Bytes
+	}
+	n, b := 0, int64(0)
+	for _, sh := range shares {
+		n, b = n+sh.Tensors, b+sh.Bytes
+	}
+	if n != len(all) || b != bytes || n != 2*(len(c.Model.Hidden)+1) {
+		t.Errorf("shares hold %d tensors of %d bytes; the model %d of %d", n, b, len(all), bytes)
+	}
+	for st := range c.Stages {
+		sl, err := NewLayout(c, st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		owners, err := PSOwners(c, sl.Model)
+		if err != nil {
+			t.Fatal(err)
+		}
+		layers, err := layerTensors(sl.Model)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for s, sh := range shares {
+			holds := false
+			for _, tt := range slices.Concat(layers[sl.Ranges[0][0]:sl.Ranges[0][1]]...) {
+				holds = holds || owners[tt.Name] == s
+			}
+			if holds != slices.Contains(sh.Stages, st) {
+				t.Errorf("server %d: holds stage %d's tensors %v, its share lists stages %v", s, st, holds, sh.Stages)
+			}
+		}
+	}
+}
