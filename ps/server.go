@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 
@@ -74,6 +75,9 @@ type group struct {
 	// order: what pulls answer with.
 	losses     [][]float64
 	lastLosses []float64
+	// staleness counts the pushes applied by how many updates stale they
+	// were (Update.Staleness).
+	staleness map[int64]int64
 }
 
 // NewServer makes an empty server; the workers' hellos bring the tensors.
@@ -167,7 +171,7 @@ func (s *Server) newGroup(ts []engine.Weight, version int64) (*group, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := &group{m: m, grads: make([][]*tensor.Dense, s.set.Rule.Workers), losses: make([][]float64, s.set.Rule.Workers)}
+	g := &group{m: m, grads: make([][]*tensor.Dense, s.set.Rule.Workers), losses: make([][]float64, s.set.Rule.Workers), staleness: map[int64]int64{}}
 	var shapes []tensor.Shape
 	for _, t := range ts {
 		g.names = append(g.names, t.Name)
@@ -299,6 +303,9 @@ func (s *Server) apply(g *group, up *Update) error {
 			}
 		}
 	}
+	for _, st := range up.Staleness {
+		g.staleness[st]++
+	}
 	g.lastLosses = nil
 	for _, w := range up.Workers {
 		g.lastLosses = append(g.lastLosses, g.losses[w]...)
@@ -401,6 +408,17 @@ func (s *Server) Updates(stage int) int64 {
 		return g.m.Version()
 	}
 	return 0
+}
+
+// Staleness is stage's histogram of the pushes applied: how many were
+// applied how many updates after the weights they were computed from.
+func (s *Server) Staleness(stage int) map[int64]int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if g, ok := s.groups[stage]; ok {
+		return maps.Clone(g.staleness)
+	}
+	return nil
 }
 
 // Dropped is how many of worker w's pushes to stage's group were dropped.

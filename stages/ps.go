@@ -5,7 +5,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -448,10 +450,20 @@ func ServePS(ctx context.Context, c *configs.Config, i int, log io.Writer) error
 		for w := range c.Replicas() {
 			dropped += srv.Dropped(st, w)
 		}
-		fmt.Fprintf(log, "%s: stage %d: %d updates, %d pushes dropped\n", configs.PSName(i), st, srv.Updates(st), dropped)
+		fmt.Fprintf(log, "%s: stage %d: %d updates, %d pushes dropped; pushes by staleness (updates): %s\n",
+			configs.PSName(i), st, srv.Updates(st), dropped, histogram(srv.Staleness(st)))
 	}
 	fmt.Fprintf(log, "%s: done in %.1fs\n", configs.PSName(i), time.Since(start).Seconds())
 	return nil
+}
+
+// histogram writes counts by value as "0: 12, 1: 3", values in order.
+func histogram(h map[int64]int64) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(h)) {
+		parts = append(parts, fmt.Sprintf("%d: %d", k, h[k]))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // PSShare is what one parameter server holds.

@@ -347,6 +347,18 @@ func TestAsyncAppliesEveryPushOnce(t *testing.T) {
 			}
 		}
 	}
+	for _, g := range stages {
+		var n int64
+		for st, k := range servers[g[0]].Staleness(g[1]) {
+			n += k
+			if st > maxStale {
+				t.Errorf("server %d stage %d counts a push %d updates stale; the most the updates said is %d", g[0], g[1], st, maxStale)
+			}
+		}
+		if n != int64(3*c.Train.Steps) {
+			t.Errorf("server %d stage %d's staleness histogram counts %d pushes, want %d", g[0], g[1], n, 3*c.Train.Steps)
+		}
+	}
 	if maxStale > 10 {
 		t.Errorf("an update was %d updates stale; max_staleness 2 of 3 workers allows 10", maxStale)
 	}
