@@ -40,14 +40,6 @@ var psModes = []string{"sync", "async"}
 // PSEnabled reports whether the run has parameter servers.
 func (c *Config) PSEnabled() bool { return c.ParameterServers.Count > 0 }
 
-// PSAggregate is how many workers' pushes each sync update sums.
-func (c *Config) PSAggregate() int {
-	if n := c.ParameterServers.Aggregate; n > 0 {
-		return n
-	}
-	return c.Replicas()
-}
-
 // validatePS checks parameter_servers: what the servers support so far,
 // each problem named by the field that causes it.
 func (c *Config) validatePS(p *Problems, tied bool) {
