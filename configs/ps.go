@@ -68,7 +68,10 @@ func (c *Config) validatePS(p *Problems, tied bool) {
 		}
 		return
 	}
-	if n := len(ps.Addresses); n > 0 && n != ps.Count {
+	switch n := len(ps.Addresses); {
+	case n == 0:
+		p.add("parameter_servers.addresses", "missing: list one host:port per server, server 0 first (the rendezvous does not place servers yet)")
+	case n != ps.Count:
 		p.add("parameter_servers.addresses", "lists %d addresses; count is %d, so give one per server", n, ps.Count)
 	}
 	if c.Train.ClipGradNorm > 0 {

@@ -49,6 +49,8 @@ func TestParameterServersValidate(t *testing.T) {
 		"parameter_servers.aggregate: is for sync mode (backup workers); async applies every push")
 	wantProblems(t, psYAML(t, `{count: 1, max_staleness: 2, addresses: ["127.0.0.1:7100"]}`, ""),
 		"parameter_servers.max_staleness: is for async mode; mode is sync")
+	wantProblems(t, psYAML(t, `{count: 2}`, ""),
+		"parameter_servers.addresses: missing: list one host:port per server, server 0 first (the rendezvous does not place servers yet)")
 	wantProblems(t, psYAML(t, `{count: 0, aggregate: 2}`, ""),
 		"parameter_servers.count: missing: aggregate, max_staleness and addresses need count, the number of servers")
 	wantProblems(t, psYAML(t, `{count: 1, addresses: ["127.0.0.1:7100"]}`, "train: {clip_grad_norm: 1.0}"),
