@@ -52,6 +52,9 @@ type Config struct {
 	// Where, not what: it is left out of the digest.
 	Rendezvous string    `mapstructure:"rendezvous" json:"-"`
 	AllReduce  AllReduce `mapstructure:"all_reduce" json:"all_reduce"`
+	// ParameterServers, when Count > 0, makes the replicas workers of
+	// parameter servers instead of an all-reduce ring (configs/ps.go).
+	ParameterServers ParameterServers `mapstructure:"parameter_servers" json:"parameter_servers"`
 	// Checkpoint and Recovery change how a run survives faults, never what it
 	// computes, so they are left out of the digest: a run may be resumed with
 	// other settings.
@@ -474,6 +477,7 @@ func (c *Config) Validate() error {
 	}
 	c.validateAuth(p)
 	c.validateReplicas(p)
+	c.validatePS(p, model != nil && len(model.Tied) > 0)
 	c.validateStages(p, model)
 	c.validateInitFrom(p, model)
 	if len(p.Items) > 0 {

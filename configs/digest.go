@@ -37,6 +37,12 @@ func (c *Config) trainingState() map[string]any {
 		state["data_parallel"] = c.DataParallel
 		state["all_reduce"] = map[string]any{"bucket_bytes": c.BucketBytes()}
 	}
+	if c.PSEnabled() {
+		// Servers sum the gradients in worker order, and backup workers
+		// drop some; a run without servers keeps its digest.
+		ps := c.ParameterServers
+		state["parameter_servers"] = map[string]any{"count": ps.Count, "mode": ps.Mode, "aggregate": ps.Aggregate, "max_staleness": ps.MaxStaleness}
+	}
 	if c.Train.ClipGradNorm > 0 {
 		// Clipping changes the updates; a run without it keeps its digest.
 		state["train"].(map[string]any)["clip_grad_norm"] = c.Train.ClipGradNorm

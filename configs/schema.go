@@ -81,6 +81,7 @@ func enums() map[string][]string {
 		"all_reduce.transport":  AllReduceTransports,
 
 		"train.lr_schedule.kind": optim.ScheduleKinds(),
+		"parameter_servers.mode": psModes,
 	}
 	maps.Copy(e, modelEnums())
 	return e

@@ -70,6 +70,10 @@ type Event struct {
 	DataWaitNS int64 `json:"data_wait_ns,omitempty"`
 	// BytesSent is what the action sent to a neighbouring stage.
 	BytesSent int64 `json:"bytes_sent"`
+	// Dropped is, on a worker's Optimizer event under parameter servers
+	// with backup workers, how many servers dropped the step's gradients
+	// because they came after the step's update.
+	Dropped int `json:"dropped,omitempty"`
 	// Stashed is how many micro-batches' activations the stage held after
 	// the action: the schedule's memory cost.
 	Stashed int `json:"stashed"`

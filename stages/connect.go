@@ -69,7 +69,7 @@ func Connect(ctx context.Context, l *Layout) (*Links, error) {
 	links := &Links{}
 	opts.Streams = l.Replicas > 1 && c.RingStreams()
 	listen, dial := p > 1 && (i > 0 || ring), p > 1 && (i+1 < p || ring)
-	replicated := l.Replicas > 1
+	replicated := l.Replicas > 1 && !c.PSEnabled() // workers of parameter servers have no ring
 	var roles []transport.Hello
 	if listen {
 		roles = append(roles, up)

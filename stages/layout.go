@@ -47,6 +47,10 @@ type Layout struct {
 	// Listener, if set, is the stage's socket, bound before the rendezvous
 	// published its address; Connect serves it instead of binding.
 	Listener net.Listener
+	// PSKept, if set, says in the reference of a config with parameter
+	// servers whose shares each step's update sums (backup workers drop
+	// the others); nil: every worker's.
+	PSKept func(step int) []int
 }
 
 // NewLayout lays out stage i of a validated config.

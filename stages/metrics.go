@@ -44,7 +44,7 @@ type Metrics struct {
 
 // linkOrder is the order links are listed in: the pipeline's, then the
 // replicas' ring.
-var linkOrder = []string{"prev", "next", "replicas"}
+var linkOrder = []string{"prev", "next", "replicas", "servers"}
 
 func newMetrics(stage int) *Metrics {
 	return &Metrics{stage: stage, actionSum: map[string]time.Duration{}, actionCount: map[string]int64{},
@@ -153,13 +153,13 @@ func (m *Metrics) WriteTo(w io.Writer) (int64, error) {
 		p("pipetrain_action_seconds_sum{stage=\"%d\",kind=%q} %g\n", s, k, m.actionSum[k].Seconds())
 		p("pipetrain_action_seconds_count{stage=\"%d\",kind=%q} %d\n", s, k, m.actionCount[k])
 	}
-	family("pipetrain_sent_bytes_total", "counter", "Tensor payload bytes sent, by link: prev and next (the neighbouring stages), replicas (the all-reduce ring).")
+	family("pipetrain_sent_bytes_total", "counter", "Tensor payload bytes sent, by link: prev and next (the neighbouring stages), replicas (the all-reduce ring), servers (gradients pushed to parameter servers).")
 	for _, l := range linkOrder {
 		if v, ok := m.sent[l]; ok {
 			p("pipetrain_sent_bytes_total{stage=\"%d\",link=%q} %d\n", s, l, v)
 		}
 	}
-	family("pipetrain_received_bytes_total", "counter", "Tensor payload bytes received from the neighbouring stages, by link (prev, next).")
+	family("pipetrain_received_bytes_total", "counter", "Tensor payload bytes received from the neighbouring stages, by link (prev, next), and weights pulled from parameter servers (servers).")
 	for _, l := range linkOrder {
 		if v, ok := m.recv[l]; ok && l != "replicas" {
 			p("pipetrain_received_bytes_total{stage=\"%d\",link=%q} %d\n", s, l, v)

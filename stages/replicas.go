@@ -180,8 +180,8 @@ type replicaSync struct {
 // newReplicaSync joins the stage's replicas: over their ring, or in the
 // reference as shares. It returns nil for a config without replicas.
 func newReplicaSync(o Options, l *Layout, cfg *configs.Config, chunks []compute.Stage, act *activity, live *Metrics) (*replicaSync, error) {
-	if l.Replicas < 2 {
-		return nil, nil
+	if l.Replicas < 2 || (cfg.PSEnabled() && !l.Reference) {
+		return nil, nil // a single replica, or workers of parameter servers (ps.go)
 	}
 	rs := &replicaSync{stage: l.Stage, replica: l.Replica, layout: l, chunks: chunks, microBatches: cfg.Data.MicroBatches,
 		checkEvery: cfg.AllReduce.CheckEvery, act: act, live: live}
@@ -232,6 +232,9 @@ func (rs *replicaSync) start(ctx context.Context) (stop func()) {
 // gradients, final for the step, to the reducer; in the reference it sums
 // the replicas' shares.
 func (rs *replicaSync) reduce(ctx context.Context, step, chunk int) error {
+	if rs.shares != nil && rs.layout.Config.PSEnabled() {
+		return rs.sumWorkerShares(step, chunk)
+	}
 	if rs.shares != nil {
 		return rs.reduceShares(chunk)
 	}

@@ -84,6 +84,7 @@ type Runtime struct {
 	mbBase, scaleMBs int
 	threads          int                // BLAS threads (and elementwise workers) of this process
 	replicas         *replicaSync       // the all-reduce among the stage's replicas; nil without
+	ps               *psWorker          // the worker's side of the parameter servers; nil without
 	chunks           []compute.Stage    // what each chunk's device opened, which the executor drives
 	optims           []*optim.Optimizer // one per chunk: state and step counts are per parameter list
 	actions          []schedule.Action  // this stage's compute, in order
@@ -212,6 +213,9 @@ func New(o Options) (*Runtime, error) {
 		r.ckpt.gather = func(ctx context.Context, step int) (slotState, error) {
 			return r.replicas.gatherState(ctx, step, r.optims)
 		}
+	}
+	if r.ps, err = newPSWorker(l, r.chunks); err != nil {
+		return nil, err
 	}
 	if err := r.loadData(o, model); err != nil {
 		return nil, err
@@ -354,6 +358,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 	}
 	defer r.close()
 	defer r.replicas.start(ctx)()
+	defer r.ps.close(ctx)
 	defer r.stopFetching()
 	// Commits still running when training stops are given up: a checkpoint whose
 	// manifest is not written is never resumed from.
@@ -580,6 +585,9 @@ func (r *Runtime) trainStep(ctx context.Context, step int) error {
 	}
 	if err := r.checkSummedGradients(ctx, step); err != nil {
 		return err
+	}
+	if r.ps != nil {
+		return r.psStep(ctx, step) // the servers step the optimizer
 	}
 	t0 := time.Now()
 	lr := r.cfg.LearningRate(int64(step)) // the schedule's, the same on every stage and replica

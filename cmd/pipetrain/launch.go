@@ -83,6 +83,9 @@ func launchCmd() *cobra.Command {
 			if r := cfg.Replicas(); r > 1 {
 				grid = fmt.Sprintf("%s × %d replicas (%d processes)", grid, r, cfg.Processes())
 			}
+			if n := cfg.ParameterServers.Count; n > 0 {
+				grid += " and " + words.Count(n, "parameter server")
+			}
 			fmt.Printf("pipetrain: %s of %s, run directory %s\n", grid, cfg.Path, f.runDir)
 			live := launcher.NewLive(f.runDir, len(cfg.Stages), 10)
 			stopLive := make(chan struct{})
@@ -106,7 +109,15 @@ func launchCmd() *cobra.Command {
 			if opts.Env, err = localRendezvous(cfg); err != nil {
 				return err
 			}
+			servers, err := startPSServers(exe, cfg, opts.Env, extra, os.Stdout)
+			if err != nil {
+				return err
+			}
 			if err := superviseRun(cmd.Context(), cfg, opts); err != nil {
+				servers.stop()
+				return err
+			}
+			if err := servers.stop(); err != nil {
 				return err
 			}
 			return printSummary(f.runDir)

@@ -149,7 +149,7 @@ func newRoot() *cobra.Command {
 		},
 	}
 	root.PersistentFlags().StringVar(&cpuProfile, "cpuprofile", "", "write a Go CPU profile of this process to `FILE` (go tool pprof FILE)")
-	root.AddCommand(launchCmd(), sampleCmd(), exportCmd(), evaluateCmd(), plotCmd(), stageCmd(), gatherCmd(), referenceCmd(), profileCmd(), simulateCmd(), planCmd(), validateCmd(), schemaCmd(), certsCmd(), versionCmd(), dataCmd())
+	root.AddCommand(launchCmd(), sampleCmd(), exportCmd(), evaluateCmd(), plotCmd(), stageCmd(), gatherCmd(), referenceCmd(), profileCmd(), simulateCmd(), planCmd(), validateCmd(), schemaCmd(), certsCmd(), versionCmd(), dataCmd(), psServerCmd())
 	// Cobra adds completion when the command runs; adding it here lets the
 	// tests that read every command see it too.
 	root.InitDefaultCompletionCmd()

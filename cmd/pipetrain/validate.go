@@ -91,6 +91,7 @@ func printGrid(out io.Writer, cfg *configs.Config) {
 		s, rep := cfg.Position(rank)
 		fmt.Fprintf(out, "    %-5d %-6d %-8d %s\n", rank, s, rep, cfg.Address(s, rep))
 	}
+	printPS(out, cfg)
 }
 
 // printUnits lists layers [first, last) that describe themselves (a

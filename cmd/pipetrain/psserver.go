@@ -1,0 +1,143 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pipetrain/pipetrain/configs"
+	"github.com/pipetrain/pipetrain/internal/words"
+	"github.com/pipetrain/pipetrain/stages"
+)
+
+func psServerCmd() *cobra.Command {
+	var f runFlags
+	var index int
+	c := &cobra.Command{
+		Use:   "ps-server --config FILE --index I",
+		Short: "Run one parameter server of a config with parameter_servers (launch runs these for you)",
+		Example: `  # server 0 of a run whose replicas are workers of parameter servers
+  pipetrain ps-server --config run.yaml --index 0`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := f.load()
+			if err != nil {
+				return refusedConfig{err}
+			}
+			return stages.ServePS(cmd.Context(), cfg, index, os.Stdout)
+		},
+	}
+	f.register(c, "runs/latest")
+	c.Flags().IntVar(&index, "index", 0, "which server: 0 to parameter_servers.count-1")
+	return c
+}
+
+// psServers are the parameter-server processes of a launch.
+type psServers struct {
+	cmds []*exec.Cmd
+	wg   sync.WaitGroup
+	errs []error
+}
+
+// startPSServers starts the config's parameter servers, one process each,
+// with the stages' environment and extra arguments, their output prefixed
+// "[ps i] ". Without parameter_servers it starts nothing.
+func startPSServers(exe string, cfg *configs.Config, env, extra []string, out io.Writer) (*psServers, error) {
+	s := &psServers{}
+	if !cfg.PSEnabled() {
+		return s, nil
+	}
+	if cfg.Recovery.MaxRestarts > 0 {
+		// A restarted worker would start from the initial weights while
+		// the servers hold later ones, and nothing checkpoints them yet.
+		fmt.Fprintln(out, "pipetrain: parameter servers keep no checkpoints yet, so a failure ends the run (recovery.max_restarts is not used)")
+		cfg.Recovery.MaxRestarts = 0
+	}
+	var mu sync.Mutex
+	s.errs = make([]error, cfg.ParameterServers.Count)
+	for i := range cfg.ParameterServers.Count {
+		args := append([]string{"ps-server", "--config", cfg.Path, "--index", strconv.Itoa(i)}, extra...)
+		cmd := exec.Command(exe, args...)
+		cmd.Env = append(os.Environ(), env...)
+		pr, pw := io.Pipe()
+		cmd.Stdout, cmd.Stderr = pw, pw
+		if err := cmd.Start(); err != nil {
+			s.stop()
+			return nil, fmt.Errorf("starting %s: %w", configs.PSName(i), err)
+		}
+		s.cmds = append(s.cmds, cmd)
+		s.wg.Go(func() {
+			sc := bufio.NewScanner(pr)
+			for sc.Scan() {
+				mu.Lock()
+				fmt.Fprintf(out, "[ps %d] %s\n", i, sc.Text())
+				mu.Unlock()
+			}
+		})
+		s.wg.Go(func() {
+			s.errs[i] = cmd.Wait()
+			pw.Close()
+		})
+	}
+	return s, nil
+}
+
+// stop waits a moment for the servers to finish on their own (they do
+// once every worker has left), then kills those still running.
+func (s *psServers) stop() error {
+	done := make(chan struct{})
+	go func() {
+		s.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		for _, c := range s.cmds {
+			if c.Process != nil {
+				c.Process.Kill()
+			}
+		}
+		<-done
+	}
+	for i, err := range s.errs {
+		if err != nil {
+			return fmt.Errorf("%s: %w", configs.PSName(i), err)
+		}
+	}
+	return nil
+}
+
+// printPS lists a config's parameter servers: where each listens and
+// which stages' tensors it holds, the replicas then being their workers.
+func printPS(out io.Writer, cfg *configs.Config) {
+	if !cfg.PSEnabled() {
+		return
+	}
+	shares, err := stages.PSShares(cfg)
+	if err != nil {
+		fmt.Fprintf(out, "  parameter servers: %v\n", err)
+		return
+	}
+	ps := cfg.ParameterServers
+	how := "sync"
+	switch {
+	case ps.Mode == "async":
+		how = fmt.Sprintf("async, max_staleness %d", ps.MaxStaleness)
+	case ps.Aggregate > 0 && ps.Aggregate < cfg.Replicas():
+		how = fmt.Sprintf("sync, the first %d of %d workers' pushes each step", ps.Aggregate, cfg.Replicas())
+	}
+	fmt.Fprintf(out, "  parameter servers: %d (%s); the replicas are their workers, with no all-reduce ring\n", ps.Count, how)
+	fmt.Fprintf(out, "    %-7s %-21s %-8s %s\n", "server", "address", "stages", "holds")
+	for i, sh := range shares {
+		st := fmt.Sprint(sh.Stages)
+		fmt.Fprintf(out, "    %-7d %-21s %-8s %s, %s\n", i, cfg.PSAddress(i), st[1:len(st)-1], words.Count(sh.Tensors, "tensor"), fmt.Sprintf("%.2f MB", float64(sh.Bytes)/1e6))
+	}
+}

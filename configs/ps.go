@@ -1,0 +1,122 @@
+package configs
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// ParameterServers replaces the replicas' all-reduce with parameter
+// servers (docs/parameter-servers.md): Count server processes hold the
+// weights and the optimizer state, sharded by tensor, and each of the
+// data_parallel replicas of the pipeline is a worker that pushes its
+// step's gradients to them and pulls the updated weights back.
+type ParameterServers struct {
+	// Count is the number of server processes; 0: no servers (the
+	// replicas all-reduce over their ring).
+	Count int `mapstructure:"count" json:"count"`
+	// Mode is how the servers combine the workers' pushes: sync (one
+	// update per step from every worker's gradient, summed in worker
+	// order) or async (each push applied as it arrives, within
+	// MaxStaleness).
+	Mode string `mapstructure:"mode" json:"mode"`
+	// MaxStaleness bounds, in async mode, how many steps of the other
+	// workers' the weights a worker computes with may miss (stale-
+	// synchronous parallel; 0: sync's updates).
+	MaxStaleness int `mapstructure:"max_staleness" json:"max_staleness"`
+	// Aggregate is how many workers' pushes a sync step sums (backup
+	// workers): the first Aggregate to arrive, summed in worker order; the
+	// later ones are dropped. 0: every worker's.
+	Aggregate int `mapstructure:"aggregate" json:"aggregate"`
+	// Addresses lists where each server listens, server 0 first. Where,
+	// not what: left out of the digest.
+	Addresses []string `mapstructure:"addresses" json:"-"`
+}
+
+// psModes are the values of parameter_servers.mode; "" means sync.
+var psModes = []string{"sync", "async"}
+
+// PSEnabled reports whether the run has parameter servers.
+func (c *Config) PSEnabled() bool { return c.ParameterServers.Count > 0 }
+
+// validatePS checks parameter_servers: what the servers support so far,
+// each problem named by the field that causes it.
+func (c *Config) validatePS(p *Problems, tied bool) {
+	ps := c.ParameterServers
+	if ps.Count < 0 {
+		p.add("parameter_servers.count", "must be 0 (no servers) or a number of server processes, got %d", ps.Count)
+	}
+	if ps.Mode != "" && !slices.Contains(psModes, ps.Mode) {
+		p.add("parameter_servers.mode", "unknown mode %q (known: %s)", ps.Mode, strings.Join(psModes, ", "))
+	}
+	if n := ps.Aggregate; n < 0 || n > c.Replicas() {
+		p.add("parameter_servers.aggregate", "must be 0 (every worker) or 1-%d (data_parallel is %d), got %d", c.Replicas(), c.Replicas(), n)
+	}
+	if ps.MaxStaleness < 0 {
+		p.add("parameter_servers.max_staleness", "must be 0 or more steps, got %d", ps.MaxStaleness)
+	}
+	if ps.Mode == "async" && ps.Aggregate > 0 {
+		p.add("parameter_servers.aggregate", "is for sync mode (backup workers); async applies every push")
+	}
+	if ps.Mode != "async" && ps.MaxStaleness > 0 {
+		p.add("parameter_servers.max_staleness", "is for async mode; mode is %s", cmp.Or(ps.Mode, "sync"))
+	}
+	if ps.Count <= 0 {
+		if ps.Aggregate > 0 || ps.MaxStaleness > 0 || len(ps.Addresses) > 0 {
+			p.add("parameter_servers.count", "missing: aggregate, max_staleness and addresses need count, the number of servers")
+		}
+		return
+	}
+	switch n := len(ps.Addresses); {
+	case n == 0:
+		p.add("parameter_servers.addresses", "missing: list one host:port per server, server 0 first (the rendezvous does not place servers yet)")
+	case n != ps.Count:
+		p.add("parameter_servers.addresses", "lists %d addresses; count is %d, so give one per server", n, ps.Count)
+	}
+	if c.Train.ClipGradNorm > 0 {
+		p.add("train.clip_grad_norm", "is not supported with parameter_servers yet: the norm is of the servers' summed gradient, which no worker holds")
+	}
+	if tied {
+		p.add("parameter_servers", "the model ties weights across stages (%s), which parameter servers do not support yet", c.Model.Name)
+	}
+	if c.Checkpoint.Every > 0 {
+		p.add("checkpoint.every", "must be 0 with parameter_servers: the servers do not checkpoint their shards yet, and a worker's checkpoint lacks the optimizer state")
+	}
+	if c.Train.EarlyStop.Patience > 0 {
+		p.add("train.early_stop", "is not supported with parameter_servers yet")
+	}
+	if c.AllReduce.ShardOptimizer {
+		// The servers hold the whole optimizer state; workers hold none to shard.
+		p.add("all_reduce.shard_optimizer", "has no effect with parameter_servers, whose servers hold the optimizer state; remove one or the other")
+	}
+}
+
+// PSAddress is server i's address ("" when none is configured).
+func (c *Config) PSAddress(i int) string {
+	if i < len(c.ParameterServers.Addresses) {
+		return c.ParameterServers.Addresses[i]
+	}
+	return ""
+}
+
+// PSName names server i in logs and errors.
+func PSName(i int) string { return fmt.Sprintf("parameter server %d", i) }
+
+// init files parameter_servers' defaults, bounds and descriptions with
+// the other keys'.
+func init() {
+	defaults["parameter_servers.count"] = 0
+	defaults["parameter_servers.mode"] = "sync"
+	defaults["parameter_servers.aggregate"] = 0
+	defaults["parameter_servers.max_staleness"] = 0
+	minimums["parameter_servers.max_staleness"] = 0
+	minimums["parameter_servers.count"] = 0
+	minimums["parameter_servers.aggregate"] = 0
+	keyDocs["parameter_servers"] = "Parameter servers instead of the replicas' all-reduce (docs/parameter-servers.md): the servers hold the weights and optimizer state, sharded by tensor; each replica of the pipeline is a worker that pushes its gradients and pulls the updated weights."
+	keyDocs["parameter_servers.count"] = "Server processes (0: none, the replicas all-reduce over their ring)."
+	keyDocs["parameter_servers.mode"] = "sync: one update per step from the workers' gradients summed in worker order, bit-identical to the one-process reference; async: each push applied as it arrives, within max_staleness."
+	keyDocs["parameter_servers.max_staleness"] = "Async mode: a worker about to compute step s waits until every other worker has pushed its steps before s - max_staleness (stale-synchronous parallel); 0: each step's pushes are summed into one update, sync's."
+	keyDocs["parameter_servers.aggregate"] = "Backup workers: each sync step sums the first this many of the data_parallel workers' pushes, in worker order, and drops the later ones (0: every worker's)."
+	keyDocs["parameter_servers.addresses"] = "Where each server listens, server 0 first (host:port)."
+}

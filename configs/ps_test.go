@@ -1,0 +1,80 @@
+package configs
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// psYAML writes a 2-stage, 3-replica config with the given
+// parameter_servers section (and extra top-level lines).
+func psYAML(t *testing.T, section, extra string) string {
+	t.Helper()
+	body := `model: {name: mlp, input: 8, hidden: [6, 5, 4], classes: 3}
+data: {batch_size: 12, micro_batches: 2}
+data_parallel: 3
+checkpoint: {every: 0}
+stages:
+  - {layers: "0-1", addresses: ["127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"]}
+  - {layers: "2-3", addresses: ["127.0.0.1:7010", "127.0.0.1:7011", "127.0.0.1:7012"]}
+parameter_servers: ` + section + "\n" + extra
+	path := filepath.Join(t.TempDir(), "ps.yaml")
+	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestParameterServersValidate(t *testing.T) {
+	ok := []string{
+		`{count: 2, addresses: ["127.0.0.1:7100", "127.0.0.1:7101"]}`,
+		`{count: 1, mode: sync, aggregate: 2, addresses: ["127.0.0.1:7100"]}`,
+		`{count: 1, mode: async, max_staleness: 3, addresses: ["127.0.0.1:7100"]}`,
+	}
+	for _, s := range ok {
+		c, err := Load(psYAML(t, s, ""))
+		if err != nil {
+			t.Errorf("%s: %v", s, err)
+			continue
+		}
+		if !c.PSEnabled() {
+			t.Errorf("%s: servers not enabled", s)
+		}
+	}
+	wantProblems(t, psYAML(t, `{count: 2, mode: lazy, aggregate: 4, addresses: ["127.0.0.1:7100"]}`, ""),
+		`parameter_servers.mode: unknown mode "lazy" (known: sync, async)`,
+		"parameter_servers.aggregate: must be 0 (every worker) or 1-3 (data_parallel is 3), got 4",
+		"parameter_servers.addresses: lists 1 addresses; count is 2, so give one per server")
+	wantProblems(t, psYAML(t, `{count: 1, mode: async, aggregate: 2, addresses: ["127.0.0.1:7100"]}`, ""),
+		"parameter_servers.aggregate: is for sync mode (backup workers); async applies every push")
+	wantProblems(t, psYAML(t, `{count: 1, max_staleness: 2, addresses: ["127.0.0.1:7100"]}`, ""),
+		"parameter_servers.max_staleness: is for async mode; mode is sync")
+	wantProblems(t, psYAML(t, `{count: 2}`, ""),
+		"parameter_servers.addresses: missing: list one host:port per server, server 0 first (the rendezvous does not place servers yet)")
+	wantProblems(t, psYAML(t, `{count: 0, aggregate: 2}`, ""),
+		"parameter_servers.count: missing: aggregate, max_staleness and addresses need count, the number of servers")
+	wantProblems(t, psYAML(t, `{count: 1, addresses: ["127.0.0.1:7100"]}`, "train: {clip_grad_norm: 1.0}"),
+		"train.clip_grad_norm: is not supported with parameter_servers yet: the norm is of the servers' summed gradient, which no worker holds")
+	wantProblems(t, psYAML(t, `{count: 1, addresses: ["127.0.0.1:7100"]}`, "all_reduce: {shard_optimizer: true}"),
+		"all_reduce.shard_optimizer: has no effect with parameter_servers, whose servers hold the optimizer state; remove one or the other")
+}
+
+// TestParameterServersChangeTheDigest: servers sum in worker order (and
+// backup workers drop pushes), so a checkpoint of a run without them is
+// not resumed with them.
+func TestParameterServersChangeTheDigest(t *testing.T) {
+	a, err := Load(psYAML(t, `{count: 1, addresses: ["127.0.0.1:7100"]}`, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := *a
+	b.ParameterServers = ParameterServers{}
+	c := *a
+	c.ParameterServers.Addresses = []string{"127.0.0.1:7200"}
+	if a.TrainingDigest() == b.TrainingDigest() {
+		t.Error("servers left the training digest unchanged")
+	}
+	if a.TrainingDigest() != c.TrainingDigest() {
+		t.Error("the servers' addresses changed the training digest")
+	}
+}

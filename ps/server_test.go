@@ -1,0 +1,132 @@
+package ps
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"gorgonia.org/tensor"
+
+	"github.com/pipetrain/pipetrain/engine"
+	"github.com/pipetrain/pipetrain/optim"
+	"github.com/pipetrain/pipetrain/transport"
+)
+
+func vec(name string, v ...float32) []engine.Weight {
+	return []engine.Weight{{Name: name, Value: tensor.New(tensor.WithBacking(v), tensor.WithShape(len(v)))}}
+}
+
+// TestServerSumsPushesAndServesPulls: two workers push over the
+// authenticated stream; the pull of step 1 waits for both and returns
+// w - lr·(g0 + g1); a dialer without the token is refused.
+func TestServerSumsPushesAndServesPulls(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	srv := NewServer(Settings{Rule: Rule{Workers: 2}, Optimizer: optim.Spec{Name: "sgd", LR: 0.5}})
+	o := transport.Options{Token: "s3cret"}
+	ss, err := srv.Serve("127.0.0.1:0", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ss.Close()
+
+	if _, err := Dial(ctx, ss.Addr(), transport.Options{Token: "wrong"}, 0, 0, 0, vec("w", 1, 2)); !errors.Is(err, transport.ErrUnauthenticated) {
+		t.Fatalf("wrong token: %v", err)
+	}
+	var clients [2]*Client
+	for w := range clients {
+		if clients[w], err = Dial(ctx, ss.Addr(), o, w, 0, 0, vec("w", 1, 2)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	got := make([][]engine.Weight, 2)
+	errs := make([]error, 2)
+	for w, c := range clients {
+		wg.Go(func() {
+			if _, err := c.Push(ctx, 0, vec("w", float32(w+1), 4), []float64{float64(w) + 0.5}); err != nil {
+				errs[w] = err
+				return
+			}
+			var p Pulled
+			p, errs[w] = c.Pull(ctx, 1)
+			got[w] = p.Weights
+			if fmt.Sprint(p.Losses) != "[0.5 1.5]" {
+				errs[w] = fmt.Errorf("pulled losses %v, want both workers' in worker order", p.Losses)
+			}
+		})
+	}
+	wg.Wait()
+	for w := range clients {
+		if errs[w] != nil {
+			t.Fatalf("worker %d: %v", w, errs[w])
+		}
+		// 1 - 0.5·(1+2) = -0.5; 2 - 0.5·(4+4) = -2.
+		if v := got[w][0].Value.Data().([]float32); v[0] != -0.5 || v[1] != -2 {
+			t.Errorf("worker %d pulled %v", w, v)
+		}
+		if err := clients[w].Close(ctx); err != nil {
+			t.Errorf("worker %d bye: %v", w, err)
+		}
+	}
+}
+
+// roundTo is vals rounded to the 16-bit dtype half and back, as the
+// transport's compression rounds a link's tensors.
+func roundTo(t *testing.T, half transport.DType, vals ...float32) []float32 {
+	t.Helper()
+	tt, err := transport.FromFloat32sAs(half, transport.Gradient, 0, 0, []int{len(vals)}, vals)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tt.AsFloat32s()
+}
+
+// TestCompressedPushesAndPulls: with compression the gradients reach the
+// server rounded to 16 bits and the pulled weights come back rounded,
+// while the hello's initial weights and the server's copy stay whole.
+func TestCompressedPushesAndPulls(t *testing.T) {
+	for _, half := range []transport.DType{transport.Float16, transport.BFloat16} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		srv := NewServer(Settings{Rule: Rule{Workers: 1}, Optimizer: optim.Spec{Name: "sgd", LR: 1}})
+		ss, err := srv.Serve("127.0.0.1:0", transport.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ss.Close()
+		init := []float32{1.0009765625, 2}
+		c, err := Dial(ctx, ss.Addr(), transport.Options{}, 0, 0, 0, vec("w", init...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Compress(half)
+		if got := srv.Weights()["w"].Data().([]float32); got[0] != init[0] {
+			t.Fatalf("%v: the hello's weights arrived rounded: %v", half, got)
+		}
+		grad := []float32{1.0 / 3, 0.1}
+		if _, err := c.Push(ctx, 0, vec("w", grad...), nil); err != nil {
+			t.Fatal(err)
+		}
+		g := roundTo(t, half, grad...)
+		want := []float32{init[0] - g[0], init[1] - g[1]}
+		held := srv.Weights()["w"].Data().([]float32)
+		if held[0] != want[0] || held[1] != want[1] {
+			t.Errorf("%v: server holds %v, want %v (the rounded gradient applied)", half, held, want)
+		}
+		if g[0] == grad[0] {
+			t.Fatalf("%v did not round 1/3", half)
+		}
+		p, err := c.Pull(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, wantPulled := p.Weights[0].Value.Data().([]float32), roundTo(t, half, want...); fmt.Sprint(got) != fmt.Sprint(wantPulled) {
+			t.Errorf("%v: pulled %v, want the server's weights rounded, %v", half, got, wantPulled)
+		}
+		c.Close(ctx)
+	}
+}
