@@ -67,9 +67,9 @@ func Connect(ctx context.Context, l *Layout) (*Links, error) {
 	}
 	opts.Listener = l.Listener
 	links := &Links{}
-	opts.Streams = l.Replicas > 1 && c.RingStreams()
 	listen, dial := p > 1 && (i > 0 || ring), p > 1 && (i+1 < p || ring)
 	replicated := l.Replicas > 1 && !c.PSEnabled() // workers of parameter servers have no ring
+	opts.Streams = replicated && c.RingStreams()
 	var roles []transport.Hello
 	if listen {
 		roles = append(roles, up)
