@@ -135,20 +135,41 @@ func TestReduceToOneOverStreamsFloat64(t *testing.T) {
 	}
 }
 
-// Under compression every rank still ends with the same bits.
+// Under compression every rank still ends with the same bits, over links
+// and over streams, and close to the uncompressed sum.
 func TestCompressedReduceToOneLeavesRanksIdentical(t *testing.T) {
-	p := reduceToOnePlan(t, 999, 200, 4)
-	parts := randomParts(rand.New(rand.NewPCG(3, 4)), 4, 999)
-	rings := ringOf(4, transport.BFloat16, p.Shapes())
-	for r, err := range runAll(rings, func(x *Ring) error { return AllReduce(context.Background(), x, 0, 0, p, parts[x.Rank]) }) {
-		if err != nil {
-			t.Fatalf("rank %d: %v", r, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, streams := range []bool{false, true} {
+		p := reduceToOnePlan(t, 999, 200, 4)
+		parts := randomParts(rand.New(rand.NewPCG(3, 4)), 4, 999)
+		orig := randomParts(rand.New(rand.NewPCG(3, 4)), 4, 999)
+		rings := ringOf(4, transport.BFloat16, p.Shapes())
+		if streams {
+			var closeAll func()
+			var err error
+			if rings, closeAll, err = loopback(ctx, 4, p, true, transport.BFloat16); err != nil {
+				t.Fatal(err)
+			}
+			defer closeAll()
 		}
-	}
-	for r := 1; r < 4; r++ {
+		for r, err := range runAll(rings, func(x *Ring) error { return AllReduce(ctx, x, 0, 0, p, parts[x.Rank]) }) {
+			if err != nil {
+				t.Fatalf("streams %v rank %d: %v", streams, r, err)
+			}
+		}
+		for r := 1; r < 4; r++ {
+			for i := range parts[0] {
+				if math.Float32bits(parts[r][i]) != math.Float32bits(parts[0][i]) {
+					t.Fatalf("streams %v: rank %d element %d is %v, rank 0 has %v", streams, r, i, parts[r][i], parts[0][i])
+				}
+			}
+		}
 		for i := range parts[0] {
-			if math.Float32bits(parts[r][i]) != math.Float32bits(parts[0][i]) {
-				t.Fatalf("rank %d element %d is %v, rank 0 has %v", r, i, parts[r][i], parts[0][i])
+			// Each hop rounds the running sum to bf16's 8 bits.
+			exact, scale := exactSum(orig, i)
+			if d := math.Abs(float64(parts[0][i]) - exact); d > 4*0x1p-8*scale {
+				t.Fatalf("streams %v element %d: %v, exact %v", streams, i, parts[0][i], exact)
 			}
 		}
 	}
