@@ -28,6 +28,8 @@ import (
 type Plan struct {
 	N, Ranks, BucketElems int
 	Buckets               [][2]int // half-open element ranges
+	// Algorithm is how the buckets are reduced ("": RingAlgorithm).
+	Algorithm Algorithm
 }
 
 // BucketElems is how many elements of elemSize bytes a bucket of at most
@@ -64,14 +66,26 @@ func (p Plan) Chunk(b, c int) (lo, hi int) {
 	return lo, hi
 }
 
-// Tags is the number of message tags the plan uses: one per chunk of each bucket.
-func (p Plan) Tags() int { return len(p.Buckets) * p.Ranks }
+// Tags is the number of message tags the plan uses: one per chunk of each
+// bucket in a ring, one per bucket otherwise (whole buckets travel).
+func (p Plan) Tags() int {
+	if !p.ring() {
+		return len(p.Buckets)
+	}
+	return len(p.Buckets) * p.Ranks
+}
 
 // Shapes lists, by tag, the shape of the message carrying that chunk: what
 // the ring links' handshakes compare, so replicas with different plans (a
 // different model split or bucket size) fail at connection, not mid-step.
 func (p Plan) Shapes() [][]int {
 	out := make([][]int, 0, p.Tags())
+	if !p.ring() {
+		for _, b := range p.Buckets {
+			out = append(out, []int{b[1] - b[0]})
+		}
+		return out
+	}
 	for b := range p.Buckets {
 		for c := range p.Ranks {
 			lo, hi := p.Chunk(b, c)
@@ -82,7 +96,7 @@ func (p Plan) Shapes() [][]int {
 }
 
 // Sum writes into out the element-wise sum of parts (one per rank, each of
-// length N), folded in the order a ring all-reduce with this plan folds it.
+// length N), folded in the order the plan's all-reduce folds it.
 func Sum[T float32 | float64](p Plan, parts [][]T, out []T) error {
 	if len(parts) != p.Ranks {
 		return fmt.Errorf("collective: %d parts for a plan among %d ranks", len(parts), p.Ranks)
@@ -94,6 +108,10 @@ func Sum[T float32 | float64](p Plan, parts [][]T, out []T) error {
 	}
 	if len(out) != p.N {
 		return fmt.Errorf("collective: output of %d elements, the plan %d", len(out), p.N)
+	}
+	if p.Algorithm == ReduceToOne {
+		sumInRankOrder(parts, out)
+		return nil
 	}
 	for b := range p.Buckets {
 		for c := range p.Ranks {

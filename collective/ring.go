@@ -47,6 +47,8 @@ func (r *Ring) name(rank int) string {
 // part in the plan's fold order (see Sum), bucket after bucket. Messages are
 // tagged step and, as transport chunk, base plus the plan's tag, so one link
 // can carry several plans (a stage's model chunks) and control messages.
+// A plan of another algorithm than the ring runs that algorithm
+// (reduceToOne), under the same rules.
 //
 // Uncompressed, the messages are sent from vals' own memory, uncopied: a
 // link may still be sending the last of them when AllReduce returns, so
@@ -60,6 +62,9 @@ func AllReduce[T float32 | float64](ctx context.Context, r *Ring, step int64, ba
 	if err := r.check(p, len(vals)); err != nil {
 		return err
 	}
+	if p.Algorithm == ReduceToOne {
+		return reduceToOne(ctx, r, step, base, p, vals)
+	}
 	return phases(ctx, r, step, base, p, vals, 0, 2*(r.Size-1))
 }
 
@@ -68,7 +73,7 @@ func AllReduce[T float32 | float64](ctx context.Context, r *Ring, step int64, ba
 // owns (Owned), folded as AllReduce folds them, and running sums elsewhere.
 // vals is sent from as AllReduce sends from it.
 func ReduceScatter[T float32 | float64](ctx context.Context, r *Ring, step int64, base int, p Plan, vals []T) error {
-	if err := r.check(p, len(vals)); err != nil {
+	if err := r.checkRing(p, len(vals)); err != nil {
 		return err
 	}
 	return phases(ctx, r, step, base, p, vals, 0, r.Size-1)
@@ -81,7 +86,7 @@ func ReduceScatter[T float32 | float64](ctx context.Context, r *Ring, step int64
 // vals is sent from as AllReduce sends from it. Under a compressed wire
 // dtype the chunks would arrive rounded: callers gather at full precision.
 func AllGatherOwned[T float32 | float64](ctx context.Context, r *Ring, step int64, base int, p Plan, vals []T) error {
-	if err := r.check(p, len(vals)); err != nil {
+	if err := r.checkRing(p, len(vals)); err != nil {
 		return err
 	}
 	return phases(ctx, r, step, base, p, vals, r.Size-1, 2*(r.Size-1))
@@ -97,6 +102,14 @@ func Owned(p Plan, rank int) [][2]int {
 		out = append(out, [2]int{lo, hi})
 	}
 	return out
+}
+
+// checkRing is check for the ring's halves, which other algorithms lack.
+func (r *Ring) checkRing(p Plan, n int) error {
+	if !p.ring() {
+		return fmt.Errorf("the %s all-reduce has no ring halves (reduce-scatter, all-gather)", p.Algorithm)
+	}
+	return r.check(p, n)
 }
 
 func (r *Ring) check(p Plan, n int) error {

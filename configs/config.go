@@ -215,11 +215,28 @@ type AllReduce struct {
 	// gRPC links, or grpc, the links themselves. Both sum the same values
 	// in the same order, so it changes speed, not results.
 	Transport string `mapstructure:"transport" json:"transport"`
+	// Algorithm is how the replicas sum (AllReduceAlgorithms): ring, the
+	// reduce-scatter and all-gather ring, or reduce-to-one, each bucket
+	// carried whole down the replicas in order and back round. They fold
+	// in different orders, so it is a training setting.
+	Algorithm string `mapstructure:"algorithm" json:"algorithm,omitempty"`
 }
 
 // AllReduceTransports are all_reduce.transport's values, the default ("")
 // first.
 var AllReduceTransports = []string{"stream", "grpc"}
+
+// AllReduceAlgorithms are all_reduce.algorithm's values, the default ("")
+// first: collective.Algorithms.
+var AllReduceAlgorithms = []string{"ring", "reduce-to-one"}
+
+// ReduceAlgorithm is all_reduce.algorithm, "ring" where it is unset.
+func (c *Config) ReduceAlgorithm() string {
+	if c.AllReduce.Algorithm == "" {
+		return AllReduceAlgorithms[0]
+	}
+	return c.AllReduce.Algorithm
+}
 
 // RingStreams reports whether the replicas' all-reduces travel on ring
 // streams (all_reduce.transport: stream, the default).
@@ -310,6 +327,7 @@ var defaults = map[string]any{
 	"all_reduce.check_every":     10,
 	"all_reduce.shard_optimizer": false,
 	"all_reduce.transport":       "stream",
+	"all_reduce.algorithm":       "ring",
 	"compute.blas_threads":       0,
 	"compute.blas_kernels":       "auto",
 	"transport.connect_timeout":  "30s",

@@ -35,7 +35,12 @@ func (c *Config) trainingState() map[string]any {
 		// size, the order in which gradients are summed. A run without
 		// replicas keeps the digest it always had.
 		state["data_parallel"] = c.DataParallel
-		state["all_reduce"] = map[string]any{"bucket_bytes": c.BucketBytes()}
+		ar := map[string]any{"bucket_bytes": c.BucketBytes()}
+		if a := c.ReduceAlgorithm(); a != AllReduceAlgorithms[0] {
+			// The algorithm orders the sums; a ring run keeps its digest.
+			ar["algorithm"] = a
+		}
+		state["all_reduce"] = ar
 	}
 	if c.PSEnabled() {
 		// Servers sum the gradients in worker order, and backup workers

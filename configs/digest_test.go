@@ -110,6 +110,17 @@ func TestTrainingDigestCoversReplicas(t *testing.T) {
 	if c.TrainingDigest() != base.TrainingDigest() {
 		t.Error("all_reduce.shard_optimizer changed the training digest")
 	}
+	// Reduce-to-one folds in another order than the ring: a training
+	// setting, named; "ring" spelled out is the default's digest.
+	c = clone(base)
+	c.AllReduce.Algorithm = "reduce-to-one"
+	if d := DiffSettings(base.TrainingSettings(), c.TrainingSettings()); len(d) != 1 || d[0].Key != "all_reduce.algorithm" {
+		t.Errorf("all_reduce.algorithm reduce-to-one: DiffSettings gave %v", d)
+	}
+	c.AllReduce.Algorithm = "ring"
+	if c.TrainingDigest() != base.TrainingDigest() {
+		t.Error("all_reduce.algorithm ring changed the training digest")
+	}
 	// Both transports sum the same values in the same order.
 	c = clone(base)
 	c.AllReduce.Transport = "grpc"

@@ -107,6 +107,13 @@ func (c *Config) validateReplicas(p *Problems) {
 		// round them to 16 bits.
 		p.add("all_reduce.shard_optimizer", "shares the updated weights over the replicas' ring, which transport.compression %s would round; use one or the other", comp)
 	}
+	if a := c.AllReduce.Algorithm; a != "" && !slices.Contains(AllReduceAlgorithms, a) {
+		p.add("all_reduce.algorithm", "unknown algorithm %q (known: %s)", a, strings.Join(AllReduceAlgorithms, ", "))
+	} else if a := c.ReduceAlgorithm(); c.AllReduce.ShardOptimizer && a != AllReduceAlgorithms[0] {
+		// The shards are the ring's reduce-scatter chunks; the other
+		// algorithms have no reduce-scatter to end with.
+		p.add("all_reduce.shard_optimizer", "needs all_reduce.algorithm ring (its reduce-scatter makes the shards), not %s", a)
+	}
 	if t := c.AllReduce.Transport; t != "" && !slices.Contains(AllReduceTransports, t) {
 		p.add("all_reduce.transport", "unknown transport %q (known: %s)", t, strings.Join(AllReduceTransports, ", "))
 	}

@@ -51,7 +51,8 @@ checkpoint: {every: 0}`
 // parallelism at 1 × 2 and 1 × 3, and the GPT with tied embeddings at 2 × 2,
 // also with its gradients clipped by their global norm; and gpipe, 1F1B and
 // ZB-H1 at 1 × 2, 2 × 2 and 3 × 2 with the all-reduces over ring streams
-// and over the gRPC links (all_reduce.transport).
+// and over the gRPC links (all_reduce.transport); and reduce-to-one
+// (all_reduce.algorithm) at 1 × 2, 2 × 2 and 1 × 3.
 func TestReplicasEqualReference(t *testing.T) {
 	needData(t)
 	cases := []struct {
@@ -91,6 +92,23 @@ func TestReplicasEqualReference(t *testing.T) {
 			}
 		}
 	}
+	// all_reduce.algorithm reduce-to-one, over each transport, and at 1 × 3,
+	// where it folds in another order than the ring.
+	r2o := func(tr string) string {
+		return strings.Replace(gridMLP, "check_every: 10}", "check_every: 10, algorithm: reduce-to-one, transport: "+tr+"}", 1)
+	}
+	cases = append(cases, []struct {
+		name     string
+		body     string
+		layers   []string
+		replicas int
+	}{
+		{"reduce-to-one/gpipe/1x2", r2o("stream") + "\nschedule: gpipe", []string{`"0-3"`}, 2},
+		{"reduce-to-one/1f1b/2x2", r2o("stream") + "\nschedule: 1f1b", []string{`"0-1"`, `"2-3"`}, 2},
+		{"reduce-to-one/gpipe/2x2/grpc", r2o("grpc") + "\nschedule: gpipe", []string{`"0-1"`, `"2-3"`}, 2},
+		{"reduce-to-one/adam/1x3", strings.Replace(r2o("stream"), "{name: sgd, lr: 0.05, momentum: 0.9}", "{name: adam, lr: 0.001}", 1) + "\nschedule: 1f1b\ndata:\n  batch_size: 192\n  micro_batches: 2",
+			[]string{`"0-3"`}, 3},
+	}...)
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			body := c.body

@@ -158,6 +158,8 @@ type Problem struct {
 	AllReduceBytesPerMS float64
 	AllReduceLatencyMS  float64
 	BucketBytes         int64
+	// ReduceToOne costs all_reduce.algorithm reduce-to-one, not the ring.
+	ReduceToOne bool
 	// Recompute lets Solve also consider gpipe and 1f1b with every stage
 	// recomputing its forwards (stages[i].recompute: full), which trades a
 	// forward per micro-batch for keeping one micro-batch's activations and
@@ -215,7 +217,8 @@ func (p Problem) replicas() int { return max(1, p.Replicas) }
 
 // ring is the all-reduce among the replicas of a stage.
 func (p Problem) ring() schedule.RingAllReduce {
-	return schedule.RingAllReduce{Replicas: p.replicas(), Bandwidth: p.AllReduceBytesPerMS, Latency: p.AllReduceLatencyMS, BucketBytes: p.BucketBytes}
+	return schedule.RingAllReduce{Replicas: p.replicas(), Bandwidth: p.AllReduceBytesPerMS, Latency: p.AllReduceLatencyMS, BucketBytes: p.BucketBytes,
+		ReduceToOne: p.ReduceToOne}
 }
 
 // Plan is a split with its schedule and simulated numbers.

@@ -28,7 +28,8 @@ func BucketBytes(cfg *configs.Config, model *models.Model) int {
 // figures (a message's latency and the bytes a rank sends per second).
 func NewReplication(cfg *configs.Config, model *models.Model, link schedule.Link) (*Replication, error) {
 	r := &Replication{Replicas: cfg.Replicas()}
-	r.Ring = schedule.RingAllReduce{Replicas: r.Replicas, Bandwidth: link.BytesPerMS(), Latency: link.LatencyMS(), BucketBytes: int64(BucketBytes(cfg, model))}
+	r.Ring = schedule.RingAllReduce{Replicas: r.Replicas, Bandwidth: link.BytesPerMS(), Latency: link.LatencyMS(), BucketBytes: int64(BucketBytes(cfg, model)),
+		ReduceToOne: cfg.ReduceAlgorithm() == "reduce-to-one"}
 	if r.Replicas == 1 {
 		return r, nil
 	}

@@ -18,6 +18,12 @@ type RingAllReduce struct {
 	Bandwidth   float64 // bytes per unit of time one rank sends; 0: latency alone
 	Latency     float64 // per message
 	BucketBytes int64   // largest bucket; 0: the whole gradient at once
+	// ReduceToOne costs all_reduce.algorithm reduce-to-one instead of the
+	// ring: each bucket travels whole along 2(R-1) hops, buckets a hop
+	// apart, so B buckets take B+2R-3 steps of a message's latency; the
+	// busiest rank sends every bucket twice (once with two replicas), and
+	// the last bucket's hops after the first add 2R-3 buckets' transfers.
+	ReduceToOne bool
 }
 
 // Time returns how long the all-reduce of bytes takes: 0 with one replica or
@@ -31,9 +37,25 @@ func (r RingAllReduce) Time(bytes int64) float64 {
 	if r.BucketBytes > 0 {
 		buckets = math.Ceil(float64(bytes) / float64(r.BucketBytes))
 	}
+	if r.ReduceToOne {
+		return r.reduceToOneTime(float64(bytes), n, buckets)
+	}
 	t := 2 * (n - 1) * buckets * r.Latency
 	if r.Bandwidth > 0 {
 		t += 2 * (n - 1) / n * float64(bytes) / r.Bandwidth
+	}
+	return t
+}
+
+func (r RingAllReduce) reduceToOneTime(bytes, n, buckets float64) float64 {
+	hops := 2 * (n - 1)
+	t := (buckets + hops - 1) * r.Latency
+	if r.Bandwidth > 0 {
+		bucket := bytes
+		if r.BucketBytes > 0 {
+			bucket = min(bytes, float64(r.BucketBytes))
+		}
+		t += (min(2, n-1)*bytes + (hops-1)*bucket) / r.Bandwidth
 	}
 	return t
 }

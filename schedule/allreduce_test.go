@@ -24,6 +24,14 @@ func TestRingAllReduceTime(t *testing.T) {
 		{RingAllReduce{Replicas: 4, Bandwidth: 100, Latency: 1, BucketBytes: 300}, 1000, 15 + 24},
 		{RingAllReduce{Replicas: 4, Bandwidth: 100, Latency: 1, BucketBytes: 1000}, 1000, 15 + 6},
 		{RingAllReduce{Replicas: 3, Latency: 0.5}, 1 << 30, 2},
+		// Reduce-to-one, two replicas, one bucket: two hops of the whole
+		// 1000 bytes, one after the other.
+		{RingAllReduce{Replicas: 2, Bandwidth: 100, Latency: 1, ReduceToOne: true}, 1000, 2 + 20},
+		// Four replicas, 4 buckets (the last 100 bytes): 4+6-1 steps; the
+		// busiest rank sends 2·1000 bytes, and the last bucket's 5 later
+		// hops add 5 buckets of 300.
+		{RingAllReduce{Replicas: 4, Bandwidth: 100, Latency: 1, BucketBytes: 300, ReduceToOne: true}, 1000, 9 + (2000+1500)/100.0},
+		{RingAllReduce{Replicas: 3, Latency: 0.5, ReduceToOne: true}, 1 << 30, 2},
 	}
 	for _, tt := range tests {
 		if got := tt.r.Time(tt.bytes); math.Abs(got-tt.want) > 1e-12 {

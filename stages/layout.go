@@ -114,13 +114,28 @@ func (l *Layout) planReduction() error {
 		if err != nil {
 			return err
 		}
-		p, err := collective.NewPlan(n, bucket, l.Replicas)
+		p, err := newPlan(l.Config, n, bucket, l.Replicas)
 		if err != nil {
 			return err
 		}
 		l.Plans = append(l.Plans, p)
 	}
 	return nil
+}
+
+// newPlan plans an all-reduce of n elements among ranks replicas with the
+// config's bucket size and all_reduce.algorithm: the replicas and the
+// reference plan alike, so the reference folds as the replicas do.
+func newPlan(c *configs.Config, n, bucket, ranks int) (collective.Plan, error) {
+	p, err := collective.NewPlan(n, bucket, ranks)
+	if err != nil {
+		return p, err
+	}
+	p, err = p.WithAlgorithm(collective.Algorithm(c.ReduceAlgorithm()))
+	if err != nil {
+		return p, fmt.Errorf("all_reduce.algorithm: %w", err)
+	}
+	return p, nil
 }
 
 // Control messages on the replica ring, tagged after every plan's chunks:
@@ -195,7 +210,7 @@ func ReferenceLayout(c *configs.Config) (*Layout, error) {
 			if err != nil {
 				return nil, err
 			}
-			p, err := collective.NewPlan(n, bucket, l.Replicas)
+			p, err := newPlan(c, n, bucket, l.Replicas)
 			if err != nil {
 				return nil, err
 			}

@@ -190,7 +190,7 @@ func runPlan(w io.Writer, o planOptions) error {
 		Schedules: names, MemoryLimit: limit, Layers: layers,
 		TransferBytesPerMS: schedule.Loopback.BytesPerMS(), LatencyMS: schedule.Loopback.LatencyMS(),
 		Replicas: cfg.Replicas(), AllReduceBytesPerMS: ring.bytesPerSecond / 1000, AllReduceLatencyMS: ms(ring.latency),
-		BucketBytes: int64(bucket),
+		BucketBytes: int64(bucket), ReduceToOne: cfg.ReduceAlgorithm() == "reduce-to-one",
 		// Recomputation costs a forward per micro-batch: worth weighing
 		// only where memory is short.
 		Recompute: limit > 0, InputBytes: int64(model.ShapeAt(0, micro).TotalSize() * size),

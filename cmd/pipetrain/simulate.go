@@ -537,13 +537,14 @@ type replication struct {
 	stages, batch int
 	show          bool // the config has replicas or --replicas was given
 	figures       ringFigures
+	algorithm     string // all_reduce.algorithm
 }
 
 // newReplication sets up the all-reduces of cfg (after --replicas; the
 // config itself has configured replicas).
 func newReplication(cfg *configs.Config, model *models.Model, o simulateOptions, configured int) (*replication, error) {
 	r := &replication{configured: configured, stages: len(cfg.Stages), batch: cfg.Data.BatchSize,
-		show: cfg.Replicas() > 1 || o.replicas > 0}
+		show: cfg.Replicas() > 1 || o.replicas > 0, algorithm: cfg.ReduceAlgorithm()}
 	flags := o.ring
 	if cfg.Replicas() == 1 && flags.bandwidth == "measure" {
 		flags.bandwidth = "" // nothing to all-reduce, so nothing to measure
@@ -591,8 +592,8 @@ func (r *replication) print(w io.Writer) {
 		fmt.Fprintln(w, ", nothing to all-reduce")
 		return
 	}
-	fmt.Fprintf(w, "; ring all-reduce at %s/s%s plus %.3f ms%s a message, buckets of %s\n",
-		decimal(r.Ring.Bandwidth*1000), mark(r.figures.bwKnown), r.Ring.Latency, mark(r.figures.latKnown), human(r.Ring.BucketBytes))
+	fmt.Fprintf(w, "; %s all-reduce at %s/s%s plus %.3f ms%s a message, buckets of %s\n",
+		r.algorithm, decimal(r.Ring.Bandwidth*1000), mark(r.figures.bwKnown), r.Ring.Latency, mark(r.figures.latKnown), human(r.Ring.BucketBytes))
 	for s, g := range r.Grads {
 		var bytes int64
 		var t float64

@@ -787,3 +787,30 @@ func TestSimulateSharesCores(t *testing.T) {
 		t.Errorf("given costs were shared: %v\n%s", err, out)
 	}
 }
+
+// TestSimulateReduceToOne: with all_reduce.algorithm reduce-to-one the
+// simulator names the algorithm and charges its model: on 4 replicas,
+// stage 0's 2,132,992 gradient bytes in 3 buckets (1 MiB, 1 MiB, the rest)
+// take 3+6-1 steps of a message's latency, and the busiest rank sends
+// every byte twice plus 5 more whole buckets while the last one drains.
+func TestSimulateReduceToOne(t *testing.T) {
+	t.Setenv("PIPETRAIN_ALL_REDUCE_ALGORITHM", "reduce-to-one")
+	out, err := runCommand(t, simulateCmd(), "--config", mlp2x2, "--costs", "f=1,b=2", "--transfer", "0", "--schedule", "1f1b",
+		"--replicas", "4", "--allreduce-bandwidth", "500MB/s", "--allreduce-latency", "20us")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	g0 := 533248.0 * 4
+	want := 8*0.02 + (2*g0+5*(1<<20))/5e8*1000
+	for _, w := range []string{
+		"64 samples per replica a step; reduce-to-one all-reduce at 500 MB/s plus 0.020 ms a message, buckets of 1.00 MiB\n",
+		fmt.Sprintf("  stage 0  gradients 2.03 MiB  all-reduce %.3f ms\n", want),
+	} {
+		if !strings.Contains(out, w) {
+			t.Errorf("missing %q in\n%s", w, out)
+		}
+	}
+	if ring := ringTime(int64(g0), 4, 5e8, 0.02, 1<<20); ring >= want {
+		t.Errorf("reduce-to-one charged %.3f ms, no more than the ring's %.3f ms", want, ring)
+	}
+}
