@@ -86,6 +86,9 @@ func (c *Config) validatePS(p *Problems, tied bool) {
 	if c.Train.EarlyStop.Patience > 0 {
 		p.add("train.early_stop", "is not supported with parameter_servers yet")
 	}
+	if a := c.ReduceAlgorithm(); a != "ring" {
+		p.add("all_reduce.algorithm", "%s has no effect with parameter_servers, whose workers join no replica ring; remove one or the other", a)
+	}
 	if c.AllReduce.ShardOptimizer {
 		// The servers hold the whole optimizer state; workers hold none to shard.
 		p.add("all_reduce.shard_optimizer", "has no effect with parameter_servers, whose servers hold the optimizer state; remove one or the other")

@@ -57,6 +57,8 @@ func TestParameterServersValidate(t *testing.T) {
 		"train.clip_grad_norm: is not supported with parameter_servers yet: the norm is of the servers' summed gradient, which no worker holds")
 	wantProblems(t, psYAML(t, `{count: 1, addresses: ["127.0.0.1:7100"]}`, "all_reduce: {shard_optimizer: true}"),
 		"all_reduce.shard_optimizer: has no effect with parameter_servers, whose servers hold the optimizer state; remove one or the other")
+	wantProblems(t, psYAML(t, `{count: 1, addresses: ["127.0.0.1:7100"]}`, "all_reduce: {algorithm: reduce-to-one}"),
+		"all_reduce.algorithm: reduce-to-one has no effect with parameter_servers, whose workers join no replica ring; remove one or the other")
 }
 
 // TestParameterServersChangeTheDigest: servers sum in worker order (and
