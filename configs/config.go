@@ -212,7 +212,17 @@ type AllReduce struct {
 	// gRPC links, or grpc, the links themselves. Both sum the same values
 	// in the same order, so it changes speed, not results.
 	Transport string `mapstructure:"transport" json:"transport"`
+	// Overlap is when a chunk's buckets start (AllReduceOverlaps): chunk,
+	// all at its ReduceGrad op, once its last backward or weight pass is
+	// done; layer, each as soon as that pass has finished the layers it
+	// lies in (split engines: zero-bubble schedules). The buckets and their
+	// sums are the same, so it changes timing, not results.
+	Overlap string `mapstructure:"overlap" json:"overlap,omitempty"`
 }
+
+// AllReduceOverlaps are all_reduce.overlap's values, the default ("")
+// first.
+var AllReduceOverlaps = []string{"chunk", "layer"}
 
 // AllReduceTransports are all_reduce.transport's values, the default ("")
 // first.
@@ -307,6 +317,7 @@ var defaults = map[string]any{
 	"all_reduce.check_every":     10,
 	"all_reduce.shard_optimizer": false,
 	"all_reduce.transport":       "stream",
+	"all_reduce.overlap":         "chunk",
 	"compute.blas_threads":       0,
 	"compute.blas_kernels":       "auto",
 	"transport.connect_timeout":  "30s",

@@ -110,6 +110,9 @@ func (c *Config) validateReplicas(p *Problems) {
 	if t := c.AllReduce.Transport; t != "" && !slices.Contains(AllReduceTransports, t) {
 		p.add("all_reduce.transport", "unknown transport %q (known: %s)", t, strings.Join(AllReduceTransports, ", "))
 	}
+	if o := c.AllReduce.Overlap; o != "" && !slices.Contains(AllReduceOverlaps, o) {
+		p.add("all_reduce.overlap", "unknown overlap %q (known: %s)", o, strings.Join(AllReduceOverlaps, ", "))
+	}
 	r := c.Replicas()
 	for i, s := range c.Stages {
 		field := fmt.Sprintf("stages[%d]", i)

@@ -79,6 +79,7 @@ func enums() map[string][]string {
 		"stages[i].device":      compute.Kinds(),
 		"stages[i].recompute":   RecomputeModes,
 		"all_reduce.transport":  AllReduceTransports,
+		"all_reduce.overlap":    AllReduceOverlaps,
 
 		"train.lr_schedule.kind": optim.ScheduleKinds(),
 	}
@@ -224,6 +225,7 @@ var keyDocs = map[string]string{
 	"all_reduce.bucket_bytes":    "Gradients are summed in buckets of at most this many bytes, one after another (0: the default). The cut decides the order of the sums, so it is a training setting.",
 	"all_reduce.check_every":     "Compare a digest of every replica's weights every so many steps, stopping the run if they differ (0: never).",
 	"all_reduce.transport":       "How the all-reduces' chunks travel between replicas: stream, framed byte streams (TCP, or the Unix socket of a unix: address) opened beside the replicas' gRPC links after their handshake and authenticated as they are, written from and read into the gradient buffers; or grpc, the links themselves. Both sum the same values in the same order.",
+	"all_reduce.overlap":         "When a chunk's gradient buckets start their all-reduce: chunk, all once the chunk's last backward or weight pass of the step is done; layer, each as soon as that pass has finished the layers the bucket lies in, while it computes the earlier layers' (zero-bubble schedules, whose weight pass runs layer by layer). The same buckets and sums either way.",
 	"all_reduce.shard_optimizer": "Each replica keeps the optimizer state of, and updates, only its share of the stage's weights, then the replicas pass the updated weights round (ZeRO stage 1): optimizer memory falls to 1/data_parallel, the bits stay the unsharded run's.",
 
 	"checkpoint":                 "How often each stage saves its weights and optimizer state.",

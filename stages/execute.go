@@ -310,13 +310,14 @@ func (r *Runtime) weight(step int, a schedule.Action) error {
 }
 
 // watchingGradients runs pass, a backward or weight pass of a. When a is
-// its chunk's last of the step and the chunk reports its weight pass's
-// progress (compute.GradientWatcher), the replicas' all-reduce starts on
+// its chunk's last of the step, all_reduce.overlap is layer and the chunk
+// reports its weight pass's progress (compute.GradientWatcher), the
+// replicas' all-reduce starts on
 // each bucket whose layers the pass has finished while it computes the
 // rest, instead of at the ReduceGrad op that follows.
 func (r *Runtime) watchingGradients(step int, a schedule.Action, pass func() error) error {
 	w, ok := r.chunk(a.Chunk).(compute.GradientWatcher)
-	if !ok || !r.finalPasses[a] || r.replicas == nil || r.replicas.reducer == nil {
+	if !ok || !r.finalPasses[a] || r.replicas == nil || !r.replicas.perLayer {
 		return pass()
 	}
 	var handErr error

@@ -222,6 +222,9 @@ type replicaSync struct {
 
 	ring    *collective.Ring // nil in the reference
 	reducer *reducer         // nil in the reference
+	// perLayer starts each bucket as the chunk's last weight pass finishes
+	// its layers (all_reduce.overlap: layer).
+	perLayer bool
 	// shares holds, in the reference, each replica's share of the step's
 	// gradients; gradsDone counts the micro-batches whose gradients are in.
 	shares    []any
@@ -253,6 +256,7 @@ func newReplicaSync(o Options, l *Layout, cfg *configs.Config, chunks []compute.
 		DType: l.Reduce.DType, Timeout: cfg.Transport.RecvTimeout, Out: o.ReplicaOut, In: o.ReplicaIn,
 		Name: func(k int) string { return fmt.Sprintf("stage %d replica %d", stage, k) }}
 	rs.reducer = newReducer(l, rs.ring)
+	rs.perLayer = cfg.AllReduce.Overlap == "layer"
 	live.sentOn("replicas", 0)
 	return rs, nil
 }

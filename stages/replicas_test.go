@@ -131,16 +131,17 @@ func (w watchedChunk) WatchGradients(f func(first int)) {
 	})
 }
 
-// TestLayerBucketsReduceDuringLastWeightPass: under zb-h1 (a split
-// backward) the buckets of a 2 × 2 grid's last layers go to the replicas'
+// TestLayerBucketsReduceDuringLastWeightPass: with all_reduce.overlap
+// layer under zb-h1 (a split backward) the buckets of a 2 × 2 grid's last layers go to the replicas'
 // ring while the chunk's last weight pass still computes the earlier
 // layers' gradients, each stage's all-reduce starts before that pass ends,
-// and the run equals the one-process reference bit for bit.
+// and the run, sharded or not, equals the one-process reference bit for
+// bit.
 func TestLayerBucketsReduceDuringLastWeightPass(t *testing.T) {
 	cfg := gridTestConfig("zb-h1", plain("0-1", "2-3"), 2, 2, "sgd")
 	// Buckets of 8 elements: the last layer (8·3 + 3 elements) holds whole
 	// ones, which need not wait for the layer before it.
-	cfg.AllReduce.BucketBytes = 64
+	cfg.AllReduce.BucketBytes, cfg.AllReduce.Overlap = 64, "layer"
 	ref := runInProcess(t, cfg, true)
 	dir := t.TempDir()
 	early := make([][]bool, 4)
@@ -158,6 +159,11 @@ func TestLayerBucketsReduceDuringLastWeightPass(t *testing.T) {
 			checkReductionsStartInPass(t, runlog.ReplicaEventsFile(dir, stage, replica))
 		}
 	}
+	// Reduce-scattered for a sharded optimizer, bucket by bucket as well.
+	cfg.AllReduce.ShardOptimizer = true
+	sharded := t.TempDir()
+	runGrid(t, cfg, sharded, false)
+	sameMLPRun(t, cfg, ref, sharded)
 }
 
 // checkReductionsStartInPass reads a stage replica's events and checks
