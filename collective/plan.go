@@ -139,3 +139,13 @@ func add[T float32 | float64](acc, v []T) {
 		acc[i] += v[i]
 	}
 }
+
+// Slice is the plan of buckets [lo, hi) alone, over the same N elements:
+// AllReduce with it and base+lo·Ranks runs exactly those buckets' messages,
+// tagged and folded as the whole plan's, so a vector may be reduced a few
+// buckets at a time, in any order, with the same bits.
+func (p Plan) Slice(lo, hi int) Plan {
+	q := p
+	q.Buckets = p.Buckets[lo:hi]
+	return q
+}

@@ -93,6 +93,19 @@ type Drawing interface {
 	TrainNext(step, microBatch int)
 }
 
+// GradientWatcher is a Stage that reports, while a weight pass runs
+// (Weight, or a Backward that runs one), how far its micro-batch's weight
+// gradients are summed: each call f(first) says that every weight from
+// index first on (Weights' order) holds the micro-batch's contribution in
+// its Gradients. first falls through the pass, layer by layer in backward
+// order. After the step's last such pass of a chunk those weights'
+// gradients are final, and the replicas' all-reduce may start on them
+// while the pass computes the earlier layers'. The cpu engine is one in
+// split mode (zero-bubble schedules); nil stops the reports.
+type GradientWatcher interface {
+	WatchGradients(f func(first int))
+}
+
 // OptimizerOnDevice is a Stage whose optimizer state lives on its device,
 // not in the optim.Optimizer's slots in host memory: the checkpointer asks
 // it to copy the state into the slots before writing them, and back after

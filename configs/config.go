@@ -220,7 +220,17 @@ type AllReduce struct {
 	// carried whole down the replicas in order and back round. They fold
 	// in different orders, so it is a training setting.
 	Algorithm string `mapstructure:"algorithm" json:"algorithm,omitempty"`
+	// Overlap is when a chunk's buckets start (AllReduceOverlaps): chunk,
+	// all at its ReduceGrad op, once its last backward or weight pass is
+	// done; layer, each as soon as that pass has finished the layers it
+	// lies in (split engines: zero-bubble schedules). The buckets and their
+	// sums are the same, so it changes timing, not results.
+	Overlap string `mapstructure:"overlap" json:"overlap,omitempty"`
 }
+
+// AllReduceOverlaps are all_reduce.overlap's values, the default ("")
+// first.
+var AllReduceOverlaps = []string{"chunk", "layer"}
 
 // AllReduceTransports are all_reduce.transport's values, the default ("")
 // first.
@@ -328,6 +338,7 @@ var defaults = map[string]any{
 	"all_reduce.shard_optimizer": false,
 	"all_reduce.transport":       "stream",
 	"all_reduce.algorithm":       "ring",
+	"all_reduce.overlap":         "chunk",
 	"compute.blas_threads":       0,
 	"compute.blas_kernels":       "auto",
 	"transport.connect_timeout":  "30s",

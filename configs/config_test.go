@@ -103,6 +103,8 @@ func TestValidationRules(t *testing.T) {
 		{"unknown device", "address: 127.0.0.1:7002}", "address: 127.0.0.1:7002, device: tpu}", []string{"stages[1].device", "unknown device"}},
 		{"zero receive timeout", "schedule: gpipe", "schedule: gpipe\ntransport: {recv_timeout: 0s}", []string{"transport.recv_timeout", "positive"}},
 		{"unknown all-reduce transport", "schedule: gpipe", "schedule: gpipe\nall_reduce: {transport: tcp}", []string{`all_reduce.transport: unknown transport "tcp" (known: stream, grpc)`}},
+		{"unknown all-reduce overlap", "schedule: gpipe", "schedule: gpipe\nall_reduce: {overlap: tensor}", []string{`all_reduce.overlap: unknown overlap "tensor" (known: chunk, layer)`}},
+		{"layer overlap off the ring", "schedule: gpipe", "schedule: gpipe\nall_reduce: {overlap: layer, algorithm: reduce-to-one}", []string{"all_reduce.overlap: layer needs all_reduce.algorithm ring, not reduce-to-one"}},
 		{"interleaved without chunks", "schedule: gpipe", "schedule: interleaved", []string{"virtual_stages", "at least 2 chunks per stage"}},
 		{"chunks without interleaving", "schedule: gpipe", "schedule: gpipe\nvirtual_stages: 2", []string{"virtual_stages", "need schedule: interleaved"}},
 		{"metrics address clash", "address: 127.0.0.1:7002}", "address: 127.0.0.1:7002, metrics_address: \"127.0.0.1:7001\"}", []string{"stages[1].metrics_address: 127.0.0.1:7001 is also used by stages[0].address"}},

@@ -127,6 +127,12 @@ func TestTrainingDigestCoversReplicas(t *testing.T) {
 	if c.TrainingDigest() != base.TrainingDigest() {
 		t.Error("all_reduce.transport changed the training digest")
 	}
+	// Each bucket is summed the same whenever it starts.
+	c = clone(base)
+	c.AllReduce.Overlap = "layer"
+	if c.TrainingDigest() != base.TrainingDigest() {
+		t.Error("all_reduce.overlap changed the training digest")
+	}
 	plain, err := Load("fmnist-mlp-4stage.yaml")
 	if err != nil {
 		t.Fatal(err)

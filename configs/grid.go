@@ -117,6 +117,13 @@ func (c *Config) validateReplicas(p *Problems) {
 	if t := c.AllReduce.Transport; t != "" && !slices.Contains(AllReduceTransports, t) {
 		p.add("all_reduce.transport", "unknown transport %q (known: %s)", t, strings.Join(AllReduceTransports, ", "))
 	}
+	if o := c.AllReduce.Overlap; o != "" && !slices.Contains(AllReduceOverlaps, o) {
+		p.add("all_reduce.overlap", "unknown overlap %q (known: %s)", o, strings.Join(AllReduceOverlaps, ", "))
+	} else if a := c.ReduceAlgorithm(); o == "layer" && a != AllReduceAlgorithms[0] {
+		// Starting buckets apart runs slices of the ring's plan; no other
+		// algorithm's messages have been run or tested in slices.
+		p.add("all_reduce.overlap", "layer needs all_reduce.algorithm ring, not %s", a)
+	}
 	r := c.Replicas()
 	for i, s := range c.Stages {
 		field := fmt.Sprintf("stages[%d]", i)

@@ -80,6 +80,7 @@ func enums() map[string][]string {
 		"stages[i].recompute":   RecomputeModes,
 		"all_reduce.transport":  AllReduceTransports,
 		"all_reduce.algorithm":  AllReduceAlgorithms,
+		"all_reduce.overlap":    AllReduceOverlaps,
 
 		"train.lr_schedule.kind": optim.ScheduleKinds(),
 		"parameter_servers.mode": psModes,
@@ -227,6 +228,7 @@ var keyDocs = map[string]string{
 	"all_reduce.check_every":     "Compare a digest of every replica's weights every so many steps, stopping the run if they differ (0: never).",
 	"all_reduce.transport":       "How the all-reduces' chunks travel between replicas: stream, framed byte streams (TCP, or the Unix socket of a unix: address) opened beside the replicas' gRPC links after their handshake and authenticated as they are, written from and read into the gradient buffers; or grpc, the links themselves. Both sum the same values in the same order.",
 	"all_reduce.algorithm":       "How the replicas sum their gradients: ring, a reduce-scatter and all-gather round the replicas, where chunk c of each bucket folds replicas c, c+1, ..., c-1; or reduce-to-one, each bucket carried whole from replica 0 down the replicas in order, every element folded 0 + 1 + ... + R-1, and the sum passed back round. The orders differ, so it is a training setting; all_reduce.shard_optimizer needs ring.",
+	"all_reduce.overlap":         "When a chunk's gradient buckets start their all-reduce: chunk, all once the chunk's last backward or weight pass of the step is done; layer, each as soon as that pass has finished the layers the bucket lies in, while it computes the earlier layers' (zero-bubble schedules, whose weight pass runs layer by layer). The same buckets and sums either way.",
 	"all_reduce.shard_optimizer": "Each replica keeps the optimizer state of, and updates, only its share of the stage's weights, then the replicas pass the updated weights round (ZeRO stage 1): optimizer memory falls to 1/data_parallel, the bits stay the unsharded run's.",
 
 	"checkpoint":                 "How often each stage saves its weights and optimizer state.",

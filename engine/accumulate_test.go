@@ -122,7 +122,9 @@ func TestGPTProductsSumInPlace(t *testing.T) {
 			summed := map[string]bool{}
 			e.accumulated(e.g, summed)
 			if split {
-				e.accumulated(e.weight.g, summed)
+				for _, w := range e.weights {
+					e.accumulated(w.g, summed)
+				}
 			}
 			want := 2*6 + 1
 			if len(summed) != want {

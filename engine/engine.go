@@ -60,9 +60,12 @@ type Engine struct {
 	// micro-batch; spare, per Read, the stashes of micro-batches whose
 	// weight pass is done, lent back to the Read (lend), which then copies
 	// into them instead of allocating a copy.
-	phase  []pass
-	spare  [][]G.Value
-	weight *weightProgram
+	phase   []pass
+	spare   [][]G.Value
+	weights []*weightProgram // one per layer, in order
+	// watch hears, during weight passes, how far their sums are complete
+	// (WatchGradients); nil: no one listens.
+	watch func(first int)
 	// grads are the summed gradients the engine owns, in params order:
 	// every one in split mode; in fused mode those of the products'
 	// weights (linearWeight), nil for the rest, which gorgonia sums into
@@ -220,10 +223,12 @@ func NewEngine(m *models.Model, first, last, batch int, seed uint64, o Options) 
 		for i := range parts {
 			keep = append(keep, G.Read(grads[i], &e.reads[len(ins)+i]))
 		}
-		if e.weight, err = newWeightProgram(ins, parts, e.params, e.grads, isLinear); err != nil {
+		if e.weights, err = newWeightPrograms(ins, parts, e.params, e.grads, isLinear); err != nil {
 			return nil, err
 		}
-		e.weight.rearm = e.rearm
+		for _, w := range e.weights {
+			w.rearm = e.rearm
+		}
 	}
 	// The derivative of a matmul has nodes for both operands whatever was asked
 	// for, so the program is compiled from its outputs back: a whole-graph
@@ -514,8 +519,14 @@ func (e *Engine) Weight(key int) error {
 		return fmt.Errorf("micro-batch %d: weight gradient before its input gradient", key)
 	}
 	delete(e.flights, key)
-	if err := e.weight.run(f.stash, e.grads); err != nil {
-		return err
+	for i := len(e.weights) - 1; i >= 0; i-- {
+		w := e.weights[i]
+		if err := w.run(f.stash, e.grads); err != nil {
+			return err
+		}
+		if e.watch != nil {
+			e.watch(w.first)
+		}
 	}
 	for i, v := range f.stash {
 		if v != nil {
@@ -524,6 +535,13 @@ func (e *Engine) Weight(key int) error {
 	}
 	return nil
 }
+
+// WatchGradients (compute.GradientWatcher) has each weight pass report to
+// f, after each layer's weight gradients, the first weight from which on
+// every sum holds the micro-batch's gradient; layers go last first. Only a
+// split engine runs weight passes: a fused one reports nothing. nil stops
+// the reports.
+func (e *Engine) WatchGradients(f func(first int)) { e.watch = f }
 
 func (e *Engine) resume(key int, vm G.VM, grad *tensor.Dense) (*tensor.Dense, error) {
 	if grad == nil {

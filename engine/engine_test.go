@@ -531,9 +531,11 @@ func checkSplitBitIdentical(t *testing.T, m *models.Model, cuts [][2]int, xs []*
 	}
 	// The weight program differentiates the parts but never computes them.
 	for _, e := range split {
-		for _, tap := range e.weight.taps {
-			if tap.Value() != nil {
-				t.Errorf("the weight program computed %v: it reran the forward", tap)
+		for _, w := range e.weights {
+			for _, tap := range w.taps {
+				if tap.Value() != nil {
+					t.Errorf("the weight program computed %v: it reran the forward", tap)
+				}
 			}
 		}
 	}

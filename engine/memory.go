@@ -56,8 +56,8 @@ func (e *Engine) HeldBytes() int64 {
 			total += valueBytes(v, seen)
 		}
 	}
-	if e.weight != nil {
-		machine(e.weight.vm)
+	for _, w := range e.weights {
+		machine(w.vm)
 	}
 	return total
 }

@@ -15,6 +15,12 @@ import (
 type weightProgram struct {
 	g      *G.ExprGraph
 	leaves []*G.Node // the parts' distinct inputs, then their taps' gradients: Let from a flight's stash
+	// stashAt is the index in a flight's stash of each leaf's value.
+	stashAt []int
+	// first is the first of the engine's params whose sums are complete
+	// once this program and the ones after it in the engine's list have run
+	// (compute.GradientWatcher).
+	first int
 	// grads are the gradients gorgonia computes, of params[of[i]]; the
 	// products' weights are summed by accumulations instead.
 	grads []*G.Node
@@ -32,8 +38,12 @@ type weightProgram struct {
 // holding the same tensors, so the program sees every optimizer step. sums
 // are the summed gradients; the weights marked linear are products'
 // (linearWeight), summed into by the program itself.
-func newWeightProgram(ins []*G.Node, parts []part, params []*G.Node, sums []*tensor.Dense, linear []bool) (*weightProgram, error) {
+func newWeightProgram(ins []*G.Node, all []part, sel []int, params []*G.Node, sums []*tensor.Dense, linear []bool) (*weightProgram, error) {
 	w := &weightProgram{g: G.NewGraph()}
+	parts := make([]part, len(sel))
+	for i, k := range sel {
+		parts[i] = all[k]
+	}
 	xs := make([]*G.Node, len(ins))
 	for _, p := range parts {
 		if xs[p.in] == nil {
@@ -80,7 +90,14 @@ func newWeightProgram(ins []*G.Node, parts []part, params []*G.Node, sums []*ten
 			costs, costGrads = append(costs, tap), append(costGrads, gt)
 		}
 	}
-	w.leaves = append(xs, gradLeaves...)
+	for i, x := range xs {
+		if x != nil {
+			w.leaves, w.stashAt = append(w.leaves, x), append(w.stashAt, i)
+		}
+	}
+	for i, gl := range gradLeaves {
+		w.leaves, w.stashAt = append(w.leaves, gl), append(w.stashAt, len(ins)+sel[i])
+	}
 	if len(wrt) > 0 {
 		grads, err := G.Backpropagate(costs, costGrads, wrt)
 		if err != nil {
@@ -99,10 +116,11 @@ func newWeightProgram(ins []*G.Node, parts []part, params []*G.Node, sums []*ten
 // run computes one micro-batch's weight gradients and adds them to sums.
 func (w *weightProgram) run(stash []G.Value, sums []*tensor.Dense) error {
 	for i, leaf := range w.leaves {
-		if stash[i] == nil {
+		v := stash[w.stashAt[i]]
+		if v == nil {
 			return fmt.Errorf("weight gradient: %s was not kept from the input gradient", leaf.Name())
 		}
-		if err := G.Let(leaf, stash[i]); err != nil {
+		if err := G.Let(leaf, v); err != nil {
 			return fmt.Errorf("weight gradient: %s: %w", leaf.Name(), err)
 		}
 	}
@@ -116,4 +134,39 @@ func (w *weightProgram) run(stash []G.Value, sums []*tensor.Dense) error {
 		}
 	}
 	return nil
+}
+
+// newWeightPrograms builds one weight program per layer, in the layers'
+// order: Weight runs them last layer first and reports after each which
+// weights' sums it has completed, so the replicas' all-reduce can start on
+// a layer's gradients while the earlier layers' are computed. Each weight
+// is one part's, each part one layer's, so every gradient is computed and
+// summed by the same operations as in one program of all the parts.
+func newWeightPrograms(ins []*G.Node, parts []part, params []*G.Node, sums []*tensor.Dense, linear []bool) ([]*weightProgram, error) {
+	var groups [][]int
+	for i, p := range parts {
+		if i == 0 || p.layer != parts[i-1].layer {
+			groups = append(groups, nil)
+		}
+		groups[len(groups)-1] = append(groups[len(groups)-1], i)
+	}
+	covered := make([]bool, len(params))
+	first := len(params)
+	out := make([]*weightProgram, len(groups))
+	for g := len(groups) - 1; g >= 0; g-- {
+		w, err := newWeightProgram(ins, parts, groups[g], params, sums, linear)
+		if err != nil {
+			return nil, err
+		}
+		for _, k := range groups[g] {
+			for _, q := range parts[k].params {
+				covered[q] = true
+			}
+		}
+		for first > 0 && covered[first-1] {
+			first--
+		}
+		w.first, out[g] = first, w
+	}
+	return out, nil
 }

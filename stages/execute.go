@@ -1,6 +1,7 @@
 package stages
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -227,9 +228,9 @@ func (r *Runtime) Compute(step int, a schedule.Action, in *tensor.Dense) (*tenso
 	case schedule.Forward:
 		out, err = r.forward(step, a, in)
 	case schedule.Backward, schedule.Input:
-		out, err = r.backward(a, in)
+		out, err = r.backward(step, a, in)
 	case schedule.Weight:
-		err = r.weight(a)
+		err = r.weight(step, a)
 	case schedule.Recompute:
 		err = r.chunk(a.Chunk).Recomputation(a.MicroBatch)
 	default:
@@ -268,7 +269,7 @@ func (r *Runtime) forward(step int, a schedule.Action, input *tensor.Dense) (*te
 // backward runs a full backward (B) or its input-gradient part (I) from the
 // received output gradient (the loss's on the last model stage). It returns
 // the input gradient to send (nil on the first model stage).
-func (r *Runtime) backward(a schedule.Action, in *tensor.Dense) (*tensor.Dense, error) {
+func (r *Runtime) backward(step int, a schedule.Action, in *tensor.Dense) (*tensor.Dense, error) {
 	e, mb := r.chunk(a.Chunk), a.MicroBatch
 	grad := e.LossScale(r.scaleMBs)
 	if !e.IsLast() {
@@ -279,7 +280,11 @@ func (r *Runtime) backward(a schedule.Action, in *tensor.Dense) (*tensor.Dense, 
 	if a.Kind == schedule.Input {
 		dx, err = e.Input(mb, grad)
 	} else {
-		dx, err = e.Backward(mb, grad)
+		err = r.watchingGradients(step, a, func() error {
+			var err error
+			dx, err = e.Backward(mb, grad)
+			return err
+		})
 	}
 	if err != nil {
 		return nil, err
@@ -296,12 +301,49 @@ func (r *Runtime) backward(a schedule.Action, in *tensor.Dense) (*tensor.Dense, 
 	return dx, nil
 }
 
-func (r *Runtime) weight(a schedule.Action) error {
-	if err := r.chunk(a.Chunk).Weight(a.MicroBatch); err != nil {
+func (r *Runtime) weight(step int, a schedule.Action) error {
+	if err := r.watchingGradients(step, a, func() error { return r.chunk(a.Chunk).Weight(a.MicroBatch) }); err != nil {
 		return err
 	}
 	r.finish(a.Chunk, a.MicroBatch)
 	return r.replicas.gradDone(a.Chunk)
+}
+
+// watchingGradients runs pass, a backward or weight pass of a. When a is
+// its chunk's last of the step, all_reduce.overlap is layer and the chunk
+// reports its weight pass's progress (compute.GradientWatcher), the
+// replicas' all-reduce starts on
+// each bucket whose layers the pass has finished while it computes the
+// rest, instead of at the ReduceGrad op that follows.
+func (r *Runtime) watchingGradients(step int, a schedule.Action, pass func() error) error {
+	w, ok := r.chunk(a.Chunk).(compute.GradientWatcher)
+	if !ok || !r.finalPasses[a] || r.replicas == nil || !r.replicas.perLayer {
+		return pass()
+	}
+	var handErr error
+	w.WatchGradients(r.replicas.watch(r.stepCtx, step, a.Chunk, &handErr))
+	err := pass()
+	w.WatchGradients(nil)
+	return cmp.Or(err, handErr)
+}
+
+// finalPasses finds in a stage's ops each chunk's last backward or weight
+// pass of the step: the compute op a ReduceGrad of its chunk follows
+// (schedule.AddReduceGrad), with only that op's send between them.
+func finalPasses(ops []schedule.Op) map[schedule.Action]bool {
+	out := map[schedule.Action]bool{}
+	last := map[int]schedule.Action{}
+	for _, o := range ops {
+		switch {
+		case o.Kind == schedule.Compute && (o.Action.Kind == schedule.Backward || o.Action.Kind == schedule.Weight):
+			last[o.Action.Chunk] = o.Action
+		case o.Kind == schedule.ReduceGrad:
+			if a, ok := last[o.Action.Chunk]; ok {
+				out[a] = true
+			}
+		}
+	}
+	return out
 }
 
 // record logs an action's event, ending now.

@@ -34,7 +34,12 @@ import (
 // different weights: a deterministic fault that restarting would repeat.
 var ErrDiverged = errors.New("the replicas have diverged")
 
-// reduction is one chunk's all-reduce in progress.
+// reduction is one chunk's all-reduce in progress. Its buckets go to the
+// reducer in backward order, a few at a time (jobs): those whose elements
+// the chunk's last weight pass has finished while it computes the earlier
+// layers' (GradientWatcher), the rest at the chunk's ReduceGrad op. Each
+// bucket is folded as the whole plan folds it (collective.Plan.Slice), so
+// the order the buckets go in changes no bit.
 type reduction struct {
 	step  int64
 	chunk int
@@ -44,6 +49,16 @@ type reduction struct {
 	sent  int64
 	err   error
 	done  chan struct{}
+	// handed is the first bucket handed to the reducer (buckets
+	// [handed, B) are); flatFrom the first element copied into flat.
+	handed, flatFrom int
+}
+
+// job is buckets [lo, hi) of a reduction; last closes it.
+type job struct {
+	red    *reduction
+	lo, hi int
+	last   bool
 }
 
 // reducer runs the stage's all-reduces one after another, in the order the
@@ -56,8 +71,11 @@ type reducer struct {
 	scatter bool
 	plans   []collective.Plan
 	bases   []int // first tag of each chunk's plan
-	jobs    chan *reduction
+	jobs    chan job
 	pending []*reduction
+	// open is each chunk's reduction of the step whose buckets are not
+	// all handed over yet (nil when none).
+	open []*reduction
 	// buffers are each chunk's two flat vectors, used on alternate steps:
 	// a ring may still be sending from one until its next all-reduce has
 	// returned (collective.AllReduce).
@@ -65,7 +83,8 @@ type reducer struct {
 }
 
 func newReducer(l *Layout, ring *collective.Ring) *reducer {
-	rd := &reducer{ring: ring, plans: l.Plans, jobs: make(chan *reduction, len(l.Plans)), buffers: make([][2]any, len(l.Plans))}
+	n := len(l.Plans)
+	rd := &reducer{ring: ring, plans: l.Plans, jobs: make(chan job, 4*n), open: make([]*reduction, n), buffers: make([][2]any, n)}
 	base := 0
 	for _, p := range l.Plans {
 		rd.bases = append(rd.bases, base)
@@ -78,16 +97,21 @@ func newReducer(l *Layout, ring *collective.Ring) *reducer {
 // a job is in progress.
 func (rd *reducer) run(ctx context.Context) {
 	for j := range rd.jobs {
-		s := j.step
-		before := rd.ring.Sent
-		switch v := j.flat.(type) {
-		case []float32:
-			j.err = reduceChunk(ctx, rd, s, j.chunk, v)
-		case []float64:
-			j.err = reduceChunk(ctx, rd, s, j.chunk, v)
+		r := j.red
+		if j.lo < j.hi && r.err == nil {
+			before := rd.ring.Sent
+			switch v := r.flat.(type) {
+			case []float32:
+				r.err = reduceChunk(ctx, rd, r.step, r.chunk, j.lo, j.hi, v)
+			case []float64:
+				r.err = reduceChunk(ctx, rd, r.step, r.chunk, j.lo, j.hi, v)
+			}
+			r.sent += rd.ring.Sent - before
 		}
-		j.sent, j.end = rd.ring.Sent-before, time.Now()
-		close(j.done)
+		if j.last {
+			r.end = time.Now()
+			close(r.done)
+		}
 	}
 }
 
@@ -118,6 +142,38 @@ func flatten(grads []*tensor.Dense, buf any) any {
 			o += copy(out[o:], g.Data().([]float32))
 		}
 		return out
+	}
+}
+
+// flattenRange copies elements [lo, hi) of grads, taken as one vector of n,
+// into flat (made when buf does not hold n).
+func flattenRange(grads []*tensor.Dense, buf any, n, lo, hi int) any {
+	switch grads[0].Data().(type) {
+	case []float64:
+		out, _ := buf.([]float64)
+		if len(out) != n {
+			out = make([]float64, n)
+		}
+		copyRange(grads, out, lo, hi)
+		return out
+	default:
+		out, _ := buf.([]float32)
+		if len(out) != n {
+			out = make([]float32, n)
+		}
+		copyRange(grads, out, lo, hi)
+		return out
+	}
+}
+
+func copyRange[T float32 | float64](grads []*tensor.Dense, out []T, lo, hi int) {
+	off := 0
+	for _, g := range grads {
+		d := g.Data().([]T)
+		if a, b := max(lo, off), min(hi, off+len(d)); a < b {
+			copy(out[a:b], d[a-off:b-off])
+		}
+		off += len(d)
 	}
 }
 
@@ -166,6 +222,9 @@ type replicaSync struct {
 
 	ring    *collective.Ring // nil in the reference
 	reducer *reducer         // nil in the reference
+	// perLayer starts each bucket as the chunk's last weight pass finishes
+	// its layers (all_reduce.overlap: layer).
+	perLayer bool
 	// shares holds, in the reference, each replica's share of the step's
 	// gradients; gradsDone counts the micro-batches whose gradients are in.
 	shares    []any
@@ -197,6 +256,7 @@ func newReplicaSync(o Options, l *Layout, cfg *configs.Config, chunks []compute.
 		DType: l.Reduce.DType, Timeout: cfg.Transport.RecvTimeout, Out: o.ReplicaOut, In: o.ReplicaIn,
 		Name: func(k int) string { return fmt.Sprintf("stage %d replica %d", stage, k) }}
 	rs.reducer = newReducer(l, rs.ring)
+	rs.perLayer = cfg.AllReduce.Overlap == "layer"
 	live.sentOn("replicas", 0)
 	return rs, nil
 }
@@ -229,8 +289,9 @@ func (rs *replicaSync) start(ctx context.Context) (stop func()) {
 }
 
 // reduce runs a ReduceGrad op: over the ring it hands the chunk's
-// gradients, final for the step, to the reducer; in the reference it sums
-// the replicas' shares.
+// gradients, final for the step, to the reducer (the buckets a weight pass
+// has not handed over already); in the reference it sums the replicas'
+// shares.
 func (rs *replicaSync) reduce(ctx context.Context, step, chunk int) error {
 	if rs.shares != nil && rs.layout.Config.PSEnabled() {
 		return rs.sumWorkerShares(step, chunk)
@@ -238,21 +299,78 @@ func (rs *replicaSync) reduce(ctx context.Context, step, chunk int) error {
 	if rs.shares != nil {
 		return rs.reduceShares(chunk)
 	}
-	_, grads, err := stepGrads(rs.chunks[chunk])
-	if err != nil {
-		return err
-	}
+	return rs.handOver(ctx, step, chunk, 0, true)
+}
+
+// handOver hands the reducer every bucket of the chunk's gradients not yet
+// handed that lies in elements [from, N), final for the step, last bucket
+// first; last closes the step's reduction of the chunk (from is then 0).
+func (rs *replicaSync) handOver(ctx context.Context, step, chunk, from int, last bool) error {
 	rd := rs.reducer
-	buf := &rd.buffers[chunk][step%2]
-	*buf = flatten(grads, *buf)
-	j := &reduction{step: int64(step), chunk: chunk, flat: *buf, start: time.Now(), done: make(chan struct{})}
-	rd.pending = append(rd.pending, j)
+	p := rd.plans[chunk]
+	r := rd.open[chunk]
+	if r == nil {
+		r = &reduction{step: int64(step), chunk: chunk, start: time.Now(), done: make(chan struct{}), handed: len(p.Buckets), flatFrom: p.N}
+		rd.open[chunk] = r
+		rd.pending = append(rd.pending, r)
+	}
+	lo := r.handed
+	for lo > 0 && p.Buckets[lo-1][0] >= from {
+		lo--
+	}
+	if lo == r.handed && !last {
+		return nil
+	}
+	if lo < r.handed {
+		_, grads, err := stepGrads(rs.chunks[chunk])
+		if err != nil {
+			return err
+		}
+		buf := &rd.buffers[chunk][step%2]
+		*buf = flattenRange(grads, *buf, p.N, p.Buckets[lo][0], r.flatFrom)
+		r.flat, r.flatFrom = *buf, p.Buckets[lo][0]
+	} else if r.flat == nil {
+		// A chunk without gradient elements still closes its reduction.
+		_, grads, err := stepGrads(rs.chunks[chunk])
+		if err != nil {
+			return err
+		}
+		buf := &rd.buffers[chunk][step%2]
+		*buf = flattenRange(grads, *buf, p.N, 0, 0)
+		r.flat = *buf
+	}
+	j := job{red: r, lo: lo, hi: r.handed, last: last}
+	r.handed = lo
+	if last {
+		rd.open[chunk] = nil
+	}
 	select {
 	case rd.jobs <- j:
 	case <-ctx.Done():
 		return context.Cause(ctx)
 	}
 	return nil
+}
+
+// watch returns what a chunk's last weight pass of the step reports its
+// finished weights to (compute.GradientWatcher): the buckets lying wholly in
+// them go to the reducer at once. The first error is kept in *err, for the
+// pass's caller to return.
+func (rs *replicaSync) watch(ctx context.Context, step, chunk int, err *error) func(first int) {
+	ws, e := rs.chunks[chunk].Gradients()
+	if e != nil {
+		*err = e
+		return func(int) {}
+	}
+	offsets := make([]int, len(ws)+1)
+	for i, w := range ws {
+		offsets[i+1] = offsets[i] + w.Value.Shape().TotalSize()
+	}
+	return func(first int) {
+		if *err == nil && first >= 0 && first < len(offsets) {
+			*err = rs.handOver(ctx, step, chunk, offsets[first], false)
+		}
+	}
 }
 
 // await waits for the step's all-reduces, puts the sums in place of the

@@ -2,13 +2,18 @@ package stages
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"math"
+	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/pipetrain/pipetrain/compute"
+	"github.com/pipetrain/pipetrain/runlog"
 	"github.com/pipetrain/pipetrain/transport"
 )
 
@@ -100,4 +105,94 @@ func TestReplicaDigestCheckFiresOnDivergedWeights(t *testing.T) {
 // divergence there is.
 func nextFloat32(x float32) float32 {
 	return math.Float32frombits(math.Float32bits(x) ^ 1)
+}
+
+// watchedChunk passes a chunk's weight-pass reports on, noting for each
+// report whose layers before it are still to come (first > 0) whether the
+// step's reduction of the chunk had buckets in the reducer's hands by then.
+type watchedChunk struct {
+	compute.Stage
+	rs    *replicaSync
+	chunk int
+	early *[]bool
+}
+
+func (w watchedChunk) WatchGradients(f func(first int)) {
+	if f == nil {
+		w.Stage.(compute.GradientWatcher).WatchGradients(nil)
+		return
+	}
+	w.Stage.(compute.GradientWatcher).WatchGradients(func(first int) {
+		f(first)
+		if first > 0 {
+			r := w.rs.reducer.open[w.chunk]
+			*w.early = append(*w.early, r != nil && r.handed < len(w.rs.reducer.plans[w.chunk].Buckets))
+		}
+	})
+}
+
+// TestLayerBucketsReduceDuringLastWeightPass: with all_reduce.overlap
+// layer under zb-h1 (a split backward) the buckets of a 2 × 2 grid's last layers go to the replicas'
+// ring while the chunk's last weight pass still computes the earlier
+// layers' gradients, each stage's all-reduce starts before that pass ends,
+// and the run, sharded or not, equals the one-process reference bit for
+// bit.
+func TestLayerBucketsReduceDuringLastWeightPass(t *testing.T) {
+	cfg := gridTestConfig("zb-h1", plain("0-1", "2-3"), 2, 2, "sgd")
+	// Buckets of 8 elements: the last layer (8·3 + 3 elements) holds whole
+	// ones, which need not wait for the layer before it.
+	cfg.AllReduce.BucketBytes, cfg.AllReduce.Overlap = 64, "layer"
+	ref := runInProcess(t, cfg, true)
+	dir := t.TempDir()
+	early := make([][]bool, 4)
+	runGrid(t, cfg, dir, false, func(stage, replica int, rt *Runtime) {
+		rt.chunks[0] = watchedChunk{Stage: rt.chunks[0], rs: rt.replicas, chunk: 0, early: &early[2*stage+replica]}
+	})
+	sameMLPRun(t, cfg, ref, dir)
+	for k, e := range early {
+		if !slices.Contains(e, true) {
+			t.Errorf("stage %d replica %d: no bucket reduced before the last weight pass reached its first layer (%v)", k/2, k%2, e)
+		}
+	}
+	for stage := range 2 {
+		for replica := range 2 {
+			checkReductionsStartInPass(t, runlog.ReplicaEventsFile(dir, stage, replica))
+		}
+	}
+	// Reduce-scattered for a sharded optimizer, bucket by bucket as well.
+	cfg.AllReduce.ShardOptimizer = true
+	sharded := t.TempDir()
+	runGrid(t, cfg, sharded, false)
+	sameMLPRun(t, cfg, ref, sharded)
+}
+
+// checkReductionsStartInPass reads a stage replica's events and checks
+// that each step's all-reduce started before its last weight pass ended.
+func checkReductionsStartInPass(t *testing.T, path string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lastW, start := map[int]int64{}, map[int]int64{}
+	for line := range strings.Lines(string(b)) {
+		var ev runlog.Event
+		if err := json.Unmarshal([]byte(line), &ev); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		switch ev.Kind {
+		case runlog.Weight:
+			lastW[ev.Step] = max(lastW[ev.Step], ev.EndNS)
+		case runlog.AllReduce:
+			start[ev.Step] = ev.StartNS
+		}
+	}
+	if len(start) == 0 {
+		t.Fatalf("%s: no all-reduce events", path)
+	}
+	for step, s := range start {
+		if s >= lastW[step] {
+			t.Errorf("%s: step %d's all-reduce started %d ns after its last weight pass ended", path, step, s-lastW[step])
+		}
+	}
 }

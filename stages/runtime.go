@@ -89,15 +89,19 @@ type Runtime struct {
 	optims           []*optim.Optimizer // one per chunk: state and step counts are per parameter list
 	actions          []schedule.Action  // this stage's compute, in order
 	ops              []schedule.Op      // and with its communication: what Run executes
-	eval             *evaluator         // runs evaluation passes
-	exec             *executor
-	schedName        string
-	prev, next       *peer
-	feed             feed
-	runDir           string
-	log              io.Writer
-	events           *eventLog
-	files            *metricFiles // nil but on replica 0 of the stage that computes the loss
+	// finalPasses are the compute ops after which a ReduceGrad follows:
+	// each chunk's last backward or weight pass of the step.
+	finalPasses map[schedule.Action]bool
+	stepCtx     context.Context // the training step's, while its ops run
+	eval        *evaluator      // runs evaluation passes
+	exec        *executor
+	schedName   string
+	prev, next  *peer
+	feed        feed
+	runDir      string
+	log         io.Writer
+	events      *eventLog
+	files       *metricFiles // nil but on replica 0 of the stage that computes the loss
 
 	losses []float64 // this step's micro-batch losses (on the stage that computes the loss)
 	// gradNorm is the step's global gradient norm, when the run clips by it.
@@ -165,6 +169,7 @@ func New(o Options) (*Runtime, error) {
 	r.threads = threads // the process's (SetProcessThreads), recorded in the run log
 	sched := lowered.Compute()
 	r.actions, r.ops, r.schedName = sched.Actions[r.stage], lowered.Ops[r.stage], sched.Name
+	r.finalPasses = finalPasses(r.ops)
 	dev, index, err := r.device()
 	if err != nil {
 		return nil, err
@@ -574,6 +579,7 @@ func (r *Runtime) tokensPerExample() int { return r.layout.Model.Targets() }
 // trainStep runs this stage's actions for one global batch, then the optimizer.
 func (r *Runtime) trainStep(ctx context.Context, step int) error {
 	r.losses = make([]float64, r.layout.Schedule.MicroBatches)
+	r.stepCtx = ctx
 	if err := r.exec.run(ctx, step); err != nil {
 		return err
 	}

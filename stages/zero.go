@@ -50,11 +50,12 @@ func (rs *replicaSync) shardOptimizers(optims []*optim.Optimizer) error {
 
 // reduceChunk sums a chunk's gradients over the ring: all-reduced, or
 // reduce-scattered alone when a sharded optimizer needs only its own sums.
-func reduceChunk[T float32 | float64](ctx context.Context, rd *reducer, step int64, chunk int, v []T) error {
+func reduceChunk[T float32 | float64](ctx context.Context, rd *reducer, step int64, chunk, lo, hi int, v []T) error {
+	p, base := rd.plans[chunk].Slice(lo, hi), rd.bases[chunk]+lo*rd.ring.Size
 	if rd.scatter {
-		return collective.ReduceScatter(ctx, rd.ring, step, rd.bases[chunk], rd.plans[chunk], v)
+		return collective.ReduceScatter(ctx, rd.ring, step, base, p, v)
 	}
-	return collective.AllReduce(ctx, rd.ring, step, rd.bases[chunk], rd.plans[chunk], v)
+	return collective.AllReduce(ctx, rd.ring, step, base, p, v)
 }
 
 // unflattenSums puts a finished reduction's sums in place of the chunk's

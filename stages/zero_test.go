@@ -38,8 +38,8 @@ func gridTestConfig(sched string, layers [][]string, micro, replicas int, opt st
 // runGrid runs every stage of every replica of c as a goroutine in dir,
 // each replica's stages linked by in-memory pipes and each stage's
 // replicas in a ring of them, and returns the runtimes by stage and
-// replica.
-func runGrid(t *testing.T, c *configs.Config, dir string, resume bool) [][]*Runtime {
+// replica. Each prepare sees each runtime before it runs.
+func runGrid(t *testing.T, c *configs.Config, dir string, resume bool, prepare ...func(stage, replica int, rt *Runtime)) [][]*Runtime {
 	t.Helper()
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
@@ -90,6 +90,9 @@ func runGrid(t *testing.T, c *configs.Config, dir string, resume bool) [][]*Runt
 				t.Fatalf("stage %d replica %d: %v", i, r, err)
 			}
 			rts[i] = append(rts[i], rt)
+			for _, f := range prepare {
+				f(i, r, rt)
+			}
 			wg.Go(func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 				defer cancel()
