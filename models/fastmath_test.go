@@ -157,40 +157,57 @@ func TestFusedKernelsMatchGoLoops(t *testing.T) {
 		geluGrad32(got, x, dy)
 		geluGradGo(want, x, dy)
 		same("gelu gradient", got, want)
+		up := vec(n*d, 1)
+		swiglu32(got, x, up)
+		swigluGo(want, x, up)
+		same("swiglu", got, want)
+		swigluGateGrad32(got, x, up, dy)
+		swigluGateGradGo(want, x, up, dy)
+		same("swiglu gate gradient", got, want)
+		swigluUpGrad32(got, x, dy)
+		swigluUpGradGo(want, x, dy)
+		same("swiglu up gradient", got, want)
 	}
 }
 
 // TestCausalSoftmaxMatchesGoLoop: the float32 causal softmax (vector where
 // built) gives the Go loop's bits, for block sizes with and without a tail,
-// and on rows holding the values its maximum, exp and sum could get wrong:
-// NaN (whose bits depend on the order of the maximum), ±0, ±Inf, and scores
-// far enough apart for exp to underflow.
+// rows packed or ld apart (the gap left as it was), and on rows holding the
+// values its maximum, exp and sum could get wrong: NaN (whose bits depend on
+// the order of the maximum), ±0, ±Inf, and scores far enough apart for exp
+// to underflow.
 func TestCausalSoftmaxMatchesGoLoop(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 8))
 	nan := math.Float32frombits(0x7fc00001)
 	specials := []float32{float32(math.NaN()), nan, -nan, 0, float32(math.Copysign(0, -1)),
 		float32(math.Inf(1)), float32(math.Inf(-1)), 1e4, -1e4, 1e-40}
 	for _, n := range []int{1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 33, 64, 65} {
-		for _, special := range []bool{false, true} {
-			p := make([]float32, n*n)
-			for i := range p {
-				p[i] = float32(r.NormFloat64() * 5)
-				if special && r.IntN(8) == 0 {
-					p[i] = specials[r.IntN(len(specials))]
+		for _, gap := range []int{0, 3} {
+			for _, special := range []bool{false, true} {
+				ld := n + gap
+				p := make([]float32, n*ld)
+				for i := range p {
+					p[i] = float32(r.NormFloat64() * 5)
+					if special && r.IntN(8) == 0 {
+						p[i] = specials[r.IntN(len(specials))]
+					}
 				}
-			}
-			if special && n > 2 {
-				// Rows of zeros of both signs, their maximum ±0.
-				for j := range n {
-					p[2*n+j] = float32(math.Copysign(0, float64(j%2)-0.5))
+				if special && n > 2 {
+					// Rows of zeros of both signs, their maximum ±0.
+					for j := range n {
+						p[2*ld+j] = float32(math.Copysign(0, float64(j%2)-0.5))
+					}
 				}
-			}
-			got, want := append([]float32(nil), p...), append([]float32(nil), p...)
-			causalSoftmax32(got, n)
-			causalSoftmaxGo(want, n)
-			for i := range want {
-				if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-					t.Fatalf("t=%d element %d (%v in): %v (%#x), the Go loop's %v (%#x)", n, i, p[i], got[i], math.Float32bits(got[i]), want[i], math.Float32bits(want[i]))
+				got, want := append([]float32(nil), p...), append([]float32(nil), p...)
+				causalSoftmax32(got, n, ld)
+				causalSoftmaxGo(want, n, ld)
+				for i := range want {
+					if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+						t.Fatalf("t=%d ld=%d element %d (%v in): %v (%#x), the Go loop's %v (%#x)", n, ld, i, p[i], got[i], math.Float32bits(got[i]), want[i], math.Float32bits(want[i]))
+					}
+					if i%ld >= n && math.Float32bits(got[i]) != math.Float32bits(p[i]) {
+						t.Fatalf("t=%d ld=%d: element %d, between rows, changed from %v to %v", n, ld, i, p[i], got[i])
+					}
 				}
 			}
 		}

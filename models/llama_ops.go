@@ -211,10 +211,11 @@ func swigluOp[T float32 | float64]() *fusedOp[T] {
 			return in[0].Clone(), nil
 		},
 		kernel: func(out []T, in [][]T, _ []tensor.Shape) {
-			gate, up := in[0], in[1]
-			expNeg(out, gate)
-			for i, e := range out {
-				out[i] = gate[i] / (1 + e) * up[i]
+			switch out := any(out).(type) {
+			case []float32:
+				swiglu32(out, any(in[0]).([]float32), any(in[1]).([]float32))
+			default:
+				swigluGo(out.([]float64), any(in[0]).([]float64), any(in[1]).([]float64))
 			}
 		},
 		grad: func(o *ops, in G.Nodes, _, grad *G.Node) G.Nodes {
@@ -226,18 +227,37 @@ func swigluOp[T float32 | float64]() *fusedOp[T] {
 	}
 }
 
+// swigluGo sets out[i] = silu(gate[i])·up[i]; the float32 vector kernel
+// computes the same bits (simd_amd64.s).
+func swigluGo[T float32 | float64](out, gate, up []T) {
+	gate, up = gate[:len(out)], up[:len(out)]
+	expNeg(out, gate)
+	for i, e := range out {
+		out[i] = gate[i] / (1 + e) * up[i]
+	}
+}
+
 // swigluGateGradOp is dgate from (gate, up, dy): with s = sigmoid(gate),
 // dy·up·s·(1 + gate·(1 − s)).
 func swigluGateGradOp[T float32 | float64]() *fusedOp[T] {
 	return &fusedOp[T]{name: "SwiGLUGateGrad", inDims: []int{2, 2, 2}, outDims: 2, shape: sameShape,
 		kernel: func(out []T, in [][]T, _ []tensor.Shape) {
-			gate, up, dy := in[0], in[1], in[2]
-			expNeg(out, gate)
-			for i, e := range out {
-				s := 1 / (1 + e)
-				out[i] = dy[i] * up[i] * s * (1 + gate[i]*(1-s))
+			switch out := any(out).(type) {
+			case []float32:
+				swigluGateGrad32(out, any(in[0]).([]float32), any(in[1]).([]float32), any(in[2]).([]float32))
+			default:
+				swigluGateGradGo(out.([]float64), any(in[0]).([]float64), any(in[1]).([]float64), any(in[2]).([]float64))
 			}
 		},
+	}
+}
+
+func swigluGateGradGo[T float32 | float64](out, gate, up, dy []T) {
+	gate, up, dy = gate[:len(out)], up[:len(out)], dy[:len(out)]
+	expNeg(out, gate)
+	for i, e := range out {
+		s := 1 / (1 + e)
+		out[i] = dy[i] * up[i] * s * (1 + gate[i]*(1-s))
 	}
 }
 
@@ -245,12 +265,21 @@ func swigluGateGradOp[T float32 | float64]() *fusedOp[T] {
 func swigluUpGradOp[T float32 | float64]() *fusedOp[T] {
 	return &fusedOp[T]{name: "SwiGLUUpGrad", inDims: []int{2, 2}, outDims: 2, shape: sameShape,
 		kernel: func(out []T, in [][]T, _ []tensor.Shape) {
-			gate, dy := in[0], in[1]
-			expNeg(out, gate)
-			for i, e := range out {
-				out[i] = dy[i] * gate[i] / (1 + e)
+			switch out := any(out).(type) {
+			case []float32:
+				swigluUpGrad32(out, any(in[0]).([]float32), any(in[1]).([]float32))
+			default:
+				swigluUpGradGo(out.([]float64), any(in[0]).([]float64), any(in[1]).([]float64))
 			}
 		},
+	}
+}
+
+func swigluUpGradGo[T float32 | float64](out, gate, dy []T) {
+	gate, dy = gate[:len(out)], dy[:len(out)]
+	expNeg(out, gate)
+	for i, e := range out {
+		out[i] = dy[i] * gate[i] / (1 + e)
 	}
 }
 

@@ -16,8 +16,8 @@ var (
 	hasAVX2 = cpu.X86.HasAVX2
 )
 
-// expAVX2, tanhAVX2, geluAVX2 and geluGradAVX2 run over the first n&^7
-// elements; the others over all of theirs.
+// expAVX2, tanhAVX2, geluAVX2, geluGradAVX2 and the swiglu kernels run
+// over the first n&^7 elements; the others over all of theirs.
 
 //go:noescape
 func expAVX2(dst, src *float32, n int)
@@ -38,7 +38,16 @@ func addRowsAVX(out, x, b *float32, n, d int)
 func colSumAVX(out, x *float32, n, d int)
 
 //go:noescape
-func causalSoftmaxAVX2(p *float32, t int)
+func causalSoftmaxAVX2(p *float32, t, ld int)
+
+//go:noescape
+func swigluAVX2(out, gate, up *float32, n int)
+
+//go:noescape
+func swigluGateGradAVX2(out, gate, up, dy *float32, n int)
+
+//go:noescape
+func swigluUpGradAVX2(out, gate, dy *float32, n int)
 
 // exp32s sets dst[i] = exp32(src[i]); dst may be src.
 func exp32s(dst, src []float32) {
@@ -111,13 +120,46 @@ func geluGrad32(out, x, dy []float32) {
 }
 
 // causalSoftmax32 is causalSoftmaxGo on float32 scores.
-func causalSoftmax32(p []float32, t int) {
+func causalSoftmax32(p []float32, t, ld int) {
 	if !hasAVX2 || t == 0 {
-		causalSoftmaxGo(p, t)
+		causalSoftmaxGo(p, t, ld)
 		return
 	}
-	p = p[:t*t]
-	causalSoftmaxAVX2(&p[0], t)
+	p = p[:(t-1)*ld+t]
+	causalSoftmaxAVX2(&p[0], t, ld)
+}
+
+// swiglu32 is swigluGo on float32, eight lanes at a time.
+func swiglu32(out, gate, up []float32) {
+	done := 0
+	if hasAVX2 && len(out) >= 8 {
+		done = len(out) &^ 7
+		gate, up := gate[:len(out)], up[:len(out)]
+		swigluAVX2(&out[0], &gate[0], &up[0], done)
+	}
+	swigluGo(out[done:], gate[done:len(out)], up[done:len(out)])
+}
+
+// swigluGateGrad32 is swigluGateGradGo on float32, eight lanes at a time.
+func swigluGateGrad32(out, gate, up, dy []float32) {
+	done := 0
+	if hasAVX2 && len(out) >= 8 {
+		done = len(out) &^ 7
+		gate, up, dy := gate[:len(out)], up[:len(out)], dy[:len(out)]
+		swigluGateGradAVX2(&out[0], &gate[0], &up[0], &dy[0], done)
+	}
+	swigluGateGradGo(out[done:], gate[done:len(out)], up[done:len(out)], dy[done:len(out)])
+}
+
+// swigluUpGrad32 is swigluUpGradGo on float32, eight lanes at a time.
+func swigluUpGrad32(out, gate, dy []float32) {
+	done := 0
+	if hasAVX2 && len(out) >= 8 {
+		done = len(out) &^ 7
+		gate, dy := gate[:len(out)], dy[:len(out)]
+		swigluUpGradAVX2(&out[0], &gate[0], &dy[0], done)
+	}
+	swigluUpGradGo(out[done:], gate[done:len(out)], dy[done:len(out)])
 }
 
 // Kernels names the float32 loops this process runs: the vector kernels

@@ -364,9 +364,9 @@ colSumDone:
 	VMINPS a, t, u; \
 	VORPS  t, u, a
 
-// func causalSoftmaxAVX2(p *float32, t int)
+// func causalSoftmaxAVX2(p *float32, t, ld int)
 //
-// causalSoftmaxGo on a t×t block, row by row: the row's maximum m over j <=
+// causalSoftmaxGo on t rows of t, ld apart, row by row: the row's maximum m over j <=
 // i; exp32(row[j] − m) for j <= i, and 0 (exp32 of the −Inf mask) after;
 // the four running sums of sum over j <= i, then (s0 + s1) + (s2 + s3);
 // row[j]·(1/sum). The maximum is taken eight lanes at a time as −min of the
@@ -374,14 +374,15 @@ colSumDone:
 // no NaN; with a NaN, whose bits depend on the order, the row is taken
 // again one value at a time as the Go loop does.
 //
-// Registers: DI the row, R8 t, R9 i, R10 i+1 (the row's length L), BX 4t,
+// Registers: DI the row, R8 t, R9 i, R10 i+1 (the row's length L), BX 4ld,
 // Y12 the mask of L's last L mod 8 lanes, Y13 m, Y14 +Inf, Y15 the sign bit.
-TEXT ·causalSoftmaxAVX2(SB), NOSPLIT, $0-16
+TEXT ·causalSoftmaxAVX2(SB), NOSPLIT, $0-24
 	MOVQ    p+0(FP), DI
 	MOVQ    t+8(FP), R8
+	MOVQ    ld+16(FP), BX
 	TESTQ   R8, R8
 	JZ      smDone
-	LEAQ    (R8*4), BX
+	SHLQ    $2, BX
 	XORQ    R9, R9
 	VMOVUPS posInf<>(SB), Y14
 	VMOVUPS signBit<>(SB), Y15
@@ -574,5 +575,107 @@ smNext:
 	JB   smRow
 
 smDone:
+	VZEROUPPER
+	RET
+
+// func swigluAVX2(out, gate, up *float32, n int)
+//
+// out = gate/(1 + exp32(−gate))·up, SwiGLU's forward. In this kernel and the
+// two gradients each operation takes its operands in the order the compiled
+// Go loop does (which decides the NaN that comes out of two).
+TEXT ·swigluAVX2(SB), NOSPLIT, $0-32
+	MOVQ    out+0(FP), DI
+	MOVQ    gate+8(FP), SI
+	MOVQ    up+16(FP), DX
+	MOVQ    n+24(FP), CX
+	VMOVUPS signBit<>(SB), Y15
+	SHRQ    $3, CX
+	JZ      swigluDone
+
+swigluLoop:
+	VMOVUPS (SI), Y0
+	VXORPS  Y15, Y0, Y5
+	EXP8(Y5, Y1, Y2, Y3, Y4)
+	VADDPS  one<>(SB), Y1, Y1 // 1 + e
+	VDIVPS  Y1, Y0, Y6        // gate/(1 + e)
+	VMULPS  (DX), Y6, Y6      // ·up
+	VMOVUPS Y6, (DI)
+	ADDQ    $32, SI
+	ADDQ    $32, DX
+	ADDQ    $32, DI
+	DECQ    CX
+	JNZ     swigluLoop
+
+swigluDone:
+	VZEROUPPER
+	RET
+
+// func swigluGateGradAVX2(out, gate, up, dy *float32, n int)
+//
+// out = dy·up·s·(1 + gate·(1 − s)), s = 1/(1 + exp32(−gate)).
+TEXT ·swigluGateGradAVX2(SB), NOSPLIT, $0-40
+	MOVQ    out+0(FP), DI
+	MOVQ    gate+8(FP), SI
+	MOVQ    up+16(FP), DX
+	MOVQ    dy+24(FP), R8
+	MOVQ    n+32(FP), CX
+	VMOVUPS signBit<>(SB), Y15
+	VMOVUPS one<>(SB), Y14
+	SHRQ    $3, CX
+	JZ      swigluGateGradDone
+
+swigluGateGradLoop:
+	VMOVUPS (SI), Y0
+	VXORPS  Y15, Y0, Y5
+	EXP8(Y5, Y1, Y2, Y3, Y4)
+	VADDPS  Y14, Y1, Y1  // 1 + e
+	VDIVPS  Y1, Y14, Y1  // s
+	VMOVUPS (R8), Y6
+	VMULPS  (DX), Y6, Y6 // dy·up
+	VMULPS  Y1, Y6, Y6   // ·s
+	VSUBPS  Y1, Y14, Y7  // 1 − s
+	VMULPS  Y0, Y7, Y7   // gate·(1 − s), (1 − s) first as compiled
+	VADDPS  Y14, Y7, Y7  // 1 + …
+	VMULPS  Y6, Y7, Y6   // the compiled loop's order again
+	VMOVUPS Y6, (DI)
+	ADDQ    $32, SI
+	ADDQ    $32, DX
+	ADDQ    $32, R8
+	ADDQ    $32, DI
+	DECQ    CX
+	JNZ     swigluGateGradLoop
+
+swigluGateGradDone:
+	VZEROUPPER
+	RET
+
+// func swigluUpGradAVX2(out, gate, dy *float32, n int)
+//
+// out = dy·gate/(1 + exp32(−gate)).
+TEXT ·swigluUpGradAVX2(SB), NOSPLIT, $0-32
+	MOVQ    out+0(FP), DI
+	MOVQ    gate+8(FP), SI
+	MOVQ    dy+16(FP), DX
+	MOVQ    n+24(FP), CX
+	VMOVUPS signBit<>(SB), Y15
+	SHRQ    $3, CX
+	JZ      swigluUpGradDone
+
+swigluUpGradLoop:
+	VMOVUPS (SI), Y0
+	VXORPS  Y15, Y0, Y5
+	EXP8(Y5, Y1, Y2, Y3, Y4)
+	VADDPS  one<>(SB), Y1, Y1 // 1 + e
+	VMOVUPS (DX), Y6
+	VMULPS  Y0, Y6, Y6        // dy·gate
+	VDIVPS  Y1, Y6, Y6        // /(1 + e)
+	VMOVUPS Y6, (DI)
+	ADDQ    $32, SI
+	ADDQ    $32, DX
+	ADDQ    $32, DI
+	DECQ    CX
+	JNZ     swigluUpGradLoop
+
+swigluUpGradDone:
 	VZEROUPPER
 	RET
