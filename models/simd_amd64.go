@@ -43,6 +43,21 @@ func causalSoftmaxAVX2(p *float32, t, ld int)
 //go:noescape
 func swigluAVX2(out, gate, up *float32, n int)
 
+// The row kernels of RMSNorm and the rotary embedding (AVX) run over the
+// first n&^7 elements.
+
+//go:noescape
+func rmsScaleRowAVX(out, x, gain *float32, n int, rstd float32)
+
+//go:noescape
+func rmsInputGradRowAVX(out, x, dy, gain *float32, n int, rstd, mgx float32)
+
+//go:noescape
+func rmsGainGradRowAVX(out, x, dy *float32, n int, rstd float32)
+
+//go:noescape
+func ropeRowAVX(o1, o2, x1, x2, c, sn *float32, n int)
+
 //go:noescape
 func swigluGateGradAVX2(out, gate, up, dy *float32, n int)
 
@@ -160,6 +175,50 @@ func swigluUpGrad32(out, gate, dy []float32) {
 		swigluUpGradAVX2(&out[0], &gate[0], &dy[0], done)
 	}
 	swigluUpGradGo(out[done:], gate[done:len(out)], dy[done:len(out)])
+}
+
+// rmsScaleRow32 is rmsScaleRowGo on float32, eight lanes at a time.
+func rmsScaleRow32(out, x, gain []float32, rstd float32) {
+	done := 0
+	if hasAVX && len(out) >= 8 {
+		done = len(out) &^ 7
+		x, gain := x[:len(out)], gain[:len(out)]
+		rmsScaleRowAVX(&out[0], &x[0], &gain[0], done, rstd)
+	}
+	rmsScaleRowGo(out[done:], x[done:len(out)], gain[done:len(out)], rstd)
+}
+
+// rmsInputGradRow32 is rmsInputGradRowGo on float32, eight lanes at a time.
+func rmsInputGradRow32(out, x, dy, gain []float32, rstd, mgx float32) {
+	done := 0
+	if hasAVX && len(out) >= 8 {
+		done = len(out) &^ 7
+		x, dy, gain := x[:len(out)], dy[:len(out)], gain[:len(out)]
+		rmsInputGradRowAVX(&out[0], &x[0], &dy[0], &gain[0], done, rstd, mgx)
+	}
+	rmsInputGradRowGo(out[done:], x[done:len(out)], dy[done:len(out)], gain[done:len(out)], rstd, mgx)
+}
+
+// rmsGainGradRow32 is rmsGainGradRowGo on float32, eight lanes at a time.
+func rmsGainGradRow32(out, x, dy []float32, rstd float32) {
+	done := 0
+	if hasAVX && len(out) >= 8 {
+		done = len(out) &^ 7
+		x, dy := x[:len(out)], dy[:len(out)]
+		rmsGainGradRowAVX(&out[0], &x[0], &dy[0], done, rstd)
+	}
+	rmsGainGradRowGo(out[done:], x[done:len(out)], dy[done:len(out)], rstd)
+}
+
+// ropeRow32 is ropeRowGo on float32, eight lanes at a time.
+func ropeRow32(o1, o2, x1, x2, c, sn []float32) {
+	n, done := len(o1), 0
+	if hasAVX && n >= 8 {
+		done = n &^ 7
+		o2, x1, x2, c, sn := o2[:n], x1[:n], x2[:n], c[:n], sn[:n]
+		ropeRowAVX(&o1[0], &o2[0], &x1[0], &x2[0], &c[0], &sn[0], done)
+	}
+	ropeRowGo(o1[done:], o2[done:n], x1[done:n], x2[done:n], c[done:n], sn[done:n])
 }
 
 // Kernels names the float32 loops this process runs: the vector kernels

@@ -679,3 +679,136 @@ swigluUpGradLoop:
 swigluUpGradDone:
 	VZEROUPPER
 	RET
+
+// func rmsScaleRowAVX(out, x, gain *float32, n int, rstd float32)
+//
+// out = x·rstd·gain, a row of RMSNorm. This kernel, the two gradients' and
+// the rotary one take each operation's operands in the order of the
+// compiled Go loop, as the SwiGLU kernels do.
+TEXT ·rmsScaleRowAVX(SB), NOSPLIT, $0-36
+	MOVQ         out+0(FP), DI
+	MOVQ         x+8(FP), SI
+	MOVQ         gain+16(FP), DX
+	MOVQ         n+24(FP), CX
+	VBROADCASTSS rstd+32(FP), Y15
+	SHRQ         $3, CX
+	JZ           rmsScaleDone
+
+rmsScaleLoop:
+	VMOVUPS (SI), Y0
+	VMULPS  Y15, Y0, Y0
+	VMULPS  (DX), Y0, Y0
+	VMOVUPS Y0, (DI)
+	ADDQ    $32, SI
+	ADDQ    $32, DX
+	ADDQ    $32, DI
+	DECQ    CX
+	JNZ     rmsScaleLoop
+
+rmsScaleDone:
+	VZEROUPPER
+	RET
+
+// func rmsInputGradRowAVX(out, x, dy, gain *float32, n int, rstd, mgx float32)
+//
+// out = rstd·(dy·gain − x·rstd·mgx).
+TEXT ·rmsInputGradRowAVX(SB), NOSPLIT, $0-48
+	MOVQ         out+0(FP), DI
+	MOVQ         x+8(FP), SI
+	MOVQ         dy+16(FP), DX
+	MOVQ         gain+24(FP), R8
+	MOVQ         n+32(FP), CX
+	VBROADCASTSS rstd+40(FP), Y15
+	VBROADCASTSS mgx+44(FP), Y14
+	SHRQ         $3, CX
+	JZ           rmsInputGradDone
+
+rmsInputGradLoop:
+	VMOVUPS (DX), Y0
+	VMULPS  (R8), Y0, Y0 // dy·gain
+	VMOVUPS (SI), Y1
+	VMULPS  Y15, Y1, Y1  // x·rstd
+	VMULPS  Y14, Y1, Y1  // ·mgx
+	VSUBPS  Y1, Y0, Y0
+	VMULPS  Y15, Y0, Y0  // rstd·(…), (…) first as compiled
+	VMOVUPS Y0, (DI)
+	ADDQ    $32, SI
+	ADDQ    $32, DX
+	ADDQ    $32, R8
+	ADDQ    $32, DI
+	DECQ    CX
+	JNZ     rmsInputGradLoop
+
+rmsInputGradDone:
+	VZEROUPPER
+	RET
+
+// func rmsGainGradRowAVX(out, x, dy *float32, n int, rstd float32)
+//
+// out += dy·x·rstd.
+TEXT ·rmsGainGradRowAVX(SB), NOSPLIT, $0-36
+	MOVQ         out+0(FP), DI
+	MOVQ         x+8(FP), SI
+	MOVQ         dy+16(FP), DX
+	MOVQ         n+24(FP), CX
+	VBROADCASTSS rstd+32(FP), Y15
+	SHRQ         $3, CX
+	JZ           rmsGainGradDone
+
+rmsGainGradLoop:
+	VMOVUPS (DX), Y0
+	VMULPS  (SI), Y0, Y0 // dy·x
+	VMULPS  Y15, Y0, Y0  // ·rstd
+	VADDPS  (DI), Y0, Y0
+	VMOVUPS Y0, (DI)
+	ADDQ    $32, SI
+	ADDQ    $32, DX
+	ADDQ    $32, DI
+	DECQ    CX
+	JNZ     rmsGainGradLoop
+
+rmsGainGradDone:
+	VZEROUPPER
+	RET
+
+// func ropeRowAVX(o1, o2, x1, x2, c, sn *float32, n int)
+//
+// o1 = x1·c − x2·sn; o2 = x2·c + x1·sn. Where two NaNs meet, which one comes
+// out is the only difference from the Go loop, whose compiled operand order
+// here changes from one place it is inlined to another.
+TEXT ·ropeRowAVX(SB), NOSPLIT, $0-56
+	MOVQ o1+0(FP), DI
+	MOVQ o2+8(FP), R9
+	MOVQ x1+16(FP), SI
+	MOVQ x2+24(FP), DX
+	MOVQ c+32(FP), R8
+	MOVQ sn+40(FP), R10
+	MOVQ n+48(FP), CX
+	SHRQ $3, CX
+	JZ   ropeDone
+
+ropeLoop:
+	VMOVUPS (SI), Y0    // x1
+	VMOVUPS (DX), Y1    // x2
+	VMOVUPS (R8), Y2    // c
+	VMOVUPS (R10), Y3   // sn
+	VMULPS  Y0, Y2, Y4  // x1·c
+	VMULPS  Y1, Y3, Y5  // x2·sn
+	VSUBPS  Y5, Y4, Y4
+	VMOVUPS Y4, (DI)
+	VMULPS  Y1, Y2, Y4  // x2·c
+	VMULPS  Y0, Y3, Y5  // x1·sn
+	VADDPS  Y5, Y4, Y4
+	VMOVUPS Y4, (R9)
+	ADDQ    $32, SI
+	ADDQ    $32, DX
+	ADDQ    $32, R8
+	ADDQ    $32, R10
+	ADDQ    $32, DI
+	ADDQ    $32, R9
+	DECQ    CX
+	JNZ     ropeLoop
+
+ropeDone:
+	VZEROUPPER
+	RET
