@@ -823,10 +823,14 @@ func placeColumnsOp[T float32 | float64](from, width int) *fusedOp[T] {
 			return tensor.Shape{in[0][0], width}, nil
 		},
 		kernel: func(out []T, in [][]T, s []tensor.Shape) {
+			// Row by row, each element written once: the attention's
+			// probabilities make rows five times wider than what is placed.
 			n := s[0][1]
-			clear(out)
 			for r := range s[0][0] {
-				copy(out[r*width+from:r*width+from+n], in[0][r*n:(r+1)*n])
+				row := out[r*width : (r+1)*width]
+				clear(row[:from])
+				copy(row[from:from+n], in[0][r*n:(r+1)*n])
+				clear(row[from+n:])
 			}
 		},
 	}
