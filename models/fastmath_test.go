@@ -140,6 +140,17 @@ func TestFusedKernelsMatchGoLoops(t *testing.T) {
 			}
 		}
 	}
+	// sameOrNaNs is same where a NaN may come out as another NaN: the
+	// rotary loop's compiled operand order, which picks the NaN out of two,
+	// depends on where it is inlined.
+	sameOrNaNs := func(name string, got, want []float32) {
+		t.Helper()
+		for i := range want {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) && !(got[i] != got[i] && want[i] != want[i]) {
+				t.Fatalf("%s: element %d is %v (%#x), the Go loop's %v (%#x)", name, i, got[i], math.Float32bits(got[i]), want[i], math.Float32bits(want[i]))
+			}
+		}
+	}
 	for _, shape := range [][2]int{{1, 1}, {3, 7}, {2, 8}, {9, 64}, {33, 13}, {5, 17}, {128, 256}, {0, 5}} {
 		n, d := shape[0], shape[1]
 		x, b, dy := vec(n*d, 4), vec(d, 1), vec(n*d, 1)
@@ -157,40 +168,79 @@ func TestFusedKernelsMatchGoLoops(t *testing.T) {
 		geluGrad32(got, x, dy)
 		geluGradGo(want, x, dy)
 		same("gelu gradient", got, want)
+		up := vec(n*d, 1)
+		swiglu32(got, x, up)
+		swigluGo(want, x, up)
+		same("swiglu", got, want)
+		swigluGateGrad32(got, x, up, dy)
+		swigluGateGradGo(want, x, up, dy)
+		same("swiglu gate gradient", got, want)
+		swigluUpGrad32(got, x, dy)
+		swigluUpGradGo(want, x, dy)
+		same("swiglu up gradient", got, want)
+		for _, s := range []float32{0.7, specials[1], float32(math.Inf(1))} {
+			rmsScaleRow32(got, x, up, s)
+			rmsScaleRowGo(want, x, up, s)
+			same("rms norm row", got, want)
+			rmsInputGradRow32(got, x, dy, up, s, -0.3)
+			rmsInputGradRowGo(want, x, dy, up, s, -0.3)
+			same("rms norm input gradient row", got, want)
+			rmsInputGradRow32(got, x, dy, up, 1.3, s)
+			rmsInputGradRowGo(want, x, dy, up, 1.3, s)
+			same("rms norm input gradient row (mean)", got, want)
+			copy(got, dy)
+			copy(want, dy)
+			rmsGainGradRow32(got, x, up, s)
+			rmsGainGradRowGo(want, x, up, s)
+			same("rms norm gain gradient row", got, want)
+		}
+		c, sn := vec(n*d, 1), vec(n*d, 1)
+		got2, want2 := garbage(n*d), garbage(n*d)
+		ropeRow32(got, got2, x, up, c, sn)
+		ropeRowGo(want, want2, x, up, c, sn)
+		sameOrNaNs("rotary first halves", got, want)
+		sameOrNaNs("rotary second halves", got2, want2)
 	}
 }
 
 // TestCausalSoftmaxMatchesGoLoop: the float32 causal softmax (vector where
 // built) gives the Go loop's bits, for block sizes with and without a tail,
-// and on rows holding the values its maximum, exp and sum could get wrong:
-// NaN (whose bits depend on the order of the maximum), ±0, ±Inf, and scores
-// far enough apart for exp to underflow.
+// rows packed or ld apart (the gap left as it was), and on rows holding the
+// values its maximum, exp and sum could get wrong: NaN (whose bits depend on
+// the order of the maximum), ±0, ±Inf, and scores far enough apart for exp
+// to underflow.
 func TestCausalSoftmaxMatchesGoLoop(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 8))
 	nan := math.Float32frombits(0x7fc00001)
 	specials := []float32{float32(math.NaN()), nan, -nan, 0, float32(math.Copysign(0, -1)),
 		float32(math.Inf(1)), float32(math.Inf(-1)), 1e4, -1e4, 1e-40}
 	for _, n := range []int{1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 33, 64, 65} {
-		for _, special := range []bool{false, true} {
-			p := make([]float32, n*n)
-			for i := range p {
-				p[i] = float32(r.NormFloat64() * 5)
-				if special && r.IntN(8) == 0 {
-					p[i] = specials[r.IntN(len(specials))]
+		for _, gap := range []int{0, 3} {
+			for _, special := range []bool{false, true} {
+				ld := n + gap
+				p := make([]float32, n*ld)
+				for i := range p {
+					p[i] = float32(r.NormFloat64() * 5)
+					if special && r.IntN(8) == 0 {
+						p[i] = specials[r.IntN(len(specials))]
+					}
 				}
-			}
-			if special && n > 2 {
-				// Rows of zeros of both signs, their maximum ±0.
-				for j := range n {
-					p[2*n+j] = float32(math.Copysign(0, float64(j%2)-0.5))
+				if special && n > 2 {
+					// Rows of zeros of both signs, their maximum ±0.
+					for j := range n {
+						p[2*ld+j] = float32(math.Copysign(0, float64(j%2)-0.5))
+					}
 				}
-			}
-			got, want := append([]float32(nil), p...), append([]float32(nil), p...)
-			causalSoftmax32(got, n)
-			causalSoftmaxGo(want, n)
-			for i := range want {
-				if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-					t.Fatalf("t=%d element %d (%v in): %v (%#x), the Go loop's %v (%#x)", n, i, p[i], got[i], math.Float32bits(got[i]), want[i], math.Float32bits(want[i]))
+				got, want := append([]float32(nil), p...), append([]float32(nil), p...)
+				causalSoftmax32(got, n, ld)
+				causalSoftmaxGo(want, n, ld)
+				for i := range want {
+					if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+						t.Fatalf("t=%d ld=%d element %d (%v in): %v (%#x), the Go loop's %v (%#x)", n, ld, i, p[i], got[i], math.Float32bits(got[i]), want[i], math.Float32bits(want[i]))
+					}
+					if i%ld >= n && math.Float32bits(got[i]) != math.Float32bits(p[i]) {
+						t.Fatalf("t=%d ld=%d: element %d, between rows, changed from %v to %v", n, ld, i, p[i], got[i])
+					}
 				}
 			}
 		}

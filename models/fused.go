@@ -536,6 +536,9 @@ type attention struct {
 	// h/(heads/kvHeads).
 	kvHeads int
 	keep    bool
+	// blk, unless 0 (meaning attentionBlock), is the block of queries of
+	// the kernels: tests take small ones to cover several blocks.
+	blk int
 }
 
 func (a attention) String() string {
@@ -597,6 +600,27 @@ func (a attention) check(name string, out func(n, w int) tensor.Shape) func([]te
 	}
 }
 
+// attentionBlock is how many queries (and keys) the attention kernels take
+// at a time: a block of queries is multiplied with the keys up to its last
+// one only, so the products skip most of the masked upper triangle (6 of
+// 16 blocks at 256 tokens) instead of computing scores the mask then drops.
+const attentionBlock = 64
+
+// block is a's block of queries, attentionBlock unless a test set blk.
+func (a attention) block() int {
+	if a.blk > 0 {
+		return a.blk
+	}
+	return attentionBlock
+}
+
+// blocks calls f on [lo, hi) for consecutive blocks of b covering [0, t).
+func blocks(t, b int, f func(lo, hi int)) {
+	for lo := 0; lo < t; lo += b {
+		f(lo, min(lo+b, t))
+	}
+}
+
 // attentionOp is (q, k, v) -> (n, packedWidth(w)): each row the token's
 // output, then its probabilities under every head, kept for the backward
 // (the op itself holds no state; the machine keeps its output until the
@@ -606,19 +630,26 @@ func attentionOp[T float32 | float64](a attention) *fusedOp[T] {
 		shape: a.check("attention", func(n, w int) tensor.Shape { return tensor.Shape{n, a.packedWidth(w)} }),
 		kernel: func(out []T, in [][]T, s []tensor.Shape) {
 			q, k, v, w := in[0], in[1], in[2], s[0][1]
-			t, dh, pw, kw := a.context, w/a.heads, a.packedWidth(w), a.kvWidth(w)
-			p := make([]T, t*t)
+			t, dh, pw, kw, b := a.context, w/a.heads, a.packedWidth(w), a.kvWidth(w), a.block()
+			var scratch []T
+			if !a.keep {
+				scratch = make([]T, t*t)
+			}
 			for seq := 0; seq < s[0][0]; seq += t {
 				for h := range a.heads {
 					at, kat := seq*w+h*dh, seq*kw+h/a.group()*dh
-					probabilities(p, q[at:], k[kat:], t, dh, w, kw)
-					// O = P V, into the head's columns of the output.
-					gemm(false, false, t, dh, t, 1, p, t, v[kat:], kw, 0, out[seq*pw+h*dh:], pw)
+					// Kept, the probabilities go straight to the head's
+					// columns of the output, rows pw apart.
+					p, ld := scratch, t
 					if a.keep {
-						for i := range t {
-							copy(out[(seq+i)*pw+w+h*t:(seq+i)*pw+w+h*t+t], p[i*t:i*t+t])
-						}
+						p, ld = out[seq*pw+w+h*t:], pw
 					}
+					probabilities(p, ld, q[at:], k[kat:], t, dh, w, kw, b)
+					// O = P V, into the head's columns of the output, each
+					// block of queries over the keys it sees.
+					blocks(t, b, func(lo, hi int) {
+						gemm(false, false, hi-lo, dh, hi, 1, p[lo*ld:], ld, v[kat:], kw, 0, out[(seq+lo)*pw+h*dh:], pw)
+					})
 				}
 			}
 		},
@@ -631,25 +662,29 @@ func attentionOp[T float32 | float64](a attention) *fusedOp[T] {
 	}
 }
 
-// probabilities fills p (t×t) with one head's causal softmax of q kᵀ/√dh,
-// q and k being t rows of dh at strides ldq and ldk.
-func probabilities[T float32 | float64](p, q, k []T, t, dh, ldq, ldk int) {
-	gemm(false, true, t, t, dh, T(1/math.Sqrt(float64(dh))), q, ldq, k, ldk, 0, p, t)
+// probabilities fills p (t rows of t, ldp apart) with one head's causal
+// softmax of q kᵀ/√dh, q and k being t rows of dh at strides ldq and ldk;
+// each block of b queries is scored against the keys up to its last.
+func probabilities[T float32 | float64](p []T, ldp int, q, k []T, t, dh, ldq, ldk, b int) {
+	scale := T(1 / math.Sqrt(float64(dh)))
+	blocks(t, b, func(lo, hi int) {
+		gemm(false, true, hi-lo, hi, dh, scale, q[lo*ldq:], ldq, k, ldk, 0, p[lo*ldp:], ldp)
+	})
 	switch p := any(p).(type) {
 	case []float32:
-		causalSoftmax32(p, t)
+		causalSoftmax32(p, t, ldp)
 	default:
-		causalSoftmaxGo(p.([]float64), t)
+		causalSoftmaxGo(p.([]float64), t, ldp)
 	}
 }
 
-// causalSoftmaxGo turns a t×t block of scores into each row's softmax over
-// the keys it sees, j <= i, in place. Each row is shifted by its maximum
-// over those and the rest masked to -Inf, whose exp is exactly 0: then one
-// exp over the whole block.
-func causalSoftmaxGo[T float32 | float64](p []T, t int) {
+// causalSoftmaxGo turns t rows of t scores, ld apart, into each row's
+// softmax over the keys it sees, j <= i, in place, reading no score after
+// j = i. Each row is shifted by its maximum over those and the rest masked
+// to -Inf, whose exp is exactly 0.
+func causalSoftmaxGo[T float32 | float64](p []T, t, ld int) {
 	for i := range t {
-		row := p[i*t : i*t+t]
+		row := p[i*ld : i*ld+t]
 		m := row[0]
 		for _, v := range row[1 : i+1] {
 			m = max(m, v)
@@ -660,13 +695,11 @@ func causalSoftmaxGo[T float32 | float64](p []T, t int) {
 		for j := range row[i+1:] {
 			row[i+1+j] = T(math.Inf(-1))
 		}
-	}
-	expInPlace(p[:t*t])
-	for i := range t {
-		row := p[i*t : i*t+i+1]
-		inv := 1 / sum(row)
-		for j := range row {
-			row[j] *= inv
+		expInPlace(row)
+		seen := row[:i+1]
+		inv := 1 / sum(seen)
+		for j := range seen {
+			seen[j] *= inv
 		}
 	}
 }
@@ -690,16 +723,21 @@ func expInPlace[T float32 | float64](v []T) {
 // columns, gets none). P is the forward's, or computed again from q and k
 // when the forward did not keep it. Grouped, dk and dv are kvWidth(w) wide
 // and each key and value head sums the terms of its query heads, in head
-// order.
+// order. P and dS are lower triangular: each product runs over the blocks
+// of queries and keys that can be non-zero, as the forward's.
 func attentionGradOp[T float32 | float64](a attention) *fusedOp[T] {
 	return &fusedOp[T]{name: "CausalAttentionGrad" + a.String(), inDims: []int{2, 2, 2, 2, 2}, outDims: 2,
 		shape: a.check("attention gradient", func(n, w int) tensor.Shape { return tensor.Shape{n, w + 2*a.kvWidth(w)} }),
 		kernel: func(out []T, in [][]T, s []tensor.Shape) {
 			q, k, v, fwd, dO, w := in[0], in[1], in[2], in[3], in[4], s[0][1]
-			t, dh, pw, kw := a.context, w/a.heads, a.packedWidth(w), a.kvWidth(w)
+			t, dh, pw, kw, b := a.context, w/a.heads, a.packedWidth(w), a.kvWidth(w), a.block()
 			ow := w + 2*kw
 			scale := T(1 / math.Sqrt(float64(dh)))
-			p, dp := make([]T, t*t), make([]T, t*t)
+			dp := make([]T, t*t)
+			var scratch []T
+			if !a.keep {
+				scratch = make([]T, t*t)
+			}
 			for seq := 0; seq < s[0][0]; seq += t {
 				for h := range a.heads {
 					kh := h / a.group()
@@ -712,25 +750,36 @@ func attentionGradOp[T float32 | float64](a attention) *fusedOp[T] {
 					if h%a.group() != 0 {
 						acc = 1
 					}
+					p, ld := scratch, t
 					if a.keep {
-						for i := range t {
-							copy(p[i*t:i*t+t], fwd[(seq+i)*pw+w+h*t:(seq+i)*pw+w+h*t+t])
-						}
+						p, ld = fwd[seq*pw+w+h*t:], pw
 					} else {
-						probabilities(p, q[at:], k[kat:], t, dh, w, kw)
+						probabilities(p, ld, q[at:], k[kat:], t, dh, w, kw, b)
 					}
-					gemm(true, false, t, dh, t, 1, p, t, dO[g:], pw, acc, out[dv:], ow)
-					gemm(false, true, t, t, dh, 1, dO[g:], pw, v[kat:], kw, 0, dp, t)
+					// dV = Pᵀ dO: keys lo..hi are seen by queries lo..t.
+					blocks(t, b, func(lo, hi int) {
+						gemm(true, false, hi-lo, dh, t-lo, 1, p[lo*ld+lo:], ld, dO[g+lo*pw:], pw, acc, out[dv+lo*ow:], ow)
+					})
+					// dP = dO Vᵀ for the keys each block of queries sees.
+					blocks(t, b, func(lo, hi int) {
+						gemm(false, true, hi-lo, hi, dh, 1, dO[g+lo*pw:], pw, v[kat:], kw, 0, dp[lo*t:], t)
+					})
 					for i := range t {
-						pr, dr := p[i*t:i*t+i+1], dp[i*t:i*t+t]
+						pr, dr := p[i*ld:i*ld+i+1], dp[i*t:i*t+t]
 						pd := dot(pr, dr)
 						for j, pj := range pr {
 							dr[j] = pj * (dr[j] - pd)
 						}
-						clear(dr[i+1:])
+						// Zero up to the end of i's block: the products
+						// below read dS no further.
+						clear(dr[i+1 : min((i/b+1)*b, t)])
 					}
-					gemm(false, false, t, dh, t, scale, dp, t, k[kat:], kw, 0, out[dq:], ow)
-					gemm(true, false, t, dh, t, scale, dp, t, q[at:], w, acc, out[dk:], ow)
+					blocks(t, b, func(lo, hi int) {
+						gemm(false, false, hi-lo, dh, hi, scale, dp[lo*t:], t, k[kat:], kw, 0, out[dq+lo*ow:], ow)
+					})
+					blocks(t, b, func(lo, hi int) {
+						gemm(true, false, hi-lo, dh, t-lo, scale, dp[lo*t+lo:], t, q[at+lo*w:], w, acc, out[dk+lo*ow:], ow)
+					})
 				}
 			}
 		},
@@ -774,10 +823,14 @@ func placeColumnsOp[T float32 | float64](from, width int) *fusedOp[T] {
 			return tensor.Shape{in[0][0], width}, nil
 		},
 		kernel: func(out []T, in [][]T, s []tensor.Shape) {
+			// Row by row, each element written once: the attention's
+			// probabilities make rows five times wider than what is placed.
 			n := s[0][1]
-			clear(out)
 			for r := range s[0][0] {
-				copy(out[r*width+from:r*width+from+n], in[0][r*n:(r+1)*n])
+				row := out[r*width : (r+1)*width]
+				clear(row[:from])
+				copy(row[from:from+n], in[0][r*n:(r+1)*n])
+				clear(row[from+n:])
 			}
 		},
 	}

@@ -40,10 +40,7 @@ func rmsNormOp[T float32 | float64](eps float64) *fusedOp[T] {
 			x, gain, d := in[0], in[1], s[0][1]
 			for r := 0; r < len(x); r += d {
 				xr, or := x[r:r+d], out[r:r+d]
-				rstd := rmsRow(xr, T(eps))
-				for j, v := range xr {
-					or[j] = v * rstd * gain[j]
-				}
+				rmsScaleRow(or, xr, gain, rmsRow(xr, T(eps)))
 			}
 		},
 		grad: func(o *ops, in G.Nodes, _, grad *G.Node) G.Nodes {
@@ -53,6 +50,60 @@ func rmsNormOp[T float32 | float64](eps float64) *fusedOp[T] {
 				o.fused(rmsNormGainGradOp[float32](eps), rmsNormGainGradOp[float64](eps), x, grad),
 			}
 		},
+	}
+}
+
+// rmsScaleRow sets out[j] = x[j]·rstd·gain[j], a row of RMSNorm's output;
+// the float32 vector kernel computes the same bits.
+func rmsScaleRow[T float32 | float64](out, x, gain []T, rstd T) {
+	switch out := any(out).(type) {
+	case []float32:
+		rmsScaleRow32(out, any(x).([]float32), any(gain).([]float32), float32(rstd))
+	default:
+		rmsScaleRowGo(out.([]float64), any(x).([]float64), any(gain).([]float64), float64(rstd))
+	}
+}
+
+func rmsScaleRowGo[T float32 | float64](out, x, gain []T, rstd T) {
+	x, gain = x[:len(out)], gain[:len(out)]
+	for j, v := range x {
+		out[j] = v * rstd * gain[j]
+	}
+}
+
+// rmsInputGradRow sets out[j] = rstd·(dy[j]·gain[j] − x[j]·rstd·mgx), a
+// row of RMSNorm's input gradient given mean(g·x̂) mgx.
+func rmsInputGradRow[T float32 | float64](out, x, dy, gain []T, rstd, mgx T) {
+	switch out := any(out).(type) {
+	case []float32:
+		rmsInputGradRow32(out, any(x).([]float32), any(dy).([]float32), any(gain).([]float32), float32(rstd), float32(mgx))
+	default:
+		rmsInputGradRowGo(out.([]float64), any(x).([]float64), any(dy).([]float64), any(gain).([]float64), float64(rstd), float64(mgx))
+	}
+}
+
+func rmsInputGradRowGo[T float32 | float64](out, x, dy, gain []T, rstd, mgx T) {
+	x, dy, gain = x[:len(out)], dy[:len(out)], gain[:len(out)]
+	for j, v := range x {
+		out[j] = rstd * (dy[j]*gain[j] - v*rstd*mgx)
+	}
+}
+
+// rmsGainGradRow adds dy[j]·x[j]·rstd to out[j], a row's term of the gain's
+// gradient.
+func rmsGainGradRow[T float32 | float64](out, x, dy []T, rstd T) {
+	switch out := any(out).(type) {
+	case []float32:
+		rmsGainGradRow32(out, any(x).([]float32), any(dy).([]float32), float32(rstd))
+	default:
+		rmsGainGradRowGo(out.([]float64), any(x).([]float64), any(dy).([]float64), float64(rstd))
+	}
+}
+
+func rmsGainGradRowGo[T float32 | float64](out, x, dy []T, rstd T) {
+	x, dy = x[:len(out)], dy[:len(out)]
+	for j, v := range x {
+		out[j] += dy[j] * v * rstd
 	}
 }
 
@@ -73,10 +124,7 @@ func rmsNormInputGradOp[T float32 | float64](eps float64) *fusedOp[T] {
 				for j, v := range xr {
 					sgx += dyr[j] * gain[j] * v * rstd
 				}
-				mgx := sgx / T(d)
-				for j, v := range xr {
-					or[j] = rstd * (dyr[j]*gain[j] - v*rstd*mgx)
-				}
+				rmsInputGradRow(or, xr, dyr, gain, rstd, sgx/T(d))
 			}
 		},
 	}
@@ -95,10 +143,7 @@ func rmsNormGainGradOp[T float32 | float64](eps float64) *fusedOp[T] {
 			clear(out)
 			for r := 0; r < len(x); r += d {
 				xr, dyr := x[r:r+d], dy[r:r+d]
-				rstd := rmsRow(xr, T(eps))
-				for j, v := range xr {
-					out[j] += dyr[j] * v * rstd
-				}
+				rmsGainGradRow(out, xr, dyr, rmsRow(xr, T(eps)))
 			}
 		},
 	}
@@ -171,17 +216,33 @@ func ropeOp[T float32 | float64](r rotary, inverse bool) *fusedOp[T] {
 				c, sn := cos[row%r.context*half:][:half], sin[row%r.context*half:][:half]
 				for h := row * w; h < (row+1)*w; h += r.headDim {
 					x1, x2 := x[h:h+half], x[h+half:h+r.headDim]
-					o1, o2 := out[h:h+half], out[h+half:h+r.headDim]
-					for i := range half {
-						o1[i] = x1[i]*c[i] - x2[i]*sn[i]
-						o2[i] = x2[i]*c[i] + x1[i]*sn[i]
-					}
+					ropeRow(out[h:h+half], out[h+half:h+r.headDim], x1, x2, c, sn)
 				}
 			}
 		},
 		grad: func(o *ops, _ G.Nodes, _, grad *G.Node) G.Nodes {
 			return G.Nodes{o.fused(ropeOp[float32](r, !inverse), ropeOp[float64](r, !inverse), grad)}
 		},
+	}
+}
+
+// ropeRow turns the pairs (x1[i], x2[i]) by the angles of cos c and sin
+// sn into (o1[i], o2[i]).
+func ropeRow[T float32 | float64](o1, o2, x1, x2, c, sn []T) {
+	switch o1 := any(o1).(type) {
+	case []float32:
+		ropeRow32(o1, any(o2).([]float32), any(x1).([]float32), any(x2).([]float32), any(c).([]float32), any(sn).([]float32))
+	default:
+		ropeRowGo(o1.([]float64), any(o2).([]float64), any(x1).([]float64), any(x2).([]float64), any(c).([]float64), any(sn).([]float64))
+	}
+}
+
+func ropeRowGo[T float32 | float64](o1, o2, x1, x2, c, sn []T) {
+	n := len(o1)
+	o2, x1, x2, c, sn = o2[:n], x1[:n], x2[:n], c[:n], sn[:n]
+	for i := range n {
+		o1[i] = x1[i]*c[i] - x2[i]*sn[i]
+		o2[i] = x2[i]*c[i] + x1[i]*sn[i]
 	}
 }
 
@@ -211,10 +272,11 @@ func swigluOp[T float32 | float64]() *fusedOp[T] {
 			return in[0].Clone(), nil
 		},
 		kernel: func(out []T, in [][]T, _ []tensor.Shape) {
-			gate, up := in[0], in[1]
-			expNeg(out, gate)
-			for i, e := range out {
-				out[i] = gate[i] / (1 + e) * up[i]
+			switch out := any(out).(type) {
+			case []float32:
+				swiglu32(out, any(in[0]).([]float32), any(in[1]).([]float32))
+			default:
+				swigluGo(out.([]float64), any(in[0]).([]float64), any(in[1]).([]float64))
 			}
 		},
 		grad: func(o *ops, in G.Nodes, _, grad *G.Node) G.Nodes {
@@ -226,18 +288,37 @@ func swigluOp[T float32 | float64]() *fusedOp[T] {
 	}
 }
 
+// swigluGo sets out[i] = silu(gate[i])·up[i]; the float32 vector kernel
+// computes the same bits (simd_amd64.s).
+func swigluGo[T float32 | float64](out, gate, up []T) {
+	gate, up = gate[:len(out)], up[:len(out)]
+	expNeg(out, gate)
+	for i, e := range out {
+		out[i] = gate[i] / (1 + e) * up[i]
+	}
+}
+
 // swigluGateGradOp is dgate from (gate, up, dy): with s = sigmoid(gate),
 // dy·up·s·(1 + gate·(1 − s)).
 func swigluGateGradOp[T float32 | float64]() *fusedOp[T] {
 	return &fusedOp[T]{name: "SwiGLUGateGrad", inDims: []int{2, 2, 2}, outDims: 2, shape: sameShape,
 		kernel: func(out []T, in [][]T, _ []tensor.Shape) {
-			gate, up, dy := in[0], in[1], in[2]
-			expNeg(out, gate)
-			for i, e := range out {
-				s := 1 / (1 + e)
-				out[i] = dy[i] * up[i] * s * (1 + gate[i]*(1-s))
+			switch out := any(out).(type) {
+			case []float32:
+				swigluGateGrad32(out, any(in[0]).([]float32), any(in[1]).([]float32), any(in[2]).([]float32))
+			default:
+				swigluGateGradGo(out.([]float64), any(in[0]).([]float64), any(in[1]).([]float64), any(in[2]).([]float64))
 			}
 		},
+	}
+}
+
+func swigluGateGradGo[T float32 | float64](out, gate, up, dy []T) {
+	gate, up, dy = gate[:len(out)], up[:len(out)], dy[:len(out)]
+	expNeg(out, gate)
+	for i, e := range out {
+		s := 1 / (1 + e)
+		out[i] = dy[i] * up[i] * s * (1 + gate[i]*(1-s))
 	}
 }
 
@@ -245,12 +326,21 @@ func swigluGateGradOp[T float32 | float64]() *fusedOp[T] {
 func swigluUpGradOp[T float32 | float64]() *fusedOp[T] {
 	return &fusedOp[T]{name: "SwiGLUUpGrad", inDims: []int{2, 2}, outDims: 2, shape: sameShape,
 		kernel: func(out []T, in [][]T, _ []tensor.Shape) {
-			gate, dy := in[0], in[1]
-			expNeg(out, gate)
-			for i, e := range out {
-				out[i] = dy[i] * gate[i] / (1 + e)
+			switch out := any(out).(type) {
+			case []float32:
+				swigluUpGrad32(out, any(in[0]).([]float32), any(in[1]).([]float32))
+			default:
+				swigluUpGradGo(out.([]float64), any(in[0]).([]float64), any(in[1]).([]float64))
 			}
 		},
+	}
+}
+
+func swigluUpGradGo[T float32 | float64](out, gate, dy []T) {
+	gate, dy = gate[:len(out)], dy[:len(out)]
+	expNeg(out, gate)
+	for i, e := range out {
+		out[i] = dy[i] * gate[i] / (1 + e)
 	}
 }
 

@@ -364,9 +364,9 @@ colSumDone:
 	VMINPS a, t, u; \
 	VORPS  t, u, a
 
-// func causalSoftmaxAVX2(p *float32, t int)
+// func causalSoftmaxAVX2(p *float32, t, ld int)
 //
-// causalSoftmaxGo on a t×t block, row by row: the row's maximum m over j <=
+// causalSoftmaxGo on t rows of t, ld apart, row by row: the row's maximum m over j <=
 // i; exp32(row[j] − m) for j <= i, and 0 (exp32 of the −Inf mask) after;
 // the four running sums of sum over j <= i, then (s0 + s1) + (s2 + s3);
 // row[j]·(1/sum). The maximum is taken eight lanes at a time as −min of the
@@ -374,14 +374,15 @@ colSumDone:
 // no NaN; with a NaN, whose bits depend on the order, the row is taken
 // again one value at a time as the Go loop does.
 //
-// Registers: DI the row, R8 t, R9 i, R10 i+1 (the row's length L), BX 4t,
+// Registers: DI the row, R8 t, R9 i, R10 i+1 (the row's length L), BX 4ld,
 // Y12 the mask of L's last L mod 8 lanes, Y13 m, Y14 +Inf, Y15 the sign bit.
-TEXT ·causalSoftmaxAVX2(SB), NOSPLIT, $0-16
+TEXT ·causalSoftmaxAVX2(SB), NOSPLIT, $0-24
 	MOVQ    p+0(FP), DI
 	MOVQ    t+8(FP), R8
+	MOVQ    ld+16(FP), BX
 	TESTQ   R8, R8
 	JZ      smDone
-	LEAQ    (R8*4), BX
+	SHLQ    $2, BX
 	XORQ    R9, R9
 	VMOVUPS posInf<>(SB), Y14
 	VMOVUPS signBit<>(SB), Y15
@@ -574,5 +575,240 @@ smNext:
 	JB   smRow
 
 smDone:
+	VZEROUPPER
+	RET
+
+// func swigluAVX2(out, gate, up *float32, n int)
+//
+// out = gate/(1 + exp32(−gate))·up, SwiGLU's forward. In this kernel and the
+// two gradients each operation takes its operands in the order the compiled
+// Go loop does (which decides the NaN that comes out of two).
+TEXT ·swigluAVX2(SB), NOSPLIT, $0-32
+	MOVQ    out+0(FP), DI
+	MOVQ    gate+8(FP), SI
+	MOVQ    up+16(FP), DX
+	MOVQ    n+24(FP), CX
+	VMOVUPS signBit<>(SB), Y15
+	SHRQ    $3, CX
+	JZ      swigluDone
+
+swigluLoop:
+	VMOVUPS (SI), Y0
+	VXORPS  Y15, Y0, Y5
+	EXP8(Y5, Y1, Y2, Y3, Y4)
+	VADDPS  one<>(SB), Y1, Y1 // 1 + e
+	VDIVPS  Y1, Y0, Y6        // gate/(1 + e)
+	VMULPS  (DX), Y6, Y6      // ·up
+	VMOVUPS Y6, (DI)
+	ADDQ    $32, SI
+	ADDQ    $32, DX
+	ADDQ    $32, DI
+	DECQ    CX
+	JNZ     swigluLoop
+
+swigluDone:
+	VZEROUPPER
+	RET
+
+// func swigluGateGradAVX2(out, gate, up, dy *float32, n int)
+//
+// out = dy·up·s·(1 + gate·(1 − s)), s = 1/(1 + exp32(−gate)).
+TEXT ·swigluGateGradAVX2(SB), NOSPLIT, $0-40
+	MOVQ    out+0(FP), DI
+	MOVQ    gate+8(FP), SI
+	MOVQ    up+16(FP), DX
+	MOVQ    dy+24(FP), R8
+	MOVQ    n+32(FP), CX
+	VMOVUPS signBit<>(SB), Y15
+	VMOVUPS one<>(SB), Y14
+	SHRQ    $3, CX
+	JZ      swigluGateGradDone
+
+swigluGateGradLoop:
+	VMOVUPS (SI), Y0
+	VXORPS  Y15, Y0, Y5
+	EXP8(Y5, Y1, Y2, Y3, Y4)
+	VADDPS  Y14, Y1, Y1  // 1 + e
+	VDIVPS  Y1, Y14, Y1  // s
+	VMOVUPS (R8), Y6
+	VMULPS  (DX), Y6, Y6 // dy·up
+	VMULPS  Y1, Y6, Y6   // ·s
+	VSUBPS  Y1, Y14, Y7  // 1 − s
+	VMULPS  Y0, Y7, Y7   // gate·(1 − s), (1 − s) first as compiled
+	VADDPS  Y14, Y7, Y7  // 1 + …
+	VMULPS  Y6, Y7, Y6   // the compiled loop's order again
+	VMOVUPS Y6, (DI)
+	ADDQ    $32, SI
+	ADDQ    $32, DX
+	ADDQ    $32, R8
+	ADDQ    $32, DI
+	DECQ    CX
+	JNZ     swigluGateGradLoop
+
+swigluGateGradDone:
+	VZEROUPPER
+	RET
+
+// func swigluUpGradAVX2(out, gate, dy *float32, n int)
+//
+// out = dy·gate/(1 + exp32(−gate)).
+TEXT ·swigluUpGradAVX2(SB), NOSPLIT, $0-32
+	MOVQ    out+0(FP), DI
+	MOVQ    gate+8(FP), SI
+	MOVQ    dy+16(FP), DX
+	MOVQ    n+24(FP), CX
+	VMOVUPS signBit<>(SB), Y15
+	SHRQ    $3, CX
+	JZ      swigluUpGradDone
+
+swigluUpGradLoop:
+	VMOVUPS (SI), Y0
+	VXORPS  Y15, Y0, Y5
+	EXP8(Y5, Y1, Y2, Y3, Y4)
+	VADDPS  one<>(SB), Y1, Y1 // 1 + e
+	VMOVUPS (DX), Y6
+	VMULPS  Y0, Y6, Y6        // dy·gate
+	VDIVPS  Y1, Y6, Y6        // /(1 + e)
+	VMOVUPS Y6, (DI)
+	ADDQ    $32, SI
+	ADDQ    $32, DX
+	ADDQ    $32, DI
+	DECQ    CX
+	JNZ     swigluUpGradLoop
+
+swigluUpGradDone:
+	VZEROUPPER
+	RET
+
+// func rmsScaleRowAVX(out, x, gain *float32, n int, rstd float32)
+//
+// out = x·rstd·gain, a row of RMSNorm. This kernel, the two gradients' and
+// the rotary one take each operation's operands in the order of the
+// compiled Go loop, as the SwiGLU kernels do.
+TEXT ·rmsScaleRowAVX(SB), NOSPLIT, $0-36
+	MOVQ         out+0(FP), DI
+	MOVQ         x+8(FP), SI
+	MOVQ         gain+16(FP), DX
+	MOVQ         n+24(FP), CX
+	VBROADCASTSS rstd+32(FP), Y15
+	SHRQ         $3, CX
+	JZ           rmsScaleDone
+
+rmsScaleLoop:
+	VMOVUPS (SI), Y0
+	VMULPS  Y15, Y0, Y0
+	VMULPS  (DX), Y0, Y0
+	VMOVUPS Y0, (DI)
+	ADDQ    $32, SI
+	ADDQ    $32, DX
+	ADDQ    $32, DI
+	DECQ    CX
+	JNZ     rmsScaleLoop
+
+rmsScaleDone:
+	VZEROUPPER
+	RET
+
+// func rmsInputGradRowAVX(out, x, dy, gain *float32, n int, rstd, mgx float32)
+//
+// out = rstd·(dy·gain − x·rstd·mgx).
+TEXT ·rmsInputGradRowAVX(SB), NOSPLIT, $0-48
+	MOVQ         out+0(FP), DI
+	MOVQ         x+8(FP), SI
+	MOVQ         dy+16(FP), DX
+	MOVQ         gain+24(FP), R8
+	MOVQ         n+32(FP), CX
+	VBROADCASTSS rstd+40(FP), Y15
+	VBROADCASTSS mgx+44(FP), Y14
+	SHRQ         $3, CX
+	JZ           rmsInputGradDone
+
+rmsInputGradLoop:
+	VMOVUPS (DX), Y0
+	VMULPS  (R8), Y0, Y0 // dy·gain
+	VMOVUPS (SI), Y1
+	VMULPS  Y15, Y1, Y1  // x·rstd
+	VMULPS  Y14, Y1, Y1  // ·mgx
+	VSUBPS  Y1, Y0, Y0
+	VMULPS  Y15, Y0, Y0  // rstd·(…), (…) first as compiled
+	VMOVUPS Y0, (DI)
+	ADDQ    $32, SI
+	ADDQ    $32, DX
+	ADDQ    $32, R8
+	ADDQ    $32, DI
+	DECQ    CX
+	JNZ     rmsInputGradLoop
+
+rmsInputGradDone:
+	VZEROUPPER
+	RET
+
+// func rmsGainGradRowAVX(out, x, dy *float32, n int, rstd float32)
+//
+// out += dy·x·rstd.
+TEXT ·rmsGainGradRowAVX(SB), NOSPLIT, $0-36
+	MOVQ         out+0(FP), DI
+	MOVQ         x+8(FP), SI
+	MOVQ         dy+16(FP), DX
+	MOVQ         n+24(FP), CX
+	VBROADCASTSS rstd+32(FP), Y15
+	SHRQ         $3, CX
+	JZ           rmsGainGradDone
+
+rmsGainGradLoop:
+	VMOVUPS (DX), Y0
+	VMULPS  (SI), Y0, Y0 // dy·x
+	VMULPS  Y15, Y0, Y0  // ·rstd
+	VADDPS  (DI), Y0, Y0
+	VMOVUPS Y0, (DI)
+	ADDQ    $32, SI
+	ADDQ    $32, DX
+	ADDQ    $32, DI
+	DECQ    CX
+	JNZ     rmsGainGradLoop
+
+rmsGainGradDone:
+	VZEROUPPER
+	RET
+
+// func ropeRowAVX(o1, o2, x1, x2, c, sn *float32, n int)
+//
+// o1 = x1·c − x2·sn; o2 = x2·c + x1·sn. Where two NaNs meet, which one comes
+// out is the only difference from the Go loop, whose compiled operand order
+// here changes from one place it is inlined to another.
+TEXT ·ropeRowAVX(SB), NOSPLIT, $0-56
+	MOVQ o1+0(FP), DI
+	MOVQ o2+8(FP), R9
+	MOVQ x1+16(FP), SI
+	MOVQ x2+24(FP), DX
+	MOVQ c+32(FP), R8
+	MOVQ sn+40(FP), R10
+	MOVQ n+48(FP), CX
+	SHRQ $3, CX
+	JZ   ropeDone
+
+ropeLoop:
+	VMOVUPS (SI), Y0    // x1
+	VMOVUPS (DX), Y1    // x2
+	VMOVUPS (R8), Y2    // c
+	VMOVUPS (R10), Y3   // sn
+	VMULPS  Y0, Y2, Y4  // x1·c
+	VMULPS  Y1, Y3, Y5  // x2·sn
+	VSUBPS  Y5, Y4, Y4
+	VMOVUPS Y4, (DI)
+	VMULPS  Y1, Y2, Y4  // x2·c
+	VMULPS  Y0, Y3, Y5  // x1·sn
+	VADDPS  Y5, Y4, Y4
+	VMOVUPS Y4, (R9)
+	ADDQ    $32, SI
+	ADDQ    $32, DX
+	ADDQ    $32, R8
+	ADDQ    $32, R10
+	ADDQ    $32, DI
+	ADDQ    $32, R9
+	DECQ    CX
+	JNZ     ropeLoop
+
+ropeDone:
 	VZEROUPPER
 	RET
