@@ -478,8 +478,18 @@ func rootFileSHA256(root *os.Root, rel string) (string, error) {
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// WaitGathered returns once every rank but rank 0 has sent its logs, or
-// when ctx ends, naming the ranks whose logs are missing.
+// Excuse stops WaitGathered waiting for rank's logs: the rank is gone
+// and the run went on without it (a worker of async parameter servers the
+// launcher saw die), so its logs will never come.
+func (r *Registry) Excuse(rank int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.gathered[rank] = true
+	r.broadcastLocked()
+}
+
+// WaitGathered returns once every rank but rank 0 has sent its logs (or
+// been excused), or when ctx ends, naming the ranks whose logs are missing.
 func (r *Registry) WaitGathered(ctx context.Context) error {
 	for {
 		r.mu.Lock()

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -104,5 +106,58 @@ func TestKilledServerStopsTheJob(t *testing.T) {
 	}
 	if want := "parameter server at " + addrs[1]; !strings.Contains(out.String(), want) {
 		t.Errorf("no error names %q:\n%s", want, out.String())
+	}
+}
+
+// TestAsyncLaunchSurvivesAKilledWorker kill -9s stage 0 of worker 2 of an
+// async launch (max_staleness 1): launch goes on without worker 2, stopping
+// its other stage, and completes; the servers note worker 2's departure,
+// apply every push of workers 0 and 1 (each its own update) and those
+// worker 2 made before it died, each once.
+func TestAsyncLaunchSurvivesAKilledWorker(t *testing.T) {
+	needData(t)
+	cfg, _ := psConfigFile(t, "async, max_staleness: 1")
+	dir := t.TempDir()
+	const steps = 60
+	_, out, done := start(t, nil, "launch", "--config", cfg, "--steps", strconv.Itoa(steps), "--run-dir", dir)
+	waitForStep(t, dir, 5, time.Minute, out)
+	pid := processPID(dir, "--stage", "0", "--replica", "2")
+	if pid == 0 {
+		t.Fatalf("no process of stage 0 replica 2:\n%s", out.String())
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("launch failed with worker 2 killed: %v\n%s", err, out.String())
+		}
+	case <-time.After(3 * time.Minute):
+		t.Fatalf("launch still running 3 minutes after worker 2 was killed:\n%s", out.String())
+	}
+	text := out.String()
+	for _, want := range []string{"the run goes on without replica 2", "of worker 2 left without its goodbye", fmt.Sprintf("done: %d steps", steps)} {
+		if !strings.Contains(text, want) {
+			t.Errorf("no %q in the output:\n%s", want, text)
+		}
+	}
+	summary := regexp.MustCompile(`stage (\d): (\d+) updates, 0 pushes dropped; .*; pushes applied by worker: 0: (\d+), 1: (\d+)(?:, 2: (\d+))?`)
+	seen := 0
+	for _, m := range summary.FindAllStringSubmatch(text, -1) {
+		seen++
+		n := func(i int) int { v, _ := strconv.Atoi(m[i]); return v }
+		if n(3) != steps || n(4) != steps {
+			t.Errorf("stage %s: workers 0 and 1 had %d and %d pushes applied, want %d each", m[1], n(3), n(4), steps)
+		}
+		if n(5) >= steps {
+			t.Errorf("stage %s: worker 2, killed, had %d pushes applied of %d steps", m[1], n(5), steps)
+		}
+		if n(2) != n(3)+n(4)+n(5) {
+			t.Errorf("stage %s: %d updates from %d pushes: a push applied twice or not at all", m[1], n(2), n(3)+n(4)+n(5))
+		}
+	}
+	if seen != 3 { // server 0 holds stage 0's tensors, server 1 stages 0 and 1's
+		t.Errorf("%d servers' stage summaries, want 3:\n%s", seen, text)
 	}
 }

@@ -53,6 +53,11 @@ type Options struct {
 	// the agreed step, write its checkpoint and exit (default 2m); past
 	// either, every stage is stopped at once.
 	PauseTimeout, StopTimeout time.Duration
+	// Expendable, if set, says whether the run goes on without a replica
+	// whose process fails (a worker of async parameter servers): its other
+	// processes are stopped, rank 0 is told to wait for none of its logs,
+	// and Run succeeds if every other process does.
+	Expendable func(replica int) bool
 }
 
 func (o Options) queryTimeout() time.Duration {
@@ -197,36 +202,85 @@ func Run(ctx context.Context, o Options) error {
 		}
 		close(allDone)
 	}()
-	select {
-	case <-allDone:
-		// Every stage has exited: the failures, if any, are all known.
-		if c := firstFailed(children); c != nil {
-			return blame(c, children, o.queryTimeout())
-		}
-		return nil
-	case c := <-failed:
-		c = culprit(c, failed)
-		err := blame(c, children, o.queryTimeout())
-		if c.signaled() {
-			// Its neighbours see their links to it close at once: let them
-			// fail by themselves, naming the stage they lost, rather than be
-			// stopped first with a bare "terminated".
-			settle(children, lostPeerGrace)
-		}
-		stopAll(children, o.Grace)
-		return err
-	case <-ctx.Done():
-		if errors.Is(context.Cause(ctx), ErrInterrupted) {
-			say := func(format string, args ...any) {
-				outMu.Lock()
-				defer outMu.Unlock()
-				fmt.Fprintf(o.Out, "pipetrain: "+format+"\n", args...)
-			}
-			return interrupt(ctx, o, children, allDone, failed, say)
-		}
-		stopAll(children, o.Grace)
-		return context.Cause(ctx)
+	lost := map[int]bool{} // the expendable replicas given up on
+	say := func(format string, args ...any) {
+		outMu.Lock()
+		defer outMu.Unlock()
+		fmt.Fprintf(o.Out, "pipetrain: "+format+"\n", args...)
 	}
+	for {
+		select {
+		case <-allDone:
+			// Every stage has exited: the failures, if any, are all known.
+			if c := firstFailed(kept(children, lost)); c != nil {
+				return blame(c, children, o.queryTimeout())
+			}
+			return nil
+		case c := <-failed:
+			if !o.expendable(c.replica, lost, replicas) {
+				return o.failed(c, children, failed)
+			}
+			if !lost[c.replica] {
+				lost[c.replica] = true
+				say("%v; the run goes on without replica %d", c.stageError(), c.replica)
+				go loseReplica(children, c.replica, o.Grace)
+			}
+			children[0].request(fmt.Sprintf("%s%d", lostNotice, c.stage*replicas+c.replica))
+		case <-ctx.Done():
+			if errors.Is(context.Cause(ctx), ErrInterrupted) {
+				return interrupt(ctx, o, children, allDone, failed, say)
+			}
+			stopAll(children, o.Grace)
+			return context.Cause(ctx)
+		}
+	}
+}
+
+// expendable says whether the run may go on without replica: Expendable
+// says so and another replica is left.
+func (o Options) expendable(replica int, lost map[int]bool, replicas int) bool {
+	if o.Expendable == nil || !o.Expendable(replica) {
+		return false
+	}
+	return lost[replica] || len(lost)+1 < replicas
+}
+
+// kept are the children not of a lost replica.
+func kept(children []*child, lost map[int]bool) []*child {
+	var out []*child
+	for _, c := range children {
+		if !lost[c.replica] {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// loseReplica gives replica's other processes a moment to notice that one
+// of theirs died, then stops those still running.
+func loseReplica(children []*child, replica int, grace time.Duration) {
+	var mine []*child
+	for _, c := range children {
+		if c.replica == replica {
+			mine = append(mine, c)
+		}
+	}
+	settle(mine, lostPeerGrace)
+	stopAll(mine, grace)
+}
+
+// failed stops the run after c failed and blames the stage that caused it.
+func (o Options) failed(c *child, children []*child, failed <-chan *child) error {
+	c = culprit(c, failed)
+	err := blame(c, children, o.queryTimeout())
+	if c.signaled() {
+		// Its neighbours see their links to it close at once: let them
+		// fail by themselves, naming the stage they lost, rather than be
+		// stopped first with a bare "terminated".
+		settle(children, lostPeerGrace)
+	}
+	stopAll(children, o.Grace)
+	return err
 }
 
 // culprit picks the stage to blame among those failing together. When a stage is

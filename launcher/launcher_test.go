@@ -144,3 +144,45 @@ sleep 30 & wait
 		t.Errorf("exit 1: %v, Repeats %v; want a failure a restart may cure", err, plain != nil && plain.Repeats())
 	}
 }
+
+// TestExpendableReplicaIsLeftBehind fails stage 0 of replica 2 of an
+// Expendable run: its stage 1 is stopped, rank 0 is told both ranks are
+// lost, and the run succeeds on replicas 0 and 1 alone.
+func TestExpendableReplicaIsLeftBehind(t *testing.T) {
+	var out syncBuffer
+	bin := fakeStage(t, `replica=$9
+trap 'exit 1' TERM
+if [ "$stage" = 0 ] && [ "$replica" = 2 ]; then sleep 0.2; exit 3; fi
+if [ "$replica" = 2 ]; then sleep 30 & wait; fi
+if [ "$stage" = 0 ] && [ "$replica" = 0 ]; then timeout 3 cat; fi
+sleep 1
+echo "done: stage $stage replica $replica"
+`)
+	err := Run(context.Background(), Options{Binary: bin, ConfigPath: "c.yaml", Stages: 2, Replicas: 3, RunDir: t.TempDir(), Out: &out, Grace: 5 * time.Second,
+		Expendable: func(replica int) bool { return replica != 0 }})
+	if err != nil {
+		t.Fatalf("run failed with replica 2 expendable: %v\n%s", err, out.String())
+	}
+	for _, want := range []string{"stage 0 replica 2 failed: exit status 3", "the run goes on without replica 2",
+		"[stage 0 replica 0] lost 2", "[stage 0 replica 0] lost 5", "done: stage 1 replica 1"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// TestExpendableRunFailsWithItsLastReplica: a failure that would leave no
+// replica stops the run as any failure does.
+func TestExpendableRunFailsWithItsLastReplica(t *testing.T) {
+	bin := fakeStage(t, `replica=$7
+trap 'exit 1' TERM
+if [ "$stage" = 0 ]; then sleep 0.2; exit 3; fi
+sleep 30 & wait
+`)
+	err := Run(context.Background(), Options{Binary: bin, ConfigPath: "c.yaml", Stages: 2, Replicas: 1, RunDir: t.TempDir(), Out: &syncBuffer{}, Grace: 5 * time.Second,
+		Expendable: func(int) bool { return true }})
+	var se *StageError
+	if !errors.As(err, &se) || se.Stage != 0 {
+		t.Fatalf("error %v, want stage 0's failure", err)
+	}
+}

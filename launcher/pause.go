@@ -30,6 +30,9 @@ const (
 	pauseRequest = "pause"
 	stopRequest  = "stop "
 	pausePrefix  = "pipetrain-pause:"
+	// lostNotice tells rank 0 that the process of a rank died and the run
+	// goes on without it (Options.Expendable): "lost 5".
+	lostNotice = "lost "
 )
 
 // ControlFlag tells a stage process that its standard input carries the
@@ -70,11 +73,18 @@ func parsePauseAnswer(line string) (step int, ok bool) {
 
 // ServePauses serves a launcher's requests read from in (a stage's standard
 // input) until it ends: a pause request is answered on out with ask's
-// boundary, a stop request handed to stopAfter. Other lines are ignored.
-func ServePauses(in io.Reader, out io.Writer, ask func() int, stopAfter func(step int)) {
+// boundary, a stop request handed to stopAfter, a lost rank to lost. Other
+// lines are ignored.
+func ServePauses(in io.Reader, out io.Writer, ask func() int, stopAfter func(step int), lost func(rank int)) {
 	s := bufio.NewScanner(in)
 	for s.Scan() {
 		line := strings.TrimSpace(s.Text())
+		if v, ok := strings.CutPrefix(line, lostNotice); ok {
+			if n, err := strconv.Atoi(v); err == nil && n >= 0 {
+				lost(n)
+			}
+			continue
+		}
 		if line == pauseRequest {
 			fmt.Fprintln(out, formatPauseAnswer(ask()))
 			continue

@@ -163,7 +163,7 @@ func TestServePauses(t *testing.T) {
 	var stops []int
 	boundary := -1
 	in := "noise\npause\nstop x\nstop 7\n"
-	ServePauses(strings.NewReader(in), &out, func() int { boundary++; return boundary }, func(s int) { stops = append(stops, s) })
+	ServePauses(strings.NewReader(in), &out, func() int { boundary++; return boundary }, func(s int) { stops = append(stops, s) }, func(int) {})
 	if out.String() != "pipetrain-pause: step=0\n" {
 		t.Errorf("answers %q", out.String())
 	}

@@ -28,6 +28,10 @@ type Pause struct {
 	started int
 	asked   bool
 	stop    int // the step to stop after; -1 until the launcher names it
+	// lost are the ranks the launcher saw die while the run goes on
+	// without them, until excuse (rank 0's registry's) takes them.
+	lost   []int
+	excuse func(rank int)
 }
 
 // NewPause is the pause state of a stage that has not been asked to pause.
@@ -114,5 +118,32 @@ func (p *Pause) enter(ctx context.Context, step int) (stop bool, err error) {
 		case <-ctx.Done():
 			return false, context.Cause(ctx)
 		}
+	}
+}
+
+// Lose records that the launcher saw rank's process die while the run goes
+// on without it (a worker of async parameter servers): rank 0 then waits
+// for none of its logs at the end.
+func (p *Pause) Lose(rank int) {
+	p.mu.Lock()
+	excuse := p.excuse
+	if excuse == nil {
+		p.lost = append(p.lost, rank)
+	}
+	p.mu.Unlock()
+	if excuse != nil {
+		excuse(rank)
+	}
+}
+
+// onLost hands the lost ranks, those told so far and those to come, to
+// excuse.
+func (p *Pause) onLost(excuse func(rank int)) {
+	p.mu.Lock()
+	lost := p.lost
+	p.lost, p.excuse = nil, excuse
+	p.mu.Unlock()
+	for _, r := range lost {
+		excuse(r)
 	}
 }

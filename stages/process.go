@@ -85,6 +85,9 @@ func RunProcess(ctx context.Context, o ProcessOptions) error {
 		}
 		defer job.Stop()
 		bound = job.lis
+		if job.reg != nil && o.Pause != nil {
+			o.Pause.onLost(job.reg.Excuse)
+		}
 	}
 	layout, err := NewReplicaLayout(cfg, index, replica)
 	if err != nil {

@@ -435,6 +435,7 @@ func ServePS(ctx context.Context, c *configs.Config, i int, log io.Writer) error
 		return err
 	}
 	srv := ps.NewServer(PSSettings(c, i))
+	applied := observeWorkers(srv, i, c.ParameterServers.Mode == "async", log)
 	ss, err := srv.Serve(addr, opts)
 	if err != nil {
 		return fmt.Errorf("%s: %w", configs.PSName(i), err)
@@ -450,11 +451,54 @@ func ServePS(ctx context.Context, c *configs.Config, i int, log io.Writer) error
 		for w := range c.Replicas() {
 			dropped += srv.Dropped(st, w)
 		}
-		fmt.Fprintf(log, "%s: stage %d: %d updates, %d pushes dropped; pushes by staleness (updates): %s\n",
-			configs.PSName(i), st, srv.Updates(st), dropped, histogram(srv.Staleness(st)))
+		fmt.Fprintf(log, "%s: stage %d: %d updates, %d pushes dropped; pushes by staleness (updates): %s; pushes applied by worker: %s\n",
+			configs.PSName(i), st, srv.Updates(st), dropped, histogram(srv.Staleness(st)), applied.of(st))
 	}
 	fmt.Fprintf(log, "%s: done in %.1fs\n", configs.PSName(i), time.Since(start).Seconds())
 	return nil
+}
+
+// appliedPushes counts each worker's pushes applied, per stage.
+type appliedPushes struct {
+	mu sync.Mutex
+	n  map[int]map[int64]int64 // stage -> worker -> pushes
+}
+
+// of writes stage's counts as "0: 20, 1: 20, 2: 7", workers in order.
+func (a *appliedPushes) of(stage int) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return histogram(a.n[stage])
+}
+
+// observeWorkers has the server count each worker's applied pushes and
+// log a worker that leaves without its goodbye (killed, or its connection
+// lost), which the others go on without in async mode.
+func observeWorkers(srv *ps.Server, i int, async bool, log io.Writer) *appliedPushes {
+	a := &appliedPushes{n: map[int]map[int64]int64{}}
+	srv.Observe = func(e ps.Event) {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		if e.Departed {
+			then := "sync mode waits for every worker, so the run stops"
+			if async {
+				then = "the other workers go on without it"
+			}
+			fmt.Fprintf(log, "%s: stage %d of worker %d left without its goodbye (killed, or its connection lost); %s\n",
+				configs.PSName(i), e.Stage, e.Dropped, then)
+			return
+		}
+		if e.Update == nil {
+			return
+		}
+		if a.n[e.Stage] == nil {
+			a.n[e.Stage] = map[int64]int64{}
+		}
+		for _, w := range e.Update.Workers {
+			a.n[e.Stage][int64(w)]++
+		}
+	}
+	return a
 }
 
 // histogram writes counts by value as "0: 12, 1: 3", values in order.

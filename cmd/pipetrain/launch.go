@@ -106,6 +106,11 @@ func launchCmd() *cobra.Command {
 					return line
 				},
 			}
+			if cfg.PSEnabled() && cfg.ParameterServers.Mode == "async" {
+				// Async servers stop waiting for a worker that is gone; replica 0
+				// writes the run's metrics, weights and evaluation, so it stays.
+				opts.Expendable = func(replica int) bool { return replica != 0 }
+			}
 			if opts.Env, err = localRendezvous(cfg); err != nil {
 				return err
 			}

@@ -60,6 +60,9 @@ func startPSServers(exe string, cfg *configs.Config, env, extra []string, out io
 		fmt.Fprintln(out, "pipetrain: parameter servers keep no checkpoints yet, so a failure ends the run (recovery.max_restarts is not used)")
 		cfg.Recovery.MaxRestarts = 0
 	}
+	if cfg.ParameterServers.Mode == "async" && cfg.Replicas() > 1 {
+		fmt.Fprintf(out, "pipetrain: async parameter servers: the run goes on without a worker (replica 1-%d) whose process dies\n", cfg.Replicas()-1)
+	}
 	var mu sync.Mutex
 	s.errs = make([]error, cfg.ParameterServers.Count)
 	for i := range cfg.ParameterServers.Count {

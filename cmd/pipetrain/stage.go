@@ -43,7 +43,7 @@ func stageCmd() *cobra.Command {
 			// stage connects must still hear that it may start no step.
 			pause := stages.NewPause()
 			if controlled {
-				go launcher.ServePauses(os.Stdin, os.Stdout, pause.Ask, pause.StopAfter)
+				go launcher.ServePauses(os.Stdin, os.Stdout, pause.Ask, pause.StopAfter, pause.Lose)
 			}
 			cfg, err := f.load()
 			if err != nil {
