@@ -56,3 +56,23 @@ func TestValidateRefusesHierarchicalOverScatteredHosts(t *testing.T) {
 		t.Errorf("the ring refused scattered hosts: %v", err)
 	}
 }
+
+// The hosts' runs of replicas order a hierarchical run's sums, so they
+// enter its training digest; which hosts they are does not.
+func TestHierarchicalDigestFollowsHostRuns(t *testing.T) {
+	digest := func(addrs ...string) string {
+		c := hostsConfig(addrs...)
+		c.Stages[0].Layers = []string{"0-2"}
+		c.AllReduce.Algorithm = "hierarchical"
+		return c.TrainingDigest()
+	}
+	a := digest("127.0.0.1:7100", "127.0.0.1:7101", "127.0.0.2:7100")
+	b := digest("127.0.0.1:7100", "127.0.0.2:7101", "127.0.0.2:7100")
+	moved := digest("10.0.0.1:7100", "10.0.0.1:7101", "10.0.0.2:7100")
+	if a == b {
+		t.Error("hosts of 2+1 and 1+2 replicas gave one digest")
+	}
+	if a != moved {
+		t.Error("the same runs on other hosts changed the digest")
+	}
+}
