@@ -21,7 +21,7 @@ const (
 )
 
 // Algorithms are the known algorithms, the default first.
-var Algorithms = []Algorithm{RingAlgorithm, ReduceToOne}
+var Algorithms = []Algorithm{RingAlgorithm, ReduceToOne, Hierarchical}
 
 // ParseAlgorithm is the algorithm named s ("" is the default, RingAlgorithm).
 func ParseAlgorithm(s string) (Algorithm, error) {

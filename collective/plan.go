@@ -30,6 +30,10 @@ type Plan struct {
 	Buckets               [][2]int // half-open element ranges
 	// Algorithm is how the buckets are reduced ("": RingAlgorithm).
 	Algorithm Algorithm
+	// Groups are the sizes of the runs of consecutive ranks that share a
+	// host, in rank order (WithGroups): the hierarchical all-reduce's
+	// hosts. None: one host.
+	Groups []int
 }
 
 // BucketElems is how many elements of elemSize bytes a bucket of at most
@@ -67,8 +71,12 @@ func (p Plan) Chunk(b, c int) (lo, hi int) {
 }
 
 // Tags is the number of message tags the plan uses: one per chunk of each
-// bucket in a ring, one per bucket otherwise (whole buckets travel).
+// bucket in a ring, one per bucket and per chunk among hosts in a
+// hierarchical plan, one per bucket otherwise (whole buckets travel).
 func (p Plan) Tags() int {
+	if p.Algorithm == Hierarchical {
+		return len(p.Buckets) * (1 + len(p.groups()))
+	}
 	if !p.ring() {
 		return len(p.Buckets)
 	}
@@ -79,6 +87,9 @@ func (p Plan) Tags() int {
 // the ring links' handshakes compare, so replicas with different plans (a
 // different model split or bucket size) fail at connection, not mid-step.
 func (p Plan) Shapes() [][]int {
+	if p.Algorithm == Hierarchical {
+		return hierarchicalShapes(p)
+	}
 	out := make([][]int, 0, p.Tags())
 	if !p.ring() {
 		for _, b := range p.Buckets {
@@ -109,8 +120,12 @@ func Sum[T float32 | float64](p Plan, parts [][]T, out []T) error {
 	if len(out) != p.N {
 		return fmt.Errorf("collective: output of %d elements, the plan %d", len(out), p.N)
 	}
-	if p.Algorithm == ReduceToOne {
+	switch p.Algorithm {
+	case ReduceToOne:
 		sumInRankOrder(parts, out)
+		return nil
+	case Hierarchical:
+		sumHierarchical(p, parts, out)
 		return nil
 	}
 	for b := range p.Buckets {

@@ -62,8 +62,11 @@ func AllReduce[T float32 | float64](ctx context.Context, r *Ring, step int64, ba
 	if err := r.check(p, len(vals)); err != nil {
 		return err
 	}
-	if p.Algorithm == ReduceToOne {
+	switch p.Algorithm {
+	case ReduceToOne:
 		return reduceToOne(ctx, r, step, base, p, vals)
+	case Hierarchical:
+		return hierarchical(ctx, r, step, base, p, vals)
 	}
 	return phases(ctx, r, step, base, p, vals, 0, 2*(r.Size-1))
 }

@@ -216,9 +216,11 @@ type AllReduce struct {
 	// in the same order, so it changes speed, not results.
 	Transport string `mapstructure:"transport" json:"transport"`
 	// Algorithm is how the replicas sum (AllReduceAlgorithms): ring, the
-	// reduce-scatter and all-gather ring, or reduce-to-one, each bucket
-	// carried whole down the replicas in order and back round. They fold
-	// in different orders, so it is a training setting.
+	// reduce-scatter and all-gather ring; reduce-to-one, each bucket
+	// carried whole down the replicas in order and back round; or
+	// hierarchical, each host's replicas (ReplicaHosts) first, then a ring
+	// of one replica per host. They fold in different orders, so it is a
+	// training setting.
 	Algorithm string `mapstructure:"algorithm" json:"algorithm,omitempty"`
 	// Overlap is when a chunk's buckets start (AllReduceOverlaps): chunk,
 	// all at its ReduceGrad op, once its last backward or weight pass is
@@ -238,7 +240,7 @@ var AllReduceTransports = []string{"stream", "grpc"}
 
 // AllReduceAlgorithms are all_reduce.algorithm's values, the default ("")
 // first: collective.Algorithms.
-var AllReduceAlgorithms = []string{"ring", "reduce-to-one"}
+var AllReduceAlgorithms = []string{"ring", "reduce-to-one", "hierarchical"}
 
 // ReduceAlgorithm is all_reduce.algorithm, "ring" where it is unset.
 func (c *Config) ReduceAlgorithm() string {

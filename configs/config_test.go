@@ -117,7 +117,7 @@ func TestValidationRules(t *testing.T) {
 		{"unknown dtype", "name: mlp,", "name: mlp, dtype: float16,", []string{"model.dtype:", `unknown dtype "float16" (known: float32, float64)`}},
 		{"sharded optimizer under compression", "schedule: gpipe", "schedule: gpipe\ntransport: {compression: bf16}\nall_reduce: {shard_optimizer: true}",
 			[]string{"all_reduce.shard_optimizer: shares the updated weights over the replicas' ring, which transport.compression bf16 would round"}},
-		{"unknown all-reduce algorithm", "schedule: gpipe", "schedule: gpipe\nall_reduce: {algorithm: tree}", []string{`all_reduce.algorithm: unknown algorithm "tree" (known: ring, reduce-to-one)`}},
+		{"unknown all-reduce algorithm", "schedule: gpipe", "schedule: gpipe\nall_reduce: {algorithm: tree}", []string{`all_reduce.algorithm: unknown algorithm "tree" (known: ring, reduce-to-one, hierarchical)`}},
 		{"sharded optimizer without the ring", "schedule: gpipe", "schedule: gpipe\nall_reduce: {shard_optimizer: true, algorithm: reduce-to-one}",
 			[]string{"all_reduce.shard_optimizer: needs all_reduce.algorithm ring (its reduce-scatter makes the shards), not reduce-to-one"}},
 	}

@@ -40,6 +40,15 @@ func (c *Config) trainingState() map[string]any {
 			// The algorithm orders the sums; a ring run keeps its digest.
 			ar["algorithm"] = a
 		}
+		if c.ReduceAlgorithm() == "hierarchical" {
+			// The hosts' runs of replicas order the sums too (ReplicaHosts);
+			// where the hosts themselves are does not.
+			hosts := make([][]int, len(c.Stages))
+			for i := range c.Stages {
+				hosts[i], _ = c.ReplicaHosts(i)
+			}
+			ar["hosts"] = hosts
+		}
 		state["all_reduce"] = ar
 	}
 	if c.PSEnabled() {

@@ -113,6 +113,12 @@ func (c *Config) validateReplicas(p *Problems) {
 		// The shards are the ring's reduce-scatter chunks; the other
 		// algorithms have no reduce-scatter to end with.
 		p.add("all_reduce.shard_optimizer", "needs all_reduce.algorithm ring (its reduce-scatter makes the shards), not %s", a)
+	} else if a == "hierarchical" && c.Replicas() > 1 {
+		for i := range c.Stages {
+			if _, err := c.ReplicaHosts(i); err != nil {
+				p.add("all_reduce.algorithm", "hierarchical: %v", err)
+			}
+		}
 	}
 	if t := c.AllReduce.Transport; t != "" && !slices.Contains(AllReduceTransports, t) {
 		p.add("all_reduce.transport", "unknown transport %q (known: %s)", t, strings.Join(AllReduceTransports, ", "))

@@ -114,7 +114,7 @@ func (l *Layout) planReduction() error {
 		if err != nil {
 			return err
 		}
-		p, err := newPlan(l.Config, n, bucket, l.Replicas)
+		p, err := newPlan(l.Config, l.Stage, n, bucket, l.Replicas)
 		if err != nil {
 			return err
 		}
@@ -123,10 +123,11 @@ func (l *Layout) planReduction() error {
 	return nil
 }
 
-// newPlan plans an all-reduce of n elements among ranks replicas with the
-// config's bucket size and all_reduce.algorithm: the replicas and the
+// newPlan plans an all-reduce of n elements among the ranks replicas of
+// stage with the config's bucket size and all_reduce.algorithm, and for a
+// hierarchical one the stage's replicas' hosts: the replicas and the
 // reference plan alike, so the reference folds as the replicas do.
-func newPlan(c *configs.Config, n, bucket, ranks int) (collective.Plan, error) {
+func newPlan(c *configs.Config, stage, n, bucket, ranks int) (collective.Plan, error) {
 	p, err := collective.NewPlan(n, bucket, ranks)
 	if err != nil {
 		return p, err
@@ -134,6 +135,16 @@ func newPlan(c *configs.Config, n, bucket, ranks int) (collective.Plan, error) {
 	p, err = p.WithAlgorithm(collective.Algorithm(c.ReduceAlgorithm()))
 	if err != nil {
 		return p, fmt.Errorf("all_reduce.algorithm: %w", err)
+	}
+	if p.Algorithm != collective.Hierarchical {
+		return p, nil
+	}
+	hosts, err := c.ReplicaHosts(stage)
+	if err != nil {
+		return p, fmt.Errorf("all_reduce.algorithm hierarchical: %w", err)
+	}
+	if p, err = p.WithGroups(hosts); err != nil {
+		return p, fmt.Errorf("all_reduce.algorithm hierarchical: stage %d: %w", stage, err)
 	}
 	return p, nil
 }
@@ -210,7 +221,8 @@ func ReferenceLayout(c *configs.Config) (*Layout, error) {
 			if err != nil {
 				return nil, err
 			}
-			p, err := newPlan(c, n, bucket, l.Replicas)
+			stage, _ := c.Place(k)
+			p, err := newPlan(c, stage, n, bucket, l.Replicas)
 			if err != nil {
 				return nil, err
 			}

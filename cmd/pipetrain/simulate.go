@@ -592,8 +592,13 @@ func (r *replication) print(w io.Writer) {
 		fmt.Fprintln(w, ", nothing to all-reduce")
 		return
 	}
+	algorithm := r.algorithm
+	if algorithm == "hierarchical" {
+		// Its cost by hosts is not modelled yet.
+		algorithm = "hierarchical (charged as the ring)"
+	}
 	fmt.Fprintf(w, "; %s all-reduce at %s/s%s plus %.3f ms%s a message, buckets of %s\n",
-		r.algorithm, decimal(r.Ring.Bandwidth*1000), mark(r.figures.bwKnown), r.Ring.Latency, mark(r.figures.latKnown), human(r.Ring.BucketBytes))
+		algorithm, decimal(r.Ring.Bandwidth*1000), mark(r.figures.bwKnown), r.Ring.Latency, mark(r.figures.latKnown), human(r.Ring.BucketBytes))
 	for s, g := range r.Grads {
 		var bytes int64
 		var t float64

@@ -814,3 +814,24 @@ func TestSimulateReduceToOne(t *testing.T) {
 		t.Errorf("reduce-to-one charged %.3f ms, no more than the ring's %.3f ms", want, ring)
 	}
 }
+
+// TestSimulateHierarchicalChargedAsRing: with all_reduce.algorithm
+// hierarchical the simulator says it charges the ring, and does: the hosts'
+// layout is not modelled yet.
+func TestSimulateHierarchicalChargedAsRing(t *testing.T) {
+	t.Setenv("PIPETRAIN_ALL_REDUCE_ALGORITHM", "hierarchical")
+	out, err := runCommand(t, simulateCmd(), "--config", mlp2x2, "--costs", "f=1,b=2", "--transfer", "0", "--schedule", "1f1b",
+		"--replicas", "4", "--allreduce-bandwidth", "500MB/s", "--allreduce-latency", "20us")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	ring := ringTime(533248*4, 4, 5e8, 0.02, 1<<20)
+	for _, w := range []string{
+		"64 samples per replica a step; hierarchical (charged as the ring) all-reduce at 500 MB/s plus 0.020 ms a message, buckets of 1.00 MiB\n",
+		fmt.Sprintf("  stage 0  gradients 2.03 MiB  all-reduce %.3f ms\n", ring),
+	} {
+		if !strings.Contains(out, w) {
+			t.Errorf("missing %q in\n%s", w, out)
+		}
+	}
+}
