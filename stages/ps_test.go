@@ -505,7 +505,9 @@ func TestPSMetricsCountServerBytes(t *testing.T) {
 // workers (aggregate 2) do not, and drop its pushes; async with
 // max_staleness k lets the others run k steps ahead of it and no more, so
 // a worker slow at every step still sets their pace, k steps later. It
-// logs the times (docs/parameter-servers.md quotes a run).
+// logs the times (docs/parameter-servers.md quotes a run) and checks the
+// one bound no scheduling can break: sync cannot reach worker 0's last push
+// before worker 2 has slept before each of its first 11.
 func TestSlowWorkerCosts(t *testing.T) {
 	if testing.Short() {
 		t.Skip("timing")
@@ -543,9 +545,10 @@ func TestSlowWorkerCosts(t *testing.T) {
 	if floor := 11 * delay; took["sync"] < floor {
 		t.Errorf("sync took %v, less than the slow worker's own %v", took["sync"], floor)
 	}
-	if took["backup 2 of 3"] > took["sync"]*2/3 {
-		t.Errorf("backup workers took %v, sync %v: they should not wait for the slow worker", took["backup 2 of 3"], took["sync"])
-	}
+	// How much sooner backup workers and async finish is a timing of this
+	// machine, logged above and quoted by docs/parameter-servers.md, never
+	// asserted (timings vary ±40% between runs here); that backup workers
+	// drop exactly the slow worker's pushes is TestBackupWorkersDropTheLateWorker's.
 }
 
 // TestPSSharesCoverTheModelOnce: the servers' shares hold every parameter
