@@ -509,9 +509,6 @@ func TestPSMetricsCountServerBytes(t *testing.T) {
 // one bound no scheduling can break: sync cannot reach worker 0's last push
 // before worker 2 has slept before each of its first 11.
 func TestSlowWorkerCosts(t *testing.T) {
-	if testing.Short() {
-		t.Skip("timing")
-	}
 	const delay = 40 * time.Millisecond
 	cases := []struct {
 		name      string
