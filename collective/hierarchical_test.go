@@ -201,18 +201,7 @@ func TestHierarchicalStreamsWithinHostsOnUnixSockets(t *testing.T) {
 			if err := Sum(p, parts, want); err != nil {
 				t.Fatal(err)
 			}
-			for r, err := range runAll(rings, func(x *Ring) error { return AllReduce(ctx, x, int64(step), 0, p, parts[x.Rank]) }) {
-				if err != nil {
-					t.Fatalf("over TCP %v step %d rank %d: %v", overTCP, step, r, err)
-				}
-			}
-			for r := range parts {
-				for i := range want {
-					if math.Float32bits(parts[r][i]) != math.Float32bits(want[i]) {
-						t.Fatalf("over TCP %v step %d rank %d element %d: %v, Sum gives %v", overTCP, step, r, i, parts[r][i], want[i])
-					}
-				}
-			}
+			everyRankGetsSum(t, rings, p, int64(step), parts, want)
 		}
 	}
 }
