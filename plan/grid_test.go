@@ -331,3 +331,70 @@ func TestReplicaBadInputs(t *testing.T) {
 		}
 	}
 }
+
+// TestCompareReductionsByHand: one stage of 2 layers (4000 gradient bytes,
+// 3000 on server 0 and 1000 on server 1), 4 replicas of 2 micro-batches of
+// one sample: the compute ends at 12 ms and the whole reduction follows.
+// Across hosts 100 bytes/ms and 5 ms a message, within 1000 and 0.1, in 3
+// buckets of at most 1500 bytes:
+//
+//   - ring: 2·3/4·4000/100 + 3 buckets × 6 messages × 5 = 150;
+//   - reduce-to-one: (3+6-1) × 5 + (2·4000 + 5·1500)/100 = 195;
+//   - hierarchical, 2 hosts of 2: per bucket 3 messages within (0.1) and 3
+//     across (5); 4000 + 2·2000 bytes within, 3·2000 across: 113.9;
+//   - servers: twice 5 + 4 workers × 3000 / 100 = 250.
+func TestCompareReductionsByHand(t *testing.T) {
+	layers := uniform(2, -1)
+	layers[0].GradBytes, layers[1].GradBytes = 3000, 1000
+	layers[0].ServerBytes, layers[1].ServerBytes = []int64{3000, 0}, []int64{0, 1000}
+	p := Problem{Layers: layers, Stages: 1, MicroBatches: 2, Batch: 8, MicroBatch: 1, Replicas: 4,
+		AllReduceBytesPerMS: 100, AllReduceLatencyMS: 5, BucketBytes: 1500,
+		ReplicasPerHost: 2, WithinBytesPerMS: 1000, WithinLatencyMS: 0.1}
+	pl, err := Solve(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, best := CompareReductions(p, pl, Algorithms())
+	want := map[string]float64{"ring": 150, "reduce-to-one": 195, "hierarchical": 113.9, "ps": 250}
+	for _, r := range got {
+		if r.Err != nil {
+			t.Fatalf("%s: %v", r.Algorithm, r.Err)
+		}
+		if w := want[r.Algorithm]; math.Abs(r.Plan.StepMS-(12+w)) > 1e-9 || math.Abs(r.Plan.AllReduceMS[0]-w) > 1e-9 {
+			t.Errorf("%s: step %v, reduction %v; want %v, %v", r.Algorithm, r.Plan.StepMS, r.Plan.AllReduceMS, 12+w, w)
+		}
+	}
+	if best < 0 || got[best].Algorithm != "hierarchical" {
+		t.Errorf("best %d, want hierarchical's", best)
+	}
+	if pl.StepMS != got[0].Plan.StepMS {
+		t.Errorf("the plan, under the ring, %v; the comparison's ring %v", pl.StepMS, got[0].Plan.StepMS)
+	}
+	// Without servers' bytes, servers cannot be weighed; the rest can.
+	p.Layers = uniform(2, -1)
+	p.Layers[0].GradBytes, p.Layers[1].GradBytes = 3000, 1000
+	got, best = CompareReductions(p, pl, []string{"ring", "ps"})
+	if got[0].Err != nil || got[1].Err == nil || best != 0 {
+		t.Errorf("no server bytes: %v, %v (best %d); want the ring alone", got[0].Err, got[1].Err, best)
+	}
+}
+
+// TestServersChargedWithOneWorker: parameter servers push and pull even
+// with one replica, from the stage's step end: under 1F1B on two stages
+// with 2 micro-batches (F = 1, B = 2 a layer) stage 0 ends at 9 ms.
+func TestServersChargedWithOneWorker(t *testing.T) {
+	layers := uniform(2, -1)
+	layers[0].ServerBytes, layers[1].ServerBytes = []int64{500}, []int64{100}
+	p := Problem{Layers: layers, Stages: 2, MicroBatches: 2, Batch: 2, MicroBatch: 1, Algorithm: "ps", AllReduceBytesPerMS: 100}
+	pl, err := Evaluate(p, []int{0, 1}, "1f1b", 2, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(pl.AllReduceMS, []float64{10, 2}) || pl.StepMS != 19 {
+		t.Errorf("reductions %v, step %v; want [10 2], 19", pl.AllReduceMS, pl.StepMS)
+	}
+	p.Layers[1].ServerBytes = []int64{1, 2}
+	if _, err := Evaluate(p, []int{0, 1}, "1f1b", 2, false); err == nil || err.Error() != "plan: layer 1 (1): bytes held by 2 servers, layer 0 by 1" {
+		t.Errorf("uneven server counts: %v", err)
+	}
+}

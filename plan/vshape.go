@@ -144,8 +144,8 @@ func kindCounts(s *schedule.Schedule) [][][schedule.Recompute + 1]float64 {
 func (c *candidate) simulateV(cuts []int) (*Plan, error) {
 	p, top := c.p.Stages, c.sched.Topology()
 	costs := schedule.Costs{F: make([]float64, p), B: make([]float64, p), I: make([]float64, p), W: make([]float64, p),
-		Chunks: make([][]schedule.ChunkCost, p), Cores: c.p.cores()}
-	replicated := c.p.replicas() > 1
+		Chunks: make([][]schedule.ChunkCost, p), Cores: c.p.cores(), ReduceAtStepEnd: c.p.servers() != nil}
+	replicated := c.p.reduces()
 	if replicated {
 		costs.AllReduce = make([][]float64, p)
 	}
