@@ -462,7 +462,7 @@ func simulateOne(w io.Writer, s *schedule.Schedule, costs schedule.Costs, stash 
 			fmt.Fprintf(w, ", activations %.2f MiB", float64(peak[st])/(1<<20))
 		}
 		if tl.Exposed != nil {
-			fmt.Fprintf(w, "  all-reduce %.2f ms, %.2f exposed", tl.AllReduce(st), tl.Exposed[st])
+			fmt.Fprintf(w, "  %s %.2f ms, %.2f exposed", repl.verb(), tl.AllReduce(st), tl.Exposed[st])
 		}
 		fmt.Fprintln(w)
 		row := timeline.Row{Name: fmt.Sprintf("stage %d", st), Note: fmt.Sprintf("bubble %.1f%%", 100*tl.Bubble[st])}
@@ -642,8 +642,8 @@ func (r *replication) describe(mark func(bool) string) string {
 	switch {
 	case r.Servers != nil:
 		mode := cmp.Or(r.servers.Mode, "sync")
-		return fmt.Sprintf("%s (%s, %d): each worker stage pushes its gradients to the servers holding them and pulls its weights back when its step ends, at %s; "+
-			"each server's link carries every worker's share (%s)", r.Algorithm, mode, r.servers.Count, at, psModel(mode, r.servers.Aggregate))
+		return fmt.Sprintf("%s (%s): each worker stage pushes its gradients to the servers holding them and pulls its weights back when its step ends, at %s; "+
+			"each server's link carries every worker's share%s", words.Count(r.servers.Count, "parameter server"), mode, at, psModel(mode, r.servers.Aggregate))
 	case r.Hosts != nil:
 		within := withinFigures(r.within)
 		from := "hosts of the stage's addresses"
@@ -699,15 +699,16 @@ func (r *replication) stageNote(s int) string {
 	return ""
 }
 
-// psModel says how the simulator's identical workers charge the mode.
+// psModel says how the simulator's identical workers charge the mode:
+// async and backup workers as sync.
 func psModel(mode string, aggregate int) string {
 	switch {
 	case mode == "async":
-		return "async is charged as sync: identical workers push as much each step, and the step waits for no slower worker"
+		return "; async is charged as sync: identical workers push as much each step, and none is slower to wait for"
 	case aggregate > 0:
-		return "backup workers are charged as every worker's push: identical workers arrive together"
+		return "; backup workers are charged as every worker's push: identical workers arrive together"
 	}
-	return "sync"
+	return ""
 }
 
 func joinInts(xs []int) string {
@@ -755,7 +756,7 @@ func (r *replication) printStep(w io.Writer, tl *schedule.Timeline) {
 	}
 	fmt.Fprintf(w, "  %d stages × %s: step %.2f ms, %.0f samples/s (batch %d)", r.stages, words.Count(r.Replicas, "replica"), tl.Makespan, 1000*float64(r.batch)/tl.Makespan, r.batch)
 	if tl.Exposed != nil {
-		fmt.Fprintf(w, ", all-reduce exposed %.2f ms", slices.Max(tl.Exposed))
+		fmt.Fprintf(w, ", %s exposed %.2f ms", r.verb(), slices.Max(tl.Exposed))
 	}
 	fmt.Fprintln(w)
 }

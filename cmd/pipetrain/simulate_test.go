@@ -880,13 +880,56 @@ func TestSimulateParameterServers(t *testing.T) {
 	fc0, fc1 := int64(784*512)*4, int64(512+512*256+256)*4
 	ps := schedule.ParameterServers{Workers: 3, Link: schedule.LinkFigures{Bandwidth: 5e5, Latency: 0.02}}
 	for _, w := range []string{
-		"parameter servers (sync, 2): each worker stage pushes its gradients to the servers holding them and pulls its weights back when its step ends, at 500 MB/s plus 0.020 ms a message",
+		"2 parameter servers (sync): each worker stage pushes its gradients to the servers holding them and pulls its weights back when its step ends, at 500 MB/s plus 0.020 ms a message",
 		fmt.Sprintf("  stage 0  gradients %s  push and pull %.3f ms  (servers hold 0: %s, 1: %s)\n", human(fc0+fc1), ps.Time([]int64{fc0, fc1}), human(fc0), human(fc1)),
 		// 1F1B's compute ends at (m+p-1)·3 = 9 on stage 0; its exchange after.
 		fmt.Sprintf("1f1b: makespan %.2f ms", 9+ps.Time([]int64{fc0, fc1})),
+		fmt.Sprintf("push and pull exposed %.2f ms\n", ps.Time([]int64{fc0, fc1})),
 	} {
 		if !strings.Contains(out, w) {
 			t.Errorf("missing %q in\n%s", w, out)
+		}
+	}
+	// Async is charged as sync, and says so.
+	t.Setenv("PIPETRAIN_PARAMETER_SERVERS_MODE", "async")
+	async, err := runCommand(t, simulateCmd(), "--config", "../../configs/fmnist-mlp-ps.yaml", "--costs", "f=1,b=2", "--transfer", "0", "--schedule", "1f1b",
+		"--allreduce-bandwidth", "500MB/s", "--allreduce-latency", "20us")
+	for _, w := range []string{
+		"2 parameter servers (async): ",
+		"; async is charged as sync: identical workers push as much each step, and none is slower to wait for\n",
+		fmt.Sprintf("1f1b: makespan %.2f ms", 9+ps.Time([]int64{fc0, fc1})),
+	} {
+		if err != nil || !strings.Contains(async, w) {
+			t.Errorf("async: missing %q in\n%s (%v)", w, async, err)
+		}
+	}
+}
+
+// TestSimulateLayerOverlap: under all_reduce.overlap layer and zb-h1 stage
+// 0's last bucket of 1 MiB buckets, bytes [2 MiB, 2,132,992), lies in fc1,
+// which the last weight pass finishes a quarter of the way through (fc1's
+// 525,312 bytes of the stage's 2,132,992): its ring runs while the pass
+// computes fc0's, so stage 0, which ends the step, exposes that bucket's
+// time less than per chunk.
+func TestSimulateLayerOverlap(t *testing.T) {
+	args := []string{"--config", mlp2x2, "--costs", "f=1,b=2,w=1", "--transfer", "0", "--schedule", "zb-h1",
+		"--allreduce-bandwidth", "1GB/s", "--allreduce-latency", "50us"}
+	g0 := int64(533248 * 4)
+	whole := ringTime(g0, 2, 1e9, 0.05, 1<<20)
+	last := ringTime(g0-2<<20, 2, 1e9, 0.05, 1<<20)
+	for _, tt := range []struct {
+		overlap, note string
+		exposed       float64
+	}{
+		{"chunk", "buckets of 1.00 MiB\n", whole},
+		{"layer", "buckets of 1.00 MiB; all_reduce.overlap layer: under a schedule that splits the backward, each bucket starts once the chunk's last weight pass has finished its layers\n", whole - last},
+	} {
+		t.Setenv("PIPETRAIN_ALL_REDUCE_OVERLAP", tt.overlap)
+		out, err := runCommand(t, simulateCmd(), args...)
+		for _, w := range []string{tt.note, fmt.Sprintf("all-reduce %.2f ms, %.2f exposed\n", whole, tt.exposed)} {
+			if err != nil || !strings.Contains(out, w) {
+				t.Errorf("overlap %s: missing %q in\n%s (%v)", tt.overlap, w, out, err)
+			}
 		}
 	}
 }
