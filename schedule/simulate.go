@@ -1,6 +1,7 @@
 package schedule
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -145,9 +146,10 @@ type Timeline struct {
 
 	// With Costs.AllReduce, and nil without: per stage, its chunks'
 	// all-reduces in the order they ran (one at a time, as one ring serves
-	// a stage), and Exposed, how far the last of them ends after the step
-	// would have ended with no all-reduce at all: the part of the stage's
-	// all-reduce that no computation hides. The step is longer than it
+	// a stage; each bucket apart under Costs.Buckets), and Exposed, how far
+	// the last of them ends after the step would have ended with no
+	// all-reduce at all: the part of the stage's all-reduce that no
+	// computation hides. The step is longer than it
 	// would be without them by the largest Exposed (in a lowered schedule
 	// whose tied weights' exchange waits for the all-reduces, by up to a
 	// transfer more).
@@ -249,7 +251,7 @@ func (c Costs) check(p, v int) error {
 	}
 	if c.AllReduce == nil {
 		if c.Buckets != nil {
-			return fmt.Errorf("costs have all-reduce buckets but no all-reduce")
+			return errors.New("costs have all-reduce buckets but no all-reduce")
 		}
 		return nil
 	}
