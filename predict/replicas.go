@@ -219,7 +219,9 @@ func (r *Replication) Costs(c schedule.Costs, chunks int) schedule.Costs {
 		}
 		if layered {
 			for ch := range g {
-				c.Buckets[s] = append(c.Buckets[s], layerBuckets(r.LayerBytes[s][ch], r.StageRing(s)))
+				// A layer's share of the weight pass taken as its share
+				// of the bytes: per-layer costs are not known here.
+				c.Buckets[s] = append(c.Buckets[s], r.StageRing(s).LayerBuckets(r.LayerBytes[s][ch], nil))
 			}
 		}
 	}
@@ -239,35 +241,4 @@ func spread(g []int64, chunks int) []int64 {
 	}
 	bytes[0] += total % int64(chunks)
 	return bytes
-}
-
-// layerBuckets is a chunk's buckets under all_reduce.overlap layer, in the
-// order the ring runs them: cut from the chunk's first gradient byte on in
-// ring.BucketBytes, handed over last first, each once the chunk's last
-// weight pass has finished the earliest layer it lies in. The pass runs the
-// layers last to first, and a layer's share of it is taken as its share of
-// the chunk's gradient bytes (a dense layer's weight gradient costs in
-// proportion to its weights); its time is the ring's for the bucket alone.
-func layerBuckets(layers []int64, ring schedule.RingAllReduce) []schedule.Bucket {
-	total := sum(layers)
-	if total == 0 {
-		return nil
-	}
-	size := ring.BucketBytes
-	if size <= 0 {
-		size = total
-	}
-	var out []schedule.Bucket
-	for lo := (total - 1) / size * size; lo >= 0; lo -= size {
-		// The layer holding byte lo, and the bytes from it to the end:
-		// what the pass has done when that layer's gradients are final.
-		from, before := 0, int64(0)
-		for from+1 < len(layers) && before+layers[from] <= lo {
-			before += layers[from]
-			from++
-		}
-		ready := float64(total-before) / float64(total)
-		out = append(out, schedule.Bucket{Ready: ready, Time: ring.Time(min(size, total-lo))})
-	}
-	return out
 }

@@ -154,3 +154,58 @@ func (p ParameterServers) Time(bytes []int64) float64 {
 	load := max(float64(max(1, p.Workers))*float64(busiest), float64(total))
 	return 2 * (p.Link.Latency + transfer(p.Link, load))
 }
+
+// LayerBuckets cuts a chunk's all-reduce into its buckets under
+// all_reduce.overlap layer (Costs.Buckets), in the order the ring runs
+// them: cut from the chunk's first gradient byte on in BucketBytes, handed
+// over last first, each once the chunk's last weight pass has finished the
+// earliest layer it lies in. bytes are the chunk's layers' gradient bytes,
+// in layer order, and work their shares of that pass in any unit (nil: in
+// proportion to their bytes, as a dense layer's weight gradient costs); the
+// pass runs the layers last to first. Each bucket costs its own Time.
+func (r RingAllReduce) LayerBuckets(bytes []int64, work []float64) []Bucket {
+	if work == nil {
+		work = make([]float64, len(bytes))
+		for k, b := range bytes {
+			work[k] = float64(b)
+		}
+	}
+	var total int64
+	var whole float64
+	for k, b := range bytes {
+		total += b
+		whole += work[k]
+	}
+	if total <= 0 {
+		return nil
+	}
+	size := r.BucketBytes
+	if size <= 0 {
+		size = total
+	}
+	var out []Bucket
+	for lo := (total - 1) / size * size; lo >= 0; lo -= size {
+		ready := 1.0
+		if whole > 0 {
+			ready = workFrom(bytes, work, lo) / whole
+		}
+		out = append(out, Bucket{Ready: ready, Time: r.Time(min(size, total-lo))})
+	}
+	return out
+}
+
+// workFrom is the work of the layers from the one holding byte at to the
+// last: what the last weight pass has done when that layer's gradients are
+// final.
+func workFrom(bytes []int64, work []float64, at int64) float64 {
+	from, before := 0, int64(0)
+	for from+1 < len(bytes) && before+bytes[from] <= at {
+		before += bytes[from]
+		from++
+	}
+	var done float64
+	for _, w := range work[from:] {
+		done += w
+	}
+	return done
+}

@@ -489,3 +489,34 @@ func TestSimulateReduceAtStepEnd(t *testing.T) {
 		t.Errorf("the lowered schedule's timeline differs (%v)", err)
 	}
 }
+
+// TestLayerBuckets: 4000 bytes in layers of 3000 and 1000, buckets of
+// 1000, handed over last first. The last bucket lies in layer 1, which the
+// weight pass (layers last to first) finishes after its own work: a
+// quarter of the pass by bytes, or 1 of 3 units of work given. The others
+// touch layer 0 and wait for the pass's end.
+func TestLayerBuckets(t *testing.T) {
+	r := RingAllReduce{Replicas: 2, Bandwidth: 100, Latency: 1, BucketBytes: 1000}
+	each := r.Time(1000)
+	tests := []struct {
+		what  string
+		work  []float64
+		bytes []int64
+		want  []Bucket
+	}{
+		{"by bytes", nil, []int64{3000, 1000}, []Bucket{{0.25, each}, {1, each}, {1, each}, {1, each}}},
+		{"by work", []float64{2, 1}, []int64{3000, 1000}, []Bucket{{1.0 / 3, each}, {1, each}, {1, each}, {1, each}}},
+		// A bucket of 500 bytes last, straddling nothing.
+		{"a short last bucket", nil, []int64{1000, 1500}, []Bucket{{0.6, r.Time(500)}, {0.6, each}, {1, each}}},
+		{"a layer without gradients", []float64{1, 0, 1}, []int64{1000, 0, 1000}, []Bucket{{0.5, each}, {1, each}}},
+		{"nothing to reduce", nil, []int64{0}, nil},
+	}
+	for _, tt := range tests {
+		if got := r.LayerBuckets(tt.bytes, tt.work); !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("%s: %v, want %v", tt.what, got, tt.want)
+		}
+	}
+	if got := (RingAllReduce{Replicas: 2, Bandwidth: 100}).LayerBuckets([]int64{300, 100}, nil); !reflect.DeepEqual(got, []Bucket{{1, 4}}) {
+		t.Errorf("no bucket size, one bucket from byte 0: %v", got)
+	}
+}
