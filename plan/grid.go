@@ -94,7 +94,8 @@ func CompareReductions(p Problem, pl *Plan, algorithms []string) (out []Reductio
 	p.Stages, p.Replicas = pl.Stages(), pl.Replicas
 	for _, a := range algorithms {
 		q := p
-		q.Algorithm = a
+		// all_reduce.overlap layer runs with the ring alone.
+		q.Algorithm, q.PerLayer = a, p.PerLayer && a == "ring"
 		r := Reduction{Algorithm: a}
 		r.Plan, r.Err = Evaluate(q, pl.Boundaries, pl.Schedule, pl.MicroBatches, pl.Recompute)
 		if r.Err == nil && (best < 0 || r.Plan.StepMS < out[best].Plan.StepMS) {

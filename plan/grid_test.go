@@ -398,3 +398,59 @@ func TestServersChargedWithOneWorker(t *testing.T) {
 		t.Errorf("uneven server counts: %v", err)
 	}
 }
+
+// TestPerLayerBucketsByHand: zb-h1 on one stage of 2 layers (F = 1,
+// I = W = 1 each), one micro-batch: F [0,2], I [2,4], W [4,6]. Of the 4000
+// gradient bytes (3000 in layer 0, 1000 in layer 1) in buckets of 1000, at
+// 100 bytes/ms on 2 replicas (10 ms a bucket), the last lies in layer 1,
+// whose W is done halfway through the pass: it runs [5, 15], the other
+// three after it, to 45, one ms before the chunk's whole all-reduce, [6, 46].
+func TestPerLayerBucketsByHand(t *testing.T) {
+	layers := uniform(2, -1)
+	layers[0].GradBytes, layers[1].GradBytes = 3000, 1000
+	p := Problem{Layers: layers, Stages: 1, MicroBatches: 1, Batch: 2, MicroBatch: 1, Replicas: 2,
+		AllReduceBytesPerMS: 100, BucketBytes: 1000, Schedules: []string{"zb-h1"}}
+	whole, err := Evaluate(p, []int{0}, "zb-h1", 1, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.PerLayer = true
+	layered, err := Evaluate(p, []int{0}, "zb-h1", 1, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if whole.StepMS != 46 || layered.StepMS != 45 || !slices.Equal(layered.ExposedMS, []float64{39}) {
+		t.Errorf("per chunk step %v, per layer %v (exposed %v); want 46, 45 ([39])", whole.StepMS, layered.StepMS, layered.ExposedMS)
+	}
+	// A fused backward reports no layer: 1f1b's buckets start at its end.
+	fused, err := Evaluate(p, []int{0}, "1f1b", 1, false)
+	if err != nil || fused.StepMS != 46 {
+		t.Errorf("1f1b per layer: step %v (%v), want 46", fused.StepMS, err)
+	}
+	// Only the ring runs per layer.
+	rs, _ := CompareReductions(p, layered, []string{"ring", "reduce-to-one"})
+	p.PerLayer, p.Algorithm = false, "reduce-to-one"
+	r2o, err := Evaluate(p, []int{0}, "zb-h1", 1, false)
+	if err != nil || rs[0].Plan.StepMS != 45 || rs[1].Plan.StepMS != r2o.StepMS {
+		t.Errorf("compared: ring %v, reduce-to-one %v; want 45, %v per chunk (%v)", rs[0].Plan.StepMS, rs[1].Plan.StepMS, r2o.StepMS, err)
+	}
+}
+
+// TestSolvePerLayerMatchesBruteForce: with per-layer buckets, whose
+// all-reduce may start before a stage's last backward ends, the search
+// still finds the fastest split.
+func TestSolvePerLayerMatchesBruteForce(t *testing.T) {
+	r := rand.New(rand.NewPCG(21, 22))
+	for trial := range 100 {
+		p := withReplicas(r, randomProblem(r, r.IntN(10)-2), 2)
+		p.PerLayer, p.Schedules = true, []string{"zb-h1", "1f1b"}
+		want, _ := brute(t, p)
+		got, err := Solve(p)
+		if err != nil {
+			t.Fatalf("trial %d: %v", trial, err)
+		}
+		if math.Abs(got.StepMS-want) > 1e-9 {
+			t.Fatalf("trial %d: step %v with %v (%s), brute force finds %v", trial, got.StepMS, got.Boundaries, got.Schedule, want)
+		}
+	}
+}

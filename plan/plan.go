@@ -174,6 +174,12 @@ type Problem struct {
 	ReplicasPerHost  int
 	WithinBytesPerMS float64
 	WithinLatencyMS  float64
+	// PerLayer is all_reduce.overlap layer: under a schedule that splits
+	// the backward, a stage's buckets start during its last weight pass,
+	// each once the pass has finished the layers it lies in, a layer's
+	// share of the pass its W (schedule.RingAllReduce.LayerBuckets). The
+	// ring's only; V-shaped splits still start each chunk's at its end.
+	PerLayer bool
 	// Recompute lets Solve also consider gpipe and 1f1b with every stage
 	// recomputing its forwards (stages[i].recompute: full), which trades a
 	// forward per micro-batch for keeping one micro-batch's activations and
@@ -770,6 +776,23 @@ func (c *candidate) stage(i, j int) cost {
 	return x
 }
 
+// layered reports whether the candidate's buckets start per layer
+// (Problem.PerLayer): the ring's, under a schedule whose weight passes run
+// apart.
+func (c *candidate) layered() bool {
+	return c.p.PerLayer && c.split && c.p.replicas() > 1 && (c.p.Algorithm == "" || c.p.Algorithm == "ring")
+}
+
+// buckets is the per-layer buckets of a stage holding layers [i, j), each
+// layer's share of the weight pass its W.
+func (c *candidate) buckets(i, j int) []schedule.Bucket {
+	bytes, work := make([]int64, j-i), make([]float64, j-i)
+	for k := i; k < j; k++ {
+		bytes[k-i], work[k-i] = c.grad[k+1]-c.grad[k], c.w[k+1]-c.w[k]
+	}
+	return c.p.ring().LayerBuckets(bytes, work)
+}
+
 // memory returns the bytes stage s needs holding layers [i, j), as a float64
 // (exact: byte sums are kept below 2^53).
 func (c *candidate) memory(s, i, j int) float64 {
@@ -841,6 +864,9 @@ func (c *candidate) simulate(bounds []int) (*Plan, error) {
 		costs.F[s], costs.B[s], costs.I[s], costs.W[s] = x.F, x.B, x.I, x.W
 		if replicated {
 			costs.AllReduce[s] = []float64{x.AR}
+		}
+		if c.layered() {
+			costs.Buckets = append(costs.Buckets, [][]schedule.Bucket{c.buckets(bounds[s], end)})
 		}
 		mem[s] = int64(c.memory(s, bounds[s], end))
 	}

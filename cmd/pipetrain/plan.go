@@ -217,7 +217,7 @@ func runPlan(w io.Writer, o planOptions) error {
 		Schedules: names, MemoryLimit: limit, Layers: layers,
 		TransferBytesPerMS: schedule.Loopback.BytesPerMS(), LatencyMS: schedule.Loopback.LatencyMS(),
 		Replicas: cfg.Replicas(), AllReduceBytesPerMS: ring.bytesPerSecond / 1000, AllReduceLatencyMS: ms(ring.latency),
-		BucketBytes: int64(bucket), Algorithm: planAlgorithm(cfg),
+		BucketBytes: int64(bucket), Algorithm: planAlgorithm(cfg), PerLayer: cfg.AllReduce.Overlap == "layer",
 		ReplicasPerHost: o.perHost, WithinBytesPerMS: within.bytesPerSecond / 1000, WithinLatencyMS: ms(within.latency),
 		// Recomputation costs a forward per micro-batch: worth weighing
 		// only where memory is short.
