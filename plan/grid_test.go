@@ -454,3 +454,21 @@ func TestSolvePerLayerMatchesBruteForce(t *testing.T) {
 		}
 	}
 }
+
+// TestServersChargeAVStageOnce: under zb-v a stage holds two chunks, and
+// its worker pushes both chunks' gradients at once when its step ends: one
+// stage, layers 0 (3000 bytes on server 0) and 1 (1000 on server 1), two
+// workers at 100 bytes/ms take twice 2 × 3000 / 100 = 120 ms after the 6 ms
+// of compute, not 120 + 40 for the chunks apart.
+func TestServersChargeAVStageOnce(t *testing.T) {
+	layers := uniform(2, -1)
+	layers[0].ServerBytes, layers[1].ServerBytes = []int64{3000, 0}, []int64{0, 1000}
+	p := Problem{Layers: layers, Stages: 1, MicroBatches: 1, Batch: 2, MicroBatch: 1, Replicas: 2, Algorithm: "ps", AllReduceBytesPerMS: 100}
+	pl, err := Evaluate(p, []int{0, 1}, "zb-v", 1, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pl.StepMS != 126 || !slices.Equal(pl.AllReduceMS, []float64{120}) {
+		t.Errorf("step %v, push and pull %v; want 126, [120]", pl.StepMS, pl.AllReduceMS)
+	}
+}

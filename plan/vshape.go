@@ -164,7 +164,7 @@ func (c *candidate) simulateV(cuts []int) (*Plan, error) {
 		costs.B[st] += x.B
 		costs.I[st] += x.I
 		costs.W[st] += x.W
-		if replicated {
+		if replicated && c.served == nil {
 			costs.AllReduce[st][ch] = x.AR
 		}
 		// The boundary after model stage k crosses a link unless both
@@ -172,6 +172,9 @@ func (c *candidate) simulateV(cuts []int) (*Plan, error) {
 		if next, _ := top.Locate(k + 1); j < c.n && next != st {
 			costs.Transfer = max(costs.Transfer, c.transfer(j))
 		}
+	}
+	if replicated && c.served != nil {
+		c.pushPerStage(cuts, costs.AllReduce)
 	}
 	mem := c.vMemory(cuts)
 	tl, err := schedule.Simulate(c.sched, costs)
@@ -372,4 +375,25 @@ func (b *bnb) simulateV(cuts []int) *Plan {
 		b.err = err
 	}
 	return pl
+}
+
+// pushPerStage charges each stage's push and pull with parameter servers
+// once, for both its chunks' layers, on chunk 0: a worker stage pushes its
+// whole gradient when its step ends (schedule.Costs.ReduceAtStepEnd).
+func (c *candidate) pushPerStage(cuts []int, ar [][]float64) {
+	top := c.sched.Topology()
+	held := make([][]int64, c.p.Stages)
+	for k, i := range cuts {
+		j := c.pieceEnd(cuts, k)
+		st, _ := top.Locate(k)
+		if held[st] == nil {
+			held[st] = make([]int64, len(c.served))
+		}
+		for srv, sums := range c.served {
+			held[st][srv] += sums[j] - sums[i]
+		}
+	}
+	for st, bytes := range held {
+		ar[st][0] = c.p.servers().Time(bytes)
+	}
 }
