@@ -59,7 +59,9 @@ hierarchical (--replicas-per-host consecutive replicas a host, all on one by
 default, the links within a host at --within-host-bandwidth and
 --within-host-latency) and parameter servers in sync mode (--servers of them,
 the config's count by default), and names the fastest. The plan itself keeps
-the config's all_reduce.algorithm (or parameter_servers).
+the config's all_reduce.algorithm (or parameter_servers). With
+all_reduce.overlap layer, a split's buckets start during its stages' last
+weight pass, as in a run, each layer's share of the pass its measured W.
 
 The plan keeps data.micro_batches, which changes the training (the losses
 differ), unless --micro-batches N gives another count or
@@ -250,7 +252,8 @@ func runPlan(w io.Writer, o planOptions) error {
 		fmt.Fprintf(w, "  layer %d %-6s F %.3f ms  B %.3f ms  activations %s  parameters+state %s\n", i, l.Name, l.F, l.B, human(l.ActBytes+l.FixedActBytes), human(l.ParamBytes))
 	}
 	if o.processes > 0 || cfg.Replicas() > 1 {
-		fmt.Fprintf(w, "  all-reduce: a ring at %s/s plus %.3f ms a message, buckets of %s", decimal(ring.bytesPerSecond), ms(ring.latency), human(prob.BucketBytes))
+		shape := map[string]string{"ring": "a ring", "reduce-to-one": "reduce-to-one", "hierarchical": "hierarchical, across hosts", "ps": "parameter servers' links"}[prob.Algorithm]
+		fmt.Fprintf(w, "  all-reduce: %s at %s/s plus %.3f ms a message, buckets of %s", shape, decimal(ring.bytesPerSecond), ms(ring.latency), human(prob.BucketBytes))
 		if ring.measured != "" {
 			fmt.Fprintf(w, "; %s", ring.measured)
 		}
