@@ -179,9 +179,18 @@ func (k *checkpointer) save(ctx context.Context, done int) error {
 			fmt.Fprintf(k.log, "stage 0: %v\n", err)
 			return
 		}
-		fmt.Fprintf(k.log, "checkpoint of step %d committed (%s)\n", m.Step, words.Count(len(m.Parts), "part"))
+		fmt.Fprintf(k.log, "checkpoint of step %d committed (%s)\n", m.Step, partsOf(m))
 	})
 	return nil
+}
+
+// partsOf counts a committed checkpoint's parts for messages: the stages'
+// and, with parameter servers, the servers'.
+func partsOf(m *checkpoint.Manifest) string {
+	if len(m.ServerParts) == 0 {
+		return words.Count(len(m.Parts), "part")
+	}
+	return fmt.Sprintf("%s and %s", words.Count(len(m.Parts), "stage part"), words.Count(len(m.ServerParts), "server part"))
 }
 
 // inOrder runs commit in the background after the commits before it: a

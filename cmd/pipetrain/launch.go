@@ -247,7 +247,7 @@ func runAttempt(ctx context.Context, cfg *configs.Config, opts launcher.Options)
 		return err
 	}
 	if err := launcher.Run(ctx, opts); err != nil {
-		servers.kill()
+		servers.kill(opts.Out)
 		return err
 	}
 	return servers.stop()

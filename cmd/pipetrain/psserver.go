@@ -46,6 +46,7 @@ func psServerCmd() *cobra.Command {
 type psServers struct {
 	cmds []*exec.Cmd
 	wg   sync.WaitGroup
+	mu   sync.Mutex // guards errs while the servers run
 	errs []error
 }
 
@@ -81,7 +82,7 @@ func startPSServers(cfg *configs.Config, o launcher.Options) (*psServers, error)
 		pr, pw := io.Pipe()
 		cmd.Stdout, cmd.Stderr = pw, pw
 		if err := cmd.Start(); err != nil {
-			s.kill()
+			s.kill(io.Discard)
 			return nil, fmt.Errorf("starting %s: %w", configs.PSName(i), err)
 		}
 		s.cmds = append(s.cmds, cmd)
@@ -94,7 +95,10 @@ func startPSServers(cfg *configs.Config, o launcher.Options) (*psServers, error)
 			}
 		})
 		s.wg.Go(func() {
-			s.errs[i] = cmd.Wait()
+			err := cmd.Wait()
+			s.mu.Lock()
+			s.errs[i] = err
+			s.mu.Unlock()
 			pw.Close()
 		})
 	}
@@ -102,8 +106,17 @@ func startPSServers(cfg *configs.Config, o launcher.Options) (*psServers, error)
 }
 
 // kill ends the servers of a failed attempt at once: their workers are
-// gone, so they would never finish.
-func (s *psServers) kill() {
+// gone, so they would never finish. It says which servers had failed
+// before, the likely cause of the stages' failure, which name only the
+// server's address.
+func (s *psServers) kill(out io.Writer) {
+	s.mu.Lock()
+	for i, err := range s.errs {
+		if err != nil {
+			fmt.Fprintf(out, "pipetrain: %s had failed (%v) before the stages did\n", configs.PSName(i), err)
+		}
+	}
+	s.mu.Unlock()
 	for _, c := range s.cmds {
 		if c.Process != nil {
 			c.Process.Kill()
