@@ -245,3 +245,54 @@ func TestKilledServerResumesFromTheCheckpoint(t *testing.T) {
 		})
 	}
 }
+
+// TestInterruptedServersResume sends Ctrl-C's signal to a sync launch with
+// parameter servers that checkpoints every 5 steps: every process stops,
+// launch exits 130 naming the newest complete checkpoint (the servers keep
+// their state only at checkpoint.every's steps, so the step the stages stop
+// at has a checkpoint only when it is one of those), and launch --resume
+// ends with the reference's losses, weights and evaluation bit for bit.
+func TestInterruptedServersResume(t *testing.T) {
+	needData(t)
+	const steps = 40
+	cfg, _ := psConfigWith(t, "sync", steps, "checkpoint: {every: 5}")
+	ref := reference(t, cfg)
+	dir := t.TempDir()
+	cmd, out, done := start(t, nil, "launch", "--config", cfg, "--run-dir", dir)
+	waitForStep(t, dir, 7, time.Minute, out)
+	cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatalf("launch still running a minute after SIGINT:\n%s", out.String())
+	}
+	text := out.String()
+	if code := cmd.ProcessState.ExitCode(); code != 130 {
+		t.Fatalf("exit status %d after SIGINT, want 130:\n%s", code, text)
+	}
+	m := regexp.MustCompile(`every stage stopped after step (\d+); (?:its checkpoint was not committed, the newest complete one is of step (\d+)|the checkpoint of step (\d+) is complete); continue with`).FindStringSubmatch(text)
+	if m == nil {
+		t.Fatalf("launch did not say where it stopped and which checkpoint to continue from:\n%s", text)
+	}
+	stop, _ := strconv.Atoi(m[1])
+	from, _ := strconv.Atoi(m[2] + m[3])
+	t.Logf("stopped after step %d; the newest complete checkpoint is of step %d", stop, from)
+	if from != stop-stop%5 || from < 5 {
+		t.Errorf("stopped after step %d with the checkpoint of step %d complete; want that of step %d", stop, from, stop-stop%5)
+	}
+	noStageLeft(t, cfg, dir)
+	for i := range 2 {
+		if pid := serverPID(cfg, i); pid != 0 {
+			t.Errorf("server %d (pid %d) still running after launch exited", i, pid)
+		}
+	}
+	r := run(t, 3*time.Minute, nil, "launch", "--resume", dir)
+	if r.err != nil {
+		t.Fatalf("launch --resume: %v\n%s", r.err, r.out)
+	}
+	if want := fmt.Sprintf("parameter server 1: resumed from the checkpoint of step %d", from); !strings.Contains(r.out, want) {
+		t.Errorf("no %q in the resumed launch's output:\n%s", want, r.out)
+	}
+	sameRun(t, ref, dir, steps)
+	sameEval(t, ref, dir)
+}
