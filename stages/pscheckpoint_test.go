@@ -87,33 +87,39 @@ func (l *syncLog) String() string {
 }
 
 // TestServersResumeFromTheirCheckpoint: 2 servers and 3 workers of a
-// 2-stage pipeline (Adam, sync) checkpoint every 2 steps; a run stopped
-// after step 4 and resumed to step 6, servers from their parts and stages
-// from theirs, ends with the losses and weights of the run never stopped,
-// bit for bit. Each checkpoint lists both servers' parts.
+// 2-stage pipeline (Adam; sync, and async with max_staleness 0) checkpoint
+// every 2 steps; a run stopped after step 4 and resumed to step 6, servers
+// from their parts and stages from theirs, ends with the losses and
+// weights of the run never stopped, bit for bit. Each checkpoint lists
+// both servers' parts.
 func TestServersResumeFromTheirCheckpoint(t *testing.T) {
-	c := psConfig(3, 2, "adam")
-	c.Checkpoint.Every = 2
-	full := t.TempDir()
-	trainWithServers(t, c, full, false)
-	m, _, err := checkpoint.Latest(CheckpointDir(full), c.TrainingDigest())
-	if err != nil || m == nil || m.Step != 6 || m.Servers != 2 || len(m.ServerParts) != 2 {
-		t.Fatalf("the full run's newest checkpoint: %+v, %v; want step 6 with both servers' parts", m, err)
-	}
+	for _, mode := range []string{"sync", "async"} {
+		t.Run(mode, func(t *testing.T) {
+			c := psConfig(3, 2, "adam")
+			c.ParameterServers.Mode = mode
+			c.Checkpoint.Every = 2
+			full := t.TempDir()
+			trainWithServers(t, c, full, false)
+			m, _, err := checkpoint.Latest(CheckpointDir(full), c.TrainingDigest())
+			if err != nil || m == nil || m.Step != 6 || m.Servers != 2 || len(m.ServerParts) != 2 {
+				t.Fatalf("the full run's newest checkpoint: %+v, %v; want step 6 with both servers' parts", m, err)
+			}
 
-	dir := t.TempDir()
-	first := *c
-	first.Train.Steps = 4
-	trainWithServers(t, &first, dir, false)
-	if _, err := os.Stat(checkpoint.StepDir(CheckpointDir(dir), 6)); !os.IsNotExist(err) {
-		t.Fatalf("a run of 4 steps wrote a checkpoint of step 6: %v", err)
+			dir := t.TempDir()
+			first := *c
+			first.Train.Steps = 4
+			trainWithServers(t, &first, dir, false)
+			if _, err := os.Stat(checkpoint.StepDir(CheckpointDir(dir), 6)); !os.IsNotExist(err) {
+				t.Fatalf("a run of 4 steps wrote a checkpoint of step 6: %v", err)
+			}
+			log := trainWithServers(t, c, dir, true)
+			for _, want := range []string{"parameter server 0: resumed from the checkpoint of step 4", "parameter server 1: resumed from the checkpoint of step 4", "stage 1: 6 updates"} {
+				if !strings.Contains(log, want) {
+					t.Errorf("the servers' log lacks %q:\n%s", want, log)
+				}
+			}
+			sameLosses(t, full, dir)
+			sameWeights(t, full, dir)
+		})
 	}
-	log := trainWithServers(t, c, dir, true)
-	for _, want := range []string{"parameter server 0: resumed from the checkpoint of step 4", "parameter server 1: resumed from the checkpoint of step 4", "stage 1: 6 updates"} {
-		if !strings.Contains(log, want) {
-			t.Errorf("the servers' log lacks %q:\n%s", want, log)
-		}
-	}
-	sameLosses(t, full, dir)
-	sameWeights(t, full, dir)
 }
