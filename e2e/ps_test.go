@@ -239,7 +239,7 @@ func TestKilledServerResumesFromTheCheckpoint(t *testing.T) {
 			}
 			sameRun(t, ref, dir, steps)
 			sameEval(t, ref, dir)
-			if t.Failed() || os.Getenv("E2E_SHOW_LAUNCH") != "" {
+			if t.Failed() {
 				t.Logf("launch's output:\n%s\n%s", out.String(), text)
 			}
 		})
