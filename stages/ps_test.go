@@ -90,10 +90,16 @@ func runWorkers(t *testing.T, c *configs.Config, setup func(w, stage int, rt *Ru
 // stages cancels too; it returns every stage's error.
 func runPSGrid(t *testing.T, c *configs.Config, setup func(w, stage int, rt *Runtime, kill func())) (string, [][]error) {
 	t.Helper()
+	return runPSGridIn(t, c, t.TempDir(), false, setup)
+}
+
+// runPSGridIn is runPSGrid in the run directory dir, resuming from its
+// newest checkpoint with resume.
+func runPSGridIn(t *testing.T, c *configs.Config, dir string, resume bool, setup func(w, stage int, rt *Runtime, kill func())) (string, [][]error) {
+	t.Helper()
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
 	train, test := synthetic(96, 8, 3, 1), synthetic(30, 8, 3, 2)
 	p, m := len(c.Stages), c.Replicas()
 	type proc struct {
@@ -123,7 +129,7 @@ func runPSGrid(t *testing.T, c *configs.Config, setup func(w, stage int, rt *Run
 			procs[w][i].links[1], procs[w][i+1].links[0] = a, b
 		}
 		for i, l := range layouts {
-			rt, err := New(Options{Layout: l, Config: c, RunDir: dir, Prev: procs[w][i].links[0], Next: procs[w][i].links[1], Train: train, Test: test})
+			rt, err := New(Options{Layout: l, Config: c, RunDir: dir, Prev: procs[w][i].links[0], Next: procs[w][i].links[1], Train: train, Test: test, Resume: resume})
 			if err != nil {
 				t.Fatalf("worker %d stage %d: %v", w, i, err)
 			}
