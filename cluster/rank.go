@@ -44,8 +44,9 @@ func Variables() []string {
 
 // FromEnv reads the process's rank from the first engine whose rank
 // variable getenv reports set, and checks it against processes, the
-// config's process count (stages × replicas), which must equal the
-// engine's world size. ok is false when no engine's variable is set.
+// config's process count (configs.Config.World: stages × replicas, and the
+// parameter servers when they are ranks), which must equal the engine's
+// world size. ok is false when no engine's variable is set.
 func FromEnv(getenv func(string) string, processes int) (r Rank, ok bool, err error) {
 	for _, s := range sources {
 		v := getenv(s.rank)
@@ -70,7 +71,7 @@ func FromEnv(getenv func(string) string, processes int) (r Rank, ok bool, err er
 				return r, true, fmt.Errorf("%s=%q is not a world size (1, 2, ...)", s.world, w)
 			}
 			if r.World != processes {
-				return r, true, fmt.Errorf("%s=%d, but the config has %d processes: the job must start one process per stage and replica", s.world, r.World, processes)
+				return r, true, fmt.Errorf("%s=%d, but the config has %d processes: the job must start one process per stage and replica (and per parameter server, when the rendezvous places them)", s.world, r.World, processes)
 			}
 		}
 		if r.Rank >= r.World {

@@ -120,6 +120,10 @@ type RendezvousOptions struct {
 	// Replicas is the registry's data_parallel, for its checkpoint ledger:
 	// rank r runs stage r / Replicas. Default 1.
 	Replicas int
+	// Servers is how many of the last ranks are parameter servers
+	// (configs.Config.PSRanks): they register and gather like every rank,
+	// but write no stage part, so the ledger does not wait for them.
+	Servers int
 	// GatherDir is rank 0's run directory, where the registry writes the
 	// logs other ranks send (Coordinator.Gather); none are taken without.
 	GatherDir string
@@ -210,7 +214,10 @@ func ServeRendezvous(addr string, world int, digest, build string, o RendezvousO
 		return nil, fmt.Errorf("rendezvous at %s: a job needs at least 1 rank, not %d", addr, world)
 	}
 	o = o.withDefaults()
-	stageOf := make([]int, world)
+	if o.Servers < 0 || o.Servers >= world {
+		return nil, fmt.Errorf("rendezvous at %s: %d of the job's %d ranks cannot be parameter servers: at least one rank runs a stage", addr, o.Servers, world)
+	}
+	stageOf := make([]int, world-o.Servers)
 	for rank := range stageOf {
 		stageOf[rank] = rank / o.Replicas
 	}

@@ -68,6 +68,9 @@ type Config struct {
 	Path string `mapstructure:"-" json:"-"`
 	// addressesGiven records that the rendezvous replaced auto addresses.
 	addressesGiven bool
+	// psAddressesGiven records that the rendezvous gave the parameter
+	// servers' addresses, the servers being ranks of the job.
+	psAddressesGiven bool
 
 	// env maps each key a PIPETRAIN_* variable set to that variable, so that
 	// problems with the key name it; keyProblems are the unknown keys and

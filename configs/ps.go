@@ -68,12 +68,7 @@ func (c *Config) validatePS(p *Problems, tied bool) {
 		}
 		return
 	}
-	switch n := len(ps.Addresses); {
-	case n == 0:
-		p.add("parameter_servers.addresses", "missing: list one host:port per server, server 0 first (the rendezvous does not place servers yet)")
-	case n != ps.Count:
-		p.add("parameter_servers.addresses", "lists %d addresses; count is %d, so give one per server", n, ps.Count)
-	}
+	c.validatePSAddresses(p)
 	if c.Train.ClipGradNorm > 0 {
 		p.add("train.clip_grad_norm", "is not supported with parameter_servers yet: the norm is of the servers' summed gradient, which no worker holds")
 	}
@@ -113,12 +108,88 @@ func (c *Config) validatePSCheckpoints(p *Problems) {
 	}
 }
 
+// validatePSAddresses checks parameter_servers.addresses: one fixed
+// address per server, or none (or auto for each) when the stages meet at a
+// rendezvous, which then places the servers as ranks of the job.
+func (c *Config) validatePSAddresses(p *Problems) {
+	ps := c.ParameterServers
+	auto := 0
+	for i, a := range ps.Addresses {
+		if port, ok := AutoPort(a); ok {
+			auto++
+			if port < 0 {
+				p.add(fmt.Sprintf("parameter_servers.addresses[%d]", i), "%q is not auto or auto:PORT with a port 1-65535", a)
+			}
+		}
+	}
+	switch n := len(ps.Addresses); {
+	case n == 0 && !c.UsesRendezvous():
+		p.add("parameter_servers.addresses", "missing: list one host:port per server, server 0 first, or give the stages address auto so that the rendezvous places the servers as ranks")
+	case n > 0 && n != ps.Count:
+		p.add("parameter_servers.addresses", "lists %d addresses; count is %d, so give one per server", n, ps.Count)
+	case auto > 0 && auto < n:
+		p.add("parameter_servers.addresses", "mixes auto with fixed addresses: give every server auto (the rendezvous places them) or a host:port each")
+	case auto > 0 && !c.UsesRendezvous():
+		p.add("parameter_servers.addresses", "auto needs a rendezvous, where the servers register as ranks: give the stages address auto, or set rendezvous")
+	}
+}
+
+// PSRanks reports whether the parameter servers are ranks of the job,
+// placed by the rendezvous like the stages: the stages meet at one and the
+// servers' addresses are absent or auto. Their ranks then follow the
+// stages' (PSRank), and the world counts them (World).
+func (c *Config) PSRanks() bool {
+	if !c.PSEnabled() || !c.UsesRendezvous() {
+		return false
+	}
+	for _, a := range c.ParameterServers.Addresses {
+		if _, ok := AutoPort(a); !ok && !c.psAddressesGiven {
+			return false
+		}
+	}
+	return true
+}
+
+// World is the job's number of ranks: the stage processes (stages ×
+// replicas) and, when the rendezvous places them, the parameter servers.
+func (c *Config) World() int {
+	if c.PSRanks() {
+		return c.Processes() + c.ParameterServers.Count
+	}
+	return c.Processes()
+}
+
+// PSRank is the rank of server i in a job whose servers are ranks: after
+// every stage process's.
+func (c *Config) PSRank(i int) int { return c.Processes() + i }
+
+// ServerAt says which parameter server a rank runs, if any: the ranks
+// after the stage processes' are the servers', in order, when the servers
+// are ranks of the job.
+func (c *Config) ServerAt(rank int) (server int, ok bool) {
+	if !c.PSRanks() || rank < c.Processes() || rank >= c.World() {
+		return 0, false
+	}
+	return rank - c.Processes(), true
+}
+
 // PSAddress is server i's address ("" when none is configured).
 func (c *Config) PSAddress(i int) string {
 	if i < len(c.ParameterServers.Addresses) {
 		return c.ParameterServers.Addresses[i]
 	}
 	return ""
+}
+
+// SetPSAddress replaces server i's address with the one the rendezvous
+// gave; the servers stay ranks of the job (PSRanks).
+func (c *Config) SetPSAddress(i int, addr string) {
+	ps := &c.ParameterServers
+	for len(ps.Addresses) < ps.Count {
+		ps.Addresses = append(ps.Addresses, "auto")
+	}
+	ps.Addresses[i] = addr
+	c.psAddressesGiven = true
 }
 
 // PSName names server i in logs and errors.

@@ -53,7 +53,13 @@ func TestParameterServersValidate(t *testing.T) {
 	wantProblems(t, psYAML(t, `{count: 1, max_staleness: 2, addresses: ["127.0.0.1:7100"]}`, ""),
 		"parameter_servers.max_staleness: is for async mode; mode is sync")
 	wantProblems(t, psYAML(t, `{count: 2}`, ""),
-		"parameter_servers.addresses: missing: list one host:port per server, server 0 first (the rendezvous does not place servers yet)")
+		"parameter_servers.addresses: missing: list one host:port per server, server 0 first, or give the stages address auto so that the rendezvous places the servers as ranks")
+	wantProblems(t, psYAML(t, `{count: 2, addresses: [auto, "127.0.0.1:7100"]}`, `rendezvous: "127.0.0.1:29400"`),
+		"parameter_servers.addresses: mixes auto with fixed addresses: give every server auto (the rendezvous places them) or a host:port each")
+	wantProblems(t, psYAML(t, `{count: 2, addresses: [auto, auto]}`, ""),
+		"parameter_servers.addresses: auto needs a rendezvous, where the servers register as ranks: give the stages address auto, or set rendezvous")
+	wantProblems(t, psYAML(t, `{count: 1, addresses: ["auto:99999"]}`, `rendezvous: "127.0.0.1:29400"`),
+		`parameter_servers.addresses[0]: "auto:99999" is not auto or auto:PORT with a port 1-65535`)
 	wantProblems(t, psYAML(t, `{count: 0, aggregate: 2}`, ""),
 		"parameter_servers.count: missing: aggregate, max_staleness and addresses need count, the number of servers")
 	wantProblems(t, psYAML(t, `{count: 1, addresses: ["127.0.0.1:7100"]}`, "train: {clip_grad_norm: 1.0}"),
@@ -106,4 +112,45 @@ func TestParameterServersCheckpoint(t *testing.T) {
 		"checkpoint.every: must be 0 with async parameter servers and max_staleness 1: each push is an update of its own, so the servers' state is at no step a checkpoint could name (sync, or async with max_staleness 0, checkpoints)")
 	wantProblems(t, psYAML(t, `{count: 1, addresses: ["127.0.0.1:7100"]}`, every+"\nrendezvous: 127.0.0.1:7300"),
 		"checkpoint.every: must be 0 with parameter_servers when the stages meet at a rendezvous (address: auto or rendezvous set): the servers are not ranks of the job yet, so rank 0's ledger cannot wait for their parts; give every stage a fixed address")
+}
+
+// TestServersAreRanksAfterTheStages: with a rendezvous and no fixed server
+// addresses, the world counts the servers, whose ranks follow the 6 stage
+// processes'; with fixed addresses the servers are no ranks.
+func TestServersAreRanksAfterTheStages(t *testing.T) {
+	for _, section := range []string{`{count: 2}`, `{count: 2, addresses: [auto, "auto:7300"]}`} {
+		c, err := Load(psYAML(t, section, `rendezvous: "127.0.0.1:29400"`))
+		if err != nil {
+			t.Fatalf("%s: %v", section, err)
+		}
+		if !c.PSRanks() || c.World() != 8 {
+			t.Fatalf("%s: servers ranks %v, world %d; want true, 8", section, c.PSRanks(), c.World())
+		}
+		for rank, want := range map[int]int{0: -1, 5: -1, 6: 0, 7: 1, 8: -1} {
+			got, ok := c.ServerAt(rank)
+			if !ok {
+				got = -1
+			}
+			if got != want {
+				t.Errorf("%s: rank %d runs server %d, want %d (-1: none)", section, rank, got, want)
+			}
+		}
+		if c.PSRank(1) != 7 {
+			t.Errorf("%s: server 1 is rank %d, want 7", section, c.PSRank(1))
+		}
+		c.SetPSAddress(1, "10.0.0.8:41000")
+		if !c.PSRanks() || c.World() != 8 || c.PSAddress(1) != "10.0.0.8:41000" {
+			t.Errorf("%s: after the rendezvous gave server 1's address: ranks %v, world %d, address %q", section, c.PSRanks(), c.World(), c.PSAddress(1))
+		}
+	}
+	c, err := Load(psYAML(t, `{count: 2, addresses: ["127.0.0.1:7100", "127.0.0.1:7101"]}`, `rendezvous: "127.0.0.1:29400"`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.PSRanks() || c.World() != 6 {
+		t.Errorf("fixed server addresses: servers ranks %v, world %d; want false, 6", c.PSRanks(), c.World())
+	}
+	if _, ok := c.ServerAt(6); ok {
+		t.Error("fixed server addresses: rank 6 runs a server")
+	}
 }

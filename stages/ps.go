@@ -424,10 +424,6 @@ func ServePS(ctx context.Context, c *configs.Config, i int, runDir string, resum
 	if !c.PSEnabled() || i < 0 || i >= c.ParameterServers.Count {
 		return fmt.Errorf("%s has parameter_servers.count %d: no server %d", c.Path, c.ParameterServers.Count, i)
 	}
-	addr := c.PSAddress(i)
-	if addr == "" {
-		return fmt.Errorf("parameter_servers.addresses: no address for server %d", i)
-	}
 	served, err := PSServedStages(c, i)
 	if err != nil {
 		return err
@@ -435,6 +431,16 @@ func ServePS(ctx context.Context, c *configs.Config, i int, runDir string, resum
 	opts, err := LinkOptions(c, 0)
 	if err != nil {
 		return err
+	}
+	addr := c.PSAddress(i)
+	var job *Joined
+	if c.PSRanks() {
+		if job, err = joinAsServer(ctx, c, i, runDir, log); err != nil {
+			return err
+		}
+		addr, opts.Listener = job.lis.Addr().String(), job.lis
+	} else if addr == "" {
+		return fmt.Errorf("parameter_servers.addresses: no address for server %d", i)
 	}
 	settings := PSSettings(c, i)
 	settings.CheckpointAt = psCheckpointAt(c)
@@ -478,6 +484,12 @@ func ServePS(ctx context.Context, c *configs.Config, i int, runDir string, resum
 		}
 		fmt.Fprintf(log, "%s: stage %d: %d updates, %d pushes dropped; pushes by staleness (updates): %s; pushes applied by worker: %s\n",
 			configs.PSName(i), st, srv.Updates(st), dropped, histogram(srv.Staleness(st)), applied.of(st))
+	}
+	if job != nil {
+		// Rank 0 waits for every rank's word that its logs are in.
+		if err := job.Gather(ctx, c, runDir, log); err != nil {
+			return fmt.Errorf("%s: %w", configs.PSName(i), err)
+		}
 	}
 	fmt.Fprintf(log, "%s: done in %.1fs\n", configs.PSName(i), time.Since(start).Seconds())
 	return nil

@@ -56,12 +56,22 @@ func rendezvous(ctx context.Context, cfg *configs.Config, stage, replica int, ru
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	j.lis = lis
-	for _, e := range j.table {
+	placeRanks(cfg, j.table)
+	fmt.Fprintf(log, "pipetrain: %s listens on %s; the rendezvous at %s gave every process's address\n", name, lis.Addr(), addr)
+	return &j.Joined, nil
+}
+
+// placeRanks replaces the config's addresses with the rendezvous's table:
+// the stage processes' and, when they are ranks, the parameter servers'.
+func placeRanks(cfg *configs.Config, table []cluster.Entry) {
+	for _, e := range table {
+		if i, ok := cfg.ServerAt(e.Rank); ok {
+			cfg.SetPSAddress(i, e.Address)
+			continue
+		}
 		s, r := cfg.Position(e.Rank)
 		cfg.SetAddress(s, r, e.Address)
 	}
-	fmt.Fprintf(log, "pipetrain: %s listens on %s; the rendezvous at %s gave every process's address\n", name, lis.Addr(), addr)
-	return &j.Joined, nil
 }
 
 // tabled is a joined process and the rendezvous's table.
@@ -85,24 +95,28 @@ func Join(ctx context.Context, cfg *configs.Config, rank int, address, runDir, a
 // join is Join, with the rendezvous's table.
 func join(ctx context.Context, cfg *configs.Config, rank int, address, runDir, addr, from string, log io.Writer) (*tabled, error) {
 	stage, _ := cfg.Position(rank)
+	if _, server := cfg.ServerAt(rank); server {
+		stage = 0 // a server is guarded as ServePS guards it: as stage 0's links
+	}
 	link, err := LinkOptions(cfg, stage)
 	if err != nil {
 		return nil, err
 	}
 	// The secret binds this process's checkpoint parts and logs to the rank
 	// it joins as: holding the token is not enough to speak for a rank.
-	o := cluster.RendezvousOptions{Token: link.Token, TLS: link.TLS, Timeout: cfg.Transport.ConnectTimeout, Replicas: cfg.Replicas(), Secret: cluster.NewSecret()}
+	o := cluster.RendezvousOptions{Token: link.Token, TLS: link.TLS, Timeout: cfg.Transport.ConnectTimeout, Replicas: cfg.Replicas(), Secret: cluster.NewSecret(),
+		Servers: cfg.World() - cfg.Processes()}
 	digest, build := cfg.Digest(), cluster.Build()
 	j := &tabled{Joined: Joined{coord: cluster.Coordinator{Addr: addr, Rank: rank, Options: o}, wait: o.Timeout}}
 	if rank == 0 {
 		o.GatherDir, o.Owns = runDir, gatherable(cfg, log)
 		o.Checkpoints = checkpoint.Plan{Every: cfg.Checkpoint.Every, Steps: cfg.Train.Steps}
-		reg, err := cluster.ServeRendezvous(addr, cfg.Processes(), digest, build, o)
+		reg, err := cluster.ServeRendezvous(addr, cfg.World(), digest, build, o)
 		if err != nil {
 			return nil, fmt.Errorf("serving the rendezvous (%s): %w", from, err)
 		}
 		j.reg = reg
-		fmt.Fprintf(log, "pipetrain: serving the rendezvous for %d processes at %s (%s)\n", cfg.Processes(), reg.Addr(), from)
+		fmt.Fprintf(log, "pipetrain: serving the rendezvous for %s at %s (%s)\n", worldNoun(cfg), reg.Addr(), from)
 	}
 	me := cluster.Entry{Rank: rank, Address: address, ConfigDigest: digest, Build: build}
 	if j.table, err = cluster.JoinRendezvous(ctx, addr, me, o); err != nil {
@@ -118,6 +132,9 @@ func join(ctx context.Context, cfg *configs.Config, rank int, address, runDir, a
 // nothing.
 func gatherable(cfg *configs.Config, log io.Writer) func(rank int) map[string]int64 {
 	return func(rank int) map[string]int64 {
+		if _, server := cfg.ServerAt(rank); server {
+			return nil // a server writes nothing into the run's logs
+		}
 		stage, replica := cfg.Position(rank)
 		limits, err := OutputLimits(cfg, stage, replica)
 		if err != nil {
@@ -126,6 +143,16 @@ func gatherable(cfg *configs.Config, log io.Writer) func(rank int) map[string]in
 		}
 		return limits
 	}
+}
+
+// worldNoun says how many processes the rendezvous waits for: "8
+// processes (6 stage processes and 2 parameter servers)".
+func worldNoun(cfg *configs.Config) string {
+	n := words.Count(cfg.World(), "process")
+	if servers := cfg.World() - cfg.Processes(); servers > 0 {
+		n += fmt.Sprintf(" (%s and %s)", words.Count(cfg.Processes(), "stage process"), words.Count(servers, "parameter server"))
+	}
+	return n
 }
 
 // Gather brings the run's logs into rank 0's run directory: every other
@@ -140,8 +167,12 @@ func (j *Joined) Gather(ctx context.Context, cfg *configs.Config, runDir string,
 		fmt.Fprintf(log, "pipetrain: the run's logs are in %s\n", runDir)
 		return nil
 	}
-	stage, replica := cfg.Position(j.coord.Rank)
-	n, err := j.coord.Gather(ctx, runDir, Outputs(cfg, stage, replica))
+	var files []string // a parameter server's: none, but rank 0 waits for its word
+	if _, server := cfg.ServerAt(j.coord.Rank); !server {
+		stage, replica := cfg.Position(j.coord.Rank)
+		files = Outputs(cfg, stage, replica)
+	}
+	n, err := j.coord.Gather(ctx, runDir, files)
 	if err != nil {
 		return fmt.Errorf("rank %d: sending its logs to rank 0: %w", j.coord.Rank, err)
 	}

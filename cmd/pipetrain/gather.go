@@ -33,7 +33,7 @@ and the weights then work from rank 0's directory.`,
 			if err != nil {
 				return err
 			}
-			r, ok, err := cluster.FromEnv(os.Getenv, cfg.Processes())
+			r, ok, err := cluster.FromEnv(os.Getenv, cfg.World())
 			switch {
 			case err != nil:
 				return fmt.Errorf("%s: %w", cfg.Path, err)

@@ -174,6 +174,15 @@ func printPS(out io.Writer, cfg *configs.Config) {
 	fmt.Fprintf(out, "    %-7s %-21s %-8s %s\n", "server", "address", "stages", "holds")
 	for i, sh := range shares {
 		st := fmt.Sprint(sh.Stages)
-		fmt.Fprintf(out, "    %-7d %-21s %-8s %s, %s\n", i, cfg.PSAddress(i), st[1:len(st)-1], words.Count(sh.Tensors, "tensor"), fmt.Sprintf("%.2f MB", float64(sh.Bytes)/1e6))
+		fmt.Fprintf(out, "    %-7d %-21s %-8s %s, %s\n", i, psPlace(cfg, i), st[1:len(st)-1], words.Count(sh.Tensors, "tensor"), fmt.Sprintf("%.2f MB", float64(sh.Bytes)/1e6))
 	}
+}
+
+// psPlace is where server i listens, or, for a server the rendezvous
+// places, its rank.
+func psPlace(cfg *configs.Config, i int) string {
+	if cfg.PSRanks() {
+		return fmt.Sprintf("rank %d (auto)", cfg.PSRank(i))
+	}
+	return cfg.PSAddress(i)
 }

@@ -50,9 +50,16 @@ func stageCmd() *cobra.Command {
 				return refusedConfig{err}
 			}
 			if !cmd.Flags().Changed("stage") {
-				if index, replica, err = rankFromEnv(cfg, cmd.Flags().Changed("replica")); err != nil {
+				rank, err := rankFromEnv(cfg, cmd.Flags().Changed("replica"))
+				if err != nil {
 					return err
 				}
+				// The ranks after the stage processes' run the parameter
+				// servers, with the same binary and command line.
+				if server, ok := cfg.ServerAt(rank); ok {
+					return stages.ServePS(cmd.Context(), cfg, server, f.runDir, resume, os.Stdout)
+				}
+				index, replica = cfg.Position(rank)
 			}
 			if index < 0 || index >= len(cfg.Stages) {
 				return fmt.Errorf("--stage %d: %s has stages 0-%d", index, cfg.Path, len(cfg.Stages)-1)
@@ -89,21 +96,29 @@ type interruptedStage struct{ error }
 func (e interruptedStage) Is(target error) bool { return target == launcher.ErrInterrupted }
 func (e interruptedStage) Unwrap() error        { return e.error }
 
-// rankFromEnv places a stage started without --stage by the rank a cluster
-// engine gave it (RANK, SLURM_PROCID, ...) on the config's grid.
-func rankFromEnv(cfg *configs.Config, replicaGiven bool) (stage, replica int, err error) {
-	r, ok, err := cluster.FromEnv(os.Getenv, cfg.Processes())
+// rankFromEnv reads the rank a cluster engine gave a stage process started
+// without --stage (RANK, SLURM_PROCID, ...), checked against the job's
+// world (stages × replicas, and the parameter servers when they are ranks).
+func rankFromEnv(cfg *configs.Config, replicaGiven bool) (int, error) {
+	r, ok, err := cluster.FromEnv(os.Getenv, cfg.World())
 	switch {
 	case err != nil:
-		return 0, 0, fmt.Errorf("%s: %w", cfg.Path, err)
+		return 0, fmt.Errorf("%s: %w", cfg.Path, err)
 	case !ok:
-		return 0, 0, fmt.Errorf("no --stage given and no rank in the environment (%s): give --stage, or start the stage under a launcher that sets one", strings.Join(cluster.Variables(), ", "))
+		return 0, fmt.Errorf("no --stage given and no rank in the environment (%s): give --stage, or start the stage under a launcher that sets one", strings.Join(cluster.Variables(), ", "))
 	case replicaGiven:
-		return 0, 0, fmt.Errorf("--replica needs --stage; with a rank from %s the grid places the process", r.Source)
+		return 0, fmt.Errorf("--replica needs --stage; with a rank from %s the grid places the process", r.Source)
 	}
-	stage, replica = cfg.Position(r.Rank)
-	fmt.Printf("pipetrain: rank %d of %d from %s: %s\n", r.Rank, r.World, r.Source, cfg.ProcessName(stage, replica))
-	return stage, replica, nil
+	fmt.Printf("pipetrain: rank %d of %d from %s: %s\n", r.Rank, r.World, r.Source, rankName(cfg, r.Rank))
+	return r.Rank, nil
+}
+
+// rankName names what a rank runs: a stage process, or a parameter server.
+func rankName(cfg *configs.Config, rank int) string {
+	if server, ok := cfg.ServerAt(rank); ok {
+		return configs.PSName(server)
+	}
+	return cfg.ProcessName(cfg.Position(rank))
 }
 
 // answerStatusQueries prints the stage's status line for each SIGUSR1 (see

@@ -1,0 +1,92 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// psAutoConfig writes psConfigWith's run (2 stages × 3 workers, 2 servers)
+// with every address auto and no server addresses: the rendezvous places
+// the servers as ranks 6 and 7.
+func psAutoConfig(t *testing.T, mode string, steps int, extra string) string {
+	t.Helper()
+	body := `model: {name: mlp, dtype: float32, input: 784, hidden: [256, 128, 64], classes: 10}
+data: {batch_size: 192, micro_batches: 2}
+` + fmt.Sprintf("train: {steps: %d, evaluate: true, optimizer: {name: adam, lr: 0.001}}\n", steps) + `schedule: 1f1b
+` + extra + "\n" + fmt.Sprintf("parameter_servers: {count: 2, mode: %s}\n", mode) + `data_parallel: 3
+stages:
+  - {layers: "0-1", addresses: [auto, auto, auto]}
+  - {layers: "2-3", addresses: [auto, auto, auto]}
+`
+	path := filepath.Join(t.TempDir(), "ps-auto.yaml")
+	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestServersAreRanksOfTheRendezvous runs 2 parameter servers and 3
+// workers of a 2-stage pipeline whose addresses are all auto, where the
+// servers are ranks 6 and 7 of the job: launched on this machine, and as
+// 8 processes with only RANK, WORLD_SIZE=8 and MASTER_ADDR/MASTER_PORT in
+// their environment (as torchrun starts them), each with a run directory
+// of its own, ranks 6 and 7 running the servers from the stage command.
+// Each server registers at the rendezvous and the workers find it there;
+// both runs equal the one-process reference bit for bit.
+func TestServersAreRanksOfTheRendezvous(t *testing.T) {
+	needData(t)
+	cfg := psAutoConfig(t, "sync", 20, "checkpoint: {every: 0}")
+	ref := reference(t, cfg)
+	t.Run("launch", func(t *testing.T) {
+		dir := t.TempDir()
+		res := run(t, 3*time.Minute, nil, "launch", "--config", cfg, "--run-dir", dir)
+		if res.err != nil {
+			t.Fatalf("launch: %v\n%s", res.err, res.out)
+		}
+		if !strings.Contains(res.out, "serving the rendezvous for 8 processes (6 stage processes and 2 parameter servers)") {
+			t.Errorf("the rendezvous did not count the servers:\n%s", res.out)
+		}
+		for i := range 2 {
+			for _, want := range []string{
+				fmt.Sprintf("[ps %d] pipetrain: parameter server %d is rank %d of 8", i, i, 6+i),
+				fmt.Sprintf("[ps %d] parameter server %d: done", i, i),
+			} {
+				if !strings.Contains(res.out, want) {
+					t.Errorf("no %q:\n%s", want, res.out)
+				}
+			}
+		}
+		sameRun(t, ref, dir, 20)
+		sameEval(t, ref, dir)
+	})
+	t.Run("torchrun env", func(t *testing.T) {
+		dirs := make([]string, 8)
+		for r := range dirs {
+			dirs[r] = t.TempDir()
+		}
+		port := strings.TrimPrefix(freePorts(t, 1)[0], "127.0.0.1:")
+		procs := startRanks(t, cfg, dirs, port)
+		for r, err := range awaitRanks(t, procs, 3*time.Minute) {
+			if err != nil {
+				t.Fatalf("rank %d: %v\n%s", r, err, procs[r].out.String())
+			}
+		}
+		for i := range 2 {
+			out := procs[6+i].out.String()
+			for _, want := range []string{
+				fmt.Sprintf("pipetrain: rank %d of 8 from RANK/WORLD_SIZE (torchrun): parameter server %d", 6+i, i),
+				fmt.Sprintf("parameter server %d: done", i),
+			} {
+				if !strings.Contains(out, want) {
+					t.Errorf("rank %d: no %q:\n%s", 6+i, want, out)
+				}
+			}
+		}
+		sameRun(t, ref, dirs[0], 20)
+		sameEval(t, ref, dirs[0])
+	})
+}
