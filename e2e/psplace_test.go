@@ -29,12 +29,35 @@ stages:
 	return path
 }
 
+// startEngineRanks is startRanks for a world of 8 whose last two ranks,
+// the servers, take their ranks from other engines' variables: rank 6 from
+// a Kubernetes Indexed Job's, rank 7 from Slurm's.
+func startEngineRanks(t *testing.T, cfg string, dirs []string, port string) []rankProc {
+	t.Helper()
+	procs := make([]rankProc, len(dirs))
+	for rank := len(dirs) - 1; rank >= 0; rank-- {
+		env := []string{fmt.Sprintf("RANK=%d", rank), fmt.Sprintf("WORLD_SIZE=%d", len(dirs))}
+		switch rank {
+		case 6:
+			env = []string{"JOB_COMPLETION_INDEX=6"}
+		case 7:
+			env = []string{"SLURM_PROCID=7", "SLURM_NTASKS=8"}
+		}
+		env = append(env, "MASTER_ADDR=127.0.0.1", "MASTER_PORT="+port)
+		cmd, out, done := start(t, env, "stage", "--config", cfg, "--run-dir", dirs[rank])
+		procs[rank] = rankProc{rank: rank, pid: cmd.Process.Pid, out: out, done: done}
+	}
+	return procs
+}
+
 // TestServersAreRanksOfTheRendezvous runs 2 parameter servers and 3
 // workers of a 2-stage pipeline whose addresses are all auto, where the
 // servers are ranks 6 and 7 of the job: launched on this machine, and as
-// 8 processes with only RANK, WORLD_SIZE=8 and MASTER_ADDR/MASTER_PORT in
-// their environment (as torchrun starts them), each with a run directory
-// of its own, ranks 6 and 7 running the servers from the stage command.
+// 8 processes with only their rank and MASTER_ADDR/MASTER_PORT in their
+// environment, each with a run directory of its own: ranks 0-5 with
+// torchrun's RANK and WORLD_SIZE=8, rank 6 with an Indexed Job's
+// JOB_COMPLETION_INDEX and rank 7 with Slurm's SLURM_PROCID and
+// SLURM_NTASKS=8, ranks 6 and 7 running the servers from the stage command.
 // Each server registers at the rendezvous and the workers find it there;
 // both runs equal the one-process reference bit for bit.
 func TestServersAreRanksOfTheRendezvous(t *testing.T) {
@@ -63,13 +86,13 @@ func TestServersAreRanksOfTheRendezvous(t *testing.T) {
 		sameRun(t, ref, dir, 20)
 		sameEval(t, ref, dir)
 	})
-	t.Run("torchrun env", func(t *testing.T) {
+	t.Run("engine envs", func(t *testing.T) {
 		dirs := make([]string, 8)
 		for r := range dirs {
 			dirs[r] = t.TempDir()
 		}
 		port := strings.TrimPrefix(freePorts(t, 1)[0], "127.0.0.1:")
-		procs := startRanks(t, cfg, dirs, port)
+		procs := startEngineRanks(t, cfg, dirs, port)
 		for r, err := range awaitRanks(t, procs, 3*time.Minute) {
 			if err != nil {
 				t.Fatalf("rank %d: %v\n%s", r, err, procs[r].out.String())
@@ -78,7 +101,7 @@ func TestServersAreRanksOfTheRendezvous(t *testing.T) {
 		for i := range 2 {
 			out := procs[6+i].out.String()
 			for _, want := range []string{
-				fmt.Sprintf("pipetrain: rank %d of 8 from RANK/WORLD_SIZE (torchrun): parameter server %d", 6+i, i),
+				fmt.Sprintf("pipetrain: rank %d of 8 from %s: parameter server %d", 6+i, []string{"JOB_COMPLETION_INDEX (Kubernetes Indexed Job)", "SLURM_PROCID/SLURM_NTASKS (Slurm)"}[i], i),
 				fmt.Sprintf("parameter server %d: done", i),
 			} {
 				if !strings.Contains(out, want) {
