@@ -114,7 +114,7 @@ func launchCmd() *cobra.Command {
 			if opts.Env, err = localRendezvous(cfg); err != nil {
 				return err
 			}
-			servers, err := startPSServers(exe, cfg, opts.Env, extra, os.Stdout)
+			servers, err := startPSServers(exe, cfg, f.runDir, opts.Env, extra, os.Stdout)
 			if err != nil {
 				return err
 			}

@@ -31,7 +31,7 @@ func psServerCmd() *cobra.Command {
 			if err != nil {
 				return refusedConfig{err}
 			}
-			return stages.ServePS(cmd.Context(), cfg, index, os.Stdout)
+			return stages.ServePS(cmd.Context(), cfg, index, f.runDir, os.Stdout)
 		},
 	}
 	f.register(c, "runs/latest")
@@ -47,9 +47,10 @@ type psServers struct {
 }
 
 // startPSServers starts the config's parameter servers, one process each,
-// with the stages' environment and extra arguments, their output prefixed
-// "[ps i] ". Without parameter_servers it starts nothing.
-func startPSServers(exe string, cfg *configs.Config, env, extra []string, out io.Writer) (*psServers, error) {
+// with the stages' environment and extra arguments, their event logs in
+// runDir, their output prefixed "[ps i] ". Without parameter_servers it
+// starts nothing.
+func startPSServers(exe string, cfg *configs.Config, runDir string, env, extra []string, out io.Writer) (*psServers, error) {
 	s := &psServers{}
 	if !cfg.PSEnabled() {
 		return s, nil
@@ -66,7 +67,7 @@ func startPSServers(exe string, cfg *configs.Config, env, extra []string, out io
 	var mu sync.Mutex
 	s.errs = make([]error, cfg.ParameterServers.Count)
 	for i := range cfg.ParameterServers.Count {
-		args := append([]string{"ps-server", "--config", cfg.Path, "--index", strconv.Itoa(i)}, extra...)
+		args := append([]string{"ps-server", "--config", cfg.Path, "--index", strconv.Itoa(i), "--run-dir", runDir}, extra...)
 		cmd := exec.Command(exe, args...)
 		cmd.Env = append(os.Environ(), env...)
 		pr, pw := io.Pipe()
