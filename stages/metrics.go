@@ -109,6 +109,14 @@ func (m *Metrics) serversStep(push, pull time.Duration, staleness int64) {
 	m.lastStaleness = staleness
 }
 
+// stepCompute is the time the step in progress has spent computing
+// forward and backward passes so far.
+func (m *Metrics) stepCompute() time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.stepBusy
+}
+
 // step ends a training step that took d and trained samples examples: its
 // compute actions count as busy, the rest but the optimizer as idle.
 func (m *Metrics) step(d time.Duration, samples int) {

@@ -101,6 +101,8 @@ type psWorker struct {
 	// beforePush, if set, runs before each step's push: tests delay a
 	// worker with it.
 	beforePush func(step int)
+	// slow halves the worker's speed (SlowReplicaEnv, for benchmarks).
+	slow bool
 }
 
 // newPSWorker joins a worker stage to the servers; nil without servers
@@ -115,7 +117,7 @@ func newPSWorker(l *Layout, chunks []compute.Stage) (*psWorker, error) {
 		return nil, err
 	}
 	w := &psWorker{cfg: c, worker: l.Replica, stage: l.Stage, chunks: chunks, owners: owners, model: l.Model}
-	if w.beforePush, err = slowReplica(l.Replica); err != nil {
+	if w.slow, err = slowReplica(l.Replica); err != nil {
 		return nil, err
 	}
 	for _, ch := range chunks {
@@ -334,6 +336,9 @@ func (r *Runtime) psStep(ctx context.Context, step int) error {
 	w := r.ps
 	if w.beforePush != nil {
 		w.beforePush(step)
+	}
+	if w.slow {
+		time.Sleep(r.live.stepCompute()) // as long again as its compute took
 	}
 	t0 := time.Now()
 	var losses []float64

@@ -629,3 +629,18 @@ func TestPSSharesCoverTheModelOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestSlowReplicaEnv: PIPETRAIN_BENCH_SLOW_REPLICA slows the replica it
+// names, and a value that names none is an error naming the variable.
+func TestSlowReplicaEnv(t *testing.T) {
+	t.Setenv(SlowReplicaEnv, "2")
+	for r, want := range []bool{false, false, true} {
+		if got, err := slowReplica(r); got != want || err != nil {
+			t.Errorf("replica %d: slow %v, %v; want %v", r, got, err, want)
+		}
+	}
+	t.Setenv(SlowReplicaEnv, "two")
+	if _, err := slowReplica(0); err == nil || !strings.Contains(err.Error(), SlowReplicaEnv+`="two": want a replica's index`) {
+		t.Errorf("a bad value: %v", err)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"go.yaml.in/yaml/v3"
 
@@ -22,10 +23,15 @@ type runConfig struct {
 	steps    int      // training steps
 	layers   []string // one layer range per stage; nil keeps the base's stages
 	replicas int      // data_parallel; 0 keeps the base's
+	evaluate bool     // evaluate after the last step (eval.json); off by default
+	// set sets dotted keys ("parameter_servers.mode") of the derived
+	// config after the fields above; a nil value deletes the key.
+	set map[string]any
 }
 
 // write writes the derived config into dir with a fresh free loopback port per
-// stage, evaluation, checkpoints and restarts off, and returns its path.
+// stage and parameter server, evaluation (unless rc.evaluate), checkpoints and
+// restarts off, and returns its path.
 func (rc runConfig) write(dir string) (string, error) {
 	raw, err := os.ReadFile(rc.base)
 	if err != nil {
@@ -51,7 +57,8 @@ func (rc runConfig) write(dir string) (string, error) {
 	}
 	train := sub("train")
 	train["steps"] = rc.steps
-	train["evaluate"] = false
+	train["evaluate"] = rc.evaluate
+	train["eval_every"] = 0
 	train["log_every"] = rc.steps
 	sub("checkpoint")["every"] = 0
 	sub("recovery")["max_restarts"] = 0
@@ -80,11 +87,18 @@ func (rc runConfig) write(dir string) (string, error) {
 	if rc.replicas > 0 {
 		doc["data_parallel"] = rc.replicas
 	}
+	for key, v := range rc.set {
+		if err := setDotted(doc, key, v); err != nil {
+			return "", fmt.Errorf("%s: %w", rc.base, err)
+		}
+	}
 	replicas := 1
 	if n, ok := doc["data_parallel"].(int); ok && n > 1 {
 		replicas = n
 	}
-	ports, err := freePorts(len(stageList) * replicas)
+	// One call for all the ports, servers' included: two calls could be
+	// handed one port.
+	ports, err := freePorts(len(stageList)*replicas + serverCount(doc))
 	if err != nil {
 		return "", err
 	}
@@ -104,6 +118,7 @@ func (rc runConfig) write(dir string) (string, error) {
 		}
 	}
 	doc["stages"] = stageList
+	serverPorts(doc, ports)
 	out, err := yaml.Marshal(doc)
 	if err != nil {
 		return "", err
@@ -111,6 +126,53 @@ func (rc runConfig) write(dir string) (string, error) {
 	path := filepath.Join(dir, "config.yaml")
 	header := fmt.Sprintf("# Written by bench/suite from %s for one benchmark run.\n", rc.base)
 	return path, os.WriteFile(path, append([]byte(header), out...), 0o644)
+}
+
+// setDotted sets the dotted key of doc to v, making the mappings on the
+// way; a nil v deletes the key.
+func setDotted(doc map[string]any, key string, v any) error {
+	parts := strings.Split(key, ".")
+	m := doc
+	for _, p := range parts[:len(parts)-1] {
+		next, ok := m[p].(map[string]any)
+		if !ok {
+			if _, there := m[p]; there {
+				return fmt.Errorf("%s: %s is not a mapping", key, p)
+			}
+			next = map[string]any{}
+			m[p] = next
+		}
+		m = next
+	}
+	last := parts[len(parts)-1]
+	if v == nil {
+		delete(m, last)
+	} else {
+		m[last] = v
+	}
+	return nil
+}
+
+// serverCount is the parameter_servers.count of doc (0 without).
+func serverCount(doc map[string]any) int {
+	ps, _ := doc["parameter_servers"].(map[string]any)
+	n, _ := ps["count"].(int)
+	return max(n, 0)
+}
+
+// serverPorts gives the parameter servers of doc, if any, the ports.
+func serverPorts(doc map[string]any, ports []int) {
+	n := serverCount(doc)
+	if n == 0 {
+		return
+	}
+	var addrs []any
+	for _, p := range ports[:n] {
+		addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(p))
+	}
+	ps := doc["parameter_servers"].(map[string]any)
+	ps["addresses"] = addrs
+	delete(ps, "metrics_addresses")
 }
 
 // freePorts asks the kernel for n distinct loopback ports that are free now:
@@ -134,7 +196,7 @@ func freePorts(n int) ([]int, error) {
 // overrides it.
 func runEnv(rc runConfig) []string {
 	env := []string{
-		"PIPETRAIN_TRAIN_EVALUATE=false",
+		"PIPETRAIN_TRAIN_EVALUATE=" + strconv.FormatBool(rc.evaluate),
 		"PIPETRAIN_TRAIN_STEPS=" + strconv.Itoa(rc.steps),
 		"PIPETRAIN_CHECKPOINT_EVERY=0",
 		"PIPETRAIN_RECOVERY_MAX_RESTARTS=0",
