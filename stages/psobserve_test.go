@@ -3,6 +3,7 @@ package stages
 import (
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -276,4 +277,44 @@ func TestServerMetricsServed(t *testing.T) {
 			t.Errorf("status %d, body lacks %q:\n%s", code, want, body)
 		}
 	}
+}
+
+// TestServerMetricsAtItsAddress: a server serves its metrics at its
+// parameter_servers.metrics_addresses entry, with the links' token, and
+// says where; a server without an entry serves none.
+func TestServerMetricsAtItsAddress(t *testing.T) {
+	c := psConfig(2, 2, "sgd")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	c.ParameterServers.MetricsAddresses = []string{addr}
+	var log strings.Builder
+	stop, err := servePSMetrics(c, 0, NewPSMetrics(0, []int{0}, 2), &log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	if want := "parameter server 0: Prometheus metrics on http://" + addr + "/metrics\n"; log.String() != want {
+		t.Errorf("logged %q, want %q", log.String(), want)
+	}
+	req, _ := http.NewRequest("GET", "http://"+addr+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+c.Transport.Token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if want := "pipetrain_ps_updates_total{server=\"0\",stage=\"0\"} 0\n"; resp.StatusCode != http.StatusOK || !strings.Contains(string(body), want) {
+		t.Errorf("status %d, body lacks %q:\n%s", resp.StatusCode, want, body)
+	}
+	log.Reset()
+	stop1, err := servePSMetrics(c, 1, NewPSMetrics(1, []int{0}, 2), &log)
+	if err != nil || log.Len() > 0 {
+		t.Errorf("server 1, with no metrics address: %v, logged %q", err, log.String())
+	}
+	stop1()
 }
