@@ -16,22 +16,42 @@ import (
 	"github.com/pipetrain/pipetrain/stages"
 )
 
-// psMode is one way a run's replicas combine their gradients: the ring,
-// or parameter servers in one mode (keys of the derived config).
+// psMode is one way a run's replicas combine their gradients: the ring
+// (ps nil), or parameter servers with the settings ps.
 type psMode struct {
 	label string
-	set   map[string]any
+	ps    map[string]any
 }
 
 // psModes are the MLP's: the ring, sync, backup workers and async with
 // max_staleness 0, 1 and 4.
 var psModes = []psMode{
-	{"ring all-reduce (no servers)", map[string]any{"parameter_servers": nil}},
-	{"sync", map[string]any{"parameter_servers.mode": "sync"}},
-	{"sync, aggregate 2 of 3 (backup workers)", map[string]any{"parameter_servers.mode": "sync", "parameter_servers.aggregate": 2}},
-	{"async, max_staleness 0", map[string]any{"parameter_servers.mode": "async", "parameter_servers.max_staleness": 0}},
-	{"async, max_staleness 1", map[string]any{"parameter_servers.mode": "async", "parameter_servers.max_staleness": 1}},
-	{"async, max_staleness 4", map[string]any{"parameter_servers.mode": "async", "parameter_servers.max_staleness": 4}},
+	{"ring all-reduce (no servers)", nil},
+	{"sync", map[string]any{"mode": "sync"}},
+	{"sync, aggregate 2 of 3 (backup workers)", map[string]any{"mode": "sync", "aggregate": 2}},
+	{"async, max_staleness 0", map[string]any{"mode": "async", "max_staleness": 0}},
+	{"async, max_staleness 1", map[string]any{"mode": "async", "max_staleness": 1}},
+	{"async, max_staleness 4", map[string]any{"mode": "async", "max_staleness": 4}},
+}
+
+// settings are the derived config's settings of m, with more.
+func (m psMode) settings(more map[string]map[string]any) map[string]map[string]any {
+	out := map[string]map[string]any{"parameter_servers": nil}
+	if m.ps != nil {
+		out["parameter_servers"] = map[string]any{}
+		for k, v := range m.ps {
+			out["parameter_servers"][k] = v
+		}
+	}
+	for section, kv := range more {
+		if out[section] == nil {
+			out[section] = map[string]any{}
+		}
+		for k, v := range kv {
+			out[section][k] = v
+		}
+	}
+	return out
 }
 
 // psFigures are what one run measured.
@@ -61,7 +81,7 @@ func runPS(o *options, b *bytes.Buffer) error {
 	for rep := range reps {
 		for _, m := range psModes {
 			rc := base
-			rc.set = m.set
+			rc.set = m.settings(nil)
 			f, err := psRun(o, rc)
 			if err != nil {
 				return fmt.Errorf("%s: %w", m.label, err)
@@ -86,7 +106,7 @@ func runPS(o *options, b *bytes.Buffer) error {
 		var slow []psFigures
 		for range reps {
 			rc := base
-			rc.set, rc.env = m.set, append(append([]string(nil), base.env...), stages.SlowReplicaEnv+"=2")
+			rc.set, rc.env = m.settings(nil), append(append([]string(nil), base.env...), stages.SlowReplicaEnv+"=2")
 			f, err := psRun(o, rc)
 			if err != nil {
 				return fmt.Errorf("%s, worker 2 slowed: %w", m.label, err)
@@ -104,10 +124,7 @@ func runPS(o *options, b *bytes.Buffer) error {
 		if strings.Contains(m.label, "aggregate") {
 			continue
 		}
-		set := map[string]any{"model.tie_embeddings": false, "data.batch_size": 48, "data.micro_batches": 2, "parameter_servers.count": 2}
-		for k, v := range m.set {
-			set[k] = v
-		}
+		set := m.settings(map[string]map[string]any{"model": {"tie_embeddings": false}, "data": {"batch_size": 48, "micro_batches": 2}, "parameter_servers": {"count": 2}})
 		rc := runConfig{base: gpt, steps: gptSteps, evaluate: true, layers: []string{"0-5"}, replicas: 3, set: set, env: base.env}
 		f, err := psRun(o, rc)
 		if err != nil {
@@ -139,7 +156,7 @@ func abs(x float64) float64 { return max(x, -x) }
 
 // serverFigure is n for a mode with servers, "-" for the ring.
 func serverFigure(m psMode, n int) string {
-	if _, ring := m.set["parameter_servers"]; ring {
+	if m.ps == nil {
 		return "-"
 	}
 	return fmt.Sprint(n)
@@ -147,7 +164,7 @@ func serverFigure(m psMode, n int) string {
 
 // staleFigure is the applied pushes' mean staleness, "-" for the ring.
 func staleFigure(m psMode, f psFigures) string {
-	if _, ring := m.set["parameter_servers"]; ring || f.pushes == 0 {
+	if m.ps == nil || f.pushes == 0 {
 		return "-"
 	}
 	return fmt.Sprintf("%.2f", float64(f.staleness)/float64(f.pushes))

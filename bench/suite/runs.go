@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 
 	"go.yaml.in/yaml/v3"
 
@@ -23,10 +22,13 @@ type runConfig struct {
 	steps    int      // training steps
 	layers   []string // one layer range per stage; nil keeps the base's stages
 	replicas int      // data_parallel; 0 keeps the base's
-	evaluate bool     // evaluate after the last step (eval.json); off by default
-	// set sets dotted keys ("parameter_servers.mode") of the derived
-	// config after the fields above; a nil value deletes the key.
-	set map[string]any
+	// addrs, if set, are the addresses of a one-stage grid's replicas
+	// (fresh loopback ports otherwise).
+	addrs []string
+	// set holds further settings: section, key, value; a nil section
+	// deletes the base's.
+	set      map[string]map[string]any
+	evaluate bool // evaluate after the last step (eval.json); off by default
 }
 
 // write writes the derived config into dir with a fresh free loopback port per
@@ -62,6 +64,14 @@ func (rc runConfig) write(dir string) (string, error) {
 	train["log_every"] = rc.steps
 	sub("checkpoint")["every"] = 0
 	sub("recovery")["max_restarts"] = 0
+	for section, kv := range rc.set {
+		if kv == nil {
+			delete(doc, section)
+		}
+		for k, v := range kv {
+			sub(section)[k] = v
+		}
+	}
 	var stageList []any
 	if rc.layers != nil {
 		for _, l := range rc.layers {
@@ -87,11 +97,6 @@ func (rc runConfig) write(dir string) (string, error) {
 	if rc.replicas > 0 {
 		doc["data_parallel"] = rc.replicas
 	}
-	for key, v := range rc.set {
-		if err := setDotted(doc, key, v); err != nil {
-			return "", fmt.Errorf("%s: %w", rc.base, err)
-		}
-	}
 	replicas := 1
 	if n, ok := doc["data_parallel"].(int); ok && n > 1 {
 		replicas = n
@@ -107,7 +112,11 @@ func (rc runConfig) write(dir string) (string, error) {
 		delete(m, "address")
 		delete(m, "addresses")
 		var addrs []any
-		for range replicas {
+		for r := range replicas {
+			if r < len(rc.addrs) {
+				addrs = append(addrs, rc.addrs[r])
+				continue
+			}
 			addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(ports[0]))
 			ports = ports[1:]
 		}
@@ -128,31 +137,6 @@ func (rc runConfig) write(dir string) (string, error) {
 	return path, os.WriteFile(path, append([]byte(header), out...), 0o644)
 }
 
-// setDotted sets the dotted key of doc to v, making the mappings on the
-// way; a nil v deletes the key.
-func setDotted(doc map[string]any, key string, v any) error {
-	parts := strings.Split(key, ".")
-	m := doc
-	for _, p := range parts[:len(parts)-1] {
-		next, ok := m[p].(map[string]any)
-		if !ok {
-			if _, there := m[p]; there {
-				return fmt.Errorf("%s: %s is not a mapping", key, p)
-			}
-			next = map[string]any{}
-			m[p] = next
-		}
-		m = next
-	}
-	last := parts[len(parts)-1]
-	if v == nil {
-		delete(m, last)
-	} else {
-		m[last] = v
-	}
-	return nil
-}
-
 // serverCount is the parameter_servers.count of doc (0 without).
 func serverCount(doc map[string]any) int {
 	ps, _ := doc["parameter_servers"].(map[string]any)
@@ -160,7 +144,8 @@ func serverCount(doc map[string]any) int {
 	return max(n, 0)
 }
 
-// serverPorts gives the parameter servers of doc, if any, the ports.
+// serverPorts gives the parameter servers of doc, if any, the first of
+// ports.
 func serverPorts(doc map[string]any, ports []int) {
 	n := serverCount(doc)
 	if n == 0 {

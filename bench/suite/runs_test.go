@@ -8,9 +8,9 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// TestRunConfigSetsKeysAndServerPorts: a derived config sets the dotted
-// keys asked for, deletes those set to nil, and gives the parameter
-// servers ports of their own, none a stage's.
+// TestRunConfigSetsKeysAndServerPorts: a derived config sets the keys
+// asked for, deletes a section set to nil, and gives the parameter servers
+// ports of their own, none a stage's.
 func TestRunConfigSetsKeysAndServerPorts(t *testing.T) {
 	read := func(rc runConfig) map[string]any {
 		t.Helper()
@@ -30,7 +30,7 @@ func TestRunConfigSetsKeysAndServerPorts(t *testing.T) {
 	}
 	base := runConfig{base: "../../configs/fmnist-mlp-ps.yaml", steps: 7, evaluate: true}
 	rc := base
-	rc.set = map[string]any{"parameter_servers.mode": "async", "parameter_servers.max_staleness": 4, "model.tie_embeddings": false}
+	rc.set = psModes[5].settings(map[string]map[string]any{"model": {"tie_embeddings": false}})
 	doc := read(rc)
 	ps := doc["parameter_servers"].(map[string]any)
 	if ps["mode"] != "async" || ps["max_staleness"] != 4 || doc["model"].(map[string]any)["tie_embeddings"] != false {
@@ -54,7 +54,7 @@ func TestRunConfigSetsKeysAndServerPorts(t *testing.T) {
 		}
 	}
 	rc = base
-	rc.set = map[string]any{"parameter_servers": nil}
+	rc.set = psModes[0].settings(nil)
 	if doc := read(rc); doc["parameter_servers"] != nil {
 		t.Errorf("parameter_servers not deleted: %v", doc["parameter_servers"])
 	}
