@@ -82,7 +82,7 @@ func runWorkers(t *testing.T, c *configs.Config, setup func(w, stage int, rt *Ru
 // runWorkersIn is runWorkers with the run directory dir.
 func runWorkersIn(t *testing.T, c *configs.Config, dir string, setup func(w, stage int, rt *Runtime)) string {
 	t.Helper()
-	errs := runPSGridIn(t, c, dir, func(w, stage int, rt *Runtime, _ func()) {
+	_, errs := runPSGridIn(t, c, dir, false, func(w, stage int, rt *Runtime, _ func()) {
 		if setup != nil {
 			setup(w, stage, rt)
 		}
@@ -105,12 +105,12 @@ func runWorkersIn(t *testing.T, c *configs.Config, dir string, setup func(w, sta
 // stages cancels too; it returns every stage's error.
 func runPSGrid(t *testing.T, c *configs.Config, setup func(w, stage int, rt *Runtime, kill func())) (string, [][]error) {
 	t.Helper()
-	dir := t.TempDir()
-	return dir, runPSGridIn(t, c, dir, setup)
+	return runPSGridIn(t, c, t.TempDir(), false, setup)
 }
 
-// runPSGridIn is runPSGrid with the run directory dir.
-func runPSGridIn(t *testing.T, c *configs.Config, dir string, setup func(w, stage int, rt *Runtime, kill func())) [][]error {
+// runPSGridIn is runPSGrid in the run directory dir, resuming from its
+// newest checkpoint with resume.
+func runPSGridIn(t *testing.T, c *configs.Config, dir string, resume bool, setup func(w, stage int, rt *Runtime, kill func())) (string, [][]error) {
 	t.Helper()
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
@@ -144,7 +144,7 @@ func runPSGridIn(t *testing.T, c *configs.Config, dir string, setup func(w, stag
 			procs[w][i].links[1], procs[w][i+1].links[0] = a, b
 		}
 		for i, l := range layouts {
-			rt, err := New(Options{Layout: l, Config: c, RunDir: dir, Prev: procs[w][i].links[0], Next: procs[w][i].links[1], Train: train, Test: test})
+			rt, err := New(Options{Layout: l, Config: c, RunDir: dir, Prev: procs[w][i].links[0], Next: procs[w][i].links[1], Train: train, Test: test, Resume: resume})
 			if err != nil {
 				t.Fatalf("worker %d stage %d: %v", w, i, err)
 			}
@@ -171,7 +171,7 @@ func runPSGridIn(t *testing.T, c *configs.Config, dir string, setup func(w, stag
 		}
 	}
 	wg.Wait()
-	return errs
+	return dir, errs
 }
 
 // serversHoldReference checks that the servers hold the reference's final weights,

@@ -34,13 +34,14 @@ type psEventLog struct {
 	err    error // the first failed write: the log stops there
 }
 
-// openPSEventLog creates server i's event log in runDir.
-func openPSEventLog(runDir string, i int) (*psEventLog, error) {
+// openPSEventLog creates server i's event log in runDir, or appends to it
+// when a resumed run continues it.
+func openPSEventLog(runDir string, i int, resume bool) (*psEventLog, error) {
 	path := runlog.PSEventsFile(runDir, i)
 	if err := runlog.MkdirAll(filepath.Dir(path)); err != nil {
 		return nil, err
 	}
-	f, err := openLog(path, false)
+	f, err := openLog(path, resume)
 	if err != nil {
 		return nil, err
 	}

@@ -21,7 +21,7 @@ func startRecordedServers(t *testing.T, c *configs.Config, dir string) (metrics 
 	t.Helper()
 	var logs []*psEventLog
 	startServersWith(t, c, func(i int, srv *ps.Server) {
-		l, err := openPSEventLog(dir, i)
+		l, err := openPSEventLog(dir, i, false)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -114,15 +114,8 @@ func launchCmd() *cobra.Command {
 			if opts.Env, err = localRendezvous(cfg); err != nil {
 				return err
 			}
-			servers, err := startPSServers(exe, cfg, f.runDir, opts.Env, extra, os.Stdout)
-			if err != nil {
-				return err
-			}
+			announcePS(cfg, os.Stdout)
 			if err := superviseRun(cmd.Context(), cfg, opts); err != nil {
-				servers.stop()
-				return err
-			}
-			if err := servers.stop(); err != nil {
 				return err
 			}
 			return printSummary(f.runDir)
@@ -222,7 +215,7 @@ func superviseRun(ctx context.Context, cfg *configs.Config, opts launcher.Option
 	}
 	for restarts := 0; ; restarts++ {
 		opts.Attempt = restarts
-		err := launcher.Run(ctx, opts)
+		err := runAttempt(ctx, cfg, opts)
 		var failed *launcher.StageError
 		if err == nil || !errors.As(err, &failed) || ctx.Err() != nil {
 			return err
@@ -243,6 +236,21 @@ func superviseRun(ctx context.Context, cfg *configs.Config, opts launcher.Option
 			failed.Process(), reached, restartPoint(from, reached-from), restarts+1, cfg.Recovery.MaxRestarts)
 		opts.Resume, startedAt = true, from
 	}
+}
+
+// runAttempt runs the job once: the stage processes and, beside them, the
+// parameter servers, started afresh for each attempt and resuming with the
+// stages from the same checkpoint.
+func runAttempt(ctx context.Context, cfg *configs.Config, opts launcher.Options) error {
+	servers, err := startPSServers(cfg, opts)
+	if err != nil {
+		return err
+	}
+	if err := launcher.Run(ctx, opts); err != nil {
+		servers.kill(opts.Out)
+		return err
+	}
+	return servers.stop()
 }
 
 // whyNoRestart says why a failure that a restart would repeat is not
