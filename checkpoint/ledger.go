@@ -17,10 +17,13 @@ import (
 //
 // Ranks are numbered as the process grid numbers them; every replica of a
 // stage writes its part (each needs it on its own disk to resume), and the
-// replicas' parts must be the same bytes: their weights are.
+// replicas' parts must be the same bytes: their weights are. Parameter
+// servers that are ranks of the job follow the stages' ranks, each writing
+// its own shard (ServerPartFile), which a checkpoint needs as much.
 type Ledger struct {
-	stageOf []int // the stage of each rank
+	stageOf []int // the stage of each stage rank
 	stages  int
+	servers int // ranks after the stages' that run parameter servers
 	plan    Plan
 	steps   map[int]*ledgerStep
 
@@ -86,13 +89,39 @@ const (
 
 // NewLedger makes the ledger of a job whose rank r runs stage stageOf[r] and
 // whose checkpoints follow plan.
-func NewLedger(stageOf []int, plan Plan) *Ledger {
+func NewLedger(stageOf []int, plan Plan) *Ledger { return NewServerLedger(stageOf, 0, plan) }
+
+// NewServerLedger is NewLedger for a job whose ranks after the stages'
+// run servers parameter servers, rank len(stageOf)+i server i: a step is
+// committed once every stage rank's part and every server's are in.
+func NewServerLedger(stageOf []int, servers int, plan Plan) *Ledger {
 	stages := 0
 	for _, s := range stageOf {
 		stages = max(stages, s+1)
 	}
-	return &Ledger{stageOf: slices.Clone(stageOf), stages: stages, plan: plan, steps: map[int]*ledgerStep{},
-		reached: make([]int, len(stageOf)), held: make([][]Held, len(stageOf))}
+	ranks := len(stageOf) + servers
+	return &Ledger{stageOf: slices.Clone(stageOf), stages: stages, servers: servers, plan: plan, steps: map[int]*ledgerStep{},
+		reached: make([]int, ranks), held: make([][]Held, ranks)}
+}
+
+// ranks is the number of ranks that write parts: the stages' and the servers'.
+func (l *Ledger) ranks() int { return len(l.stageOf) + l.servers }
+
+// serverOf says which parameter server rank runs, if it runs one.
+func (l *Ledger) serverOf(rank int) (int, bool) {
+	if rank < len(l.stageOf) {
+		return 0, false
+	}
+	return rank - len(l.stageOf), true
+}
+
+// owner is what a rank's part belongs to, for telling parts apart: the
+// stage, or -1-i for server i.
+func (l *Ledger) owner(rank int) int {
+	if i, ok := l.serverOf(rank); ok {
+		return -1 - i
+	}
+	return l.stageOf[rank]
 }
 
 // Report records that rank wrote p, its part of step's checkpoint, for a run
@@ -102,8 +131,8 @@ func NewLedger(stageOf []int, plan Plan) *Ledger {
 // a report that makes the whole step impossible (parts of another config,
 // replicas whose parts differ) fails the step for every rank.
 func (l *Ledger) Report(rank, step int, digest string, p Part, now time.Time) error {
-	if rank < 0 || rank >= len(l.stageOf) {
-		return fmt.Errorf("rank %d is beyond the job's %d ranks", rank, len(l.stageOf))
+	if rank < 0 || rank >= l.ranks() {
+		return fmt.Errorf("rank %d is beyond the job's %d ranks", rank, l.ranks())
 	}
 	if err := l.checkPart(rank, p); err != nil {
 		return err
@@ -116,7 +145,7 @@ func (l *Ledger) Report(rank, step int, digest string, p Part, now time.Time) er
 		if err := l.admit(rank, step); err != nil {
 			return err
 		}
-		st = &ledgerStep{digest: digest, parts: make([]*Part, len(l.stageOf))}
+		st = &ledgerStep{digest: digest, parts: make([]*Part, l.ranks())}
 		l.steps[step] = st
 	}
 	l.reach(rank, step)
@@ -134,7 +163,7 @@ func (l *Ledger) Report(rank, step int, digest string, p Part, now time.Time) er
 		return nil
 	}
 	for other, q := range st.parts {
-		if q != nil && q.Stage == p.Stage && (q.SHA256 != p.SHA256 || q.Bytes != p.Bytes) {
+		if q != nil && l.owner(other) == l.owner(rank) && (q.SHA256 != p.SHA256 || q.Bytes != p.Bytes) {
 			a, b, sa, sb := other, rank, q.SHA256, p.SHA256
 			if a > b {
 				a, b, sa, sb = b, a, sb, sa
@@ -154,12 +183,23 @@ func (l *Ledger) Report(rank, step int, digest string, p Part, now time.Time) er
 // manifest made of the parts names them to every rank, which joins each name
 // to its own checkpoint folder.
 func (l *Ledger) checkPart(rank int, p Part) error {
+	if i, ok := l.serverOf(rank); ok {
+		if p.Stage != i || p.File != ServerPartFile(i) {
+			return fmt.Errorf("rank %d reported %q as its part of parameter server %d; it runs server %d, whose part is %s", rank, p.File, p.Stage, i, ServerPartFile(i))
+		}
+		return l.checkSum(rank, p)
+	}
 	if p.Stage != l.stageOf[rank] {
 		return fmt.Errorf("rank %d reported a part of stage %d; it runs stage %d", rank, p.Stage, l.stageOf[rank])
 	}
 	if p.File != PartFile(p.Stage) {
 		return fmt.Errorf("rank %d reported the file %q as its part; stage %d's part is %s", rank, p.File, p.Stage, PartFile(p.Stage))
 	}
+	return l.checkSum(rank, p)
+}
+
+// checkSum refuses a part whose size and checksum cannot be a file's.
+func (l *Ledger) checkSum(rank int, p Part) error {
 	if len(p.SHA256) > maxDigestLen || p.Bytes < 0 {
 		return fmt.Errorf("rank %d reported a part of %d bytes with a checksum of %d characters: not a part's size and SHA-256", rank, p.Bytes, len(p.SHA256))
 	}
@@ -217,11 +257,15 @@ func (l *Ledger) floor() int {
 	return max(slices.Min(l.reached), l.resume)
 }
 
-// manifest lists one part per stage, in stage order.
+// manifest lists one part per stage, in stage order, and each server's.
 func (l *Ledger) manifest(step int, st *ledgerStep, now time.Time) *Manifest {
-	m := &Manifest{Step: step, ConfigDigest: st.digest, Stages: l.stages, Committed: now.UTC()}
+	m := &Manifest{Step: step, ConfigDigest: st.digest, Stages: l.stages, Servers: l.servers, Committed: now.UTC()}
 	seen := make([]bool, l.stages)
-	for _, p := range st.parts {
+	for rank, p := range st.parts {
+		if _, server := l.serverOf(rank); server {
+			m.ServerParts = append(m.ServerParts, *p) // in server order: their ranks are
+			continue
+		}
 		if !seen[p.Stage] {
 			seen[p.Stage] = true
 			m.Parts = append(m.Parts, *p)
@@ -249,7 +293,7 @@ func (l *Ledger) Outcome(step int) (*Manifest, error) {
 func (l *Ledger) Missing(step int) []int {
 	var out []int
 	st := l.steps[step]
-	for rank := range l.stageOf {
+	for rank := range l.ranks() {
 		if st == nil || st.parts[rank] == nil {
 			out = append(out, rank)
 		}
@@ -262,8 +306,8 @@ func (l *Ledger) Missing(step int) []int {
 // newest step that every rank holds, the replicas of each stage with the
 // same bytes (Resume); from step 0 if there is none.
 func (l *Ledger) Hold(rank int, held []Held) error {
-	if rank < 0 || rank >= len(l.stageOf) {
-		return fmt.Errorf("rank %d is beyond the job's %d ranks", rank, len(l.stageOf))
+	if rank < 0 || rank >= l.ranks() {
+		return fmt.Errorf("rank %d is beyond the job's %d ranks", rank, l.ranks())
 	}
 	for _, h := range held {
 		if err := l.checkPart(rank, h.Part); err != nil {
@@ -292,7 +336,7 @@ func (l *Ledger) newestHeldByAll() int {
 	for rank, hs := range l.held {
 		for _, h := range hs {
 			count[h.Step]++
-			key := [2]int{h.Step, l.stageOf[rank]}
+			key := [2]int{h.Step, l.owner(rank)}
 			if p, ok := part[key]; ok && p != h.Part {
 				bad[h.Step] = true
 			}

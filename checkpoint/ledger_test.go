@@ -257,3 +257,68 @@ func TestLedgerStaysBoundedUnderSpammedSteps(t *testing.T) {
 		t.Fatalf("the ledger held %d steps at once; want at most 4", most)
 	}
 }
+
+func serverPart(i int, sum string) Part {
+	return Part{Stage: i, File: ServerPartFile(i), SHA256: sum, Bytes: int64(len(sum))}
+}
+
+// TestLedgerWaitsForEveryServer: with 2 parameter servers as ranks 4 and 5
+// of a 2 × 2 grid, a step commits only once both servers' parts are in
+// too, listed under server_parts; a server's part is not a stage's (server
+// 1's part differs from stage 1's without the replicas' check minding),
+// a server reporting a stage's file or another server's is refused, and a
+// resume needs the servers to hold the step as well.
+func TestLedgerWaitsForEveryServer(t *testing.T) {
+	l := NewServerLedger(grid2x2, 2, plan100)
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	if err := l.Report(4, 10, "d", part(0, "aa"), now); err == nil {
+		t.Error("server 0 reported stage 0's part and was not refused")
+	}
+	if err := l.Report(5, 10, "d", serverPart(0, "ss"), now); err == nil {
+		t.Error("rank 5 (server 1) reported server 0's part and was not refused")
+	}
+	for rank, p := range []Part{part(0, "aa"), part(0, "aa"), part(1, "bb"), part(1, "bb"), serverPart(0, "s0")} {
+		if err := l.Report(rank, 10, "d", p, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m, err := l.Outcome(10); m != nil || err != nil {
+		t.Fatalf("committed without server 1: %+v %v", m, err)
+	}
+	if got := l.Missing(10); len(got) != 1 || got[0] != 5 {
+		t.Fatalf("missing = %v, want [5]", got)
+	}
+	if err := l.Report(5, 10, "d", serverPart(1, "s1"), now); err != nil {
+		t.Fatal(err)
+	}
+	m, err := l.Outcome(10)
+	if err != nil || m == nil {
+		t.Fatalf("not committed: %v", err)
+	}
+	if m.Servers != 2 || len(m.ServerParts) != 2 || m.ServerParts[0] != serverPart(0, "s0") || m.ServerParts[1] != serverPart(1, "s1") || len(m.Parts) != 2 {
+		t.Fatalf("manifest = %+v", m)
+	}
+	if err := m.check(); err != nil {
+		t.Fatalf("the committed manifest fails its own check: %v", err)
+	}
+
+	l = NewServerLedger(grid2x2, 2, plan100)
+	both := func(stage int, sum string) []Held {
+		return []Held{{Step: 20, Part: part(stage, sum)}, {Step: 10, Part: part(stage, sum)}}
+	}
+	for rank, h := range [][]Held{both(0, "a"), both(0, "a"), both(1, "b"), both(1, "b"),
+		{{Step: 20, Part: serverPart(0, "s")}, {Step: 10, Part: serverPart(0, "s")}}} {
+		if err := l.Hold(rank, h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, decided := l.Resume(); decided {
+		t.Fatal("decided without server 1's held parts")
+	}
+	if err := l.Hold(5, []Held{{Step: 10, Part: serverPart(1, "t")}}); err != nil {
+		t.Fatal(err)
+	}
+	if step, decided := l.Resume(); !decided || step != 10 {
+		t.Fatalf("resume = %d (decided %v), want 10: server 1 holds only step 10", step, decided)
+	}
+}

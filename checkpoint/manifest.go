@@ -99,11 +99,6 @@ func writePart(root string, step, index int, file string, tensors []Tensor, meta
 	return Part{Stage: index, File: file, SHA256: sum, Bytes: size}, err
 }
 
-// readSum reads a part's checksum file.
-func readSum(dir string, stage int) (sum string, size int64, err error) {
-	return readSumFile(filepath.Join(dir, PartFile(stage)))
-}
-
 // fileSum hashes a file.
 func fileSum(path string) (string, int64, error) {
 	f, err := os.Open(path)
@@ -186,6 +181,16 @@ type Held struct {
 // digest, newest first. A part being written, torn by a crash or left by
 // another config is left out: no rank resumes from it.
 func HeldParts(root string, stage int, digest string) ([]Held, error) {
+	return heldParts(root, stage, PartFile, digest)
+}
+
+// HeldServerParts is HeldParts for parameter server i's parts.
+func HeldServerParts(root string, i int, digest string) ([]Held, error) {
+	return heldParts(root, i, ServerPartFile, digest)
+}
+
+// heldParts lists the parts file(index) that HeldParts describes.
+func heldParts(root string, index int, file func(int) string, digest string) ([]Held, error) {
 	all, err := steps(root)
 	if err != nil {
 		return nil, err
@@ -193,11 +198,11 @@ func HeldParts(root string, stage int, digest string) ([]Held, error) {
 	var out []Held
 	for _, s := range all {
 		dir := StepDir(root, s)
-		sum, size, err := readSum(dir, stage)
+		path := filepath.Join(dir, file(index))
+		sum, size, err := readSumFile(path)
 		if err != nil {
 			continue
 		}
-		path := filepath.Join(dir, PartFile(stage))
 		got, n, err := fileSum(path)
 		if err != nil || got != sum || n != size {
 			continue
@@ -205,7 +210,7 @@ func HeldParts(root string, stage int, digest string) ([]Held, error) {
 		if meta, err := ReadMeta(path); err != nil || meta["training_digest"] != digest || (meta["step"] != "" && meta["step"] != strconv.Itoa(s)) {
 			continue
 		}
-		out = append(out, Held{Step: s, Part: Part{Stage: stage, File: PartFile(stage), SHA256: sum, Bytes: size}})
+		out = append(out, Held{Step: s, Part: Part{Stage: index, File: file(index), SHA256: sum, Bytes: size}})
 	}
 	return out, nil
 }

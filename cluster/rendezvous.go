@@ -122,7 +122,8 @@ type RendezvousOptions struct {
 	Replicas int
 	// Servers is how many of the last ranks are parameter servers
 	// (configs.Config.PSRanks): they register and gather like every rank,
-	// but write no stage part, so the ledger does not wait for them.
+	// and the ledger waits for their shards (checkpoint.ServerPartFile)
+	// beside the stages' parts.
 	Servers int
 	// GatherDir is rank 0's run directory, where the registry writes the
 	// logs other ranks send (Coordinator.Gather); none are taken without.
@@ -225,7 +226,7 @@ func ServeRendezvous(addr string, world int, digest, build string, o RendezvousO
 		world: world, digest: digest, build: build, timeout: o.Timeout, logf: o.Logf,
 		gatherDir: o.GatherDir,
 		owns:      o.Owns,
-		ledger:    checkpoint.NewLedger(stageOf, o.Checkpoints),
+		ledger:    checkpoint.NewServerLedger(stageOf, o.Servers, o.Checkpoints),
 		gathered:  make([]bool, world),
 		arriving:  make([]bool, world),
 		ranks:     make([]*registration, world),
