@@ -146,7 +146,7 @@ func (c *Config) PSMetricsAddress(i int) string {
 // with max_staleness 1 or more, where each push is an update of its own.
 // Stage 0 commits on the shared run directory once every server's part is
 // in; stages that meet at a rendezvous commit through rank 0's ledger,
-// whose ranks the servers are not.
+// which counts the servers' parts when the servers are ranks (PSRanks).
 func (c *Config) validatePSCheckpoints(p *Problems) {
 	ps := c.ParameterServers
 	if c.Checkpoint.Every <= 0 {
@@ -155,8 +155,8 @@ func (c *Config) validatePSCheckpoints(p *Problems) {
 	if ps.Mode == "async" && ps.MaxStaleness > 0 {
 		p.add("checkpoint.every", "must be 0 with async parameter servers and max_staleness %d: each push is an update of its own, so the servers' state is at no step a checkpoint could name (sync, or async with max_staleness 0, checkpoints)", ps.MaxStaleness)
 	}
-	if c.UsesRendezvous() {
-		p.add("checkpoint.every", "must be 0 with parameter_servers when the stages meet at a rendezvous (address: auto or rendezvous set): the servers are not ranks of the job yet, so rank 0's ledger cannot wait for their parts; give every stage a fixed address")
+	if c.UsesRendezvous() && !c.PSRanks() {
+		p.add("checkpoint.every", "must be 0 with parameter_servers at fixed addresses when the stages meet at a rendezvous (address: auto or rendezvous set): such servers are no ranks of the job, so rank 0's ledger cannot wait for their parts; leave parameter_servers.addresses out (or auto) for the rendezvous to place them, or give every stage a fixed address")
 	}
 }
 

@@ -118,7 +118,11 @@ func TestParameterServersCheckpoint(t *testing.T) {
 	wantProblems(t, psYAML(t, `{count: 1, mode: async, max_staleness: 1, addresses: ["127.0.0.1:7100"]}`, every),
 		"checkpoint.every: must be 0 with async parameter servers and max_staleness 1: each push is an update of its own, so the servers' state is at no step a checkpoint could name (sync, or async with max_staleness 0, checkpoints)")
 	wantProblems(t, psYAML(t, `{count: 1, addresses: ["127.0.0.1:7100"]}`, every+"\nrendezvous: 127.0.0.1:7300"),
-		"checkpoint.every: must be 0 with parameter_servers when the stages meet at a rendezvous (address: auto or rendezvous set): the servers are not ranks of the job yet, so rank 0's ledger cannot wait for their parts; give every stage a fixed address")
+		"checkpoint.every: must be 0 with parameter_servers at fixed addresses when the stages meet at a rendezvous (address: auto or rendezvous set): such servers are no ranks of the job, so rank 0's ledger cannot wait for their parts; leave parameter_servers.addresses out (or auto) for the rendezvous to place them, or give every stage a fixed address")
+	// Servers the rendezvous places are ranks, whose parts the ledger counts.
+	if _, err := Load(psYAML(t, `{count: 2}`, every+"\nrendezvous: 127.0.0.1:7300")); err != nil {
+		t.Errorf("checkpoints with servers as ranks of the rendezvous: %v", err)
+	}
 }
 
 // TestServersAreRanksAfterTheStages: with a rendezvous and no fixed server

@@ -32,7 +32,7 @@ stages:
 // startEngineRanks is startRanks for a world of 8 whose last two ranks,
 // the servers, take their ranks from other engines' variables: rank 6 from
 // a Kubernetes Indexed Job's, rank 7 from Slurm's.
-func startEngineRanks(t *testing.T, cfg string, dirs []string, port string) []rankProc {
+func startEngineRanks(t *testing.T, cfg string, dirs []string, port string, extra ...string) []rankProc {
 	t.Helper()
 	procs := make([]rankProc, len(dirs))
 	for rank := len(dirs) - 1; rank >= 0; rank-- {
@@ -44,7 +44,7 @@ func startEngineRanks(t *testing.T, cfg string, dirs []string, port string) []ra
 			env = []string{"SLURM_PROCID=7", "SLURM_NTASKS=8"}
 		}
 		env = append(env, "MASTER_ADDR=127.0.0.1", "MASTER_PORT="+port)
-		cmd, out, done := start(t, env, "stage", "--config", cfg, "--run-dir", dirs[rank])
+		cmd, out, done := start(t, env, append([]string{"stage", "--config", cfg, "--run-dir", dirs[rank]}, extra...)...)
 		procs[rank] = rankProc{rank: rank, pid: cmd.Process.Pid, out: out, done: done}
 	}
 	return procs
@@ -112,4 +112,52 @@ func TestServersAreRanksOfTheRendezvous(t *testing.T) {
 		sameRun(t, ref, dirs[0], 20)
 		sameEval(t, ref, dirs[0])
 	})
+}
+
+// TestServersAsRanksResume checkpoints a run whose servers are ranks 6 and
+// 7 of the rendezvous, each of the 8 ranks with a run directory of its
+// own: 10 steps with a checkpoint every 5, committed through rank 0's
+// ledger once every stage's and server's part is in (each server's folder
+// gets the manifest, which lists both servers' parts), then every rank
+// resumes with --resume to step 20; the servers resume from the step every
+// rank holds and the run equals the 20-step reference bit for bit.
+func TestServersAsRanksResume(t *testing.T) {
+	needData(t)
+	cfg := psAutoConfig(t, "sync", 20, "checkpoint: {every: 5}")
+	ref := reference(t, cfg)
+	dirs := make([]string, 8)
+	for r := range dirs {
+		dirs[r] = t.TempDir()
+	}
+	attempt := func(extra ...string) []rankProc {
+		port := strings.TrimPrefix(freePorts(t, 1)[0], "127.0.0.1:")
+		procs := startEngineRanks(t, cfg, dirs, port, extra...)
+		for r, err := range awaitRanks(t, procs, 3*time.Minute) {
+			if err != nil {
+				t.Fatalf("rank %d (%v): %v\n%s", r, extra, err, procs[r].out.String())
+			}
+		}
+		return procs
+	}
+	attempt("--steps", "10")
+	for i := range 2 {
+		m, err := os.ReadFile(filepath.Join(dirs[6+i], "checkpoints", "step-00000010", "manifest.json"))
+		if err != nil {
+			t.Fatalf("server %d's folder has no committed checkpoint of step 10: %v", i, err)
+		}
+		for _, want := range []string{`"servers": 2`, `"file": "ps-0.safetensors"`, `"file": "ps-1.safetensors"`} {
+			if !strings.Contains(string(m), want) {
+				t.Errorf("server %d's manifest of step 10 lacks %s:\n%s", i, want, m)
+			}
+		}
+	}
+	procs := attempt("--resume")
+	for i := range 2 {
+		want := fmt.Sprintf("parameter server %d: resumed from the checkpoint of step 10, which every process holds", i)
+		if out := procs[6+i].out.String(); !strings.Contains(out, want) {
+			t.Errorf("rank %d: no %q:\n%s", 6+i, want, out)
+		}
+	}
+	sameRun(t, ref, dirs[0], 20)
+	sameEval(t, ref, dirs[0])
 }

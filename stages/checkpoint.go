@@ -109,6 +109,9 @@ type checkpointer struct {
 	// servers is the number of parameter servers whose parts a checkpoint
 	// needs besides the stages' (0 without servers, and in the reference).
 	servers int
+	// agreed is the step the processes agreed to resume from, once agree
+	// has asked the coordinator.
+	agreed *int
 }
 
 // retention is which committed checkpoints pruning keeps.
@@ -232,7 +235,7 @@ func (k *checkpointer) commitOverWire(ctx context.Context, root string, done int
 		fmt.Fprintf(k.log, "%s: pruning checkpoints: %v\n", k.name, err)
 	}
 	if k.stage == 0 && k.replica == 0 {
-		fmt.Fprintf(k.log, "checkpoint of step %d committed (%s, reported over the wire)\n", m.Step, words.Count(len(m.Parts), "part"))
+		fmt.Fprintf(k.log, "checkpoint of step %d committed (%s, reported over the wire)\n", m.Step, partsOf(m))
 	}
 }
 
@@ -277,14 +280,12 @@ func (k *checkpointer) restore(ctx context.Context) (int, error) {
 // restoreAgreed resumes from the step the coordinator says every process
 // holds, from this process's own part of it.
 func (k *checkpointer) restoreAgreed(ctx context.Context, root string) (int, error) {
-	held, err := checkpoint.HeldParts(root, k.stage, k.cfg.TrainingDigest())
-	if err != nil {
-		return 0, err
+	if k.agreed == nil {
+		if err := k.agree(ctx); err != nil {
+			return 0, err
+		}
 	}
-	step, err := k.coord.Resume(ctx, held)
-	if err != nil {
-		return 0, err
-	}
+	step := *k.agreed
 	if step == 0 {
 		fmt.Fprintf(k.log, "%s: no checkpoint that every process holds; starting from step 0\n", k.name)
 		return 0, nil
@@ -295,6 +296,23 @@ func (k *checkpointer) restoreAgreed(ctx context.Context, root string) (int, err
 	}
 	fmt.Fprintf(k.log, "%s: resumed from the checkpoint of step %d, which every process holds (%s)\n", k.name, step, dir)
 	return step, nil
+}
+
+// agree reports the parts this process holds and learns the step every
+// process resumes from, once all have reported. A stage whose parameter
+// servers are ranks of the job agrees before it says hello to them: they
+// restore from the same agreement before answering any hello.
+func (k *checkpointer) agree(ctx context.Context) error {
+	held, err := checkpoint.HeldParts(k.root, k.stage, k.cfg.TrainingDigest())
+	if err != nil {
+		return err
+	}
+	step, err := k.coord.Resume(ctx, held)
+	if err != nil {
+		return err
+	}
+	k.agreed = &step
+	return nil
 }
 
 // load fills the stage's parameters and optimizer state from its part.

@@ -471,7 +471,15 @@ func ServePS(ctx context.Context, c *configs.Config, i int, runDir string, resum
 	settings.CheckpointAt = psCheckpointAt(c)
 	srv := ps.NewServer(settings)
 	from := 0
-	if resume {
+	var coord Coordinator // nil: the stages commit on the shared run directory
+	if job != nil {
+		coord = job.coord
+	}
+	if resume && coord != nil {
+		if from, err = restorePSAgreed(ctx, c, i, srv, runDir, coord, log); err != nil {
+			return fmt.Errorf("%s: resuming: %w", configs.PSName(i), err)
+		}
+	} else if resume {
 		if from, err = restorePS(c, i, srv, runDir, log); err != nil {
 			return fmt.Errorf("%s: resuming: %w", configs.PSName(i), err)
 		}
@@ -508,7 +516,7 @@ func ServePS(ctx context.Context, c *configs.Config, i int, runDir string, resum
 	defer stop(nil)
 	written := make(chan error, 1)
 	go func() {
-		err := writePSCheckpoints(run, c, i, srv, len(served), runDir, from)
+		err := writePSCheckpoints(run, c, i, srv, len(served), runDir, from, coord)
 		if err != nil {
 			stop(err)
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"path/filepath"
 	"slices"
 	"strconv"
 
@@ -58,8 +59,12 @@ func nextPSCheckpoint(c *configs.Config, step int) int {
 }
 
 // writePSCheckpoints writes server i's part of each checkpoint after step
-// from, as its groups reach it, until the run ends.
-func writePSCheckpoints(ctx context.Context, c *configs.Config, i int, srv *ps.Server, groups int, runDir string, from int) error {
+// from, as its groups reach it, until the run ends. With a coordinator
+// (the server a rank of the job) it reports each part to rank 0's ledger
+// and writes the committed manifest into its own checkpoint folder, as a
+// stage rank does; without, stage 0 finds the part on the shared run
+// directory.
+func writePSCheckpoints(ctx context.Context, c *configs.Config, i int, srv *ps.Server, groups int, runDir string, from int, coord Coordinator) error {
 	root := CheckpointDir(runDir)
 	for step := nextPSCheckpoint(c, from); step > 0; step = nextPSCheckpoint(c, step) {
 		states, err := srv.Snapshot(ctx, int64(step), groups)
@@ -71,11 +76,34 @@ func writePSCheckpoints(ctx context.Context, c *configs.Config, i int, srv *ps.S
 		}
 		ts, meta := psPartTensors(c, states)
 		meta["step"] = strconv.Itoa(step)
-		if _, err := checkpoint.WriteServerPart(root, step, i, ts, meta); err != nil {
+		part, err := checkpoint.WriteServerPart(root, step, i, ts, meta)
+		if err != nil {
 			return fmt.Errorf("checkpoint of step %d: %w", step, err)
+		}
+		if coord != nil {
+			if err := commitPSPart(ctx, c, root, step, part, coord); err != nil {
+				return fmt.Errorf("checkpoint of step %d: %w", step, err)
+			}
 		}
 	}
 	return nil
+}
+
+// commitPSPart reports a server's part to the job's ledger and, once every
+// stage's and server's part is in, writes the step's manifest into the
+// server's own checkpoint folder and prunes it as the stages prune theirs.
+func commitPSPart(ctx context.Context, c *configs.Config, root string, step int, part checkpoint.Part, coord Coordinator) error {
+	m, err := coord.Commit(ctx, step, c.TrainingDigest(), part)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil // the run stopped first; the step stays uncommitted
+		}
+		return err
+	}
+	if err := checkpoint.WriteManifest(root, m); err != nil {
+		return err
+	}
+	return checkpoint.Prune(root, checkpoint.Retention{Keep: c.Checkpoint.Keep, Best: c.Checkpoint.KeepBest})
 }
 
 // psPartTensors are a server part's tensors, the weights by name and the
@@ -118,21 +146,57 @@ func restorePS(c *configs.Config, i int, srv *ps.Server, runDir string, log io.W
 	if m.Servers != c.ParameterServers.Count {
 		return 0, fmt.Errorf("%s: the checkpoint has parts of %d parameter servers, the config %d", m.Dir, m.Servers, c.ParameterServers.Count)
 	}
-	path := m.ServerPartPath(i)
-	states, err := readPSPart(path)
-	if err != nil {
+	if err := loadPSPart(srv, m.ServerPartPath(i), m.Step); err != nil {
 		return 0, err
-	}
-	for _, st := range states {
-		if st.Version != int64(m.Step) {
-			return 0, fmt.Errorf("%s: stage %d's group is at update %d, the checkpoint of step %d", path, st.Stage, st.Version, m.Step)
-		}
-	}
-	if err := srv.Restore(states); err != nil {
-		return 0, fmt.Errorf("%s: %w", path, err)
 	}
 	fmt.Fprintf(log, "%s: resumed from the checkpoint of step %d (%s)\n", configs.PSName(i), m.Step, m.Dir)
 	return m.Step, nil
+}
+
+// restorePSAgreed starts server i, a rank of the job, from its own part of
+// the step every rank holds (the ledger's agreement through rank 0, as
+// restoreAgreed is a stage's) and returns the step; 0 when there is none.
+func restorePSAgreed(ctx context.Context, c *configs.Config, i int, srv *ps.Server, runDir string, coord Coordinator, log io.Writer) (int, error) {
+	root := CheckpointDir(runDir)
+	held, err := checkpoint.HeldServerParts(root, i, c.TrainingDigest())
+	if err != nil {
+		return 0, err
+	}
+	// Within connect_timeout, as the stages' agreement before their hellos.
+	actx, cancel := context.WithTimeout(ctx, c.Transport.ConnectTimeout)
+	defer cancel()
+	step, err := coord.Resume(actx, held)
+	if err != nil {
+		return 0, err
+	}
+	if step == 0 {
+		fmt.Fprintf(log, "%s: no checkpoint that every process holds; starting from step 0\n", configs.PSName(i))
+		return 0, nil
+	}
+	dir := checkpoint.StepDir(root, step)
+	if err := loadPSPart(srv, filepath.Join(dir, checkpoint.ServerPartFile(i)), step); err != nil {
+		return 0, err
+	}
+	fmt.Fprintf(log, "%s: resumed from the checkpoint of step %d, which every process holds (%s)\n", configs.PSName(i), step, dir)
+	return step, nil
+}
+
+// loadPSPart restores srv from the server part at path, of the checkpoint
+// of step: each group must be at that step's update.
+func loadPSPart(srv *ps.Server, path string, step int) error {
+	states, err := readPSPart(path)
+	if err != nil {
+		return err
+	}
+	for _, st := range states {
+		if st.Version != int64(step) {
+			return fmt.Errorf("%s: stage %d's group is at update %d, the checkpoint of step %d", path, st.Stage, st.Version, step)
+		}
+	}
+	if err := srv.Restore(states); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
 }
 
 // readPSPart reads a server part's groups.

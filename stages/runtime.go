@@ -219,6 +219,9 @@ func New(o Options) (*Runtime, error) {
 			return r.replicas.gatherState(ctx, step, r.optims)
 		}
 	}
+	if err := r.agreeWithServers(); err != nil {
+		return nil, err
+	}
 	if r.ps, err = newPSWorker(l, r.chunks); err != nil {
 		return nil, err
 	}
@@ -691,3 +694,20 @@ func (r *Runtime) stepLoss() float64 {
 }
 
 func scalar(t *tensor.Dense) float64 { return engine.Float64s(t)[0] }
+
+// agreeWithServers settles, for a resumed stage whose parameter servers are
+// ranks of the job, the step every rank resumes from before the stage says
+// hello to the servers: each server waits for that agreement to restore
+// its shard, and answers no hello before. Within connect_timeout, as the
+// hello.
+func (r *Runtime) agreeWithServers() error {
+	if !r.resume || r.ckpt.coord == nil || !r.cfg.PSRanks() || r.layout.Reference {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.Transport.ConnectTimeout)
+	defer cancel()
+	if err := r.ckpt.agree(ctx); err != nil {
+		return fmt.Errorf("%s: resuming: %w", r.name(), err)
+	}
+	return nil
+}
