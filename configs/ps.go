@@ -262,6 +262,6 @@ func init() {
 	keyDocs["parameter_servers.mode"] = "sync: one update per step from the workers' gradients summed in worker order, bit-identical to the one-process reference; async: each push applied as it arrives, within max_staleness."
 	keyDocs["parameter_servers.max_staleness"] = "Async mode: a worker about to compute step s waits until every other worker has pushed its steps before s - max_staleness (stale-synchronous parallel); 0: each step's pushes are summed into one update, sync's."
 	keyDocs["parameter_servers.aggregate"] = "Backup workers: each sync step sums the first this many of the data_parallel workers' pushes, in worker order, and drops the later ones (0: every worker's)."
-	keyDocs["parameter_servers.addresses"] = "Where each server listens, server 0 first (host:port)."
+	keyDocs["parameter_servers.addresses"] = "Where each server listens, server 0 first (host:port); left out, or auto (auto:PORT) for each, when the stages meet at a rendezvous: the servers are then ranks of the job after the stage processes', placed by the rendezvous."
 	keyDocs["parameter_servers.metrics_addresses"] = "Where each server serves its Prometheus metrics at /metrics (host:port, server 0 first), guarded as a stage's metrics_address; leave out for none."
 }
