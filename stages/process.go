@@ -13,6 +13,7 @@ import (
 	"github.com/pipetrain/pipetrain/engine"
 	"github.com/pipetrain/pipetrain/internal/affinity"
 	"github.com/pipetrain/pipetrain/internal/blas"
+	"github.com/pipetrain/pipetrain/ps"
 )
 
 // ProcessOptions say which stage process RunProcess runs. Config, Stage and
@@ -39,6 +40,11 @@ type ProcessOptions struct {
 	// ctx is live, other than by a requested stop (ErrPaused): pipetrain
 	// stage then says what the stage was waiting for when it gave up.
 	Failed func(*Runtime)
+	// Rejoin and RejoinAt restart a worker of async parameter servers
+	// that left the run (Options.Rejoin): launch passes pipetrain stage
+	// --rejoin STEP to each of the replica's processes.
+	Rejoin   bool
+	RejoinAt int
 }
 
 // RunProcess runs one stage process, as pipetrain stage does once it knows
@@ -76,6 +82,11 @@ func RunProcess(ctx context.Context, o ProcessOptions) error {
 		runtime.GOMAXPROCS(n)
 	}
 	SetProcessThreads(cfg.Threads(index))
+	if o.Rejoin && cfg.UsesRendezvous() {
+		// The rendezvous hands out its table once, to the ranks of the
+		// run's start.
+		return fmt.Errorf("%s: a worker rejoins a run only with fixed addresses, not at a rendezvous", cfg.ProcessName(index, replica))
+	}
 	var bound net.Listener
 	var job *Joined
 	if cfg.UsesRendezvous() {
@@ -103,11 +114,17 @@ func RunProcess(ctx context.Context, o ProcessOptions) error {
 	}
 	defer links.Close()
 	opts := Options{Layout: layout, Config: cfg, Stage: index, RunDir: o.RunDir, Prev: links.Prev, Next: links.Next,
-		ReplicaPrev: links.ReplicaPrev, ReplicaNext: links.ReplicaNext, ReplicaIn: links.ReplicaIn, ReplicaOut: links.ReplicaOut, Log: log, Resume: o.Resume, Pause: o.Pause}
+		ReplicaPrev: links.ReplicaPrev, ReplicaNext: links.ReplicaNext, ReplicaIn: links.ReplicaIn, ReplicaOut: links.ReplicaOut, Log: log, Resume: o.Resume, Pause: o.Pause,
+		Rejoin: o.Rejoin, RejoinAt: o.RejoinAt}
 	if job != nil {
 		opts.Coordinator = job.coord
 	}
 	rt, err := New(opts)
+	if o.Rejoin && errors.Is(err, ps.ErrOver) {
+		// Every other worker had finished: nothing is left to train.
+		fmt.Fprintf(log, "%s: not rejoining: %v\n", cfg.ProcessName(index, replica), err)
+		return nil
+	}
 	if err != nil {
 		return err
 	}
