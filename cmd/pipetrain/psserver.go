@@ -54,13 +54,21 @@ func startPSServers(exe string, cfg *configs.Config, env, extra []string, out io
 	if !cfg.PSEnabled() {
 		return s, nil
 	}
+	rejoins := cfg.ParameterServers.Mode == "async" && cfg.Replicas() > 1 && !cfg.UsesRendezvous() && cfg.Recovery.MaxRestarts > 0
 	if cfg.Recovery.MaxRestarts > 0 {
-		// A restarted worker would start from the initial weights while
-		// the servers hold later ones, and nothing checkpoints them yet.
-		fmt.Fprintln(out, "pipetrain: parameter servers keep no checkpoints yet, so a failure ends the run (recovery.max_restarts is not used)")
+		// Nothing checkpoints the servers' weights yet, so the run cannot
+		// restart from one; an async worker rejoins from the servers'.
+		how := "is not used"
+		if rejoins {
+			how = "bounds only the restarts of each async worker"
+		}
+		fmt.Fprintf(out, "pipetrain: parameter servers keep no checkpoints yet, so a failure ends the run (recovery.max_restarts %s)\n", how)
 		cfg.Recovery.MaxRestarts = 0
 	}
-	if cfg.ParameterServers.Mode == "async" && cfg.Replicas() > 1 {
+	switch {
+	case rejoins:
+		fmt.Fprintf(out, "pipetrain: async parameter servers: a worker (replica 1-%d) whose process dies is restarted and rejoins the run\n", cfg.Replicas()-1)
+	case cfg.ParameterServers.Mode == "async" && cfg.Replicas() > 1:
 		fmt.Fprintf(out, "pipetrain: async parameter servers: the run goes on without a worker (replica 1-%d) whose process dies\n", cfg.Replicas()-1)
 	}
 	var mu sync.Mutex
