@@ -204,6 +204,9 @@ func TestAsyncLaunchRestartsAKilledWorker(t *testing.T) {
 			t.Errorf("no %q in the output:\n%s", want, text)
 		}
 	}
+	if !regexp.MustCompile(`pipetrain: stage 0 replica 2 failed \(signal: killed\).*; restarting replica 2 to rejoin`).MatchString(text) {
+		t.Errorf("the restart does not blame the killed stage 0 replica 2:\n%s", text)
+	}
 	if strings.Contains(text, "goes on without replica 2") {
 		t.Errorf("worker 2 was left behind, not restarted:\n%s", text)
 	}

@@ -238,6 +238,9 @@ func Run(ctx context.Context, o Options) error {
 			if !o.expendable(c.replica, lost, replicas) {
 				return o.failed(c, children, failed)
 			}
+			if !lost[c.replica] {
+				c = replicaCulprit(c, failed)
+			}
 			if !lost[c.replica] && o.Rejoin != nil && rj.count[c.replica] < o.Rejoins {
 				rj.begin(c.replica)
 				say("%v; restarting replica %d to rejoin the run (restart %d of %d)", c.stageError(), c.replica, rj.count[c.replica], o.Rejoins)
@@ -335,6 +338,33 @@ func culprit(first *child, failed <-chan *child) *child {
 			if c.signaled() {
 				return c
 			}
+		case <-timeout:
+			return first
+		}
+	}
+}
+
+// replicaCulprit is culprit among the processes of first's replica: the
+// others' failures it meets meanwhile are put back for the launch's loop.
+func replicaCulprit(first *child, failed chan *child) *child {
+	if first.signaled() {
+		return first
+	}
+	var others []*child
+	defer func() {
+		for _, c := range others {
+			failed <- c // room: each was taken from failed just now
+		}
+	}()
+	timeout := time.After(300 * time.Millisecond)
+	for {
+		select {
+		case c := <-failed:
+			if c.replica == first.replica && c.signaled() {
+				others = append(others, first)
+				return c
+			}
+			others = append(others, c)
 		case <-timeout:
 			return first
 		}
