@@ -249,3 +249,37 @@ func TestAsyncLaunchRestartsAKilledWorker(t *testing.T) {
 		os.WriteFile(dir+"/launch.out", []byte(text), 0o644)
 	}
 }
+
+// TestSyncLaunchStopsAtAKilledWorker: in sync mode every step waits for
+// every worker's push, so kill -9 of a worker's stage stops the job, as a
+// stage's death does without servers: launch fails naming the killed
+// process and restarts no worker.
+func TestSyncLaunchStopsAtAKilledWorker(t *testing.T) {
+	needData(t)
+	cfg, _ := psConfigFile(t, "sync")
+	dir := t.TempDir()
+	_, out, done := start(t, nil, "launch", "--config", cfg, "--steps", "100000", "--run-dir", dir)
+	waitForStep(t, dir, 5, time.Minute, out)
+	pid := processPID(dir, "--stage", "0", "--replica", "2")
+	if pid == 0 {
+		t.Fatalf("no process of stage 0 replica 2:\n%s", out.String())
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatalf("launch succeeded with a sync worker killed:\n%s", out.String())
+		}
+	case <-time.After(time.Minute):
+		t.Fatalf("launch still running a minute after worker 2 was killed:\n%s", out.String())
+	}
+	text := out.String()
+	if !strings.Contains(text, "stage 0 replica 2 failed (signal: killed)") {
+		t.Errorf("the failure does not name the killed stage 0 replica 2:\n%s", text)
+	}
+	if strings.Contains(text, "rejoin") || strings.Contains(text, "goes on without") {
+		t.Errorf("a sync worker was restarted or left behind:\n%s", text)
+	}
+}
