@@ -220,6 +220,18 @@ func TestAsyncLaunchRestartsAKilledWorker(t *testing.T) {
 	for _, m := range regexp.MustCompile(`\[ps (\d)\] parameter server \d: stage (\d) of worker 2 rejoined, restarted: it trains from step (\d+) on`).FindAllStringSubmatch(text, -1) {
 		rejoined[group{m[1], m[2]}], _ = strconv.Atoi(m[3])
 	}
+	// Both stages of worker 2 rejoin at one step, the one the servers saw.
+	at := map[string]bool{}
+	for _, m := range regexp.MustCompile(`\[stage \d replica 2\] stage \d replica 2: rejoins the run at step (\d+),`).FindAllStringSubmatch(text, -1) {
+		at[m[1]] = true
+	}
+	for g, step := range rejoined {
+		at[strconv.Itoa(step)] = true
+		if len(at) != 1 {
+			t.Errorf("worker 2's stages and servers name %d steps it rejoined at (server %s stage %s: %d):\n%s", len(at), g.server, g.stage, step, text)
+			break
+		}
+	}
 	summary := regexp.MustCompile(`\[ps (\d)\] parameter server \d: stage (\d): (\d+) updates, 0 pushes dropped; .*; pushes applied by worker: 0: (\d+), 1: (\d+), 2: (\d+)`)
 	seen := 0
 	for _, m := range summary.FindAllStringSubmatch(text, -1) {

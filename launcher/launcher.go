@@ -64,14 +64,17 @@ type Options struct {
 	// whose process failed rather than going on without it (a worker of
 	// async parameter servers, which rejoins the run): once its other
 	// processes have stopped, each of the replica's processes starts again
-	// with the arguments Rejoin returns added (the step it rejoins at). A
-	// replica is restarted at most Rejoins times; after that, when Rejoin
-	// returns an error (why not) or once replica 0 has finished, the run
-	// goes on without it.
-	Rejoin  func(replica int) ([]string, error)
+	// with RejoinFlag and the step Rejoin returns, and when they ask
+	// (RejoinAsk) all are told the step Rejoin returns then. A replica is
+	// restarted at most Rejoins times; after that, when Rejoin returns an
+	// error (why not) or once replica 0 has finished, the run goes on
+	// without it.
+	Rejoin  func(replica int) (step int, err error)
 	Rejoins int
-	// rejoin numbers a restarted replica's restarts, in its processes' logs.
-	rejoin int
+	// rejoin numbers a restarted replica's restarts, in its processes' logs,
+	// and rejoinStep answers their asks.
+	rejoin     int
+	rejoinStep func() int
 }
 
 func (o Options) queryTimeout() time.Duration {
@@ -518,6 +521,10 @@ func start(o Options, i, r int, logDir string, outMu *sync.Mutex) (*child, error
 				c.mu.Lock()
 				c.repeats = why
 				c.mu.Unlock()
+				continue
+			}
+			if line == RejoinAsk && o.rejoinStep != nil {
+				c.request(fmt.Sprintf("%s%d", rejoinAnswer, o.rejoinStep()))
 				continue
 			}
 			c.mu.Lock()

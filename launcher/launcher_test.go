@@ -190,7 +190,8 @@ sleep 30 & wait
 // rejoinStage is a fake stage for the rejoin tests: stage 0 of replica 2
 // fails (in its restarted life too when failAgain), its stage 1 runs
 // until stopped, and replica 0 waits until replica 2's restarted stage 0
-// has started, so that it is still running when the restart comes.
+// has started, so that it is still running when the restart comes. A
+// restarted process asks for its step and says what it heard.
 func rejoinStage(t *testing.T, failAgain bool) (bin, dir string) {
 	dir = t.TempDir()
 	again := ""
@@ -202,7 +203,8 @@ trap 'exit 1' TERM
 case "$*" in *"--rejoin 7"*)
 	if [ "$stage" = 0 ]; then touch `+dir+`/rejoined; fi
 	`+again+`
-	echo "rejoined: stage $stage replica $replica"; exit 0;;
+	echo "`+RejoinAsk+`"; read answer
+	echo "rejoined: stage $stage replica $replica, $answer"; exit 0;;
 esac
 if [ "$stage" = 0 ] && [ "$replica" = 2 ]; then sleep 0.2; exit 3; fi
 if [ "$replica" = 2 ]; then sleep 30 & wait; fi
@@ -214,19 +216,27 @@ echo "done: stage $stage replica $replica"
 
 // TestExpendableReplicaRejoins fails stage 0 of replica 2 of a run whose
 // expendable replicas rejoin: its stage 1 is stopped, both start again
-// with the Rejoin arguments, their logs keep the first life's lines, and
-// the run succeeds with all three replicas.
+// with the step Rejoin gives, both hear the one fresher step it gives when
+// the first asks, their logs keep the first life's lines, and the run
+// succeeds with all three replicas.
 func TestExpendableReplicaRejoins(t *testing.T) {
 	var out syncBuffer
 	bin, dir := rejoinStage(t, false)
+	var mu sync.Mutex
+	readings := 6 // Rejoin's first answer is 7, then 8, ...
 	err := Run(context.Background(), Options{Binary: bin, ConfigPath: "c.yaml", Stages: 2, Replicas: 3, RunDir: dir, Out: &out, Grace: 5 * time.Second,
 		Expendable: func(replica int) bool { return replica != 0 },
-		Rejoin:     func(int) ([]string, error) { return []string{"--rejoin", "7"}, nil }, Rejoins: 2})
+		Rejoin: func(int) (int, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			readings++
+			return readings, nil
+		}, Rejoins: 2})
 	if err != nil {
 		t.Fatalf("run failed with replica 2 rejoining: %v\n%s", err, out.String())
 	}
 	for _, want := range []string{"stage 0 replica 2 failed: exit status 3", "restarting replica 2 to rejoin the run (restart 1 of 2)",
-		"[stage 0 replica 2] rejoined: stage 0 replica 2", "[stage 1 replica 2] rejoined: stage 1 replica 2", "done: stage 1 replica 0"} {
+		"[stage 0 replica 2] rejoined: stage 0 replica 2, rejoin 8", "[stage 1 replica 2] rejoined: stage 1 replica 2, rejoin 8", "done: stage 1 replica 0"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
@@ -235,7 +245,7 @@ func TestExpendableReplicaRejoins(t *testing.T) {
 		t.Errorf("replica 2 was given up on:\n%s", out.String())
 	}
 	log, err := os.ReadFile(filepath.Join(dir, "logs", LogFile(1, 2, 3)))
-	if want := "--- replica 2 restarted (restart 1), rejoining the run ---\nrejoined: stage 1 replica 2\n"; err != nil || !strings.HasSuffix(string(log), want) {
+	if want := "--- replica 2 restarted (restart 1), rejoining the run ---\n" + RejoinAsk + "\nrejoined: stage 1 replica 2, rejoin 8\n"; err != nil || !strings.HasSuffix(string(log), want) {
 		t.Errorf("stage 1 replica 2's log: %q, %v; want it to end %q", log, err, want)
 	}
 }
@@ -247,7 +257,7 @@ func TestRejoinsAreBounded(t *testing.T) {
 	bin, dir := rejoinStage(t, true)
 	err := Run(context.Background(), Options{Binary: bin, ConfigPath: "c.yaml", Stages: 2, Replicas: 3, RunDir: dir, Out: &out, Grace: 5 * time.Second,
 		Expendable: func(replica int) bool { return replica != 0 },
-		Rejoin:     func(int) ([]string, error) { return []string{"--rejoin", "7"}, nil }, Rejoins: 1})
+		Rejoin:     func(int) (int, error) { return 7, nil }, Rejoins: 1})
 	if err != nil {
 		t.Fatalf("run failed with replica 2 left behind: %v\n%s", err, out.String())
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -66,9 +67,10 @@ func watchAll(children []*child) <-chan struct{} {
 // left to train.
 var errReplica0Done = errors.New("replica 0 has finished the run")
 
-// restartReplica starts replica's processes again, with the arguments
+// restartReplica starts replica's processes again, with the step
 // o.Rejoin gives, in place of their former selves among children; the
-// restart is the replica's n-th.
+// restart is the replica's n-th. Their asks (RejoinAsk) are answered with
+// one fresher reading, the first ask's, so that all rejoin at one step.
 func (o Options) restartReplica(children []*child, replica, n int, logDir string, outMu *sync.Mutex, failed chan<- *child) error {
 	replicas := max(o.Replicas, 1)
 	for i := range o.Stages {
@@ -76,13 +78,19 @@ func (o Options) restartReplica(children []*child, replica, n int, logDir string
 			return errReplica0Done
 		}
 	}
-	args, err := o.Rejoin(replica)
+	step, err := o.Rejoin(replica)
 	if err != nil {
 		return err
 	}
 	ro := o
-	ro.ExtraArgs = append(slices.Clone(o.ExtraArgs), args...)
+	ro.ExtraArgs = append(slices.Clone(o.ExtraArgs), RejoinFlag, strconv.Itoa(step))
 	ro.Resume, ro.rejoin = false, n
+	ro.rejoinStep = sync.OnceValue(func() int {
+		if now, err := o.Rejoin(replica); err == nil && now > step {
+			return now
+		}
+		return step
+	})
 	var started []*child
 	for i := range o.Stages {
 		c, err := start(ro, i, replica, logDir, outMu)

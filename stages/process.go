@@ -45,6 +45,11 @@ type ProcessOptions struct {
 	// --rejoin STEP to each of the replica's processes.
 	Rejoin   bool
 	RejoinAt int
+	// AskRejoin, if set, gives a rejoining process, once its links are
+	// up, the step it rejoins at instead of RejoinAt: launch reads it then,
+	// the same for every process of the replica, so that the others wait
+	// for none of the steps they made while it started.
+	AskRejoin func(ctx context.Context) (int, error)
 }
 
 // RunProcess runs one stage process, as pipetrain stage does once it knows
@@ -113,6 +118,11 @@ func RunProcess(ctx context.Context, o ProcessOptions) error {
 		return err
 	}
 	defer links.Close()
+	if o.Rejoin && o.AskRejoin != nil {
+		if o.RejoinAt, err = askRejoin(ctx, cfg, o); err != nil {
+			return err
+		}
+	}
 	opts := Options{Layout: layout, Config: cfg, Stage: index, RunDir: o.RunDir, Prev: links.Prev, Next: links.Next,
 		ReplicaPrev: links.ReplicaPrev, ReplicaNext: links.ReplicaNext, ReplicaIn: links.ReplicaIn, ReplicaOut: links.ReplicaOut, Log: log, Resume: o.Resume, Pause: o.Pause,
 		Rejoin: o.Rejoin, RejoinAt: o.RejoinAt}
@@ -154,6 +164,18 @@ func RunProcess(ctx context.Context, o ProcessOptions) error {
 		return job.Gather(ctx, cfg, o.RunDir, log)
 	}
 	return nil
+}
+
+// askRejoin asks, within connect_timeout, for the step a rejoining process
+// rejoins at.
+func askRejoin(ctx context.Context, cfg *configs.Config, o ProcessOptions) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, cfg.Transport.ConnectTimeout)
+	defer cancel()
+	step, err := o.AskRejoin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("%s: asking the launcher for the step to rejoin at: %w", cfg.ProcessName(o.Stage, o.Replica), err)
+	}
+	return step, nil
 }
 
 // schedulerProcs is the GOMAXPROCS a stage process runs with: its share of

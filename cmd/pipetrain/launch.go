@@ -114,7 +114,7 @@ func launchCmd() *cobra.Command {
 					// Its restarted processes find each other at their fixed
 					// addresses; a rendezvous hands its table out once.
 					opts.Rejoins = cfg.Recovery.MaxRestarts
-					opts.Rejoin = func(int) ([]string, error) { return rejoinArgs(cfg, f.runDir) }
+					opts.Rejoin = func(int) (int, error) { return rejoinStep(cfg, f.runDir) }
 				}
 			}
 			if opts.Env, err = localRendezvous(cfg); err != nil {
@@ -251,15 +251,15 @@ func superviseRun(ctx context.Context, cfg *configs.Config, opts launcher.Option
 	}
 }
 
-// rejoinArgs are the arguments a worker's restarted processes rejoin an
-// async run with: the step replica 0 has logged, which they train from,
-// each reading that step's share of the batch on.
-func rejoinArgs(cfg *configs.Config, runDir string) ([]string, error) {
+// rejoinStep is the step a worker's restarted processes rejoin an async
+// run at: the step replica 0 has logged, which they train from, each
+// reading that step's share of the batch on.
+func rejoinStep(cfg *configs.Config, runDir string) (int, error) {
 	step := lastLoggedStep(runDir)
 	if step >= cfg.Train.Steps {
-		return nil, fmt.Errorf("replica 0 has trained all %d steps", cfg.Train.Steps)
+		return 0, fmt.Errorf("replica 0 has trained all %d steps", cfg.Train.Steps)
 	}
-	return []string{"--rejoin", strconv.Itoa(step)}, nil
+	return step, nil
 }
 
 // whyNoRestart says why a failure that a restart would repeat is not
