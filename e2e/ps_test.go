@@ -170,8 +170,9 @@ func TestAsyncLaunchSurvivesAKilledWorker(t *testing.T) {
 
 // TestAsyncLaunchRestartsAKilledWorker kill -9s stage 0 of worker 2 of an
 // async launch (max_staleness 1) after step 5: launch restarts both of
-// worker 2's processes, which rejoin at the step replica 0 had logged; the
-// servers log the departure and the rejoin; the run completes, and on
+// worker 2's processes, which rejoin at one step, the one replica 0 had
+// logged when they asked; the servers log the departure and the rejoin,
+// the rejoined stages finish; the run completes, and on
 // each server and stage workers 0 and 1 had all their pushes applied and
 // worker 2 those before its death plus one for each step from its rejoin
 // on, each push one update.
