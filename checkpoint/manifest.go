@@ -22,6 +22,7 @@ import (
 //
 //	ROOT/step-00000150/stage-0.safetensors   weights and optimizer state of stage 0
 //	ROOT/step-00000150/stage-0.sha256        its checksum, written after it
+//	ROOT/step-00000150/ps-1.safetensors      parameter server 1's shard, with servers
 //	ROOT/step-00000150/manifest.json         written last, once every part is in
 //
 // Each stage writes its own part. On a run directory every process shares, one
@@ -53,6 +54,12 @@ type Manifest struct {
 	Stages       int       `json:"stages"`
 	Parts        []Part    `json:"parts"`
 	Committed    time.Time `json:"committed"`
+	// Servers is parameter_servers.count, and ServerParts their shards
+	// (each Part's Stage is the server's index, its File ServerPartFile's):
+	// the weights and optimizer state live on the servers, so a checkpoint
+	// is whole only with every server's part.
+	Servers     int    `json:"servers,omitempty"`
+	ServerParts []Part `json:"server_parts,omitempty"`
 
 	// Dir is the checkpoint's folder; it is not stored.
 	Dir string `json:"-"`
@@ -66,16 +73,30 @@ func StepDir(root string, step int) string {
 // PartFile is the name of a stage's part inside a checkpoint folder.
 func PartFile(stage int) string { return fmt.Sprintf("stage-%d.safetensors", stage) }
 
+// ServerPartFile is the name of parameter server i's part inside a
+// checkpoint folder.
+func ServerPartFile(i int) string { return fmt.Sprintf("ps-%d.safetensors", i) }
+
 // WritePart writes stage's part of step's checkpoint, then its checksum file,
 // both atomically: a checksum file on disk always describes a complete part.
 // It returns the part as a manifest lists it.
 func WritePart(root string, step, stage int, tensors []Tensor, meta map[string]string) (Part, error) {
+	return writePart(root, step, stage, PartFile(stage), tensors, meta)
+}
+
+// WriteServerPart writes parameter server i's part of step's checkpoint as
+// WritePart writes a stage's.
+func WriteServerPart(root string, step, i int, tensors []Tensor, meta map[string]string) (Part, error) {
+	return writePart(root, step, i, ServerPartFile(i), tensors, meta)
+}
+
+func writePart(root string, step, index int, file string, tensors []Tensor, meta map[string]string) (Part, error) {
 	dir := StepDir(root, step)
 	if err := runlog.MkdirAll(dir); err != nil {
 		return Part{}, err
 	}
-	sum, size, err := WriteChecked(filepath.Join(dir, PartFile(stage)), tensors, meta)
-	return Part{Stage: stage, File: PartFile(stage), SHA256: sum, Bytes: size}, err
+	sum, size, err := WriteChecked(filepath.Join(dir, file), tensors, meta)
+	return Part{Stage: index, File: file, SHA256: sum, Bytes: size}, err
 }
 
 // readSum reads a part's checksum file.
@@ -98,19 +119,27 @@ func fileSum(path string) (string, int64, error) {
 	return hex.EncodeToString(h.Sum(nil)), n, nil
 }
 
-// Commit waits until every stage has written its part of step's checkpoint and
-// each part matches its checksum, then writes the manifest atomically and deletes
-// the committed checkpoints keep does not retain (Prune). It polls every interval until ctx
+// Commit waits until every stage and every one of servers parameter servers
+// has written its part of step's checkpoint and each part matches its
+// checksum, then writes the manifest atomically and deletes the committed
+// checkpoints keep does not retain (Prune). It polls every interval until ctx
 // ends; a part that does not match its checksum yet (being rewritten) is waited for.
-func Commit(ctx context.Context, root string, step, stages int, digest string, keep Retention, interval time.Duration) (*Manifest, error) {
+func Commit(ctx context.Context, root string, step, stages, servers int, digest string, keep Retention, interval time.Duration) (*Manifest, error) {
 	dir := StepDir(root, step)
-	m := &Manifest{Step: step, ConfigDigest: digest, Stages: stages, Dir: dir}
-	parts := make([]*Part, stages) // verified so far; each part is hashed once it is complete
+	m := &Manifest{Step: step, ConfigDigest: digest, Stages: stages, Servers: servers, Dir: dir}
+	// Verified so far; each part is hashed once it is complete.
+	parts, serverParts := make([]*Part, stages), make([]*Part, servers)
 	for {
-		missing := collectParts(dir, parts)
+		missing := collectParts(dir, parts, PartFile, "stage")
+		if missing == "" {
+			missing = collectParts(dir, serverParts, ServerPartFile, "parameter server")
+		}
 		if missing == "" {
 			for _, p := range parts {
 				m.Parts = append(m.Parts, *p)
+			}
+			for _, p := range serverParts {
+				m.ServerParts = append(m.ServerParts, *p)
 			}
 			break
 		}
@@ -182,21 +211,23 @@ func HeldParts(root string, stage int, digest string) ([]Held, error) {
 }
 
 // collectParts verifies the parts of a checkpoint folder not verified yet
-// (nil in parts); missing says which one is not ready, or is empty when all are.
-func collectParts(dir string, parts []*Part) (missing string) {
+// (nil in parts), part i being the file file(i) of the owner noun i;
+// missing says which one is not ready, or is empty when all are.
+func collectParts(dir string, parts []*Part, file func(int) string, noun string) (missing string) {
 	for s, p := range parts {
 		if p != nil {
 			continue
 		}
-		sum, size, err := readSum(dir, s)
+		path := filepath.Join(dir, file(s))
+		sum, size, err := readSumFile(path)
 		if err != nil {
-			return fmt.Sprintf("stage %d's part is not written", s)
+			return fmt.Sprintf("%s %d's part is not written", noun, s)
 		}
-		got, n, err := fileSum(filepath.Join(dir, PartFile(s)))
+		got, n, err := fileSum(path)
 		if err != nil || got != sum || n != size {
-			return fmt.Sprintf("stage %d's part does not match its checksum yet", s)
+			return fmt.Sprintf("%s %d's part does not match its checksum yet", noun, s)
 		}
-		parts[s] = &Part{Stage: s, File: PartFile(s), SHA256: sum, Bytes: size}
+		parts[s] = &Part{Stage: s, File: file(s), SHA256: sum, Bytes: size}
 	}
 	return ""
 }
@@ -234,6 +265,14 @@ func (m *Manifest) check() error {
 		}
 		seen[p.Stage] = true
 	}
+	servers := map[int]bool{}
+	for _, p := range m.ServerParts {
+		if p.Stage < 0 || p.Stage >= m.Servers || p.File != ServerPartFile(p.Stage) || servers[p.Stage] {
+			return fmt.Errorf("%s: the manifest names %q as the part of parameter server %d; a checkpoint of %d servers holds each server's ps-<i>.safetensors once, for i below %d",
+				m.path(), p.File, p.Stage, m.Servers, m.Servers)
+		}
+		servers[p.Stage] = true
+	}
 	return nil
 }
 
@@ -261,8 +300,16 @@ func (m *Manifest) Verify() error {
 	if len(m.Parts) != m.Stages {
 		return fmt.Errorf("%s: manifest lists %d parts for %d stages", m.Dir, len(m.Parts), m.Stages)
 	}
+	if len(m.ServerParts) != m.Servers {
+		return fmt.Errorf("%s: manifest lists %d parts for %d parameter servers", m.Dir, len(m.ServerParts), m.Servers)
+	}
 	for _, p := range m.Parts {
 		if err := m.verify(p); err != nil {
+			return err
+		}
+	}
+	for _, p := range m.ServerParts {
+		if err := m.verifyFile(m.ServerPartPath(p.Stage), p); err != nil {
 			return err
 		}
 	}
@@ -273,7 +320,11 @@ func (m *Manifest) verify(p Part) error {
 	if err := m.checkPart(p); err != nil {
 		return err
 	}
-	path := m.PartPath(p.Stage)
+	return m.verifyFile(m.PartPath(p.Stage), p)
+}
+
+// verifyFile checks the part p at path against its checksum and step.
+func (m *Manifest) verifyFile(path string, p Part) error {
 	sum, n, err := fileSum(path)
 	if err != nil {
 		return err
@@ -317,6 +368,9 @@ func (m *Manifest) VerifyPart(stage int) error {
 
 // PartPath is stage's file in the checkpoint.
 func (m *Manifest) PartPath(stage int) string { return filepath.Join(m.Dir, PartFile(stage)) }
+
+// ServerPartPath is parameter server i's file in the checkpoint.
+func (m *Manifest) ServerPartPath(i int) string { return filepath.Join(m.Dir, ServerPartFile(i)) }
 
 // steps lists the step folders under root, newest first.
 func steps(root string) ([]int, error) {

@@ -29,7 +29,7 @@ func TestCommitWaitsForEveryPart(t *testing.T) {
 	writeParts(t, root, 10, 2) // stages 0 and 1 of 3
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	if _, err := Commit(ctx, root, 10, 3, "d", Keep(2), 5*time.Millisecond); err == nil || !strings.Contains(err.Error(), "stage 2") {
+	if _, err := Commit(ctx, root, 10, 3, 0, "d", Keep(2), 5*time.Millisecond); err == nil || !strings.Contains(err.Error(), "stage 2") {
 		t.Fatalf("commit with stage 2 missing: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(StepDir(root, 10), ManifestName)); !os.IsNotExist(err) {
@@ -37,7 +37,7 @@ func TestCommitWaitsForEveryPart(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() {
-		_, err := Commit(context.Background(), root, 10, 3, "d", Keep(2), 5*time.Millisecond)
+		_, err := Commit(context.Background(), root, 10, 3, 0, "d", Keep(2), 5*time.Millisecond)
 		done <- err
 	}()
 	time.Sleep(20 * time.Millisecond)
@@ -61,7 +61,7 @@ func TestLatestSkipsCorruptAndForeign(t *testing.T) {
 		if step == 15 {
 			digest = "other"
 		}
-		if _, err := Commit(context.Background(), root, step, 2, digest, Keep(5), time.Millisecond); err != nil {
+		if _, err := Commit(context.Background(), root, step, 2, 0, digest, Keep(5), time.Millisecond); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -98,7 +98,7 @@ func TestPruneKeepsNewest(t *testing.T) {
 	for _, step := range []int{1, 2, 3, 4} {
 		writeParts(t, root, step, 1)
 		if step != 2 { // 2 is a crash's leftover
-			if _, err := Commit(context.Background(), root, step, 1, "d", Keep(10), time.Millisecond); err != nil {
+			if _, err := Commit(context.Background(), root, step, 1, 0, "d", Keep(10), time.Millisecond); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -139,7 +139,7 @@ func TestLatestChecksTheManifestsStep(t *testing.T) {
 			root := t.TempDir()
 			for _, step := range []int{10, 20} {
 				writeParts(t, root, step, 2)
-				if _, err := Commit(context.Background(), root, step, 2, "d", Keep(5), time.Millisecond); err != nil {
+				if _, err := Commit(context.Background(), root, step, 2, 0, "d", Keep(5), time.Millisecond); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -163,7 +163,7 @@ func TestManifestNamesOnlyItsParts(t *testing.T) {
 	root := filepath.Join(dir, "checkpoints")
 	for _, step := range []int{10, 20} {
 		writeParts(t, root, step, 2)
-		if _, err := Commit(context.Background(), root, step, 2, "d", Keep(5), time.Millisecond); err != nil {
+		if _, err := Commit(context.Background(), root, step, 2, 0, "d", Keep(5), time.Millisecond); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -231,7 +231,7 @@ func TestCheckpointsAreTheOwnersAlone(t *testing.T) {
 		runlog.ShareRunDirs(share)
 		root := filepath.Join(t.TempDir(), "checkpoints")
 		writeParts(t, root, 10, 1)
-		if _, err := Commit(context.Background(), root, 10, 1, "d", Keep(2), time.Millisecond); err != nil {
+		if _, err := Commit(context.Background(), root, 10, 1, 0, "d", Keep(2), time.Millisecond); err != nil {
 			t.Fatal(err)
 		}
 		dir, file := os.FileMode(0o700), os.FileMode(0o600)
@@ -251,4 +251,43 @@ func TestCheckpointsAreTheOwnersAlone(t *testing.T) {
 		}
 	}
 	runlog.ShareRunDirs(false)
+}
+
+// TestCommitWaitsForEveryServer: with parameter servers a checkpoint is
+// whole only with each server's shard; Commit waits for it, the manifest
+// lists it, and a corrupt shard makes Latest pass the checkpoint over.
+func TestCommitWaitsForEveryServer(t *testing.T) {
+	root := t.TempDir()
+	writeParts(t, root, 10, 2)
+	shard := func(i int) {
+		ts := []Tensor{{Name: "w", Shape: []int{1}, F32: []float32{float32(i)}}}
+		if _, err := WriteServerPart(root, 10, i, ts, map[string]string{"step": "10"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	shard(0)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if _, err := Commit(ctx, root, 10, 2, 2, "d", Keep(2), 5*time.Millisecond); err == nil || !strings.Contains(err.Error(), "parameter server 1's part is not written") {
+		t.Fatalf("commit with server 1's shard missing: %v", err)
+	}
+	shard(1)
+	m, err := Commit(context.Background(), root, 10, 2, 2, "d", Keep(2), time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Servers != 2 || len(m.ServerParts) != 2 || m.ServerParts[1].File != "ps-1.safetensors" {
+		t.Fatalf("manifest %+v", m)
+	}
+	got, _, err := Latest(root, "d")
+	if err != nil || got == nil || len(got.ServerParts) != 2 {
+		t.Fatalf("Latest = %+v, %v", got, err)
+	}
+	path := got.ServerPartPath(1)
+	b, _ := os.ReadFile(path)
+	b[len(b)-1] ^= 1
+	os.WriteFile(path, b, 0o644)
+	if got, skipped, _ := Latest(root, "d"); got != nil || len(skipped) != 1 || !strings.Contains(skipped[0].Error(), "ps-1.safetensors") {
+		t.Fatalf("Latest with a corrupt shard = %+v, %v", got, skipped)
+	}
 }

@@ -23,7 +23,7 @@ func TestPruneKeepsTheBest(t *testing.T) {
 		if _, err := WritePart(root, step, 0, []Tensor{{Name: "w", Shape: []int{1}, F32: []float32{float32(step)}}}, meta); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := Commit(context.Background(), root, step, 1, "d", Retention{Keep: 1, Best: 2}, time.Millisecond); err != nil {
+		if _, err := Commit(context.Background(), root, step, 1, 0, "d", Retention{Keep: 1, Best: 2}, time.Millisecond); err != nil {
 			t.Fatal(err)
 		}
 	}

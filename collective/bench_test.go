@@ -146,19 +146,7 @@ func TestRingOverStreamsSmallPlans(t *testing.T) {
 				if err := Sum(p, parts, want); err != nil {
 					t.Fatal(err)
 				}
-				rings := loopbackRing(t, ranks, p, true)
-				for r, err := range runAll(rings, func(x *Ring) error { return AllReduce(context.Background(), x, 9, 0, p, parts[x.Rank]) }) {
-					if err != nil {
-						t.Fatalf("rank %d: %v", r, err)
-					}
-				}
-				for r := range parts {
-					for i := range want {
-						if math.Float32bits(parts[r][i]) != math.Float32bits(want[i]) {
-							t.Fatalf("rank %d element %d: %v, Sum gives %v", r, i, parts[r][i], want[i])
-						}
-					}
-				}
+				everyRankGetsSum(t, loopbackRing(t, ranks, p, true), p, 9, parts, want)
 			})
 		}
 	}

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"testing"
+	"time"
 
 	"github.com/pipetrain/pipetrain/transport"
 )
@@ -152,6 +154,54 @@ func TestWithGroupsRefusesWrongSizes(t *testing.T) {
 	for _, g := range [][]int{{2, 1}, {2, 0, 2}, {5}} {
 		if _, err := p.WithGroups(g); err == nil {
 			t.Errorf("groups %v of 4 ranks accepted", g)
+		}
+	}
+}
+
+// With ranks 0-1 on 127.0.0.1 and 2-3 on 127.0.0.2, two hosts, the ring
+// streams within each host run on the listeners' Unix stream sockets and
+// the two host links on TCP, and every rank ends each step with Sum's bits,
+// as when every stream is on TCP.
+func TestHierarchicalStreamsWithinHostsOnUnixSockets(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("stream sockets are abstract Unix sockets, which only Linux has")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p, err := NewPlan(1001, 97, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err = p.WithAlgorithm(Hierarchical); err != nil {
+		t.Fatal(err)
+	}
+	if p, err = p.WithGroups([]int{2, 2}); err != nil {
+		t.Fatal(err)
+	}
+	hosts := []string{"127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2"}
+	rng := rand.New(rand.NewPCG(11, 12))
+	for _, overTCP := range []bool{false, true} {
+		rings, closeRings, err := loopbackWith(ctx, 4, p, loopbackOptions{streams: true, dt: transport.Float32, overTCP: overTCP, hosts: hosts})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer closeRings()
+		for r, x := range rings {
+			want := "tcp"
+			if !overTCP && hosts[r] == hosts[(r+1)%4] {
+				want = "unix"
+			}
+			if x.Out.Network() != want || rings[(r+1)%4].In.Network() != want {
+				t.Errorf("over TCP %v: the stream from rank %d runs on %s / %s, want %s", overTCP, r, x.Out.Network(), rings[(r+1)%4].In.Network(), want)
+			}
+		}
+		for step := range 2 {
+			parts := randomParts(rng, 4, p.N)
+			want := make([]float32, p.N)
+			if err := Sum(p, parts, want); err != nil {
+				t.Fatal(err)
+			}
+			everyRankGetsSum(t, rings, p, int64(step), parts, want)
 		}
 	}
 }

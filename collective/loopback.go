@@ -18,12 +18,40 @@ import (
 // closes every link, stream and server; it is also what an error return
 // has already done. Benchmarks and `simulate --allreduce-bandwidth
 // measure` time the ring over it.
+//
+// The ranks share one host, so their streams run on the listeners' Unix
+// stream sockets; LoopbackOverTCP keeps them on TCP.
 func Loopback(ctx context.Context, ranks int, p Plan, streams bool) (rings []*Ring, close func(), err error) {
-	return loopback(ctx, ranks, p, streams, transport.Float32)
+	return loopbackWith(ctx, ranks, p, loopbackOptions{streams: streams, dt: transport.Float32})
+}
+
+// LoopbackOverTCP is Loopback with ring streams whose bytes cross the TCP
+// stack although the ranks share this host (transport.Options.
+// StreamsOverTCP), as between hosts: to measure one against the other.
+func LoopbackOverTCP(ctx context.Context, ranks int, p Plan) (rings []*Ring, close func(), err error) {
+	return loopbackWith(ctx, ranks, p, loopbackOptions{streams: true, dt: transport.Float32, overTCP: true})
 }
 
 // loopback is Loopback with links of wire dtype dt.
 func loopback(ctx context.Context, ranks int, p Plan, streams bool, dt transport.DType) (rings []*Ring, close func(), err error) {
+	return loopbackWith(ctx, ranks, p, loopbackOptions{streams: streams, dt: dt})
+}
+
+// loopbackOptions say how loopbackWith joins its ranks.
+type loopbackOptions struct {
+	streams bool
+	dt      transport.DType
+	// overTCP keeps the streams off the stream sockets.
+	overTCP bool
+	// hosts[r], if set, is the loopback address rank r listens on
+	// (127.0.0.1 otherwise): ranks on different ones are on different
+	// hosts to the streams, as to the hierarchical all-reduce.
+	hosts []string
+}
+
+// loopbackWith is Loopback as o says.
+func loopbackWith(ctx context.Context, ranks int, p Plan, o loopbackOptions) (rings []*Ring, close func(), err error) {
+	dt, streams := o.dt, o.streams
 	hello := func(r int) transport.Hello {
 		return transport.Hello{Group: transport.ReplicaGroup, Stage: 0, Stages: 1, Replica: r, Replicas: ranks,
 			ConfigDigest: "loopback", DType: dt, Shapes: p.Shapes()}
@@ -52,7 +80,11 @@ func loopback(ctx context.Context, ranks int, p Plan, streams bool, dt transport
 		}
 	}
 	for r := range ranks {
-		s, err := transport.Listen("127.0.0.1:0", hello(r), transport.Options{Streams: streams})
+		host := "127.0.0.1"
+		if r < len(o.hosts) {
+			host = o.hosts[r]
+		}
+		s, err := transport.Listen(host+":0", hello(r), transport.Options{Streams: streams})
 		if err != nil {
 			close()
 			return nil, nil, err
@@ -81,7 +113,7 @@ func loopback(ctx context.Context, ranks int, p Plan, streams bool, dt transport
 			wg.Go(func() {
 				h := hello(r)
 				h.Address = servers[r].Addr()
-				rings[r].Out, errs[2*r+1] = transport.DialStream(ctx, servers[(r+1)%ranks].Addr(), h, rings[r].Next.Peer(), transport.Options{})
+				rings[r].Out, errs[2*r+1] = transport.DialStream(ctx, servers[(r+1)%ranks].Addr(), h, rings[r].Next.Peer(), transport.Options{StreamsOverTCP: o.overTCP})
 			})
 		}
 		wg.Wait()

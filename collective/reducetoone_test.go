@@ -47,25 +47,7 @@ func TestReduceToOneEqualsRankOrderSum(t *testing.T) {
 						t.Fatalf("element %d: Sum %v, rank order %v", i, want[i], plain)
 					}
 				}
-				got := make([][]float32, ranks)
-				for r := range got {
-					got[r] = append([]float32(nil), parts[r]...)
-				}
-				rings := ringOf(ranks, transport.Float32, p.Shapes())
-				for r, err := range runAll(rings, func(x *Ring) error {
-					return AllReduce(context.Background(), x, 3, 0, p, got[x.Rank])
-				}) {
-					if err != nil {
-						t.Fatalf("rank %d: %v", r, err)
-					}
-				}
-				for r := range got {
-					for i := range want {
-						if math.Float32bits(got[r][i]) != math.Float32bits(want[i]) {
-							t.Fatalf("rank %d element %d: %v, Sum gives %v", r, i, got[r][i], want[i])
-						}
-					}
-				}
+				everyRankGetsSum(t, ringOf(ranks, transport.Float32, p.Shapes()), p, 3, copyParts(parts), want)
 			})
 		}
 	}

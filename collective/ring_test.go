@@ -94,25 +94,7 @@ func TestRingAllReduceEqualsSumForTwoToEightRanks(t *testing.T) {
 						t.Fatalf("element %d: %v, exact sum %v", i, want[i], exact)
 					}
 				}
-				got := make([][]float32, ranks)
-				for r := range got {
-					got[r] = append([]float32(nil), parts[r]...)
-				}
-				rings := ringOf(ranks, transport.Float32, p.Shapes())
-				for r, err := range runAll(rings, func(x *Ring) error {
-					return AllReduce(context.Background(), x, 5, 0, p, got[x.Rank])
-				}) {
-					if err != nil {
-						t.Fatalf("rank %d: %v", r, err)
-					}
-				}
-				for r := range got {
-					for i := range want {
-						if math.Float32bits(got[r][i]) != math.Float32bits(want[i]) {
-							t.Fatalf("rank %d element %d: %v, Sum gives %v", r, i, got[r][i], want[i])
-						}
-					}
-				}
+				everyRankGetsSum(t, ringOf(ranks, transport.Float32, p.Shapes()), p, 5, copyParts(parts), want)
 			})
 		}
 	}
@@ -392,6 +374,36 @@ func TestAddMatchesTheLoop(t *testing.T) {
 				if math.Float32bits(x) != math.Float32bits(want[i]) && !(x != x && want[i] != want[i]) {
 					t.Fatalf("n %d offset %d element %d: %v (%#x), the loop gives %v (%#x)", n, off, i, x, math.Float32bits(x), want[i], math.Float32bits(want[i]))
 				}
+			}
+		}
+	}
+}
+
+// copyParts gives each rank its own copy of its values, since an
+// all-reduce overwrites them.
+func copyParts(parts [][]float32) [][]float32 {
+	got := make([][]float32, len(parts))
+	for r := range got {
+		got[r] = append([]float32(nil), parts[r]...)
+	}
+	return got
+}
+
+// everyRankGetsSum all-reduces got[r] in place on ring rank r (as step
+// step) and checks that every rank ends with want's bits.
+func everyRankGetsSum(t *testing.T, rings []*Ring, p Plan, step int64, got [][]float32, want []float32) {
+	t.Helper()
+	for r, err := range runAll(rings, func(x *Ring) error {
+		return AllReduce(context.Background(), x, step, 0, p, got[x.Rank])
+	}) {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	for r := range got {
+		for i := range want {
+			if math.Float32bits(got[r][i]) != math.Float32bits(want[i]) {
+				t.Fatalf("rank %d element %d: %v, Sum gives %v", r, i, got[r][i], want[i])
 			}
 		}
 	}

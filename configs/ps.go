@@ -80,9 +80,7 @@ func (c *Config) validatePS(p *Problems, tied bool) {
 	if tied {
 		p.add("parameter_servers", "the model ties weights across stages (%s), which parameter servers do not support yet", c.Model.Name)
 	}
-	if c.Checkpoint.Every > 0 {
-		p.add("checkpoint.every", "must be 0 with parameter_servers: the servers do not checkpoint their shards yet, and a worker's checkpoint lacks the optimizer state")
-	}
+	c.validatePSCheckpoints(p)
 	if c.Train.EarlyStop.Patience > 0 {
 		p.add("train.early_stop", "is not supported with parameter_servers yet")
 	}
@@ -92,6 +90,26 @@ func (c *Config) validatePS(p *Problems, tied bool) {
 	if c.AllReduce.ShardOptimizer {
 		// The servers hold the whole optimizer state; workers hold none to shard.
 		p.add("all_reduce.shard_optimizer", "has no effect with parameter_servers, whose servers hold the optimizer state; remove one or the other")
+	}
+}
+
+// validatePSCheckpoints refuses checkpoints the servers cannot take part in
+// yet. A server writes its shard when its update count reaches a step the
+// run checkpoints after, so an update must be a step: not so in async mode
+// with max_staleness 1 or more, where each push is an update of its own.
+// Stage 0 commits on the shared run directory once every server's part is
+// in; stages that meet at a rendezvous commit through rank 0's ledger,
+// whose ranks the servers are not.
+func (c *Config) validatePSCheckpoints(p *Problems) {
+	ps := c.ParameterServers
+	if c.Checkpoint.Every <= 0 {
+		return
+	}
+	if ps.Mode == "async" && ps.MaxStaleness > 0 {
+		p.add("checkpoint.every", "must be 0 with async parameter servers and max_staleness %d: each push is an update of its own, so the servers' state is at no step a checkpoint could name (sync, or async with max_staleness 0, checkpoints)", ps.MaxStaleness)
+	}
+	if c.UsesRendezvous() {
+		p.add("checkpoint.every", "must be 0 with parameter_servers when the stages meet at a rendezvous (address: auto or rendezvous set): the servers are not ranks of the job yet, so rank 0's ledger cannot wait for their parts; give every stage a fixed address")
 	}
 }
 

@@ -3,6 +3,7 @@ package configs
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -13,11 +14,13 @@ func psYAML(t *testing.T, section, extra string) string {
 	body := `model: {name: mlp, input: 8, hidden: [6, 5, 4], classes: 3}
 data: {batch_size: 12, micro_batches: 2}
 data_parallel: 3
-checkpoint: {every: 0}
 stages:
   - {layers: "0-1", addresses: ["127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"]}
   - {layers: "2-3", addresses: ["127.0.0.1:7010", "127.0.0.1:7011", "127.0.0.1:7012"]}
 parameter_servers: ` + section + "\n" + extra
+	if !strings.Contains(extra, "checkpoint:") {
+		body += "\ncheckpoint: {every: 0}"
+	}
 	path := filepath.Join(t.TempDir(), "ps.yaml")
 	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
 		t.Fatal(err)
@@ -79,4 +82,28 @@ func TestParameterServersChangeTheDigest(t *testing.T) {
 	if a.TrainingDigest() != c.TrainingDigest() {
 		t.Error("the servers' addresses changed the training digest")
 	}
+}
+
+// TestParameterServersCheckpoint: the servers checkpoint where an update is
+// a step (sync, backup workers, async with max_staleness 0) on fixed
+// addresses; async with max_staleness 1 or more, and stages that meet at a
+// rendezvous, whose ledger does not count servers yet, are refused.
+func TestParameterServersCheckpoint(t *testing.T) {
+	const every = "checkpoint: {every: 5}"
+	for _, s := range []string{
+		`{count: 2, addresses: ["127.0.0.1:7100", "127.0.0.1:7101"]}`,
+		`{count: 1, aggregate: 2, addresses: ["127.0.0.1:7100"]}`,
+		`{count: 1, mode: async, addresses: ["127.0.0.1:7100"]}`,
+	} {
+		c, err := Load(psYAML(t, s, every))
+		if err != nil {
+			t.Errorf("%s: %v", s, err)
+		} else if c.Checkpoint.Every != 5 {
+			t.Errorf("%s: checkpoint.every %d", s, c.Checkpoint.Every)
+		}
+	}
+	wantProblems(t, psYAML(t, `{count: 1, mode: async, max_staleness: 1, addresses: ["127.0.0.1:7100"]}`, every),
+		"checkpoint.every: must be 0 with async parameter servers and max_staleness 1: each push is an update of its own, so the servers' state is at no step a checkpoint could name (sync, or async with max_staleness 0, checkpoints)")
+	wantProblems(t, psYAML(t, `{count: 1, addresses: ["127.0.0.1:7100"]}`, every+"\nrendezvous: 127.0.0.1:7300"),
+		"checkpoint.every: must be 0 with parameter_servers when the stages meet at a rendezvous (address: auto or rendezvous set): the servers are not ranks of the job yet, so rank 0's ledger cannot wait for their parts; give every stage a fixed address")
 }

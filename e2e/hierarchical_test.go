@@ -3,9 +3,14 @@ package e2e
 import (
 	"fmt"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pipetrain/pipetrain/internal/netns"
+	"github.com/pipetrain/pipetrain/internal/testenv"
 )
 
 // TestHierarchicalAcrossHostsEqualsReference launches a 1 × 4 grid in
@@ -55,5 +60,56 @@ func TestHierarchicalAcrossHostsEqualsReference(t *testing.T) {
 				t.Errorf("loss did not fall: %v -> %v", got[0].Loss, got[29].Loss)
 			}
 		})
+	}
+}
+
+// TestHierarchicalOnNamespaceHostsEqualsReference runs the same 1 × 4 grid
+// with all_reduce.algorithm hierarchical on two hosts (network namespaces
+// on one switch, internal/netns), replicas 0-1 on host 0 and 2-3 on host 1,
+// the token on, over ring streams: within a host on the listeners' Unix
+// stream sockets, from host to host over TCP through the switch. Every
+// step's loss and the final weights equal the reference's bit for bit.
+func TestHierarchicalOnNamespaceHostsEqualsReference(t *testing.T) {
+	needData(t)
+	if why := netns.Available(); why != "" {
+		testenv.RequireOrSkip(t, netns.Needs, why)
+	}
+	nw, err := netns.New(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nw.Close() })
+	hosts := nw.Hosts()
+	var addrs []string
+	for _, h := range hosts {
+		for _, port := range []string{"7601", "7602"} {
+			addrs = append(addrs, h.Addr+":"+port)
+		}
+	}
+	body := strings.Replace(gridMLP, "check_every: 10}", "check_every: 10, algorithm: hierarchical}", 1) +
+		"\nschedule: 1f1b\ncompute: {blas_threads: 1}\ntransport: {token: hierarchical-hosts-secret}\ndata_parallel: 4\nstages:\n" +
+		"  - {layers: \"0-3\", addresses: [" + strings.Join(addrs, ", ") + "]}\n"
+	tmp := t.TempDir()
+	cfg := filepath.Join(tmp, "hosts.yaml")
+	if err := os.WriteFile(cfg, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	refDir := reference(t, cfg)
+	runDir := filepath.Join(tmp, "run") // one folder: the namespaces share the disk
+	procs := make([]rankProc, len(addrs))
+	for r := len(addrs) - 1; r >= 0; r-- {
+		cmd := hosts[r/2].Command(nil, binary, "stage", "--config", cfg, "--stage", "0", "--replica", strconv.Itoa(r), "--run-dir", runDir)
+		cmd.Env = append(hostBLASEnv(), "PATH=/usr/bin:/bin")
+		out, done := startCmd(t, cmd)
+		procs[r] = rankProc{rank: r, pid: cmd.Process.Pid, out: out, done: done}
+	}
+	for i, err := range awaitRanks(t, procs, 3*time.Minute) {
+		if err != nil {
+			t.Fatalf("replica %d: %v\n%s", i, err, procs[i].out.String())
+		}
+	}
+	got := sameRun(t, refDir, runDir, 30)
+	if !(got[29].Loss < got[0].Loss) {
+		t.Errorf("loss did not fall: %v -> %v", got[0].Loss, got[29].Loss)
 	}
 }

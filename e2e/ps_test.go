@@ -48,19 +48,18 @@ func TestParameterServersEqualReference(t *testing.T) {
 // psConfigFile writes a 2-stage, 3-worker config with 2 parameter servers
 // on free ports and returns its path and the servers' addresses.
 func psConfigFile(t *testing.T, mode string) (string, []string) {
-	return psConfigWith(t, mode, "")
+	return psConfigWith(t, mode, 20, "checkpoint: {every: 0}")
 }
 
-// psConfigWith is psConfigFile with more settings (YAML lines) added.
-func psConfigWith(t *testing.T, mode, more string) (string, []string) {
+// psConfigWith is psConfigFile's config with steps steps and the extra
+// top-level lines extra.
+func psConfigWith(t *testing.T, mode string, steps int, extra string) (string, []string) {
 	t.Helper()
 	ports := freePorts(t, 2)
 	body := `model: {name: mlp, dtype: float32, input: 784, hidden: [256, 128, 64], classes: 10}
 data: {batch_size: 192, micro_batches: 2}
-train: {steps: 20, evaluate: true, optimizer: {name: adam, lr: 0.001}}
-schedule: 1f1b
-checkpoint: {every: 0}
-` + more + fmt.Sprintf("parameter_servers: {count: 2, mode: %s, addresses: [%s]}", mode, strings.Join(ports, ", "))
+` + fmt.Sprintf("train: {steps: %d, evaluate: true, optimizer: {name: adam, lr: 0.001}}\n", steps) + `schedule: 1f1b
+` + extra + "\n" + fmt.Sprintf("parameter_servers: {count: 2, mode: %s, addresses: [%s]}", mode, strings.Join(ports, ", "))
 	return gridConfig(t, body, []string{`"0-1"`, `"2-3"`}, 3), ports
 }
 
@@ -85,12 +84,11 @@ func serverPID(path string, i int) int {
 }
 
 // TestKilledServerStopsTheJob kill -9s parameter server 1 of a running
-// launch: every worker stage that talks to it fails naming its address,
-// and launch exits with an error instead of hanging (the servers keep no
-// checkpoints yet, so the run cannot resume).
+// launch without restarts: every worker stage that talks to it fails
+// naming its address, and launch exits with an error instead of hanging.
 func TestKilledServerStopsTheJob(t *testing.T) {
 	needData(t)
-	cfg, addrs := psConfigFile(t, "sync")
+	cfg, addrs := psConfigWith(t, "sync", 20, "checkpoint: {every: 0}\nrecovery: {max_restarts: 0}")
 	dir := t.TempDir()
 	_, out, done := start(t, nil, "launch", "--config", cfg, "--steps", "100000", "--run-dir", dir)
 	waitForStep(t, dir, 5, time.Minute, out)
@@ -122,7 +120,7 @@ func TestKilledServerStopsTheJob(t *testing.T) {
 // worker 2 made before it died, each once.
 func TestAsyncLaunchSurvivesAKilledWorker(t *testing.T) {
 	needData(t)
-	cfg, _ := psConfigWith(t, "async, max_staleness: 1", "recovery: {max_restarts: 0}\n")
+	cfg, _ := psConfigWith(t, "async, max_staleness: 1", 20, "checkpoint: {every: 0}\nrecovery: {max_restarts: 0}")
 	dir := t.TempDir()
 	const steps = 60
 	_, out, done := start(t, nil, "launch", "--config", cfg, "--steps", strconv.Itoa(steps), "--run-dir", dir)
@@ -166,6 +164,138 @@ func TestAsyncLaunchSurvivesAKilledWorker(t *testing.T) {
 	if seen != 3 { // server 0 holds stage 0's tensors, server 1 stages 0 and 1's
 		t.Errorf("%d servers' stage summaries, want 3:\n%s", seen, text)
 	}
+}
+
+// killServerAfter waits until the launch writing runDir has logged step,
+// then kill -9s parameter server i of the config at cfg.
+func killServerAfter(t *testing.T, cfg, runDir string, i, step int, out *syncBuffer) {
+	t.Helper()
+	waitForStep(t, runDir, step, time.Minute, out)
+	pid := serverPID(cfg, i)
+	if pid == 0 {
+		t.Fatalf("no process of server %d:\n%s", i, out.String())
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestKilledServerResumesFromTheCheckpoint kill -9s parameter server 1 of
+// a sync launch that checkpoints every 5 steps, after step 8: the servers
+// restart from their shards of the newest committed checkpoint and the
+// stages from their parts, by launch itself (recovery.max_restarts) or by
+// launch --resume, and the run ends with every step's loss, the weights and
+// the evaluation of the one-process reference bit for bit (which a run
+// never interrupted equals: TestParameterServersEqualReference). Launch
+// names the server that died, which the stages' errors name only by address.
+func TestKilledServerResumesFromTheCheckpoint(t *testing.T) {
+	needData(t)
+	const steps = 40
+	refCfg, _ := psConfigWith(t, "sync", steps, "checkpoint: {every: 5}")
+	ref := reference(t, refCfg)
+	for _, how := range []string{"restart", "resume"} {
+		t.Run(how, func(t *testing.T) {
+			restarts := map[string]int{"restart": 1, "resume": 0}[how]
+			cfg, addrs := psConfigWith(t, "sync", steps, fmt.Sprintf("checkpoint: {every: 5}\nrecovery: {max_restarts: %d}", restarts))
+			dir := t.TempDir()
+			_, out, done := start(t, nil, "launch", "--config", cfg, "--run-dir", dir)
+			killServerAfter(t, cfg, dir, 1, 8, out)
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(3 * time.Minute):
+				t.Fatalf("launch still running 3 minutes after server 1 was killed:\n%s", out.String())
+			}
+			text := out.String()
+			for _, want := range []string{"parameter server at " + addrs[1], "pipetrain: parameter server 1 had failed (signal: killed) before the stages did"} {
+				if !strings.Contains(text, want) {
+					t.Errorf("no %q in launch's output:\n%s", want, text)
+				}
+			}
+			if how == "resume" {
+				if err == nil || !strings.Contains(text, "pipetrain launch --resume "+dir) {
+					t.Fatalf("launch without restarts: %v; want a failure that says how to resume:\n%s", err, text)
+				}
+				r := run(t, 3*time.Minute, nil, "launch", "--resume", dir)
+				if r.err != nil {
+					t.Fatalf("launch --resume: %v\n%s", r.err, r.out)
+				}
+				text = r.out
+			} else if err != nil {
+				t.Fatalf("launch with a restart: %v\n%s", err, text)
+			}
+			m := regexp.MustCompile(`\[ps 1\] parameter server 1: resumed from the checkpoint of step (\d+)`).FindStringSubmatch(text)
+			if m == nil {
+				t.Fatalf("server 1 did not resume from a checkpoint:\n%s", text)
+			}
+			t.Logf("%s: the servers resumed from the checkpoint of step %s", how, m[1])
+			if from, _ := strconv.Atoi(m[1]); from < 5 || from%5 != 0 {
+				t.Errorf("server 1 resumed from step %d; want a checkpoint of checkpoint.every 5 at or after step 5", from)
+			}
+			if !strings.Contains(text, "[ps 0] parameter server 0: resumed from the checkpoint of step "+m[1]) {
+				t.Errorf("server 0 did not resume from step %s:\n%s", m[1], text)
+			}
+			if !strings.Contains(text, fmt.Sprintf("stage 1: %d updates", steps)) {
+				t.Errorf("no server ended with stage 1's %d updates:\n%s", steps, text)
+			}
+			sameRun(t, ref, dir, steps)
+			sameEval(t, ref, dir)
+			if t.Failed() {
+				t.Logf("launch's output:\n%s\n%s", out.String(), text)
+			}
+		})
+	}
+}
+
+// TestInterruptedServersResume sends Ctrl-C's signal to a sync launch with
+// parameter servers that checkpoints every 5 steps: every process stops,
+// launch exits 130 naming the newest complete checkpoint (the servers keep
+// their state only at checkpoint.every's steps, so the step the stages stop
+// at has a checkpoint only when it is one of those), and launch --resume
+// ends with the reference's losses, weights and evaluation bit for bit.
+func TestInterruptedServersResume(t *testing.T) {
+	needData(t)
+	const steps = 40
+	cfg, _ := psConfigWith(t, "sync", steps, "checkpoint: {every: 5}")
+	ref := reference(t, cfg)
+	dir := t.TempDir()
+	cmd, out, done := start(t, nil, "launch", "--config", cfg, "--run-dir", dir)
+	waitForStep(t, dir, 7, time.Minute, out)
+	cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatalf("launch still running a minute after SIGINT:\n%s", out.String())
+	}
+	text := out.String()
+	if code := cmd.ProcessState.ExitCode(); code != 130 {
+		t.Fatalf("exit status %d after SIGINT, want 130:\n%s", code, text)
+	}
+	m := regexp.MustCompile(`every stage stopped after step (\d+); (?:its checkpoint was not committed, the newest complete one is of step (\d+)|the checkpoint of step (\d+) is complete); continue with`).FindStringSubmatch(text)
+	if m == nil {
+		t.Fatalf("launch did not say where it stopped and which checkpoint to continue from:\n%s", text)
+	}
+	stop, _ := strconv.Atoi(m[1])
+	from, _ := strconv.Atoi(m[2] + m[3])
+	t.Logf("stopped after step %d; the newest complete checkpoint is of step %d", stop, from)
+	if from != stop-stop%5 || from < 5 {
+		t.Errorf("stopped after step %d with the checkpoint of step %d complete; want that of step %d", stop, from, stop-stop%5)
+	}
+	noStageLeft(t, cfg, dir)
+	for i := range 2 {
+		if pid := serverPID(cfg, i); pid != 0 {
+			t.Errorf("server %d (pid %d) still running after launch exited", i, pid)
+		}
+	}
+	r := run(t, 3*time.Minute, nil, "launch", "--resume", dir)
+	if r.err != nil {
+		t.Fatalf("launch --resume: %v\n%s", r.err, r.out)
+	}
+	if want := fmt.Sprintf("parameter server 1: resumed from the checkpoint of step %d", from); !strings.Contains(r.out, want) {
+		t.Errorf("no %q in the resumed launch's output:\n%s", want, r.out)
+	}
+	sameRun(t, ref, dir, steps)
+	sameEval(t, ref, dir)
 }
 
 // TestAsyncLaunchRestartsAKilledWorker kill -9s stage 0 of worker 2 of an
@@ -265,11 +395,12 @@ func TestAsyncLaunchRestartsAKilledWorker(t *testing.T) {
 
 // TestSyncLaunchStopsAtAKilledWorker: in sync mode every step waits for
 // every worker's push, so kill -9 of a worker's stage stops the job, as a
-// stage's death does without servers: launch fails naming the killed
-// process and restarts no worker.
+// stage's death does without servers: with recovery.max_restarts 0 (no
+// restart of the job from a checkpoint), launch fails naming the killed
+// process, and restarts no worker.
 func TestSyncLaunchStopsAtAKilledWorker(t *testing.T) {
 	needData(t)
-	cfg, _ := psConfigFile(t, "sync")
+	cfg, _ := psConfigWith(t, "sync", 20, "checkpoint: {every: 0}\nrecovery: {max_restarts: 0}")
 	dir := t.TempDir()
 	_, out, done := start(t, nil, "launch", "--config", cfg, "--steps", "100000", "--run-dir", dir)
 	waitForStep(t, dir, 5, time.Minute, out)

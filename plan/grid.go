@@ -75,3 +75,33 @@ func solveGrid(p Problem) (*Plan, error) {
 	}
 	return Solve(p)
 }
+
+// Reduction is a plan simulated with one way of summing its gradients.
+type Reduction struct {
+	Algorithm string // one of Algorithms
+	Plan      *Plan  // nil when Err is set
+	Err       error
+}
+
+// CompareReductions simulates pl, a plan of p's (Solve's, or a grid's of
+// SolveGrids, whose stages and replicas it takes), under each of
+// algorithms in turn: the same split, schedule, micro-batches and
+// recomputation, only the reduction charged otherwise. The results come in
+// the order given; best is the index of the shortest step (the first of
+// equals), -1 when none could be simulated.
+func CompareReductions(p Problem, pl *Plan, algorithms []string) (out []Reduction, best int) {
+	best = -1
+	p.Stages, p.Replicas = pl.Stages(), pl.Replicas
+	for _, a := range algorithms {
+		q := p
+		// all_reduce.overlap layer runs with the ring alone.
+		q.Algorithm, q.PerLayer = a, p.PerLayer && a == "ring"
+		r := Reduction{Algorithm: a}
+		r.Plan, r.Err = Evaluate(q, pl.Boundaries, pl.Schedule, pl.MicroBatches, pl.Recompute)
+		if r.Err == nil && (best < 0 || r.Plan.StepMS < out[best].Plan.StepMS) {
+			best = len(out)
+		}
+		out = append(out, r)
+	}
+	return out, best
+}

@@ -331,3 +331,144 @@ func TestReplicaBadInputs(t *testing.T) {
 		}
 	}
 }
+
+// TestCompareReductionsByHand: one stage of 2 layers (4000 gradient bytes,
+// 3000 on server 0 and 1000 on server 1), 4 replicas of 2 micro-batches of
+// one sample: the compute ends at 12 ms and the whole reduction follows.
+// Across hosts 100 bytes/ms and 5 ms a message, within 1000 and 0.1, in 3
+// buckets of at most 1500 bytes:
+//
+//   - ring: 2·3/4·4000/100 + 3 buckets × 6 messages × 5 = 150;
+//   - reduce-to-one: (3+6-1) × 5 + (2·4000 + 5·1500)/100 = 195;
+//   - hierarchical, 2 hosts of 2: per bucket 3 messages within (0.1) and 3
+//     across (5); 4000 + 2·2000 bytes within, 3·2000 across: 113.9;
+//   - servers: twice 5 + 4 workers × 3000 / 100 = 250.
+func TestCompareReductionsByHand(t *testing.T) {
+	layers := uniform(2, -1)
+	layers[0].GradBytes, layers[1].GradBytes = 3000, 1000
+	layers[0].ServerBytes, layers[1].ServerBytes = []int64{3000, 0}, []int64{0, 1000}
+	p := Problem{Layers: layers, Stages: 1, MicroBatches: 2, Batch: 8, MicroBatch: 1, Replicas: 4,
+		AllReduceBytesPerMS: 100, AllReduceLatencyMS: 5, BucketBytes: 1500,
+		ReplicasPerHost: 2, WithinBytesPerMS: 1000, WithinLatencyMS: 0.1}
+	pl, err := Solve(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, best := CompareReductions(p, pl, Algorithms())
+	want := map[string]float64{"ring": 150, "reduce-to-one": 195, "hierarchical": 113.9, "ps": 250}
+	for _, r := range got {
+		if r.Err != nil {
+			t.Fatalf("%s: %v", r.Algorithm, r.Err)
+		}
+		if w := want[r.Algorithm]; math.Abs(r.Plan.StepMS-(12+w)) > 1e-9 || math.Abs(r.Plan.AllReduceMS[0]-w) > 1e-9 {
+			t.Errorf("%s: step %v, reduction %v; want %v, %v", r.Algorithm, r.Plan.StepMS, r.Plan.AllReduceMS, 12+w, w)
+		}
+	}
+	if best < 0 || got[best].Algorithm != "hierarchical" {
+		t.Errorf("best %d, want hierarchical's", best)
+	}
+	if pl.StepMS != got[0].Plan.StepMS {
+		t.Errorf("the plan, under the ring, %v; the comparison's ring %v", pl.StepMS, got[0].Plan.StepMS)
+	}
+	// Without servers' bytes, servers cannot be weighed; the rest can.
+	p.Layers = uniform(2, -1)
+	p.Layers[0].GradBytes, p.Layers[1].GradBytes = 3000, 1000
+	got, best = CompareReductions(p, pl, []string{"ring", "ps"})
+	if got[0].Err != nil || got[1].Err == nil || best != 0 {
+		t.Errorf("no server bytes: %v, %v (best %d); want the ring alone", got[0].Err, got[1].Err, best)
+	}
+}
+
+// TestServersChargedWithOneWorker: parameter servers push and pull even
+// with one replica, from the stage's step end: under 1F1B on two stages
+// with 2 micro-batches (F = 1, B = 2 a layer) stage 0 ends at 9 ms.
+func TestServersChargedWithOneWorker(t *testing.T) {
+	layers := uniform(2, -1)
+	layers[0].ServerBytes, layers[1].ServerBytes = []int64{500}, []int64{100}
+	p := Problem{Layers: layers, Stages: 2, MicroBatches: 2, Batch: 2, MicroBatch: 1, Algorithm: "ps", AllReduceBytesPerMS: 100}
+	pl, err := Evaluate(p, []int{0, 1}, "1f1b", 2, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(pl.AllReduceMS, []float64{10, 2}) || pl.StepMS != 19 {
+		t.Errorf("reductions %v, step %v; want [10 2], 19", pl.AllReduceMS, pl.StepMS)
+	}
+	p.Layers[1].ServerBytes = []int64{1, 2}
+	if _, err := Evaluate(p, []int{0, 1}, "1f1b", 2, false); err == nil || err.Error() != "plan: layer 1 (1): bytes held by 2 servers, layer 0 by 1" {
+		t.Errorf("uneven server counts: %v", err)
+	}
+}
+
+// TestPerLayerBucketsByHand: zb-h1 on one stage of 2 layers (F = 1,
+// I = W = 1 each), one micro-batch: F [0,2], I [2,4], W [4,6]. Of the 4000
+// gradient bytes (3000 in layer 0, 1000 in layer 1) in buckets of 1000, at
+// 100 bytes/ms on 2 replicas (10 ms a bucket), the last lies in layer 1,
+// whose W is done halfway through the pass: it runs [5, 15], the other
+// three after it, to 45, one ms before the chunk's whole all-reduce, [6, 46].
+func TestPerLayerBucketsByHand(t *testing.T) {
+	layers := uniform(2, -1)
+	layers[0].GradBytes, layers[1].GradBytes = 3000, 1000
+	p := Problem{Layers: layers, Stages: 1, MicroBatches: 1, Batch: 2, MicroBatch: 1, Replicas: 2,
+		AllReduceBytesPerMS: 100, BucketBytes: 1000, Schedules: []string{"zb-h1"}}
+	whole, err := Evaluate(p, []int{0}, "zb-h1", 1, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.PerLayer = true
+	layered, err := Evaluate(p, []int{0}, "zb-h1", 1, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if whole.StepMS != 46 || layered.StepMS != 45 || !slices.Equal(layered.ExposedMS, []float64{39}) {
+		t.Errorf("per chunk step %v, per layer %v (exposed %v); want 46, 45 ([39])", whole.StepMS, layered.StepMS, layered.ExposedMS)
+	}
+	// A fused backward reports no layer: 1f1b's buckets start at its end.
+	fused, err := Evaluate(p, []int{0}, "1f1b", 1, false)
+	if err != nil || fused.StepMS != 46 {
+		t.Errorf("1f1b per layer: step %v (%v), want 46", fused.StepMS, err)
+	}
+	// Only the ring runs per layer.
+	rs, _ := CompareReductions(p, layered, []string{"ring", "reduce-to-one"})
+	p.PerLayer, p.Algorithm = false, "reduce-to-one"
+	r2o, err := Evaluate(p, []int{0}, "zb-h1", 1, false)
+	if err != nil || rs[0].Plan.StepMS != 45 || rs[1].Plan.StepMS != r2o.StepMS {
+		t.Errorf("compared: ring %v, reduce-to-one %v; want 45, %v per chunk (%v)", rs[0].Plan.StepMS, rs[1].Plan.StepMS, r2o.StepMS, err)
+	}
+}
+
+// TestSolvePerLayerMatchesBruteForce: with per-layer buckets, whose
+// all-reduce may start before a stage's last backward ends, the search
+// still finds the fastest split.
+func TestSolvePerLayerMatchesBruteForce(t *testing.T) {
+	r := rand.New(rand.NewPCG(21, 22))
+	for trial := range 100 {
+		p := withReplicas(r, randomProblem(r, r.IntN(10)-2), 2)
+		p.PerLayer, p.Schedules = true, []string{"zb-h1", "1f1b"}
+		want, _ := brute(t, p)
+		got, err := Solve(p)
+		if err != nil {
+			t.Fatalf("trial %d: %v", trial, err)
+		}
+		if math.Abs(got.StepMS-want) > 1e-9 {
+			t.Fatalf("trial %d: step %v with %v (%s), brute force finds %v", trial, got.StepMS, got.Boundaries, got.Schedule, want)
+		}
+	}
+}
+
+// TestServersChargeAVStageOnce: under zb-v a stage holds two chunks, and
+// its worker pushes both chunks' gradients at once when its step ends: one
+// stage, layers 0 (3000 bytes on server 0) and 1 (1000 on server 1), two
+// workers at 100 bytes/ms take twice 2 × 3000 / 100 = 120 ms after the 6 ms
+// of compute, not 120 + 40 for the chunks apart.
+func TestServersChargeAVStageOnce(t *testing.T) {
+	layers := uniform(2, -1)
+	layers[0].ServerBytes, layers[1].ServerBytes = []int64{3000, 0}, []int64{0, 1000}
+	p := Problem{Layers: layers, Stages: 1, MicroBatches: 1, Batch: 2, MicroBatch: 1, Replicas: 2, Algorithm: "ps", AllReduceBytesPerMS: 100}
+	pl, err := Evaluate(p, []int{0, 1}, "zb-v", 1, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pl.StepMS != 126 || !slices.Equal(pl.AllReduceMS, []float64{120}) {
+		t.Errorf("step %v, push and pull %v; want 126, [120]", pl.StepMS, pl.AllReduceMS)
+	}
+}

@@ -116,6 +116,9 @@ type Layer struct {
 	ParamBytes    int64 // parameters plus optimizer state and gradients
 	OutBytes      int64 // the layer's output for one micro-batch (what crosses a stage boundary)
 	GradBytes     int64 // the layer's gradients: what replicas all-reduce (independent of the micro-batch)
+	// ServerBytes is, with Problem.Algorithm "ps", the bytes of the
+	// layer's parameters each server holds (one entry per server).
+	ServerBytes []int64
 	// SplitActBytes is what one micro-batch keeps for this layer under a
 	// schedule that splits the backward (a split machine, which holds no
 	// weight-gradient product, and what the weight pass needs), growing
@@ -158,8 +161,25 @@ type Problem struct {
 	AllReduceBytesPerMS float64
 	AllReduceLatencyMS  float64
 	BucketBytes         int64
-	// ReduceToOne costs all_reduce.algorithm reduce-to-one, not the ring.
-	ReduceToOne bool
+	// Algorithm is how the replicas sum a stage's gradients (Algorithms):
+	// "" or "ring"; "reduce-to-one"; "hierarchical", on hosts of
+	// ReplicasPerHost consecutive replicas (0: one host), the links within
+	// a host at WithinBytesPerMS and WithinLatencyMS and those across at
+	// the AllReduce figures; or "ps", parameter servers (sync), each
+	// worker stage pushing its gradients to the servers holding them
+	// (Layer.ServerBytes) and pulling its weights when its step ends, the
+	// servers' links at the AllReduce figures
+	// (schedule.ParameterServers; even with one replica).
+	Algorithm        string
+	ReplicasPerHost  int
+	WithinBytesPerMS float64
+	WithinLatencyMS  float64
+	// PerLayer is all_reduce.overlap layer: under a schedule that splits
+	// the backward, a stage's buckets start during its last weight pass,
+	// each once the pass has finished the layers it lies in, a layer's
+	// share of the pass its W (schedule.RingAllReduce.LayerBuckets). The
+	// ring's only; V-shaped splits still start each chunk's at its end.
+	PerLayer bool
 	// Recompute lets Solve also consider gpipe and 1f1b with every stage
 	// recomputing its forwards (stages[i].recompute: full), which trades a
 	// forward per micro-batch for keeping one micro-batch's activations and
@@ -215,11 +235,44 @@ func (p Problem) Prefer(best, given *Plan) *Plan {
 // replicas is Replicas with 0 counted as 1.
 func (p Problem) replicas() int { return max(1, p.Replicas) }
 
+// Algorithms are the values of Problem.Algorithm, the default first.
+func Algorithms() []string { return []string{"ring", "reduce-to-one", "hierarchical", "ps"} }
+
 // ring is the all-reduce among the replicas of a stage.
 func (p Problem) ring() schedule.RingAllReduce {
-	return schedule.RingAllReduce{Replicas: p.replicas(), Bandwidth: p.AllReduceBytesPerMS, Latency: p.AllReduceLatencyMS, BucketBytes: p.BucketBytes,
-		ReduceToOne: p.ReduceToOne}
+	r := schedule.RingAllReduce{Replicas: p.replicas(), Bandwidth: p.AllReduceBytesPerMS, Latency: p.AllReduceLatencyMS, BucketBytes: p.BucketBytes,
+		ReduceToOne: p.Algorithm == "reduce-to-one"}
+	if p.Algorithm == "hierarchical" {
+		r.Hosts = hosts(p.replicas(), p.ReplicasPerHost)
+		r.Within = schedule.LinkFigures{Bandwidth: p.WithinBytesPerMS, Latency: p.WithinLatencyMS}
+	}
+	return r
 }
+
+// hosts lays r replicas out perHost a host, the last host the rest; with
+// perHost 0, all on one.
+func hosts(r, perHost int) []int {
+	if perHost <= 0 {
+		perHost = r
+	}
+	var out []int
+	for left := r; left > 0; left -= perHost {
+		out = append(out, min(left, perHost))
+	}
+	return out
+}
+
+// servers is the parameter servers' cost model; nil without them.
+func (p Problem) servers() *schedule.ParameterServers {
+	if p.Algorithm != "ps" {
+		return nil
+	}
+	return &schedule.ParameterServers{Workers: p.replicas(), Link: schedule.LinkFigures{Bandwidth: p.AllReduceBytesPerMS, Latency: p.AllReduceLatencyMS}}
+}
+
+// reduces reports whether a step reduces anything: with replicas, or
+// parameter servers.
+func (p Problem) reduces() bool { return p.replicas() > 1 || p.Algorithm == "ps" }
 
 // Plan is a split with its schedule and simulated numbers.
 type Plan struct {
@@ -511,6 +564,7 @@ type model struct {
 	// where SplitActBytes is 0, len n+1
 	splitAct, splitFixed []int64
 	out                  []float64 // OutBytes per layer
+	served               [][]int64 // per server, prefix sums of ServerBytes, len n+1; nil without servers
 	fwdBack, fwdInpt     []float64 // prefix sums of F+B and F+I
 }
 
@@ -533,6 +587,11 @@ func newModel(p Problem) (*model, error) {
 	case !finite(p.AllReduceLatencyMS) || !finite(p.AllReduceBytesPerMS) || p.BucketBytes < 0:
 		return nil, fmt.Errorf("plan: all-reduce latency, speed and bucket size must be finite and >= 0, got %v, %v and %d",
 			p.AllReduceLatencyMS, p.AllReduceBytesPerMS, p.BucketBytes)
+	case !slices.Contains(append(Algorithms(), ""), p.Algorithm):
+		return nil, fmt.Errorf("plan: unknown algorithm %q (known: %s)", p.Algorithm, strings.Join(Algorithms(), ", "))
+	case p.ReplicasPerHost < 0 || !finite(p.WithinBytesPerMS) || !finite(p.WithinLatencyMS):
+		return nil, fmt.Errorf("plan: replicas per host, speed and latency within a host must be finite and >= 0, got %d, %v and %v",
+			p.ReplicasPerHost, p.WithinBytesPerMS, p.WithinLatencyMS)
 	case p.MemoryLimit < 0:
 		return nil, fmt.Errorf("plan: memory limit must be >= 0, got %d", p.MemoryLimit)
 	case p.InputBytes < 0:
@@ -585,7 +644,49 @@ func newModel(p Problem) (*model, error) {
 		}
 		d.out[k] = float64(l.OutBytes)
 	}
+	if p.Algorithm == "ps" {
+		if err := d.serve(p.Layers); err != nil {
+			return nil, err
+		}
+	}
 	return d, nil
+}
+
+// serve sets the prefix sums of the bytes each server holds of the layers.
+func (d *model) serve(layers []Layer) error {
+	servers := len(layers[0].ServerBytes)
+	if servers == 0 {
+		return errors.New("plan: parameter servers, but layer 0 gives no bytes held by a server (Layer.ServerBytes)")
+	}
+	d.served = make([][]int64, servers)
+	for k := range d.served {
+		d.served[k] = make([]int64, len(layers)+1)
+	}
+	for j, l := range layers {
+		if len(l.ServerBytes) != servers {
+			return fmt.Errorf("plan: layer %d (%s): bytes held by %d servers, layer 0 by %d", j, l.Name, len(l.ServerBytes), servers)
+		}
+		for k, b := range l.ServerBytes {
+			if b < 0 {
+				return fmt.Errorf("plan: layer %d (%s): byte counts must be >= 0", j, l.Name)
+			}
+			d.served[k][j+1] = d.served[k][j] + b
+		}
+	}
+	return nil
+}
+
+// reduction is the step's reduction of a stage holding layers [i, j): its
+// all-reduce, or its push and pull with parameter servers.
+func (d *model) reduction(i, j int) float64 {
+	if ps := d.p.servers(); ps != nil {
+		bytes := make([]int64, len(d.served))
+		for k, sums := range d.served {
+			bytes[k] = sums[j] - sums[i]
+		}
+		return ps.Time(bytes)
+	}
+	return d.p.ring().Time(d.grad[j] - d.grad[i])
 }
 
 // candidate is one (schedule, micro-batch count) to plan for.
@@ -660,19 +761,36 @@ type cost struct {
 	F, B, I, W float64
 	work       float64 // all of one micro-batch's actions: F+B, or F+I+W when split
 	back       float64 // the pass the previous stage waits for: B, or I when split
-	AR         float64 // the step's all-reduce of the stage's gradients; 0 with one replica
+	AR         float64 // the step's reduction of the stage's gradients; 0 with one replica and no servers
 }
 
 // stage returns the costs of a stage holding layers [i, j).
 func (c *candidate) stage(i, j int) cost {
 	ov, k := c.p.OverheadMS, c.scale
 	x := cost{F: k*(c.f[j]-c.f[i]) + ov, B: k*(c.b[j]-c.b[i]) + ov, I: k*(c.i[j]-c.i[i]) + ov, W: k*(c.w[j]-c.w[i]) + ov,
-		AR: c.p.ring().Time(c.grad[j] - c.grad[i])}
+		AR: c.reduction(i, j)}
 	x.work, x.back = x.F+x.B, x.B
 	if c.split {
 		x.work, x.back = x.F+x.I+x.W, x.I
 	}
 	return x
+}
+
+// layered reports whether the candidate's buckets start per layer
+// (Problem.PerLayer): the ring's, under a schedule whose weight passes run
+// apart.
+func (c *candidate) layered() bool {
+	return c.p.PerLayer && c.split && c.p.replicas() > 1 && (c.p.Algorithm == "" || c.p.Algorithm == "ring")
+}
+
+// buckets is the per-layer buckets of a stage holding layers [i, j), each
+// layer's share of the weight pass its W.
+func (c *candidate) buckets(i, j int) []schedule.Bucket {
+	bytes, work := make([]int64, j-i), make([]float64, j-i)
+	for k := i; k < j; k++ {
+		bytes[k-i], work[k-i] = c.grad[k+1]-c.grad[k], c.w[k+1]-c.w[k]
+	}
+	return c.p.ring().LayerBuckets(bytes, work)
 }
 
 // memory returns the bytes stage s needs holding layers [i, j), as a float64
@@ -730,8 +848,8 @@ func (c *candidate) simulate(bounds []int) (*Plan, error) {
 	}
 	p := len(bounds)
 	costs := schedule.Costs{F: make([]float64, p), B: make([]float64, p), I: make([]float64, p), W: make([]float64, p),
-		Cores: c.p.cores()}
-	replicated := c.p.replicas() > 1
+		Cores: c.p.cores(), ReduceAtStepEnd: c.p.servers() != nil}
+	replicated := c.p.reduces()
 	if replicated {
 		costs.AllReduce = make([][]float64, p)
 	}
@@ -746,6 +864,9 @@ func (c *candidate) simulate(bounds []int) (*Plan, error) {
 		costs.F[s], costs.B[s], costs.I[s], costs.W[s] = x.F, x.B, x.I, x.W
 		if replicated {
 			costs.AllReduce[s] = []float64{x.AR}
+		}
+		if c.layered() {
+			costs.Buckets = append(costs.Buckets, [][]schedule.Bucket{c.buckets(bounds[s], end)})
 		}
 		mem[s] = int64(c.memory(s, bounds[s], end))
 	}

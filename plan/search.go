@@ -151,7 +151,8 @@ func (c *candidate) alone(s, i, j int, T float64) float64 {
 // backward cannot start before: from there the stage still runs its other
 // forwards and every backward, and only then hands its gradients over.
 func (c *candidate) reduced(s int, x cost, from float64) float64 {
-	if x.AR == 0 {
+	if x.AR == 0 || c.layered() {
+		// Per-layer buckets may start before the last backward ends.
 		return math.Inf(-1)
 	}
 	m := float64(c.m)

@@ -144,8 +144,8 @@ func kindCounts(s *schedule.Schedule) [][][schedule.Recompute + 1]float64 {
 func (c *candidate) simulateV(cuts []int) (*Plan, error) {
 	p, top := c.p.Stages, c.sched.Topology()
 	costs := schedule.Costs{F: make([]float64, p), B: make([]float64, p), I: make([]float64, p), W: make([]float64, p),
-		Chunks: make([][]schedule.ChunkCost, p), Cores: c.p.cores()}
-	replicated := c.p.replicas() > 1
+		Chunks: make([][]schedule.ChunkCost, p), Cores: c.p.cores(), ReduceAtStepEnd: c.p.servers() != nil}
+	replicated := c.p.reduces()
 	if replicated {
 		costs.AllReduce = make([][]float64, p)
 	}
@@ -164,7 +164,7 @@ func (c *candidate) simulateV(cuts []int) (*Plan, error) {
 		costs.B[st] += x.B
 		costs.I[st] += x.I
 		costs.W[st] += x.W
-		if replicated {
+		if replicated && c.served == nil {
 			costs.AllReduce[st][ch] = x.AR
 		}
 		// The boundary after model stage k crosses a link unless both
@@ -172,6 +172,9 @@ func (c *candidate) simulateV(cuts []int) (*Plan, error) {
 		if next, _ := top.Locate(k + 1); j < c.n && next != st {
 			costs.Transfer = max(costs.Transfer, c.transfer(j))
 		}
+	}
+	if replicated && c.served != nil {
+		c.pushPerStage(cuts, costs.AllReduce)
 	}
 	mem := c.vMemory(cuts)
 	tl, err := schedule.Simulate(c.sched, costs)
@@ -372,4 +375,25 @@ func (b *bnb) simulateV(cuts []int) *Plan {
 		b.err = err
 	}
 	return pl
+}
+
+// pushPerStage charges each stage's push and pull with parameter servers
+// once, for both its chunks' layers, on chunk 0: a worker stage pushes its
+// whole gradient when its step ends (schedule.Costs.ReduceAtStepEnd).
+func (c *candidate) pushPerStage(cuts []int, ar [][]float64) {
+	top := c.sched.Topology()
+	held := make([][]int64, c.p.Stages)
+	for k, i := range cuts {
+		j := c.pieceEnd(cuts, k)
+		st, _ := top.Locate(k)
+		if held[st] == nil {
+			held[st] = make([]int64, len(c.served))
+		}
+		for srv, sums := range c.served {
+			held[st][srv] += sums[j] - sums[i]
+		}
+	}
+	for st, bytes := range held {
+		ar[st][0] = c.p.servers().Time(bytes)
+	}
 }

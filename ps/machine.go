@@ -188,19 +188,22 @@ func (m *Machine) Left(w int) bool { return w >= 0 && w < m.rule.Workers && m.le
 // step, so the others wait for its steps from step on only, as
 // max_staleness says, and its first push's staleness is counted from the
 // current version. Sync mode has no rejoin (every step waits for every
-// worker, so none leaves while the run goes on).
+// worker, so none leaves while the run goes on), nor has max_staleness 0,
+// whose updates sum every worker's push of one step: a worker rejoining
+// behind the others would wait for their next step's pushes while they
+// wait for its catching up.
 func (m *Machine) Rejoin(w int, step int64) error {
 	switch {
 	case w < 0 || w >= m.rule.Workers:
 		return fmt.Errorf("ps: rejoin of worker %d; the workers are 0-%d", w, m.rule.Workers-1)
 	case !m.rule.Async:
 		return fmt.Errorf("ps: worker %d cannot rejoin a sync run", w)
+	case m.rule.MaxStaleness == 0:
+		return fmt.Errorf("ps: worker %d cannot rejoin an async run with max_staleness 0, whose updates sum each step's pushes", w)
 	case m.Done():
 		return ErrOver
 	case !m.left[w]:
 		return fmt.Errorf("ps: worker %d is still in the run: a second process for it?", w)
-	case m.pending[w]:
-		return fmt.Errorf("ps: worker %d's push of step %d still waits for the others' (max_staleness 0)", w, m.clock[w])
 	case step < 0:
 		return fmt.Errorf("ps: worker %d rejoins at step %d", w, step+1)
 	}

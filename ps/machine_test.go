@@ -237,4 +237,9 @@ func TestAsyncRejoin(t *testing.T) {
 	if err := syncRun.Rejoin(1, 0); err == nil || !strings.Contains(err.Error(), "sync") {
 		t.Errorf("rejoin of a sync run: %v", err)
 	}
+	lockstep, _ := NewMachine(Rule{Workers: 2, Async: true}, 0)
+	lockstep.Leave(1)
+	if err := lockstep.Rejoin(1, 0); err == nil || !strings.Contains(err.Error(), "max_staleness 0") {
+		t.Errorf("rejoin of an async run with max_staleness 0: %v", err)
+	}
 }

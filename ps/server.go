@@ -32,6 +32,11 @@ type Settings struct {
 	// Threads share each large tensor's update (optim.SetWorkers); the
 	// bits do not depend on it.
 	Threads int
+	// CheckpointAt, if set, names the versions (updates made) after which
+	// the server keeps a copy of a group's state for a checkpoint
+	// (Snapshot): a copy made as the update is, before any later push can
+	// change the group.
+	CheckpointAt func(version int64) bool
 }
 
 // Event is what a server reports of its updates and drops (Server.Observe).
@@ -64,6 +69,9 @@ type Server struct {
 	changed chan struct{} // closed and replaced after each update
 	groups  map[int]*group
 	err     error // a failed update: every later request gets it
+	// snaps are the groups' states kept for checkpoints, by version and
+	// stage, until Snapshot takes them.
+	snaps map[int64]map[int]GroupState
 }
 
 // group is one stage's tensors on this server.
@@ -86,7 +94,7 @@ type group struct {
 
 // NewServer makes an empty server; the workers' hellos bring the tensors.
 func NewServer(s Settings) *Server {
-	return &Server{set: s, changed: make(chan struct{}), groups: map[int]*group{}}
+	return &Server{set: s, changed: make(chan struct{}), groups: map[int]*group{}, snaps: map[int64]map[int]GroupState{}}
 }
 
 // Serve serves the workers' streams at addr with o's security until
@@ -283,6 +291,10 @@ func (s *Server) update(stage int, g *group, up *Update) error {
 		s.err = fmt.Errorf("update of step %d: %w", up.Step+1, err)
 		return s.err
 	}
+	if err := s.keep(stage, g); err != nil {
+		s.err = err
+		return s.err
+	}
 	s.observe(Event{Stage: stage, Update: up, Step: up.Step})
 	s.wake()
 	return nil
@@ -415,11 +427,7 @@ func (s *Server) Weights() map[string]*tensor.Dense {
 func (s *Server) Finished(ctx context.Context, groups int) error {
 	for {
 		s.mu.Lock()
-		done := len(s.groups) >= groups
-		for _, g := range s.groups {
-			done = done && g.m.Done()
-		}
-		changed := s.changed
+		done, changed := s.finished(groups), s.changed
 		s.mu.Unlock()
 		if done {
 			return nil
@@ -430,6 +438,16 @@ func (s *Server) Finished(ctx context.Context, groups int) error {
 			return context.Cause(ctx)
 		}
 	}
+}
+
+// finished says whether groups groups have every worker gone with its
+// pushes applied; under s.mu.
+func (s *Server) finished(groups int) bool {
+	done := len(s.groups) >= groups
+	for _, g := range s.groups {
+		done = done && g.m.Done()
+	}
+	return done
 }
 
 // Updates is how many updates stage's group has made.

@@ -26,3 +26,8 @@ func (l Link) BytesPerMS() float64 { return l.BytesPerSecond / 1000 }
 
 // LatencyMS is the latency in the simulator's units.
 func (l Link) LatencyMS() float64 { return float64(l.Latency) / 1e6 }
+
+// Figures is the link in the simulator's units.
+func (l Link) Figures() LinkFigures {
+	return LinkFigures{Bandwidth: l.BytesPerMS(), Latency: l.LatencyMS()}
+}

@@ -298,8 +298,10 @@ func (l *Lowered) playDepth(c Costs, depth int) (*Timeline, error) {
 					at += c.Transfer
 				}
 				clock[st] = max(clock[st], at)
-			case o.Kind == ReduceGrad && c.AllReduce != nil:
-				rings[st].reduce(o.Action.Chunk, clock[st], c.AllReduce[st][o.Action.Chunk])
+			case o.Kind == ReduceGrad && c.AllReduce != nil && !c.ReduceAtStepEnd:
+				// Only the chunk's last pass's send lies between them.
+				spans := tl.Spans[st]
+				rings[st].reduceAfter(c, st, o.Action.Chunk, spans[len(spans)-1], clock[st])
 			case o.Kind == SyncTied:
 				if c.AllReduce != nil {
 					// The exchange sums reduced gradients.
@@ -370,6 +372,11 @@ func (l *Lowered) playDepth(c Costs, depth int) (*Timeline, error) {
 	if c.AllReduce == nil {
 		tl.finish(clock, nil)
 		return tl, nil
+	}
+	if c.ReduceAtStepEnd {
+		for st := range p {
+			rings[st].reduceAtEnd(c, st, clock[st])
+		}
 	}
 	r := &reduced{rings: rings, bare: latest(clock)}
 	if tied {

@@ -1,6 +1,7 @@
 package schedule
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -43,6 +44,26 @@ type Costs struct {
 	// only at full speed (see CoreGroups). The zero value: every stage
 	// computes at full speed.
 	Cores CoreGroups
+	// Buckets, when given (all_reduce.overlap: layer), cuts a chunk's
+	// all-reduce into its buckets, in the order the ring runs them, each
+	// starting once the chunk's last weight pass (W) has made its gradients
+	// final, while that pass computes the earlier layers'. nil, or nil for
+	// a chunk, starts the whole AllReduce[s][c] at the chunk's last B or W;
+	// so does a chunk whose last pass is a full backward (B), which reports
+	// no layer's progress.
+	Buckets [][][]Bucket // len == Stages, each len == Chunks; or nil
+	// ReduceAtStepEnd starts every chunk's AllReduce[s][c] when stage s's
+	// last action ends, in chunk order, rather than when the chunk's
+	// gradients are final: parameter servers' push and pull, which end the
+	// stage's step. A cost of the whole stage goes on chunk 0.
+	ReduceAtStepEnd bool
+}
+
+// Bucket is one bucket of a chunk's all-reduce under Costs.Buckets: Ready is
+// the share of the chunk's last weight pass done when the bucket's
+// gradients are final (0 to 1), Time how long its all-reduce takes.
+type Bucket struct {
+	Ready, Time float64
 }
 
 // gap is stage st's hand-off between actions (0 without Costs.Gap).
@@ -125,9 +146,10 @@ type Timeline struct {
 
 	// With Costs.AllReduce, and nil without: per stage, its chunks'
 	// all-reduces in the order they ran (one at a time, as one ring serves
-	// a stage), and Exposed, how far the last of them ends after the step
-	// would have ended with no all-reduce at all: the part of the stage's
-	// all-reduce that no computation hides. The step is longer than it
+	// a stage; each bucket apart under Costs.Buckets), and Exposed, how far
+	// the last of them ends after the step would have ended with no
+	// all-reduce at all: the part of the stage's all-reduce that no
+	// computation hides. The step is longer than it
 	// would be without them by the largest Exposed (in a lowered schedule
 	// whose tied weights' exchange waits for the all-reduces, by up to a
 	// transfer more).
@@ -228,7 +250,13 @@ func (c Costs) check(p, v int) error {
 		return err
 	}
 	if c.AllReduce == nil {
+		if c.Buckets != nil {
+			return errors.New("costs have all-reduce buckets but no all-reduce")
+		}
 		return nil
+	}
+	if err := c.checkBuckets(p, v); err != nil {
+		return err
 	}
 	if len(c.AllReduce) != p {
 		return fmt.Errorf("costs have %d all-reduce entries, want %d (one per stage, or none)", len(c.AllReduce), p)
@@ -240,6 +268,29 @@ func (c Costs) check(p, v int) error {
 		for ch, d := range chunks {
 			if !nonNegative(d) {
 				return fmt.Errorf("stage %d chunk %d: all-reduce cost must be finite and >= 0, got %v", st, ch, d)
+			}
+		}
+	}
+	return nil
+}
+
+// checkBuckets checks Costs.Buckets against p stages of v chunks.
+func (c Costs) checkBuckets(p, v int) error {
+	if c.Buckets == nil {
+		return nil
+	}
+	if len(c.Buckets) != p {
+		return fmt.Errorf("costs have %d all-reduce bucket entries, want %d (one per stage, or none)", len(c.Buckets), p)
+	}
+	for st, chunks := range c.Buckets {
+		if len(chunks) != v {
+			return fmt.Errorf("stage %d: costs have %d all-reduce bucket entries, want one per chunk, %d", st, len(chunks), v)
+		}
+		for ch, bs := range chunks {
+			for k, b := range bs {
+				if !nonNegative(b.Time) || !(b.Ready >= 0 && b.Ready <= 1) {
+					return fmt.Errorf("stage %d chunk %d bucket %d: want a time finite and >= 0 and a ready share from 0 to 1, got %+v", st, ch, k, b)
+				}
 			}
 		}
 	}
@@ -396,6 +447,10 @@ func simulate(s *Schedule, x *index, c Costs, scale func(Action) float64) (*Time
 	// right after its last B or W (the sends that follow take no time).
 	rings := make([]ring, p)
 	for st, spans := range tl.Spans {
+		if c.ReduceAtStepEnd {
+			rings[st].reduceAtEnd(c, st, free[st])
+			continue
+		}
 		last := make([]int, v)
 		for i := range last {
 			last[i] = -1
@@ -408,7 +463,7 @@ func simulate(s *Schedule, x *index, c Costs, scale func(Action) float64) (*Time
 		for i, sp := range spans {
 			for ch, at := range last {
 				if at == i {
-					rings[st].reduce(ch, sp.End, c.AllReduce[st][ch])
+					rings[st].reduceAfter(c, st, ch, sp, sp.End)
 				}
 			}
 		}
@@ -430,6 +485,27 @@ func (r *ring) reduce(chunk int, at, d float64) {
 	start := max(at, r.free)
 	r.free = start + d
 	r.done = append(r.done, Reduction{Chunk: chunk, Start: start, End: r.free})
+}
+
+// reduceAfter runs chunk's all-reduce on stage st after last, the chunk's
+// last B or W: whole from at, when the chunk is handed over, or bucket by
+// bucket within a weight pass (Costs.Buckets).
+func (r *ring) reduceAfter(c Costs, st, chunk int, last Span, at float64) {
+	if c.Buckets == nil || c.Buckets[st][chunk] == nil || last.Action.Kind != Weight {
+		r.reduce(chunk, at, c.AllReduce[st][chunk])
+		return
+	}
+	for _, b := range c.Buckets[st][chunk] {
+		r.reduce(chunk, last.Start+b.Ready*(last.End-last.Start), b.Time)
+	}
+}
+
+// reduceAtEnd runs stage st's chunks' reductions, in chunk order, from end,
+// when the stage's last action ends (Costs.ReduceAtStepEnd).
+func (r *ring) reduceAtEnd(c Costs, st int, end float64) {
+	for ch, d := range c.AllReduce[st] {
+		r.reduce(ch, end, d)
+	}
 }
 
 // reduced is what finish needs of the all-reduces: each stage's ring, and

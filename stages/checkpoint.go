@@ -106,6 +106,9 @@ type checkpointer struct {
 	state      slotState
 	commits    sync.WaitGroup // commits in progress
 	lastCommit chan struct{}  // closed when the newest commit has ended
+	// servers is the number of parameter servers whose parts a checkpoint
+	// needs besides the stages' (0 without servers, and in the reference).
+	servers int
 }
 
 // retention is which committed checkpoints pruning keeps.
@@ -171,14 +174,23 @@ func (k *checkpointer) save(ctx context.Context, done int) error {
 	k.inOrder(func() {
 		// A stage that dies before writing its part leaves this commit waiting;
 		// the run then fails and stopping it cancels ctx.
-		m, err := checkpoint.Commit(ctx, root, done, k.stages, k.cfg.TrainingDigest(), k.retention(), 20*time.Millisecond)
+		m, err := checkpoint.Commit(ctx, root, done, k.stages, k.servers, k.cfg.TrainingDigest(), k.retention(), 20*time.Millisecond)
 		if err != nil {
 			fmt.Fprintf(k.log, "stage 0: %v\n", err)
 			return
 		}
-		fmt.Fprintf(k.log, "checkpoint of step %d committed (%s)\n", m.Step, words.Count(len(m.Parts), "part"))
+		fmt.Fprintf(k.log, "checkpoint of step %d committed (%s)\n", m.Step, partsOf(m))
 	})
 	return nil
+}
+
+// partsOf counts a committed checkpoint's parts for messages: the stages'
+// and, with parameter servers, the servers'.
+func partsOf(m *checkpoint.Manifest) string {
+	if len(m.ServerParts) == 0 {
+		return words.Count(len(m.Parts), "part")
+	}
+	return fmt.Sprintf("%s and %s", words.Count(len(m.Parts), "stage part"), words.Count(len(m.ServerParts), "server part"))
 }
 
 // inOrder runs commit in the background after the commits before it: a

@@ -443,8 +443,10 @@ func PSServedStages(c *configs.Config, i int) ([]int, error) {
 
 // ServePS runs parameter server i of the config: it serves the workers'
 // streams at its address, guarded like the links, until every worker
-// stage it holds tensors of has finished, and logs what it did.
-func ServePS(ctx context.Context, c *configs.Config, i int, log io.Writer) error {
+// stage it holds tensors of has finished, writes its part of each
+// checkpoint under runDir, and logs what it did. With resume it starts
+// from its part of the newest committed checkpoint there.
+func ServePS(ctx context.Context, c *configs.Config, i int, runDir string, resume bool, log io.Writer) error {
 	if !c.PSEnabled() || i < 0 || i >= c.ParameterServers.Count {
 		return fmt.Errorf("%s has parameter_servers.count %d: no server %d", c.Path, c.ParameterServers.Count, i)
 	}
@@ -460,7 +462,15 @@ func ServePS(ctx context.Context, c *configs.Config, i int, log io.Writer) error
 	if err != nil {
 		return err
 	}
-	srv := ps.NewServer(PSSettings(c, i))
+	settings := PSSettings(c, i)
+	settings.CheckpointAt = psCheckpointAt(c)
+	srv := ps.NewServer(settings)
+	from := 0
+	if resume {
+		if from, err = restorePS(c, i, srv, runDir, log); err != nil {
+			return fmt.Errorf("%s: resuming: %w", configs.PSName(i), err)
+		}
+	}
 	applied := observeWorkers(srv, i, c.ParameterServers.Mode == "async", log)
 	ss, err := srv.Serve(addr, opts)
 	if err != nil {
@@ -469,7 +479,22 @@ func ServePS(ctx context.Context, c *configs.Config, i int, log io.Writer) error
 	defer ss.Close()
 	start := time.Now()
 	fmt.Fprintf(log, "%s: serving stages %v of %d workers at %s (%s)\n", configs.PSName(i), served, c.Replicas(), ss.Addr(), cmp.Or(c.ParameterServers.Mode, "sync"))
-	if err := srv.Finished(ctx, len(served)); err != nil {
+	// A checkpoint that cannot be written stops the server, as it stops a
+	// stage: the run must not go on without the checkpoints it was asked for.
+	run, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	written := make(chan error, 1)
+	go func() {
+		err := writePSCheckpoints(run, c, i, srv, len(served), runDir, from)
+		if err != nil {
+			stop(err)
+		}
+		written <- err
+	}()
+	if err := srv.Finished(run, len(served)); err != nil {
+		return fmt.Errorf("%s: %w", configs.PSName(i), err)
+	}
+	if err := <-written; err != nil {
 		return fmt.Errorf("%s: %w", configs.PSName(i), err)
 	}
 	for _, st := range served {

@@ -93,10 +93,16 @@ func runWorkers(t *testing.T, c *configs.Config, setup func(w, stage int, rt *Ru
 // stages cancels too; it returns every stage's error.
 func runPSGrid(t *testing.T, c *configs.Config, setup func(w, stage int, rt *Runtime, kill func())) (string, [][]error) {
 	t.Helper()
+	return runPSGridIn(t, c, t.TempDir(), false, setup)
+}
+
+// runPSGridIn is runPSGrid in the run directory dir, resuming from its
+// newest checkpoint with resume.
+func runPSGridIn(t *testing.T, c *configs.Config, dir string, resume bool, setup func(w, stage int, rt *Runtime, kill func())) (string, [][]error) {
+	t.Helper()
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
 	m := c.Replicas()
 	workers := make([]*psTestWorker, m)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -108,7 +114,7 @@ func runPSGrid(t *testing.T, c *configs.Config, setup func(w, stage int, rt *Run
 	}
 	for w := range m {
 		var err error
-		if workers[w], err = newPSTestWorker(c, w, dir, Options{}); err != nil {
+		if workers[w], err = newPSTestWorker(c, w, dir, Options{Resume: resume}); err != nil {
 			t.Fatal(err)
 		}
 		for i, rt := range workers[w].rts {
@@ -132,7 +138,7 @@ type psTestWorker struct {
 }
 
 // newPSTestWorker builds worker w's stages of c, writing into dir, with
-// base's Rejoin and RejoinAt.
+// base's Resume, Rejoin and RejoinAt.
 func newPSTestWorker(c *configs.Config, w int, dir string, base Options) (*psTestWorker, error) {
 	p := len(c.Stages)
 	train, test := synthetic(96, 8, 3, 1), synthetic(30, 8, 3, 2)
@@ -151,7 +157,7 @@ func newPSTestWorker(c *configs.Config, w int, dir string, base Options) (*psTes
 	}
 	for i, l := range layouts {
 		rt, err := New(Options{Layout: l, Config: c, RunDir: dir, Prev: pw.links[i][0], Next: pw.links[i][1], Train: train, Test: test,
-			Rejoin: base.Rejoin, RejoinAt: base.RejoinAt})
+			Resume: base.Resume, Rejoin: base.Rejoin, RejoinAt: base.RejoinAt})
 		if err != nil {
 			return nil, fmt.Errorf("worker %d stage %d: %w", w, i, err)
 		}

@@ -3,6 +3,7 @@ package stages
 import (
 	"context"
 	"net"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -91,15 +92,25 @@ func freeLoopback(t *testing.T) string {
 }
 
 // TestConnectOpensRingStreams: with all_reduce.transport stream, Connect
-// opens the ring streams beside the replica links and the replicas train
-// over them, identically; with grpc it opens none.
+// opens the ring streams beside the replica links, on the listeners' Unix
+// stream sockets (both replicas are on 127.0.0.1, one host) where Linux has
+// them, and the replicas train over them, identically; with grpc it opens
+// none.
 func TestConnectOpensRingStreams(t *testing.T) {
+	local := "tcp"
+	if runtime.GOOS == "linux" {
+		local = "unix"
+	}
 	for _, tr := range []string{"stream", "grpc"} {
 		t.Run(tr, func(t *testing.T) {
 			links := connectReplicas(t, tr)
 			for r, l := range links {
-				if streams := l.ReplicaIn != nil && l.ReplicaOut != nil; streams != (tr == "stream") {
+				streams := l.ReplicaIn != nil && l.ReplicaOut != nil
+				if streams != (tr == "stream") {
 					t.Errorf("replica %d with transport %s: ring streams %t", r, tr, streams)
+				}
+				if streams && (l.ReplicaOut.Network() != local || l.ReplicaIn.Network() != local) {
+					t.Errorf("replica %d: ring streams on %s / %s, want %s", r, l.ReplicaOut.Network(), l.ReplicaIn.Network(), local)
 				}
 			}
 		})

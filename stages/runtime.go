@@ -241,6 +241,9 @@ func New(o Options) (*Runtime, error) {
 	if r.ps, err = newPSWorker(l, r.chunks, r.rejoin); err != nil {
 		return nil, err
 	}
+	if r.ps != nil {
+		r.ckpt.servers = c.ParameterServers.Count
+	}
 	if err := r.loadData(o, model); err != nil {
 		return nil, err
 	}
@@ -556,9 +559,11 @@ func (r *Runtime) checkpointsAfter(done int) bool {
 // the checkpoint is what lets `launch --resume` continue the run), unless
 // training wrote it already or the stage trained nothing since first; then
 // it waits for the commit. The final evaluation and weights are left to the
-// resumed run.
+// resumed run. With parameter servers there is none: the servers keep their
+// state only at checkpoint.every's steps, so the run resumes from the last
+// of those.
 func (r *Runtime) stopAfter(ctx, commitCtx context.Context, first, done int) error {
-	if done > first && r.ckpt.takesPart() && !r.checkpointsAfter(done) {
+	if done > first && r.ckpt.takesPart() && !r.checkpointsAfter(done) && r.ps == nil {
 		if err := r.ckpt.save(commitCtx, done); err != nil {
 			return err
 		}

@@ -145,17 +145,7 @@ func TestShardedOptimizerEqualsReference(t *testing.T) {
 						cfg.Train.Optimizer.WeightDecay = 0.1
 						cfg.Train.LRSchedule = configs.LRSchedule{Kind: "cosine", WarmupSteps: 2}
 					}
-					ref := runInProcess(t, cfg, true)
-					cfg.AllReduce.ShardOptimizer = true
-					dir := t.TempDir()
-					sharded := runGrid(t, cfg, dir, false)
-					sameMLPRun(t, cfg, ref, dir)
-					cfg.AllReduce.ShardOptimizer = false
-					wholeDir := t.TempDir()
-					whole := runGrid(t, cfg, wholeDir, false)
-					sameMLPRun(t, cfg, wholeDir, dir)
-					shardedStateShrinks(t, sharded, whole)
-					scatteredTraffic(t, sharded, whole)
+					shardedEqualsWholeAndReference(t, cfg)
 				})
 			}
 		}
@@ -175,17 +165,7 @@ func TestShardedInterleavedEqualsReference(t *testing.T) {
 		for _, opt := range []string{"adamw", "sgd"} {
 			t.Run(c.sched+"/"+opt, func(t *testing.T) {
 				cfg := gridTestConfig(c.sched, c.layers, c.micro, 2, opt)
-				ref := runInProcess(t, cfg, true)
-				cfg.AllReduce.ShardOptimizer = true
-				dir := t.TempDir()
-				sharded := runGrid(t, cfg, dir, false)
-				sameMLPRun(t, cfg, ref, dir)
-				cfg.AllReduce.ShardOptimizer = false
-				wholeDir := t.TempDir()
-				whole := runGrid(t, cfg, wholeDir, false)
-				sameMLPRun(t, cfg, wholeDir, dir)
-				shardedStateShrinks(t, sharded, whole)
-				scatteredTraffic(t, sharded, whole)
+				shardedEqualsWholeAndReference(t, cfg)
 			})
 		}
 	}
@@ -471,4 +451,22 @@ func TestShardedNonFiniteGradientStopsEveryReplica(t *testing.T) {
 			t.Errorf("replica %d: %v; want %q", r, errs[r], want)
 		}
 	}
+}
+
+// shardedEqualsWholeAndReference trains cfg sharded and unsharded on its
+// grid: both equal the one-process reference bit for bit, and sharding
+// shrinks each replica's optimizer state and scatters the traffic.
+func shardedEqualsWholeAndReference(t *testing.T, cfg *configs.Config) {
+	t.Helper()
+	ref := runInProcess(t, cfg, true)
+	cfg.AllReduce.ShardOptimizer = true
+	dir := t.TempDir()
+	sharded := runGrid(t, cfg, dir, false)
+	sameMLPRun(t, cfg, ref, dir)
+	cfg.AllReduce.ShardOptimizer = false
+	wholeDir := t.TempDir()
+	whole := runGrid(t, cfg, wholeDir, false)
+	sameMLPRun(t, cfg, wholeDir, dir)
+	shardedStateShrinks(t, sharded, whole)
+	scatteredTraffic(t, sharded, whole)
 }

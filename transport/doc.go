@@ -41,10 +41,11 @@
 //
 // The replica ring may also move its all-reduces on ring streams beside its
 // links (Options.Streams, DialStream, Server.AcceptStream; stream.go):
-// framed byte streams on the listener's own address, opened once the link's
-// handshake has agreed on the peers, authenticated like a link before
-// anything else is read, written from the caller's buffers and read into
-// them (streamframe.go).
+// framed byte streams on the listener's own address, or between processes
+// of one host on its abstract Unix stream socket (streamsock.go), opened
+// once the link's handshake has agreed on the peers, authenticated like a
+// link before anything else is read, written from the caller's buffers and
+// read into them (streamframe.go).
 //
 // Other packages' small gRPC services (the cluster's rendezvous) use
 // Service, which serves and calls one raw-bytes stream method with exactly

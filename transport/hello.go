@@ -67,6 +67,11 @@ type Hello struct {
 	// a product's last bits: both sides must agree on it. "" says nothing
 	// (a process that computes nothing the run's results depend on).
 	Kernels string
+	// StreamSocket is, in a replica ring listener's answer, the abstract
+	// Unix socket ("@pipetrain-ring-...") on which it also takes ring
+	// streams (streamsock.go): a dialer on the same host reaches it there
+	// instead of over TCP. "" says it has none. It is not compared.
+	StreamSocket string
 }
 
 // who is how messages refer to a process without its address: "stage 2",
@@ -186,8 +191,9 @@ func (h Hello) validate() error {
 	if len(h.Shapes) > maxHelloChunks {
 		return fmt.Errorf("%s: the link has %d message shapes, more than the %d a handshake may carry (fewer, larger all-reduce buckets need fewer)", h.who(), len(h.Shapes), maxHelloChunks)
 	}
-	if len(h.ConfigDigest) > maxHelloText || len(h.Address) > maxHelloText || len(h.Kernels) > maxHelloText {
-		return fmt.Errorf("%s: config digest (%d bytes), address (%d bytes) or kernels (%d bytes) is longer than the %d bytes a handshake carries", h.who(), len(h.ConfigDigest), len(h.Address), len(h.Kernels), maxHelloText)
+	if len(h.ConfigDigest) > maxHelloText || len(h.Address) > maxHelloText || len(h.Kernels) > maxHelloText || len(h.StreamSocket) > maxHelloText {
+		return fmt.Errorf("%s: config digest (%d bytes), address (%d bytes), kernels (%d bytes) or stream socket (%d bytes) is longer than the %d bytes a handshake carries",
+			h.who(), len(h.ConfigDigest), len(h.Address), len(h.Kernels), len(h.StreamSocket), maxHelloText)
 	}
 	for c, s := range h.Shapes {
 		t := Tensor{Kind: Activation, DType: h.DType, Shape: s}
@@ -296,7 +302,8 @@ type handshake struct {
 //
 //	magic    [3]byte "PTH"
 //	version  uint8   (2)
-//	flags    uint8   bit 0: Ring; bit 7: kernels follow the refusal; the other bits are zero
+//	flags    uint8   bit 0: Ring; bit 7: kernels follow the refusal; bit 6: the
+//	                 stream socket follows them; the other bits are zero
 //	dtype    uint8
 //	group    uint8   0 pipeline, 1 replica ring
 //	stage    int32
@@ -307,6 +314,7 @@ type handshake struct {
 //	address  uint32 length, then the bytes of Address
 //	refused  uint32 length, then the bytes of Refused
 //	kernels  with flag bit 7 only: uint32 length (>= 1), then the bytes of Kernels
+//	socket   with flag bit 6 only: uint32 length (>= 1), then the bytes of StreamSocket
 //	chunks   uint32 count, then per chunk:
 //	           rank uint8 (<= MaxRank), dims rank × int64 (each >= 0)
 //
@@ -324,16 +332,18 @@ const (
 
 	flagRing    = 1 << 0
 	flagKernels = 1 << 7 // a build before Hello.Kernels refuses it as an unknown flag
+	// flagStreamSocket: a build before Hello.StreamSocket refuses it too.
+	flagStreamSocket = 1 << 6
 )
 
 // Handshake bounds. A listener decodes a hello before it knows the sender
 // is its neighbour (a process holding the token may send anything), so each
 // field has a limit that is checked before anything is allocated for it.
 const (
-	// maxHelloText bounds the config digest, the address and the kernels: a
-	// digest is 64 hex digits, an address a host name of at most 253 bytes
-	// and a port, or a Unix socket path of at most 108 bytes, the kernels a
-	// library and a core type's name.
+	// maxHelloText bounds the config digest, the address, the kernels and
+	// the stream socket: a digest is 64 hex digits, an address a host name
+	// of at most 253 bytes and a port, or a Unix socket path of at most 108
+	// bytes, the kernels a library and a core type's name.
 	maxHelloText = 1 << 10
 	// maxHelloRefusal bounds a refusal's text; marshal cuts a longer one (a
 	// refusal names both stages and at worst both lists of shapes).
@@ -354,7 +364,7 @@ const (
 // shapes, so a hello it accepts is no longer than h's encoding with the
 // address and the refusal at their limits; a longer one is refused unread.
 func helloLimit(h Hello) int {
-	n := handshakeFixed + 5*4 + 3*maxHelloText + maxHelloRefusal
+	n := handshakeFixed + 6*4 + 4*maxHelloText + maxHelloRefusal
 	for _, s := range h.Shapes {
 		n += 1 + 8*len(s)
 	}
@@ -375,7 +385,7 @@ func appendString(b []byte, s string) []byte {
 func (h *handshake) marshal() []byte {
 	x := &h.Hello
 	refused := words.Clip(h.Refused, maxHelloRefusal)
-	n := handshakeFixed + 5*4 + len(x.ConfigDigest) + len(x.Address) + len(refused) + len(x.Kernels)
+	n := handshakeFixed + 6*4 + len(x.ConfigDigest) + len(x.Address) + len(refused) + len(x.Kernels) + len(x.StreamSocket)
 	for _, s := range x.Shapes {
 		n += 1 + 8*len(s)
 	}
@@ -388,6 +398,9 @@ func (h *handshake) marshal() []byte {
 	if x.Kernels != "" {
 		flags |= flagKernels
 	}
+	if x.StreamSocket != "" {
+		flags |= flagStreamSocket
+	}
 	b = append(b, handshakeVersion, flags, byte(x.DType), byte(x.Group))
 	for _, v := range [...]int{x.Stage, x.Stages, x.Replica, x.Replicas} {
 		b = binary.LittleEndian.AppendUint32(b, uint32(int32(v)))
@@ -397,6 +410,9 @@ func (h *handshake) marshal() []byte {
 	b = appendString(b, refused)
 	if x.Kernels != "" {
 		b = appendString(b, x.Kernels)
+	}
+	if x.StreamSocket != "" {
+		b = appendString(b, x.StreamSocket)
 	}
 	if uint64(len(x.Shapes)) > math.MaxUint32 {
 		panic("transport: too many chunks for a handshake")
@@ -453,7 +469,7 @@ func (h *handshake) unmarshalHead(b []byte) (shapes []byte, err error) {
 		return nil, bad("%d bytes is shorter than the %d-byte header", len(b), handshakeFixed)
 	}
 	flags := b[4]
-	if flags&^(flagRing|flagKernels) != 0 {
+	if flags&^(flagRing|flagKernels|flagStreamSocket) != 0 {
 		return nil, bad("unknown flags %#x", flags)
 	}
 	group := Group(b[6])
@@ -503,6 +519,14 @@ func (h *handshake) unmarshalHead(b []byte) (shapes []byte, err error) {
 		}
 		if x.Kernels == "" {
 			return nil, bad("the kernels flag with no kernels") // one encoding per hello
+		}
+	}
+	if flags&flagStreamSocket != 0 {
+		if x.StreamSocket, err = str("stream socket", maxHelloText); err != nil {
+			return nil, err
+		}
+		if x.StreamSocket == "" {
+			return nil, bad("the stream socket flag with no socket")
 		}
 	}
 	*h = handshake{Hello: x, Refused: refused}

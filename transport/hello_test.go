@@ -22,6 +22,8 @@ func handshakeSeeds() []*handshake {
 	r1.Stage, r1.Stages = 0, 1
 	p1, _ := hellos(2)
 	p1.Replica, p1.Replicas = 1, 2
+	sock, _ := replicaHellos(2, [][]int{{4}})
+	sock.StreamSocket, sock.Kernels = streamSocketPrefix+"00ff", "gonum"
 	return []*handshake{
 		{Hello: plain},
 		{Hello: up},
@@ -32,6 +34,7 @@ func handshakeSeeds() []*handshake {
 		{Hello: r1, Refused: "no"},
 		{Hello: p1},
 		{Hello: Hello{Group: ReplicaGroup, Stage: math.MaxInt32, Stages: math.MinInt32, Replica: -1, Replicas: math.MaxInt32, Shapes: [][]int{}}},
+		{Hello: sock},
 	}
 }
 
@@ -256,28 +259,31 @@ func TestHandshakeCorpus(t *testing.T) {
 		"replica-ring":     {Group: ReplicaGroup, Stage: 0, Stages: 2, Replica: 1, Replicas: 3, ConfigDigest: "3fa2c1", Address: "127.0.0.1:7101", DType: Float32, Shapes: [][]int{{64, 128}}},
 		"pipeline-replica": {Stage: 1, Stages: 4, Replica: 2, Replicas: 3, ConfigDigest: "3fa2c1", Address: "127.0.0.1:7101", DType: Float32, Shapes: [][]int{{64, 128}}},
 		"negative-stage":   {Group: ReplicaGroup, Stage: -1, Stages: -7, Replica: -2, Replicas: -3, DType: 200, Shapes: [][]int{}},
-		"chunks":           {}, "float64-rank8": {}, "refused": {}, "ring": {},
+		"stream-socket": {Group: ReplicaGroup, Stage: 0, Stages: 2, Replica: 1, Replicas: 3, ConfigDigest: "3fa2c1", Address: "127.0.0.1:7101", DType: Float32, Shapes: [][]int{{64, 128}},
+			StreamSocket: "@pipetrain-ring-0123456789abcdef0123456789abcdef"},
+		"chunks": {}, "float64-rank8": {}, "refused": {}, "ring": {},
 	}
 	refused := map[string]string{
-		"chunk-negative-dim":   "dimension 0 of 18446744073709551615 is out of range",
-		"chunk-rank9":          "rank 9 exceeds 8",
-		"empty":                "got 0 bytes",
-		"huge-chunk-count":     "4294967295 chunks exceed the limit of 1048576",
-		"huge-digest-length":   "config digest of 4294967295 bytes exceeds the 1024-byte limit",
-		"long-address":         "address of 1025 bytes exceeds the 1024-byte limit",
-		"long-refusal":         "refusal of 8193 bytes exceeds the 8192-byte limit",
-		"many-chunks":          "1048577 chunks exceed the limit of 1048576",
-		"magic-only":           "got 3 bytes",
-		"newer-version":        "unsupported handshake version 3",
-		"version-1":            "unsupported handshake version 1 (this build speaks version 2)",
-		"old-json-version":     "unsupported handshake version 0",
-		"tensor-sent-as-hello": `starting "PTT\x00"`,
-		"trailing-byte":        "1 unexpected bytes after the shapes",
-		"truncated-digest":     "config digest of 6 bytes is longer than the 2 bytes left",
-		"truncated-header":     "21 bytes is shorter than the 23-byte header",
-		"truncated-shape":      "truncated shape of chunk 0",
-		"unknown-flags":        "unknown flags 0x3",
-		"unknown-group":        "unknown link group 2",
+		"chunk-negative-dim":       "dimension 0 of 18446744073709551615 is out of range",
+		"chunk-rank9":              "rank 9 exceeds 8",
+		"empty":                    "got 0 bytes",
+		"huge-chunk-count":         "4294967295 chunks exceed the limit of 1048576",
+		"huge-digest-length":       "config digest of 4294967295 bytes exceeds the 1024-byte limit",
+		"long-address":             "address of 1025 bytes exceeds the 1024-byte limit",
+		"long-refusal":             "refusal of 8193 bytes exceeds the 8192-byte limit",
+		"many-chunks":              "1048577 chunks exceed the limit of 1048576",
+		"magic-only":               "got 3 bytes",
+		"newer-version":            "unsupported handshake version 3",
+		"version-1":                "unsupported handshake version 1 (this build speaks version 2)",
+		"old-json-version":         "unsupported handshake version 0",
+		"tensor-sent-as-hello":     `starting "PTT\x00"`,
+		"trailing-byte":            "1 unexpected bytes after the shapes",
+		"truncated-digest":         "config digest of 6 bytes is longer than the 2 bytes left",
+		"truncated-header":         "21 bytes is shorter than the 23-byte header",
+		"truncated-shape":          "truncated shape of chunk 0",
+		"unknown-flags":            "unknown flags 0x3",
+		"unknown-group":            "unknown link group 2",
+		"stream-socket-flag-empty": "the stream socket flag with no socket",
 	}
 	dir := filepath.Join("testdata", "fuzz", "FuzzHandshake")
 	entries, err := os.ReadDir(dir)

@@ -73,6 +73,10 @@ type Options struct {
 	// (AcceptStream, all_reduce.transport: stream) on its address, told
 	// from gRPC connections by their first bytes.
 	Streams bool
+	// StreamsOverTCP makes DialStream use TCP even to a listener on this
+	// host, which it would otherwise reach over the listener's Unix stream
+	// socket (streamsock.go): for measuring one against the other.
+	StreamsOverTCP bool
 	// Logf receives the listener's refusals of unauthenticated connections
 	// (which Accept does not report: it keeps waiting for the real
 	// neighbour); default log.Printf.

@@ -22,8 +22,11 @@ type Server struct {
 	roles []*role // one per group, in Listen's order
 	opts  Options
 	lis   net.Listener
-	gs    *grpc.Server
-	done  chan struct{} // closed by Close
+	// streamLis is the stream socket beside a TCP address (streamsock.go),
+	// nil without one.
+	streamLis net.Listener
+	gs        *grpc.Server
+	done      chan struct{} // closed by Close
 
 	mu        sync.Mutex // guards the roles' connected
 	handlers  handlers
@@ -140,6 +143,7 @@ func Listen(addr string, self Hello, opts Options, more ...Hello) (*Server, erro
 	}
 	s.gs.RegisterService(&serviceDesc, s)
 	if opts.Streams {
+		s.openStreamSocket()
 		lis = newMuxListener(lis, opts.ConnectTimeout, s.serveStream)
 	}
 	go s.gs.Serve(lis) // returns when Close stops the server
@@ -237,6 +241,9 @@ func (s *Server) Close() error {
 				}
 			default:
 			}
+		}
+		if s.streamLis != nil {
+			s.streamLis.Close()
 		}
 		stopGracefully(s.gs)
 		s.handlers.wait()

@@ -24,7 +24,8 @@ import (
 //
 // A stream is opened only after the gRPC link between the same two
 // processes has passed its handshake, on the listener's own address (TCP,
-// or its Unix socket for processes of one host): the listener's socket
+// or its Unix socket for processes of one host), or on its stream socket
+// when the dialer is on the same host (streamsock.go): the listener's socket
 // tells a stream from a gRPC connection by its first four bytes, the
 // stream preface "PTRS". Then, in order:
 //
@@ -100,21 +101,18 @@ func (m *muxListener) acceptLoop() {
 
 // route reads a new connection's first bytes and hands it on.
 func (m *muxListener) route(c net.Conn) {
-	var head [len(streamPreface)]byte
-	c.SetReadDeadline(time.Now().Add(m.peekFor))
-	n, err := io.ReadFull(c, head[:])
-	c.SetReadDeadline(time.Time{})
-	if err == nil && string(head[:]) == streamPreface {
+	head, err := readPreface(c, m.peekFor)
+	if err == nil && string(head) == streamPreface {
 		m.stream(c)
 		return
 	}
-	if n == 0 && err != nil {
+	if len(head) == 0 && err != nil {
 		c.Close()
 		return
 	}
 	// gRPC's own preface or TLS handshake, or garbage gRPC refuses.
 	select {
-	case m.grpcConns <- &prefixConn{Conn: c, prefix: head[:n]}:
+	case m.grpcConns <- &prefixConn{Conn: c, prefix: head}:
 	case <-m.done:
 		c.Close()
 	}
@@ -165,7 +163,7 @@ type streamResult struct {
 // goroutine.
 func (s *Server) serveStream(c net.Conn) {
 	who := s.roles[0].self.name()
-	remote := c.RemoteAddr().String()
+	remote := remoteName(c)
 	deadline := time.Now().Add(s.opts.ConnectTimeout)
 	c.SetDeadline(deadline)
 	refuse := func(reason string) {
@@ -347,18 +345,14 @@ func readStreamAnswer(c net.Conn) (refusal string, err error) {
 // this process (self) has already dialed and whose hello that link agreed
 // (peer). It presents opts' token and TLS certificate, and self, which the
 // listener matches against its link's peer. A refused token wraps
-// ErrUnauthenticated.
+// ErrUnauthenticated. A listener on this host is reached over its stream
+// socket (peer.StreamSocket) unless opts.StreamsOverTCP.
 func DialStream(ctx context.Context, addr string, self, peer Hello, opts Options) (*StreamOut, error) {
 	opts = opts.withDefaults()
 	who := fmt.Sprintf("%s: ring stream to %s", self.who(), peer.name())
 	ctx, cancel := context.WithTimeout(ctx, opts.ConnectTimeout)
 	defer cancel()
-	network, address := "tcp", addr
-	if path, ok := UnixPath(addr); ok {
-		network, address = "unix", path
-	}
-	var d net.Dialer
-	c, err := d.DialContext(ctx, network, address)
+	c, err := dialStreamConn(ctx, addr, self, peer, opts)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", who, err)
 	}
@@ -380,9 +374,12 @@ func DialStream(ctx context.Context, addr string, self, peer Hello, opts Options
 		cfg := opts.TLS.clientConfig()
 		if cfg.ServerName == "" {
 			// The name gRPC's dialer checks on the same address: the host,
-			// or "localhost" for a Unix socket (its unix resolver's authority).
+			// or "localhost" for a Unix socket (its unix resolver's
+			// authority). A TCP address's host, even when the stream comes
+			// through the listener's stream socket: the certificate is
+			// checked as on the link.
 			cfg.ServerName = "localhost"
-			if network == "tcp" {
+			if _, unix := UnixPath(addr); !unix {
 				cfg.ServerName, _, _ = net.SplitHostPort(addr)
 			}
 		}

@@ -140,29 +140,40 @@ func sendAndCheck(t *testing.T, out *StreamOut, in *StreamIn, frames int) {
 	}
 }
 
-// TestRingStreamCarriesFrames: over TCP, a Unix socket, with a token and
-// with mutual TLS, a ring stream opened beside the ring link delivers the
-// frames sent on it, in order, bit for bit; the gRPC link beside it still
-// works.
+// TestRingStreamCarriesFrames: over TCP, a Unix socket address, the
+// listener's stream socket, with a token and with mutual TLS, a ring stream
+// opened beside the ring link delivers the frames sent on it, in order, bit
+// for bit, on the socket it should use; the gRPC link beside it still
+// works. The dialer (127.0.0.1:7000) is on the listener's host unless the
+// listener is on 127.0.0.2.
 func TestRingStreamCarriesFrames(t *testing.T) {
 	checkLeaks(t)
 	ca := newCA(t, "run CA")
+	tcp := Options{StreamsOverTCP: true}
 	for _, c := range []struct {
 		name       string
 		addr       string
 		opts, dial Options
+		network    string
 	}{
-		{"tcp", "127.0.0.1:0", Options{}, Options{}},
-		{"unix", "unix:" + filepath.Join(t.TempDir(), "r1.sock"), Options{}, Options{}},
-		{"token", "127.0.0.1:0", Options{Token: "s3cret"}, Options{Token: "s3cret"}},
-		{"tls", "127.0.0.1:0", Options{TLS: issue(t, ca, ca, "replica 1")}, Options{TLS: issue(t, ca, ca, "replica 0")}},
-		{"unix with tls", "unix:" + filepath.Join(t.TempDir(), "r1t.sock"), Options{TLS: issue(t, ca, ca, "replica 1")}, Options{TLS: issue(t, ca, ca, "replica 0")}},
+		{"tcp", "127.0.0.1:0", Options{}, tcp, "tcp"},
+		{"unix", "unix:" + filepath.Join(t.TempDir(), "r1.sock"), Options{}, Options{}, "unix"},
+		{"token", "127.0.0.1:0", Options{Token: "s3cret"}, Options{Token: "s3cret", StreamsOverTCP: true}, "tcp"},
+		{"tls", "127.0.0.1:0", Options{TLS: issue(t, ca, ca, "replica 1")}, Options{TLS: issue(t, ca, ca, "replica 0"), StreamsOverTCP: true}, "tcp"},
+		{"unix with tls", "unix:" + filepath.Join(t.TempDir(), "r1t.sock"), Options{TLS: issue(t, ca, ca, "replica 1")}, Options{TLS: issue(t, ca, ca, "replica 0")}, "unix"},
+		{"stream socket", "127.0.0.1:0", Options{}, Options{}, streamSocketNetwork()},
+		{"stream socket with token", "127.0.0.1:0", Options{Token: "s3cret"}, Options{Token: "s3cret"}, streamSocketNetwork()},
+		{"stream socket with tls", "127.0.0.1:0", Options{TLS: issue(t, ca, ca, "replica 1")}, Options{TLS: issue(t, ca, ca, "replica 0")}, streamSocketNetwork()},
+		{"another host", "127.0.0.2:0", Options{}, Options{}, "tcp"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			rl := newRingLink(t, c.addr, c.opts, c.dial)
 			out, in := rl.open(t, c.dial)
 			if p := in.Peer(); p.Replica != 0 || p.Address != rl.up.Address {
 				t.Errorf("stream's dialer: %+v", p)
+			}
+			if out.Network() != c.network || in.Network() != c.network {
+				t.Errorf("the stream runs on %s (dialer) and %s (listener), want %s", out.Network(), in.Network(), c.network)
 			}
 			sendAndCheck(t, out, in, 20)
 			exchange(t, rl.link, rl.accepted, 3, []int{1000}, []int{24})
@@ -202,7 +213,7 @@ func TestRingStreamRefusesStrangers(t *testing.T) {
 	}
 
 	for _, token := range []string{"", "wrong"} {
-		_, err := DialStream(ctxT(t, 10*time.Second), rl.srv.Addr(), rl.up, rl.link.Peer(), Options{Token: token})
+		_, err := DialStream(ctxT(t, 10*time.Second), rl.srv.Addr(), rl.up, rl.link.Peer(), Options{Token: token, StreamsOverTCP: true})
 		if !errors.Is(err, ErrUnauthenticated) || !strings.Contains(err.Error(), "bad or missing token") {
 			t.Errorf("token %q: %v, want ErrUnauthenticated", token, err)
 		}

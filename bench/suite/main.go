@@ -95,6 +95,7 @@ var sections = []section{
 	{"endtoend", "End to end", runEndToEnd},
 	{"compression", "Wire compression", runCompression},
 	{"allreduce", "Data-parallel replicas: all-reduce", runAllReduce},
+	{"hierarchical", "Data-parallel replicas: within and across hosts", runHierarchical},
 	{"zero", "Data-parallel replicas: sharded optimizer state", runZero},
 	{"breakdown", "Where a step goes", runBreakdown},
 	{"pytorch", "Against PyTorch", runPyTorch},
@@ -105,9 +106,13 @@ func main() {
 		runSgemmChild(spec) // a compute section's child, timing one kernel set
 		return
 	}
+	if spec, ok := os.LookupEnv(ringRankEnv); ok {
+		runRingRankChild(spec) // a hierarchical section's child, one rank of a ring across hosts
+		return
+	}
 	var o options
 	out := flag.String("out", "docs/benchmarks.md", "Markdown file to write")
-	only := flag.String("sections", "compute,transport,pipeline,endtoend,compression,allreduce,zero,breakdown,pytorch", "comma-separated sections to run")
+	only := flag.String("sections", "compute,transport,pipeline,endtoend,compression,allreduce,hierarchical,zero,breakdown,pytorch", "comma-separated sections to run")
 	flag.StringVar(&o.bin, "bin", "bin/pipetrain", "pipetrain binary (pipeline and end-to-end sections)")
 	flag.IntVar(&o.reps, "reps", 7, "repetitions of each in-process measurement (compute, transport); medians are reported")
 	flag.IntVar(&o.runReps, "run-reps", 5, "repetitions of each pipetrain run (pipeline, end to end); medians are reported")
@@ -137,11 +142,11 @@ func main() {
 			continue
 		}
 		if !slices.ContainsFunc(sections, func(x section) bool { return x.name == s }) {
-			fatalf("unknown section %q (known: compute, transport, pipeline, endtoend, compression, allreduce, zero, breakdown, pytorch)", s)
+			fatalf("unknown section %q (known: compute, transport, pipeline, endtoend, compression, allreduce, hierarchical, zero, breakdown, pytorch)", s)
 		}
 		o.sectionSet[s] = true
 	}
-	if o.sectionSet["pipeline"] || o.sectionSet["endtoend"] || o.sectionSet["compression"] || o.sectionSet["allreduce"] || o.sectionSet["zero"] || o.sectionSet["breakdown"] || o.sectionSet["pytorch"] {
+	if o.sectionSet["pipeline"] || o.sectionSet["endtoend"] || o.sectionSet["compression"] || o.sectionSet["allreduce"] || o.sectionSet["hierarchical"] || o.sectionSet["zero"] || o.sectionSet["breakdown"] || o.sectionSet["pytorch"] {
 		if _, err := os.Stat(o.bin); err != nil {
 			fatalf("pipetrain binary: %v (run make build, or pass -bin)", err)
 		}

@@ -22,6 +22,11 @@ type runConfig struct {
 	steps    int      // training steps
 	layers   []string // one layer range per stage; nil keeps the base's stages
 	replicas int      // data_parallel; 0 keeps the base's
+	// addrs, if set, are the addresses of a one-stage grid's replicas
+	// (fresh loopback ports otherwise).
+	addrs []string
+	// set holds further settings: section, key, value.
+	set map[string]map[string]any
 }
 
 // write writes the derived config into dir with a fresh free loopback port per
@@ -55,6 +60,11 @@ func (rc runConfig) write(dir string) (string, error) {
 	train["log_every"] = rc.steps
 	sub("checkpoint")["every"] = 0
 	sub("recovery")["max_restarts"] = 0
+	for section, kv := range rc.set {
+		for k, v := range kv {
+			sub(section)[k] = v
+		}
+	}
 	var stageList []any
 	if rc.layers != nil {
 		for _, l := range rc.layers {
@@ -93,7 +103,11 @@ func (rc runConfig) write(dir string) (string, error) {
 		delete(m, "address")
 		delete(m, "addresses")
 		var addrs []any
-		for range replicas {
+		for r := range replicas {
+			if r < len(rc.addrs) {
+				addrs = append(addrs, rc.addrs[r])
+				continue
+			}
 			addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(ports[0]))
 			ports = ports[1:]
 		}

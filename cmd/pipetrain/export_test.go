@@ -78,7 +78,7 @@ func fakeRun(t *testing.T, withCheckpoint bool) (cfgPath, runDir string) {
 	if withCheckpoint {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if _, err := checkpoint.Commit(ctx, filepath.Join(runDir, "checkpoints"), 4, 2, cfg.TrainingDigest(), checkpoint.Keep(3), time.Millisecond); err != nil {
+		if _, err := checkpoint.Commit(ctx, filepath.Join(runDir, "checkpoints"), 4, 2, 0, cfg.TrainingDigest(), checkpoint.Keep(3), time.Millisecond); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -110,9 +110,7 @@ func launchCmd() *cobra.Command {
 				// Async servers stop waiting for a worker that is gone; replica 0
 				// writes the run's metrics, weights and evaluation, so it stays.
 				opts.Expendable = func(replica int) bool { return replica != 0 }
-				if !cfg.UsesRendezvous() {
-					// Its restarted processes find each other at their fixed
-					// addresses; a rendezvous hands its table out once.
+				if rejoins(cfg) {
 					opts.Rejoins = cfg.Recovery.MaxRestarts
 					opts.Rejoin = func(int) (int, error) { return rejoinStep(cfg, f.runDir) }
 				}
@@ -120,15 +118,8 @@ func launchCmd() *cobra.Command {
 			if opts.Env, err = localRendezvous(cfg); err != nil {
 				return err
 			}
-			servers, err := startPSServers(exe, cfg, opts.Env, extra, os.Stdout)
-			if err != nil {
-				return err
-			}
+			announcePS(cfg, os.Stdout)
 			if err := superviseRun(cmd.Context(), cfg, opts); err != nil {
-				servers.stop()
-				return err
-			}
-			if err := servers.stop(); err != nil {
 				return err
 			}
 			return printSummary(f.runDir)
@@ -228,7 +219,7 @@ func superviseRun(ctx context.Context, cfg *configs.Config, opts launcher.Option
 	}
 	for restarts := 0; ; restarts++ {
 		opts.Attempt = restarts
-		err := launcher.Run(ctx, opts)
+		err := runAttempt(ctx, cfg, opts)
 		var failed *launcher.StageError
 		if err == nil || !errors.As(err, &failed) || ctx.Err() != nil {
 			return err
@@ -249,6 +240,21 @@ func superviseRun(ctx context.Context, cfg *configs.Config, opts launcher.Option
 			failed.Process(), reached, restartPoint(from, reached-from), restarts+1, cfg.Recovery.MaxRestarts)
 		opts.Resume, startedAt = true, from
 	}
+}
+
+// runAttempt runs the job once: the stage processes and, beside them, the
+// parameter servers, started afresh for each attempt and resuming with the
+// stages from the same checkpoint.
+func runAttempt(ctx context.Context, cfg *configs.Config, opts launcher.Options) error {
+	servers, err := startPSServers(cfg, opts)
+	if err != nil {
+		return err
+	}
+	if err := launcher.Run(ctx, opts); err != nil {
+		servers.kill(opts.Out)
+		return err
+	}
+	return servers.stop()
 }
 
 // rejoinStep is the step a worker's restarted processes rejoin an async

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -19,6 +20,7 @@ import (
 	"github.com/pipetrain/pipetrain/plan"
 	"github.com/pipetrain/pipetrain/predict"
 	"github.com/pipetrain/pipetrain/schedule"
+	"github.com/pipetrain/pipetrain/stages"
 )
 
 // planOptions are plan's flags.
@@ -31,6 +33,9 @@ type planOptions struct {
 	force                        bool
 	stagesSet                    bool
 	ring                         ringFlags
+	within                       ringFlags // --within-host-bandwidth and --within-host-latency
+	perHost                      int       // --replicas-per-host; 0: one host
+	servers                      int       // --servers; 0: the config's, or 1
 }
 
 const planLong = `Measure each layer of the config's model here, then choose the stage
@@ -47,6 +52,16 @@ here; left out, the figures of gRPC on loopback), and a
 table gives each grid's predicted samples per second; the fastest that fits
 the memory limit is written, with data_parallel and each stage's addresses.
 Without --processes the config's own replicas are kept.
+
+For each grid with replicas, a second table weighs every reduction on that
+grid's plan, the same split, schedule and micro-batches: ring, reduce-to-one,
+hierarchical (--replicas-per-host consecutive replicas a host, all on one by
+default, the links within a host at --within-host-bandwidth and
+--within-host-latency) and parameter servers in sync mode (--servers of them,
+the config's count by default), and names the fastest. The plan itself keeps
+the config's all_reduce.algorithm (or parameter_servers). With
+all_reduce.overlap layer, a split's buckets start during its stages' last
+weight pass, as in a run, each layer's share of the pass its measured W.
 
 The plan keeps data.micro_batches, which changes the training (the losses
 differ), unless --micro-batches N gives another count or
@@ -82,6 +97,10 @@ func planCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.stagesSet = cmd.Flags().Changed("stages")
 			o.ring.latencySet = cmd.Flags().Changed("allreduce-latency")
+			o.within.latencySet = cmd.Flags().Changed("within-host-latency")
+			if o.perHost < 0 || o.servers < 0 {
+				return fmt.Errorf("--replicas-per-host %d, --servers %d: need 1 or more (0: the default)", o.perHost, o.servers)
+			}
 			return runPlan(cmd.OutOrStdout(), o)
 		},
 	}
@@ -98,6 +117,8 @@ func planCmd() *cobra.Command {
 	c.Flags().Float64Var(&o.margin, "margin", 5, "percent by which a plan must beat the given config, and a later candidate an earlier one, to be chosen (more than the few percent measured costs vary by)")
 	c.Flags().StringVar(&o.ring.bandwidth, "allreduce-bandwidth", "", ringBandwidthUsage+"; measured among the config's replicas, or 2 when it has one")
 	c.Flags().DurationVar(&o.ring.latency, "allreduce-latency", defaultAllReduceLatency, "cost of each message of the all-reduce ring")
+	addHostFlags(c, &o.within, &o.perHost)
+	c.Flags().IntVar(&o.servers, "servers", 0, "parameter servers to weigh against the all-reduces (default: the config's parameter_servers.count, or 1)")
 	c.MarkFlagRequired("config")
 	return c
 }
@@ -137,6 +158,10 @@ func runPlan(w io.Writer, o planOptions) error {
 	size := int(model.DType.Size())
 	bucket := predict.BucketBytes(cfg, model)
 	ring, err := o.ring.resolve(cfg.Replicas(), bucket, cfg.RingStreams())
+	if err != nil {
+		return err
+	}
+	within, err := resolveWithin(o.within, ring, true, bucket, cfg.RingStreams())
 	if err != nil {
 		return err
 	}
@@ -185,12 +210,17 @@ func runPlan(w io.Writer, o planOptions) error {
 	if err != nil {
 		return err
 	}
+	servers := cmp.Or(o.servers, cfg.ParameterServers.Count, 1)
+	if err := addServerBytes(cfg, model, layers, servers); err != nil {
+		return err
+	}
 	prob := plan.Problem{
 		Stages: nStages, Batch: cfg.Data.BatchSize, MicroBatch: micro, OverheadMS: 0.05,
 		Schedules: names, MemoryLimit: limit, Layers: layers,
 		TransferBytesPerMS: schedule.Loopback.BytesPerMS(), LatencyMS: schedule.Loopback.LatencyMS(),
 		Replicas: cfg.Replicas(), AllReduceBytesPerMS: ring.bytesPerSecond / 1000, AllReduceLatencyMS: ms(ring.latency),
-		BucketBytes: int64(bucket), ReduceToOne: cfg.ReduceAlgorithm() == "reduce-to-one",
+		BucketBytes: int64(bucket), Algorithm: planAlgorithm(cfg), PerLayer: cfg.AllReduce.Overlap == "layer",
+		ReplicasPerHost: o.perHost, WithinBytesPerMS: within.bytesPerSecond / 1000, WithinLatencyMS: ms(within.latency),
 		// Recomputation costs a forward per micro-batch: worth weighing
 		// only where memory is short.
 		Recompute: limit > 0, InputBytes: int64(model.ShapeAt(0, micro).TotalSize() * size),
@@ -222,7 +252,8 @@ func runPlan(w io.Writer, o planOptions) error {
 		fmt.Fprintf(w, "  layer %d %-6s F %.3f ms  B %.3f ms  activations %s  parameters+state %s\n", i, l.Name, l.F, l.B, human(l.ActBytes+l.FixedActBytes), human(l.ParamBytes))
 	}
 	if o.processes > 0 || cfg.Replicas() > 1 {
-		fmt.Fprintf(w, "  all-reduce: a ring at %s/s plus %.3f ms a message, buckets of %s", decimal(ring.bytesPerSecond), ms(ring.latency), human(prob.BucketBytes))
+		shape := map[string]string{"ring": "a ring", "reduce-to-one": "reduce-to-one", "hierarchical": "hierarchical, across hosts", "ps": "parameter servers' links"}[prob.Algorithm]
+		fmt.Fprintf(w, "  all-reduce: %s at %s/s plus %.3f ms a message, buckets of %s", shape, decimal(ring.bytesPerSecond), ms(ring.latency), human(prob.BucketBytes))
 		if ring.measured != "" {
 			fmt.Fprintf(w, "; %s", ring.measured)
 		}
@@ -232,18 +263,20 @@ func runPlan(w io.Writer, o planOptions) error {
 		fmt.Fprintln(w)
 	}
 	var best *plan.Plan
+	var grids []plan.Grid
 	if o.processes == 0 {
 		if best, err = plan.Solve(prob); err != nil {
 			return err
 		}
+		grids = []plan.Grid{{Stages: best.Stages(), Replicas: best.Replicas, Plan: best}}
 	} else {
-		var grids []plan.Grid
 		best, grids, err = plan.SolveGrids(prob, o.processes)
 		printGrids(w, o.processes, grids, best)
 		if err != nil {
 			return err
 		}
 	}
+	printReductions(w, prob, grids, reductionsWeighed{servers: servers, within: within, perHost: o.perHost})
 	found := best
 	var cur *plan.Plan
 	// The config's own grid, when it is one of those planned.
@@ -290,6 +323,90 @@ func runPlan(w io.Writer, o planOptions) error {
 	}
 	fmt.Fprintf(w, "wrote %s\n", out)
 	return nil
+}
+
+// planAlgorithm is the reduction the config's replicas use, as
+// plan.Problem names it.
+func planAlgorithm(cfg *configs.Config) string {
+	if cfg.PSEnabled() {
+		return "ps"
+	}
+	return cfg.ReduceAlgorithm()
+}
+
+// addServerBytes sets each layer's bytes held by each of servers
+// parameter servers (stages.PSLayerBytes), as the config's servers would
+// hold them with that count.
+func addServerBytes(cfg *configs.Config, model *models.Model, layers []plan.Layer, servers int) error {
+	c := *cfg
+	c.ParameterServers.Count = servers
+	bytes, err := stages.PSLayerBytes(&c, model)
+	if err != nil {
+		return err
+	}
+	if len(bytes) != len(layers) {
+		return fmt.Errorf("%s: the servers would hold %d layers' parameters, the plan has %d layers", cfg.Path, len(bytes), len(layers))
+	}
+	for j := range layers {
+		layers[j].ServerBytes = bytes[j]
+	}
+	return nil
+}
+
+// reductionsWeighed is what printReductions says of the figures.
+type reductionsWeighed struct {
+	servers int
+	within  ringFigures
+	perHost int
+}
+
+// printReductions weighs, on each grid's plan with replicas, every way of
+// summing its gradients: the same split, schedule and micro-batches, each
+// reduction charged at the same figures; and says which is fastest.
+func printReductions(w io.Writer, p plan.Problem, grids []plan.Grid, how reductionsWeighed) {
+	algorithms := plan.Algorithms()
+	names := map[string]string{"ps": "ps sync"}
+	header := false
+	for _, g := range grids {
+		if g.Plan == nil || g.Replicas < 2 {
+			continue
+		}
+		if !header {
+			hosts := "all of a grid's replicas on one host"
+			if how.perHost > 0 {
+				hosts = words.Count(how.perHost, "consecutive replica") + " a host (--replicas-per-host)"
+			}
+			fmt.Fprintf(w, "\nreductions weighed on each plan (step ms; the same split, schedule and micro-batches): hierarchical with %s, %s; ps sync with %s, which are processes of their own\n",
+				hosts, withinFigures(how.within), words.Count(how.servers, "parameter server"))
+			fmt.Fprintf(w, "  %6s  %8s", "stages", "replicas")
+			for _, a := range algorithms {
+				fmt.Fprintf(w, "  %13s", cmp.Or(names[a], a))
+			}
+			fmt.Fprintf(w, "  fastest\n")
+			header = true
+		}
+		fmt.Fprintf(w, "  %6d  %8d", g.Stages, g.Replicas)
+		rs, best := plan.CompareReductions(p, g.Plan, algorithms)
+		for _, r := range rs {
+			if r.Err != nil {
+				fmt.Fprintf(w, "  %13s", "-")
+				continue
+			}
+			fmt.Fprintf(w, "  %13.2f", r.Plan.StepMS)
+		}
+		verdict := "none"
+		if best >= 0 {
+			a := rs[best].Algorithm
+			verdict = cmp.Or(names[a], a)
+			if ring := rs[0]; a != "ring" && ring.Err == nil {
+				verdict += fmt.Sprintf(", %.2fx the ring", ring.Plan.StepMS/rs[best].Plan.StepMS)
+			}
+		}
+		fmt.Fprintf(w, "  %s\n", verdict)
+	}
+	if header {
+		fmt.Fprintf(w, "  the plan keeps the config's reduction (%s); all_reduce.algorithm or parameter_servers choose another\n", cmp.Or(names[p.Algorithm], p.Algorithm, "ring"))
+	}
 }
 
 // trainingChanges says what the plan changes in the training: the

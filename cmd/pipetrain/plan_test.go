@@ -364,3 +364,44 @@ func TestPlanCoresFromTheConfig(t *testing.T) {
 		t.Errorf("plan on a pinned config does not share the cores: %v\n%s", err, out)
 	}
 }
+
+// TestPlanWeighsReductions: for each grid with replicas plan simulates its
+// plan under every reduction and names the fastest. With one replica a
+// host, hierarchical is the ring; the fastest is the smallest step.
+func TestPlanWeighsReductions(t *testing.T) {
+	out, _, err := runPlanned(t, planMLP, "--processes", "2", "--allreduce-bandwidth", "1GB/s", "--allreduce-latency", "1ms",
+		"--replicas-per-host", "1", "--servers", "2")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, w := range []string{
+		"\nreductions weighed on each plan (step ms; the same split, schedule and micro-batches): hierarchical with 1 consecutive replica a host (--replicas-per-host), within hosts the same: only one link figure is known (--within-host-bandwidth and --within-host-latency set them); ps sync with 2 parameter servers, which are processes of their own\n",
+		"\n  stages  replicas           ring  reduce-to-one   hierarchical        ps sync  fastest\n",
+		"\n  the plan keeps the config's reduction (ring); all_reduce.algorithm or parameter_servers choose another\n",
+	} {
+		if !strings.Contains(out, w) {
+			t.Errorf("missing %q in\n%s", w, out)
+		}
+	}
+	row := regexp.MustCompile(`(?m)^ +1 +2 +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+)  (ring|reduce-to-one|hierarchical|ps sync)`).FindStringSubmatch(out)
+	if row == nil {
+		t.Fatalf("no row for the 1 × 2 grid:\n%s", out)
+	}
+	names := []string{"ring", "reduce-to-one", "hierarchical", "ps sync"}
+	steps := make([]float64, 4)
+	for k := range steps {
+		steps[k], _ = strconv.ParseFloat(row[k+1], 64)
+	}
+	if steps[2] != steps[0] {
+		t.Errorf("hierarchical on hosts of one replica %v ms, the ring %v ms", steps[2], steps[0])
+	}
+	fastest := 0
+	for k, x := range steps {
+		if x < steps[fastest] {
+			fastest = k
+		}
+	}
+	if row[5] != names[fastest] {
+		t.Errorf("fastest named %s, the steps %v", row[5], steps)
+	}
+}

@@ -14,12 +14,14 @@ import (
 
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/internal/words"
+	"github.com/pipetrain/pipetrain/launcher"
 	"github.com/pipetrain/pipetrain/stages"
 )
 
 func psServerCmd() *cobra.Command {
 	var f runFlags
 	var index int
+	var resume bool
 	c := &cobra.Command{
 		Use:   "ps-server --config FILE --index I",
 		Short: "Run one parameter server of a config with parameter_servers (launch runs these for you)",
@@ -31,11 +33,12 @@ func psServerCmd() *cobra.Command {
 			if err != nil {
 				return refusedConfig{err}
 			}
-			return stages.ServePS(cmd.Context(), cfg, index, os.Stdout)
+			return stages.ServePS(cmd.Context(), cfg, index, f.runDir, resume, os.Stdout)
 		},
 	}
 	f.register(c, "runs/latest")
 	c.Flags().IntVar(&index, "index", 0, "which server: 0 to parameter_servers.count-1")
+	c.Flags().BoolVar(&resume, "resume", false, "start from this server's part of the newest complete checkpoint in the run directory")
 	return c
 }
 
@@ -43,44 +46,55 @@ func psServerCmd() *cobra.Command {
 type psServers struct {
 	cmds []*exec.Cmd
 	wg   sync.WaitGroup
+	mu   sync.Mutex // guards errs while the servers run
 	errs []error
 }
 
-// startPSServers starts the config's parameter servers, one process each,
-// with the stages' environment and extra arguments, their output prefixed
-// "[ps i] ". Without parameter_servers it starts nothing.
-func startPSServers(exe string, cfg *configs.Config, env, extra []string, out io.Writer) (*psServers, error) {
+// announcePS says, once per launch, what becomes of an async run whose
+// worker fails: restarted, it rejoins (recovery.max_restarts times per
+// worker), or the run goes on without it.
+func announcePS(cfg *configs.Config, out io.Writer) {
+	if !cfg.PSEnabled() || cfg.ParameterServers.Mode != "async" || cfg.Replicas() < 2 {
+		return
+	}
+	if rejoins(cfg) {
+		fmt.Fprintf(out, "pipetrain: async parameter servers: a worker (replica 1-%d) whose process dies is restarted and rejoins the run\n", cfg.Replicas()-1)
+		return
+	}
+	fmt.Fprintf(out, "pipetrain: async parameter servers: the run goes on without a worker (replica 1-%d) whose process dies\n", cfg.Replicas()-1)
+}
+
+// rejoins reports whether launch restarts an async worker whose process
+// dies, to rejoin the run: its restarted processes find each other at
+// their fixed addresses (a rendezvous hands its table out once), and the
+// servers take it back unless max_staleness is 0 (see ps.Machine.Rejoin).
+func rejoins(cfg *configs.Config) bool {
+	p := cfg.ParameterServers
+	return cfg.PSEnabled() && p.Mode == "async" && p.MaxStaleness > 0 && cfg.Replicas() > 1 && !cfg.UsesRendezvous() && cfg.Recovery.MaxRestarts > 0
+}
+
+// startPSServers starts the config's parameter servers for one attempt of
+// the job, one process each, with the stages' binary, environment, extra
+// arguments and run directory, resuming when the stages do, their output
+// prefixed "[ps i] ". Without parameter_servers it starts nothing.
+func startPSServers(cfg *configs.Config, o launcher.Options) (*psServers, error) {
 	s := &psServers{}
 	if !cfg.PSEnabled() {
 		return s, nil
 	}
-	rejoins := cfg.ParameterServers.Mode == "async" && cfg.Replicas() > 1 && !cfg.UsesRendezvous() && cfg.Recovery.MaxRestarts > 0
-	if cfg.Recovery.MaxRestarts > 0 {
-		// Nothing checkpoints the servers' weights yet, so the run cannot
-		// restart from one; an async worker rejoins from the servers'.
-		how := "is not used"
-		if rejoins {
-			how = "bounds only the restarts of each async worker"
-		}
-		fmt.Fprintf(out, "pipetrain: parameter servers keep no checkpoints yet, so a failure ends the run (recovery.max_restarts %s)\n", how)
-		cfg.Recovery.MaxRestarts = 0
-	}
-	switch {
-	case rejoins:
-		fmt.Fprintf(out, "pipetrain: async parameter servers: a worker (replica 1-%d) whose process dies is restarted and rejoins the run\n", cfg.Replicas()-1)
-	case cfg.ParameterServers.Mode == "async" && cfg.Replicas() > 1:
-		fmt.Fprintf(out, "pipetrain: async parameter servers: the run goes on without a worker (replica 1-%d) whose process dies\n", cfg.Replicas()-1)
-	}
 	var mu sync.Mutex
 	s.errs = make([]error, cfg.ParameterServers.Count)
 	for i := range cfg.ParameterServers.Count {
-		args := append([]string{"ps-server", "--config", cfg.Path, "--index", strconv.Itoa(i)}, extra...)
-		cmd := exec.Command(exe, args...)
-		cmd.Env = append(os.Environ(), env...)
+		args := append([]string{"ps-server", "--config", cfg.Path, "--index", strconv.Itoa(i), "--run-dir", o.RunDir}, o.ExtraArgs...)
+		if o.Resume {
+			args = append(args, "--resume")
+		}
+		cmd := exec.Command(o.Binary, args...)
+		cmd.Env = append(os.Environ(), o.Env...)
 		pr, pw := io.Pipe()
 		cmd.Stdout, cmd.Stderr = pw, pw
 		if err := cmd.Start(); err != nil {
-			s.stop()
+			s.kill(io.Discard)
 			return nil, fmt.Errorf("starting %s: %w", configs.PSName(i), err)
 		}
 		s.cmds = append(s.cmds, cmd)
@@ -88,16 +102,39 @@ func startPSServers(exe string, cfg *configs.Config, env, extra []string, out io
 			sc := bufio.NewScanner(pr)
 			for sc.Scan() {
 				mu.Lock()
-				fmt.Fprintf(out, "[ps %d] %s\n", i, sc.Text())
+				fmt.Fprintf(o.Out, "[ps %d] %s\n", i, sc.Text())
 				mu.Unlock()
 			}
 		})
 		s.wg.Go(func() {
-			s.errs[i] = cmd.Wait()
+			err := cmd.Wait()
+			s.mu.Lock()
+			s.errs[i] = err
+			s.mu.Unlock()
 			pw.Close()
 		})
 	}
 	return s, nil
+}
+
+// kill ends the servers of a failed attempt at once: their workers are
+// gone, so they would never finish. It says which servers had failed
+// before, the likely cause of the stages' failure, which name only the
+// server's address.
+func (s *psServers) kill(out io.Writer) {
+	s.mu.Lock()
+	for i, err := range s.errs {
+		if err != nil {
+			fmt.Fprintf(out, "pipetrain: %s had failed (%v) before the stages did\n", configs.PSName(i), err)
+		}
+	}
+	s.mu.Unlock()
+	for _, c := range s.cmds {
+		if c.Process != nil {
+			c.Process.Kill()
+		}
+	}
+	s.wg.Wait()
 }
 
 // stop waits a moment for the servers to finish on their own (they do

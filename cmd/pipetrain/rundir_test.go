@@ -161,7 +161,7 @@ func TestResumeNamesTheCheckpointsItSkips(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	m, err := checkpoint.Commit(context.Background(), root, 8, 2, cfg.TrainingDigest(), checkpoint.Keep(3), time.Millisecond)
+	m, err := checkpoint.Commit(context.Background(), root, 8, 2, 0, cfg.TrainingDigest(), checkpoint.Keep(3), time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -80,7 +81,21 @@ out, they are those the transfer estimate takes for gRPC on loopback
 (2 GB/s, 100 us), marked *. The header then gives each
 stage's gradient bytes and all-reduce time, and each schedule the step time and
 samples per second of the stages x replicas grid, with each stage's all-reduce
-and how much of it the computation does not hide (exposed).`
+and how much of it the computation does not hide (exposed).
+
+The config's all_reduce.algorithm is charged as the collective runs it
+(docs/data-parallel.md): reduce-to-one as whole buckets along 2(R-1) hops;
+hierarchical step by step on the hosts' layout (each stage's addresses, or
+--replicas-per-host N consecutive replicas a host), the links across hosts at
+the --allreduce figures and those within a host at --within-host-bandwidth
+and --within-host-latency (when only the first are known, they are used for
+both, and said so). all_reduce.overlap layer starts each bucket during the
+chunk's last weight pass, once the layers it lies in are done (a layer's share
+of the pass taken as its share of the chunk's gradient bytes). With
+parameter_servers, each stage's push of its gradients and pull of its weights
+is charged when its step ends, each server's link carrying every worker's
+share of the bytes it holds, at the --allreduce figures
+(docs/parameter-servers.md).`
 
 // simulateOptions are simulate's flags.
 type simulateOptions struct {
@@ -97,7 +112,9 @@ type simulateOptions struct {
 
 	replicas  int // --replicas; 0 when not given
 	ring      ringFlags
-	recompute string // --recompute: every stage's mode; "" keeps the config's
+	within    ringFlags // --within-host-bandwidth and --within-host-latency
+	perHost   int       // --replicas-per-host; 0: the config's addresses
+	recompute string    // --recompute: every stage's mode; "" keeps the config's
 }
 
 func simulateCmd() *cobra.Command {
@@ -119,8 +136,12 @@ func simulateCmd() *cobra.Command {
 			o.schedulesSet = cmd.Flags().Changed("schedule")
 			o.transferSet = cmd.Flags().Changed("transfer")
 			o.ring.latencySet = cmd.Flags().Changed("allreduce-latency")
+			o.within.latencySet = cmd.Flags().Changed("within-host-latency")
 			if cmd.Flags().Changed("replicas") && o.replicas < 1 {
 				return fmt.Errorf("--replicas %d: need at least 1", o.replicas)
+			}
+			if cmd.Flags().Changed("replicas-per-host") && o.perHost < 1 {
+				return fmt.Errorf("--replicas-per-host %d: need at least 1", o.perHost)
 			}
 			return runSimulate(cmd.OutOrStdout(), o)
 		},
@@ -137,6 +158,7 @@ func simulateCmd() *cobra.Command {
 	c.Flags().StringVar(&o.recompute, "recompute", "", "simulate every stage with this activation recomputation ("+strings.Join(configs.RecomputeModes, ", ")+"; default: each stage's stages[i].recompute)")
 	c.Flags().StringVar(&o.ring.bandwidth, "allreduce-bandwidth", "", ringBandwidthUsage+"; an assumed figure is marked *")
 	c.Flags().DurationVar(&o.ring.latency, "allreduce-latency", defaultAllReduceLatency, "cost of each message of the all-reduce ring (default as the transfer estimate takes it, marked *)")
+	addHostFlags(c, &o.within, &o.perHost)
 	c.MarkFlagRequired("config")
 	return c
 }
@@ -440,7 +462,7 @@ func simulateOne(w io.Writer, s *schedule.Schedule, costs schedule.Costs, stash 
 			fmt.Fprintf(w, ", activations %.2f MiB", float64(peak[st])/(1<<20))
 		}
 		if tl.Exposed != nil {
-			fmt.Fprintf(w, "  all-reduce %.2f ms, %.2f exposed", tl.AllReduce(st), tl.Exposed[st])
+			fmt.Fprintf(w, "  %s %.2f ms, %.2f exposed", repl.verb(), tl.AllReduce(st), tl.Exposed[st])
 		}
 		fmt.Fprintln(w)
 		row := timeline.Row{Name: fmt.Sprintf("stage %d", st), Note: fmt.Sprintf("bubble %.1f%%", 100*tl.Bubble[st])}
@@ -535,16 +557,19 @@ type replication struct {
 	predict.Replication
 	configured    int // the config's replicas
 	stages, batch int
-	show          bool // the config has replicas or --replicas was given
+	show          bool // the config has replicas or servers, or --replicas was given
 	figures       ringFigures
-	algorithm     string // all_reduce.algorithm
+	within        ringFigures // the links within a host (hierarchical)
+	perHost       int         // --replicas-per-host; 0: the config's addresses
+	algorithm     string      // all_reduce.algorithm
+	servers       configs.ParameterServers
 }
 
 // newReplication sets up the all-reduces of cfg (after --replicas; the
 // config itself has configured replicas).
 func newReplication(cfg *configs.Config, model *models.Model, o simulateOptions, configured int) (*replication, error) {
 	r := &replication{configured: configured, stages: len(cfg.Stages), batch: cfg.Data.BatchSize,
-		show: cfg.Replicas() > 1 || o.replicas > 0, algorithm: cfg.ReduceAlgorithm()}
+		show: cfg.Replicas() > 1 || o.replicas > 0 || cfg.PSEnabled(), algorithm: cfg.ReduceAlgorithm(), servers: cfg.ParameterServers}
 	flags := o.ring
 	if cfg.Replicas() == 1 && flags.bandwidth == "measure" {
 		flags.bandwidth = "" // nothing to all-reduce, so nothing to measure
@@ -553,7 +578,11 @@ func newReplication(cfg *configs.Config, model *models.Model, o simulateOptions,
 	if r.figures, err = flags.resolve(cfg.Replicas(), predict.BucketBytes(cfg, model), cfg.RingStreams()); err != nil {
 		return nil, err
 	}
-	m, err := predict.NewReplication(cfg, model, schedule.Link{BytesPerSecond: r.figures.bytesPerSecond, Latency: r.figures.latency})
+	if r.within, err = resolveWithin(o.within, r.figures, r.algorithm == "hierarchical" && cfg.Replicas() > 1, predict.BucketBytes(cfg, model), cfg.RingStreams()); err != nil {
+		return nil, err
+	}
+	r.perHost = o.perHost
+	m, err := predict.NewReplication(cfg, model, predict.Links{Across: r.figures.link(), Within: r.within.link(), ReplicasPerHost: o.perHost})
 	if err != nil {
 		return nil, err
 	}
@@ -588,25 +617,13 @@ func (r *replication) print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "  %s of each stage (%s): %s, %d samples per replica a step",
 		words.Count(r.Replicas, "replica"), from, words.Count(r.stages*r.Replicas, "process"), r.batch/r.Replicas)
-	if r.Replicas == 1 {
+	if r.Servers == nil && r.Replicas == 1 {
 		fmt.Fprintln(w, ", nothing to all-reduce")
 		return
 	}
-	algorithm := r.algorithm
-	if algorithm == "hierarchical" {
-		// Its cost by hosts is not modelled yet.
-		algorithm = "hierarchical (charged as the ring)"
-	}
-	fmt.Fprintf(w, "; %s all-reduce at %s/s%s plus %.3f ms%s a message, buckets of %s\n",
-		algorithm, decimal(r.Ring.Bandwidth*1000), mark(r.figures.bwKnown), r.Ring.Latency, mark(r.figures.latKnown), human(r.Ring.BucketBytes))
+	fmt.Fprintf(w, "; %s\n", r.describe(mark))
 	for s, g := range r.Grads {
-		var bytes int64
-		var t float64
-		for _, b := range g {
-			bytes += b
-			t += r.Ring.Time(b)
-		}
-		fmt.Fprintf(w, "  stage %d  gradients %s  all-reduce %.3f ms%s\n", s, human(bytes), t, mark(r.figures.bwKnown && r.figures.latKnown))
+		fmt.Fprintf(w, "  stage %d  gradients %s  %s %.3f ms%s%s\n", s, human(sum(g)), r.verb(), r.StageTime(s), mark(r.figures.bwKnown && r.figures.latKnown), r.stageNote(s))
 	}
 	if r.figures.measured != "" {
 		fmt.Fprintf(w, "  all-reduce figures %s\n", r.figures.measured)
@@ -614,6 +631,100 @@ func (r *replication) print(w io.Writer) {
 	if why := ringAssumed(r.figures.bwKnown, r.figures.latKnown); why != "" {
 		fmt.Fprintf(w, "  * all-reduce: %s\n", why)
 	}
+	if r.Hosts != nil && r.within.measured != "" {
+		fmt.Fprintf(w, "  within-host figures %s\n", r.within.measured)
+	}
+}
+
+// describe says what the reductions are charged as, at which figures.
+func (r *replication) describe(mark func(bool) string) string {
+	at := fmt.Sprintf("%s/s%s plus %.3f ms%s a message", decimal(r.Ring.Bandwidth*1000), mark(r.figures.bwKnown), r.Ring.Latency, mark(r.figures.latKnown))
+	switch {
+	case r.Servers != nil:
+		mode := cmp.Or(r.servers.Mode, "sync")
+		return fmt.Sprintf("%s (%s): each worker stage pushes its gradients to the servers holding them and pulls its weights back when its step ends, at %s; "+
+			"each server's link carries every worker's share%s", words.Count(r.servers.Count, "parameter server"), mode, at, psModel(mode, r.servers.Aggregate))
+	case r.Hosts != nil:
+		within := withinFigures(r.within)
+		from := "hosts of the stage's addresses"
+		if r.perHost > 0 {
+			from = fmt.Sprintf("--replicas-per-host %d", r.perHost)
+		}
+		return fmt.Sprintf("hierarchical all-reduce, hosts of %s replicas (%s): across hosts at %s, %s; buckets of %s",
+			joinInts(r.Hosts[0]), from, at, within, human(r.Ring.BucketBytes))
+	}
+	d := fmt.Sprintf("%s all-reduce at %s, buckets of %s", r.algorithm, at, human(r.Ring.BucketBytes))
+	if r.PerLayer {
+		d += "; all_reduce.overlap layer: under a schedule that splits the backward, each bucket starts once the chunk's last weight pass has finished its layers"
+	}
+	return d
+}
+
+// withinFigures says what the links within a host are charged at, and
+// which figure was taken from the links across hosts, the only one known.
+func withinFigures(f ringFigures) string {
+	d := fmt.Sprintf("within hosts at %s/s plus %.3f ms a message", decimal(f.bytesPerSecond), ms(f.latency))
+	switch {
+	case !f.bwKnown && !f.latKnown:
+		return "within hosts the same: only one link figure is known (--within-host-bandwidth and --within-host-latency set them)"
+	case !f.bwKnown:
+		return d + " (the bandwidth across hosts: only that one is known; --within-host-bandwidth sets it)"
+	case !f.latKnown:
+		return d + " (the latency across hosts: only that one is known; --within-host-latency sets it)"
+	}
+	return d
+}
+
+// verb names a stage's reduction on its line.
+func (r *replication) verb() string {
+	if r.Servers != nil {
+		return "push and pull"
+	}
+	return "all-reduce"
+}
+
+// stageNote is what a stage's line adds: the bytes each server holds of
+// it, or its hosts where they differ from stage 0's.
+func (r *replication) stageNote(s int) string {
+	switch {
+	case r.Servers != nil:
+		var held []string
+		for k, b := range r.ServerBytes[s] {
+			held = append(held, fmt.Sprintf("%d: %s", k, human(b)))
+		}
+		return "  (servers hold " + strings.Join(held, ", ") + ")"
+	case r.Hosts != nil && !slices.Equal(r.Hosts[s], r.Hosts[0]):
+		return "  (hosts of " + joinInts(r.Hosts[s]) + " replicas)"
+	}
+	return ""
+}
+
+// psModel says how the simulator's identical workers charge the mode:
+// async and backup workers as sync.
+func psModel(mode string, aggregate int) string {
+	switch {
+	case mode == "async":
+		return "; async is charged as sync: identical workers push as much each step, and none is slower to wait for"
+	case aggregate > 0:
+		return "; backup workers are charged as every worker's push: identical workers arrive together"
+	}
+	return ""
+}
+
+func joinInts(xs []int) string {
+	var out []string
+	for _, x := range xs {
+		out = append(out, strconv.Itoa(x))
+	}
+	return strings.Join(out, ", ")
+}
+
+func sum(xs []int64) int64 {
+	var t int64
+	for _, x := range xs {
+		t += x
+	}
+	return t
 }
 
 // ringAssumed says which of the ring's figures were left to their defaults
@@ -645,7 +756,7 @@ func (r *replication) printStep(w io.Writer, tl *schedule.Timeline) {
 	}
 	fmt.Fprintf(w, "  %d stages × %s: step %.2f ms, %.0f samples/s (batch %d)", r.stages, words.Count(r.Replicas, "replica"), tl.Makespan, 1000*float64(r.batch)/tl.Makespan, r.batch)
 	if tl.Exposed != nil {
-		fmt.Fprintf(w, ", all-reduce exposed %.2f ms", slices.Max(tl.Exposed))
+		fmt.Fprintf(w, ", %s exposed %.2f ms", r.verb(), slices.Max(tl.Exposed))
 	}
 	fmt.Fprintln(w)
 }

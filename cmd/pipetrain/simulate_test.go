@@ -815,23 +815,121 @@ func TestSimulateReduceToOne(t *testing.T) {
 	}
 }
 
-// TestSimulateHierarchicalChargedAsRing: with all_reduce.algorithm
-// hierarchical the simulator says it charges the ring, and does: the hosts'
-// layout is not modelled yet.
-func TestSimulateHierarchicalChargedAsRing(t *testing.T) {
+// TestSimulateHierarchical: with all_reduce.algorithm hierarchical the
+// simulator charges the hosts' layout (--replicas-per-host, or the hosts
+// of the addresses) at the links within and across hosts, and says when it
+// knows only one link figure and uses it for both.
+func TestSimulateHierarchical(t *testing.T) {
 	t.Setenv("PIPETRAIN_ALL_REDUCE_ALGORITHM", "hierarchical")
-	out, err := runCommand(t, simulateCmd(), "--config", mlp2x2, "--costs", "f=1,b=2", "--transfer", "0", "--schedule", "1f1b",
-		"--replicas", "4", "--allreduce-bandwidth", "500MB/s", "--allreduce-latency", "20us")
+	args := []string{"--config", mlp2x2, "--costs", "f=1,b=2", "--transfer", "0", "--schedule", "1f1b",
+		"--replicas", "4", "--replicas-per-host", "2", "--allreduce-bandwidth", "500MB/s", "--allreduce-latency", "20us"}
+	out, err := runCommand(t, simulateCmd(), append(args, "--within-host-bandwidth", "5GB/s", "--within-host-latency", "5us")...)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	ring := ringTime(533248*4, 4, 5e8, 0.02, 1<<20)
+	hier := schedule.RingAllReduce{Replicas: 4, Bandwidth: 5e5, Latency: 0.02, BucketBytes: 1 << 20, Hosts: []int{2, 2},
+		Within: schedule.LinkFigures{Bandwidth: 5e6, Latency: 0.005}}
+	g0 := int64(533248 * 4)
 	for _, w := range []string{
-		"64 samples per replica a step; hierarchical (charged as the ring) all-reduce at 500 MB/s plus 0.020 ms a message, buckets of 1.00 MiB\n",
-		fmt.Sprintf("  stage 0  gradients 2.03 MiB  all-reduce %.3f ms\n", ring),
+		"64 samples per replica a step; hierarchical all-reduce, hosts of 2, 2 replicas (--replicas-per-host 2): across hosts at 500 MB/s plus 0.020 ms a message, within hosts at 5 GB/s plus 0.005 ms a message; buckets of 1.00 MiB\n",
+		fmt.Sprintf("  stage 0  gradients 2.03 MiB  all-reduce %.3f ms\n", hier.Time(g0)),
 	} {
 		if !strings.Contains(out, w) {
 			t.Errorf("missing %q in\n%s", w, out)
+		}
+	}
+	// Its host links carry the ring's bytes, and the hops within hosts come
+	// on top: it wins only where a message across hosts costs more.
+	if ring := ringTime(g0, 4, 5e8, 0.02, 1<<20); hier.Time(g0) <= ring {
+		t.Errorf("hierarchical at 20 us a message across hosts %.3f ms, below the ring's %.3f ms", hier.Time(g0), ring)
+	}
+	slow := hier
+	slow.Latency = 2
+	if ring := ringTime(g0, 4, 5e8, 2, 1<<20); slow.Time(g0) >= ring {
+		t.Errorf("hierarchical at 2 ms a message across hosts %.3f ms, not below the ring's %.3f ms", slow.Time(g0), ring)
+	}
+	out, err = runCommand(t, simulateCmd(), args...)
+	hier.Within = schedule.LinkFigures{Bandwidth: 5e5, Latency: 0.02}
+	for _, w := range []string{
+		"across hosts at 500 MB/s plus 0.020 ms a message, within hosts the same: only one link figure is known (--within-host-bandwidth and --within-host-latency set them)",
+		fmt.Sprintf("  stage 0  gradients 2.03 MiB  all-reduce %.3f ms\n", hier.Time(g0)),
+	} {
+		if err != nil || !strings.Contains(out, w) {
+			t.Errorf("one link figure: missing %q in\n%s (%v)", w, out, err)
+		}
+	}
+	// The config's two addresses lay out two replicas, not four.
+	_, err = runCommand(t, simulateCmd(), args[:len(args)-6]...)
+	if want := "stages[0].addresses: 2 addresses lay out 2 replicas on hosts, not 4: give the replicas per host (--replicas-per-host)"; err == nil || err.Error() != want {
+		t.Errorf("4 replicas on 2 addresses: %v, want %q", err, want)
+	}
+}
+
+// TestSimulateParameterServers: with parameter servers each stage is
+// charged its push and pull when its step ends, each server's link
+// carrying every worker's share of the bytes it holds.
+func TestSimulateParameterServers(t *testing.T) {
+	out, err := runCommand(t, simulateCmd(), "--config", "../../configs/fmnist-mlp-ps.yaml", "--costs", "f=1,b=2", "--transfer", "0", "--schedule", "1f1b",
+		"--allreduce-bandwidth", "500MB/s", "--allreduce-latency", "20us")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	// Server 0 holds fc0's weight (784x512 floats), the largest tensor;
+	// server 1 the rest, fc0's bias and fc1 (512x256 + 256) of stage 0.
+	// 3 workers push and pull each.
+	fc0, fc1 := int64(784*512)*4, int64(512+512*256+256)*4
+	ps := schedule.ParameterServers{Workers: 3, Link: schedule.LinkFigures{Bandwidth: 5e5, Latency: 0.02}}
+	for _, w := range []string{
+		"2 parameter servers (sync): each worker stage pushes its gradients to the servers holding them and pulls its weights back when its step ends, at 500 MB/s plus 0.020 ms a message",
+		fmt.Sprintf("  stage 0  gradients %s  push and pull %.3f ms  (servers hold 0: %s, 1: %s)\n", human(fc0+fc1), ps.Time([]int64{fc0, fc1}), human(fc0), human(fc1)),
+		// 1F1B's compute ends at (m+p-1)·3 = 9 on stage 0; its exchange after.
+		fmt.Sprintf("1f1b: makespan %.2f ms", 9+ps.Time([]int64{fc0, fc1})),
+		fmt.Sprintf("push and pull exposed %.2f ms\n", ps.Time([]int64{fc0, fc1})),
+	} {
+		if !strings.Contains(out, w) {
+			t.Errorf("missing %q in\n%s", w, out)
+		}
+	}
+	// Async is charged as sync, and says so.
+	t.Setenv("PIPETRAIN_PARAMETER_SERVERS_MODE", "async")
+	async, err := runCommand(t, simulateCmd(), "--config", "../../configs/fmnist-mlp-ps.yaml", "--costs", "f=1,b=2", "--transfer", "0", "--schedule", "1f1b",
+		"--allreduce-bandwidth", "500MB/s", "--allreduce-latency", "20us")
+	for _, w := range []string{
+		"2 parameter servers (async): ",
+		"; async is charged as sync: identical workers push as much each step, and none is slower to wait for\n",
+		fmt.Sprintf("1f1b: makespan %.2f ms", 9+ps.Time([]int64{fc0, fc1})),
+	} {
+		if err != nil || !strings.Contains(async, w) {
+			t.Errorf("async: missing %q in\n%s (%v)", w, async, err)
+		}
+	}
+}
+
+// TestSimulateLayerOverlap: under all_reduce.overlap layer and zb-h1 stage
+// 0's last bucket of 1 MiB buckets, bytes [2 MiB, 2,132,992), lies in fc1,
+// which the last weight pass finishes a quarter of the way through (fc1's
+// 525,312 bytes of the stage's 2,132,992): its ring runs while the pass
+// computes fc0's, so stage 0, which ends the step, exposes that bucket's
+// time less than per chunk.
+func TestSimulateLayerOverlap(t *testing.T) {
+	args := []string{"--config", mlp2x2, "--costs", "f=1,b=2,w=1", "--transfer", "0", "--schedule", "zb-h1",
+		"--allreduce-bandwidth", "1GB/s", "--allreduce-latency", "50us"}
+	g0 := int64(533248 * 4)
+	whole := ringTime(g0, 2, 1e9, 0.05, 1<<20)
+	last := ringTime(g0-2<<20, 2, 1e9, 0.05, 1<<20)
+	for _, tt := range []struct {
+		overlap, note string
+		exposed       float64
+	}{
+		{"chunk", "buckets of 1.00 MiB\n", whole},
+		{"layer", "buckets of 1.00 MiB; all_reduce.overlap layer: under a schedule that splits the backward, each bucket starts once the chunk's last weight pass has finished its layers\n", whole - last},
+	} {
+		t.Setenv("PIPETRAIN_ALL_REDUCE_OVERLAP", tt.overlap)
+		out, err := runCommand(t, simulateCmd(), args...)
+		for _, w := range []string{tt.note, fmt.Sprintf("all-reduce %.2f ms, %.2f exposed\n", whole, tt.exposed)} {
+			if err != nil || !strings.Contains(out, w) {
+				t.Errorf("overlap %s: missing %q in\n%s (%v)", tt.overlap, w, out, err)
+			}
 		}
 	}
 }
