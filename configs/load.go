@@ -28,7 +28,10 @@ const envPrefix = "PIPETRAIN_"
 // PIPETRAIN_BLAS_PROBE and PIPETRAIN_BLAS_CHOSEN pass internal/blas's
 // kernel choice to the child processes and the restarted process it makes.
 // PIPETRAIN_CUBLAS names the cuBLAS library cuda:N stages load (docs/gpu.md).
-var nonConfigEnv = map[string]bool{"PIPETRAIN_BLAS": true, "PIPETRAIN_REQUIRE_ALL": true, "PIPETRAIN_BLAS_PROBE": true, "PIPETRAIN_BLAS_CHOSEN": true, "PIPETRAIN_CUBLAS": true}
+// PIPETRAIN_BENCH_SLOW_REPLICA slows a worker down for the benchmarks
+// (stages.SlowReplicaEnv).
+var nonConfigEnv = map[string]bool{"PIPETRAIN_BLAS": true, "PIPETRAIN_REQUIRE_ALL": true, "PIPETRAIN_BLAS_PROBE": true, "PIPETRAIN_BLAS_CHOSEN": true, "PIPETRAIN_CUBLAS": true,
+	"PIPETRAIN_BENCH_SLOW_REPLICA": true}
 
 // secretKeys are keys whose values never appear in messages.
 var secretKeys = map[string]bool{"transport.token": true}

@@ -32,6 +32,10 @@ type ParameterServers struct {
 	// Addresses lists where each server listens, server 0 first. Where,
 	// not what: left out of the digest.
 	Addresses []string `mapstructure:"addresses" json:"-"`
+	// MetricsAddresses optionally lists where each server serves its
+	// Prometheus metrics (host:port, server 0 first), as a stage's
+	// metrics_address does. Where, not what: left out of the digest.
+	MetricsAddresses []string `mapstructure:"metrics_addresses" json:"-"`
 }
 
 // psModes are the values of parameter_servers.mode; "" means sync.
@@ -63,11 +67,12 @@ func (c *Config) validatePS(p *Problems, tied bool) {
 		p.add("parameter_servers.max_staleness", "is for async mode; mode is %s", cmp.Or(ps.Mode, "sync"))
 	}
 	if ps.Count <= 0 {
-		if ps.Aggregate > 0 || ps.MaxStaleness > 0 || len(ps.Addresses) > 0 {
-			p.add("parameter_servers.count", "missing: aggregate, max_staleness and addresses need count, the number of servers")
+		if ps.Aggregate > 0 || ps.MaxStaleness > 0 || len(ps.Addresses) > 0 || len(ps.MetricsAddresses) > 0 {
+			p.add("parameter_servers.count", "missing: aggregate, max_staleness, addresses and metrics_addresses need count, the number of servers")
 		}
 		return
 	}
+	c.validatePSMetrics(p)
 	switch n := len(ps.Addresses); {
 	case n == 0:
 		p.add("parameter_servers.addresses", "missing: list one host:port per server, server 0 first (the rendezvous does not place servers yet)")
@@ -91,6 +96,53 @@ func (c *Config) validatePS(p *Problems, tied bool) {
 		// The servers hold the whole optimizer state; workers hold none to shard.
 		p.add("all_reduce.shard_optimizer", "has no effect with parameter_servers, whose servers hold the optimizer state; remove one or the other")
 	}
+}
+
+// validatePSMetrics checks parameter_servers.metrics_addresses: one
+// host:port per server, none taken by a stage, a server or another
+// server's metrics, and beyond loopback only with authentication, as a
+// stage's metrics_address.
+func (c *Config) validatePSMetrics(p *Problems) {
+	ps := c.ParameterServers
+	if n := len(ps.MetricsAddresses); n > 0 && n != ps.Count {
+		p.add("parameter_servers.metrics_addresses", "lists %d addresses; count is %d, so give one per server (or none)", n, ps.Count)
+	}
+	taken := map[string]string{}
+	for i := range c.Stages {
+		for r := range c.stageReplicas(i) {
+			taken[c.Address(i, r)] = c.addressField(i, r)
+		}
+		if a := c.Stages[i].MetricsAddress; a != "" {
+			taken[a] = fmt.Sprintf("stages[%d].metrics_address", i)
+		}
+	}
+	for i, a := range ps.Addresses {
+		taken[a] = fmt.Sprintf("parameter_servers.addresses[%d]", i)
+	}
+	for i, a := range ps.MetricsAddresses {
+		field := fmt.Sprintf("parameter_servers.metrics_addresses[%d]", i)
+		if err := checkAddress(a); err != nil {
+			p.add(field, "%v", err)
+		} else if strings.HasPrefix(a, "unix:") {
+			p.add(field, "%s: metrics are served over HTTP; give host:port", a)
+		} else if _, auto := AutoPort(a); auto {
+			p.add(field, "%s: the rendezvous does not place servers yet; give host:port", a)
+		} else if o, dup := taken[a]; dup {
+			p.add(field, "%s is also used by %s", a, o)
+		} else if !c.Authenticated() && beyondLoopback(a) { // the rule ServeMetrics enforces too
+			p.add(field, "%s listens beyond loopback; set transport.token (or token_file) or transport.tls, which the metrics server then requires, so strangers cannot read it", a)
+		} else {
+			taken[a] = field
+		}
+	}
+}
+
+// PSMetricsAddress is where server i serves its metrics ("" for nowhere).
+func (c *Config) PSMetricsAddress(i int) string {
+	if i < len(c.ParameterServers.MetricsAddresses) {
+		return c.ParameterServers.MetricsAddresses[i]
+	}
+	return ""
 }
 
 // validatePSCheckpoints refuses checkpoints the servers cannot take part in
@@ -140,4 +192,5 @@ func init() {
 	keyDocs["parameter_servers.max_staleness"] = "Async mode: a worker about to compute step s waits until every other worker has pushed its steps before s - max_staleness (stale-synchronous parallel); 0: each step's pushes are summed into one update, sync's."
 	keyDocs["parameter_servers.aggregate"] = "Backup workers: each sync step sums the first this many of the data_parallel workers' pushes, in worker order, and drops the later ones (0: every worker's)."
 	keyDocs["parameter_servers.addresses"] = "Where each server listens, server 0 first (host:port)."
+	keyDocs["parameter_servers.metrics_addresses"] = "Where each server serves its Prometheus metrics at /metrics (host:port, server 0 first), guarded as a stage's metrics_address; leave out for none."
 }

@@ -33,6 +33,7 @@ func TestParameterServersValidate(t *testing.T) {
 		`{count: 2, addresses: ["127.0.0.1:7100", "127.0.0.1:7101"]}`,
 		`{count: 1, mode: sync, aggregate: 2, addresses: ["127.0.0.1:7100"]}`,
 		`{count: 1, mode: async, max_staleness: 3, addresses: ["127.0.0.1:7100"]}`,
+		`{count: 2, addresses: ["127.0.0.1:7100", "127.0.0.1:7101"], metrics_addresses: ["127.0.0.1:9150", "127.0.0.1:9151"]}`,
 	}
 	for _, s := range ok {
 		c, err := Load(psYAML(t, s, ""))
@@ -55,7 +56,13 @@ func TestParameterServersValidate(t *testing.T) {
 	wantProblems(t, psYAML(t, `{count: 2}`, ""),
 		"parameter_servers.addresses: missing: list one host:port per server, server 0 first (the rendezvous does not place servers yet)")
 	wantProblems(t, psYAML(t, `{count: 0, aggregate: 2}`, ""),
-		"parameter_servers.count: missing: aggregate, max_staleness and addresses need count, the number of servers")
+		"parameter_servers.count: missing: aggregate, max_staleness, addresses and metrics_addresses need count, the number of servers")
+	wantProblems(t, psYAML(t, `{count: 2, addresses: ["127.0.0.1:7100", "127.0.0.1:7101"], metrics_addresses: ["127.0.0.1:7101"]}`, ""),
+		"parameter_servers.metrics_addresses: lists 1 addresses; count is 2, so give one per server (or none)",
+		"parameter_servers.metrics_addresses[0]: 127.0.0.1:7101 is also used by parameter_servers.addresses[1]")
+	wantProblems(t, psYAML(t, `{count: 2, addresses: ["127.0.0.1:7100", "127.0.0.1:7101"], metrics_addresses: ["127.0.0.1:7011", "0.0.0.0:9151"]}`, ""),
+		"parameter_servers.metrics_addresses[0]: 127.0.0.1:7011 is also used by stages[1].addresses[1]",
+		"parameter_servers.metrics_addresses[1]: 0.0.0.0:9151 listens beyond loopback; set transport.token (or token_file) or transport.tls, which the metrics server then requires, so strangers cannot read it")
 	wantProblems(t, psYAML(t, `{count: 1, addresses: ["127.0.0.1:7100"]}`, "train: {clip_grad_norm: 1.0}"),
 		"train.clip_grad_norm: is not supported with parameter_servers yet: the norm is of the servers' summed gradient, which no worker holds")
 	wantProblems(t, psYAML(t, `{count: 1, addresses: ["127.0.0.1:7100"]}`, "all_reduce: {shard_optimizer: true}"),

@@ -38,10 +38,36 @@ func TestParameterServersEqualReference(t *testing.T) {
 			}
 			sameRun(t, ref, dir, 20)
 			sameEval(t, ref, dir)
+			profileShowsServers(t, dir)
 			if t.Failed() {
 				os.WriteFile(dir+"/launch.out", []byte(res.out), 0o644)
 			}
 		})
+	}
+}
+
+// profileShowsServers checks that the launched servers wrote their event
+// logs in the run directory and that the profile shows their work: each
+// of the 3 stages' groups (stage 0 on both servers, stage 1 on one) made
+// its 20 updates from 60 pushes.
+func profileShowsServers(t *testing.T, dir string) {
+	t.Helper()
+	res := run(t, time.Minute, nil, "profile", dir)
+	if res.err != nil {
+		t.Fatalf("profile: %v\n%s", res.err, res.out)
+	}
+	_, table, ok := strings.Cut(res.out, "each server's work on each stage's tensors")
+	if !ok {
+		t.Fatalf("profile shows no servers' table:\n%s", res.out)
+	}
+	rows := 0
+	for _, line := range strings.Split(table, "\n") {
+		if f := strings.Fields(line); len(f) > 4 && f[2] == "20" && f[3] == "60" {
+			rows++
+		}
+	}
+	if rows != 3 {
+		t.Errorf("profile: %d of the servers' stages show 20 updates of 60 pushes, want 3:\n%s", rows, res.out)
 	}
 }
 

@@ -149,9 +149,10 @@ func (r *Report) StragglerReplicas() []ReplicaStage {
 
 // hasAllReduce reports whether the run had replicas that all-reduced: the
 // report's all-reduce figures are printed then only, so that a run without
-// replicas reads as it always has.
+// replicas (or whose replicas are parameter servers' workers) reads as it
+// always has.
 func (r *Report) hasAllReduce() bool {
-	if r.Info.Replicas > 1 {
+	if r.Info.Replicas > 1 && r.Info.ParameterServers == 0 {
 		return true
 	}
 	for _, s := range r.Stages {

@@ -192,6 +192,14 @@ type Report struct {
 	Replica     int
 	Replicas    [][]ReplicaStage
 	ReplicasErr error
+
+	// Workers and Servers are, in a run with parameter servers, each
+	// worker stage's pushes and pulls over the analysed steps and each
+	// server's work on each stage (AddParameterServers); nil when not
+	// added. ServersErr, when set, says why the caller could not add them.
+	Workers    []WorkerStage
+	Servers    []ServerStage
+	ServersErr error
 }
 
 // Stragglers returns the analysed steps marked Straggler, in step order.
@@ -764,6 +772,9 @@ func (r *Report) Write(w io.Writer, opts ...Options) error {
 		return err
 	}
 	if err := r.writeReplicas(w); err != nil {
+		return err
+	}
+	if err := r.writeParameterServers(w); err != nil {
 		return err
 	}
 	if opt.Steps {

@@ -23,6 +23,9 @@ type Client struct {
 	cancel        context.CancelFunc
 	closeOnce     sync.Once
 	half          transport.DType // the pushes' and pulls' wire dtype; 0: as they are
+	// pulled is the server's version when the worker last pulled (or said
+	// hello), and stale the last push's staleness (Staleness).
+	pulled, stale int64
 }
 
 // Compress sends the pushes' float32 gradients and has the pulls' float32
@@ -83,7 +86,7 @@ func dial(ctx context.Context, addr string, o transport.Options, hello header) (
 				return fmt.Errorf("parameter server at %s: %w", addr, ErrOver)
 			}
 			if first {
-				c.version = h.step
+				c.version, c.pulled = h.step, h.step
 				first = false
 				started <- nil
 			}
@@ -173,8 +176,21 @@ func (c *Client) ended() error {
 // server had made the step's update without them (backup workers).
 func (c *Client) Push(ctx context.Context, step int64, grads []engine.Weight, losses []float64) (dropped bool, err error) {
 	h, err := c.do(ctx, header{op: opPush, step: step, tensors: grads, losses: losses, half: c.half})
+	// The answer's version is the server's after the push: one past its
+	// own update when the push made one on arrival (async), where the
+	// updates since the pull are its staleness; a push that waits for the
+	// others' (sync) is never stale.
+	c.stale = 0
+	if err == nil && !h.dropped {
+		c.stale = max(0, h.step-1-c.pulled)
+	}
 	return h.dropped, err
 }
+
+// Staleness is how many updates the server made between the weights the
+// worker last pulled and the update its last push made: 0 in sync mode
+// and for a dropped push.
+func (c *Client) Staleness() int64 { return c.stale }
 
 // Pulled is a pull's answer.
 type Pulled struct {
@@ -191,6 +207,9 @@ func (c *Client) Pull(ctx context.Context, step int64) (Pulled, error) {
 	h, err := c.do(ctx, header{op: opPull, step: step, half: c.half})
 	if err == nil && h.op != opWeights {
 		err = fmt.Errorf("parameter server at %s answered a pull with %d", c.addr, h.op)
+	}
+	if err == nil {
+		c.pulled = h.step
 	}
 	return Pulled{h.tensors, h.step, h.losses}, err
 }

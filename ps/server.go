@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"time"
 
 	"gorgonia.org/tensor"
 
@@ -53,6 +54,26 @@ type Event struct {
 	Rejoined bool
 	Step     int64
 	Version  int64
+	// Start and End bound an update's sum and optimizer step: the
+	// server's work. Zero for a drop or a departure.
+	Start, End time.Time
+	// Bytes is what the update's pushes, or the dropped push, carried on
+	// the wire.
+	Bytes int64
+}
+
+// Pull is a pull the server answered (Server.ObservePull).
+type Pull struct {
+	Stage, Worker int
+	// Step is the step the worker is about to compute; -1 for the final
+	// weights.
+	Step int64
+	// Asked is when the request came, Ready when its weights were ready
+	// to send: Waited of it went by waiting for updates.
+	Asked, Ready time.Time
+	Waited       time.Duration
+	// Bytes is what the weights take on the wire.
+	Bytes int64
 }
 
 // Server holds its shard of the weights and optimizer state, one group
@@ -64,6 +85,9 @@ type Server struct {
 	// Observe, if set, hears each update and drop, under the server's
 	// lock, in the order they happen.
 	Observe func(Event)
+	// ObservePull, if set, hears each pull answered, under the server's
+	// lock.
+	ObservePull func(Pull)
 
 	mu      sync.Mutex
 	changed chan struct{} // closed and replaced after each update
@@ -80,6 +104,9 @@ type group struct {
 	params []*tensor.Dense
 	sums   []*tensor.Dense
 	grads  [][]*tensor.Dense // each worker's push of the step in progress, nil when none
+	// pushed is what each worker's push of the step in progress carried
+	// on the wire.
+	pushed []int64
 	opt    *optim.Optimizer
 	m      *Machine
 	// losses are each worker's micro-batch losses pushed with the step in
@@ -211,7 +238,7 @@ func (s *Server) newGroup(ts []engine.Weight, version int64) (*group, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := &group{m: m, grads: make([][]*tensor.Dense, s.set.Rule.Workers), losses: make([][]float64, s.set.Rule.Workers), staleness: map[int64]int64{}}
+	g := &group{m: m, grads: make([][]*tensor.Dense, s.set.Rule.Workers), pushed: make([]int64, s.set.Rule.Workers), losses: make([][]float64, s.set.Rule.Workers), staleness: map[int64]int64{}}
 	var shapes []tensor.Shape
 	for _, t := range ts {
 		g.names = append(g.names, t.Name)
@@ -268,14 +295,14 @@ func (s *Server) push(h header) (header, error) {
 		return header{}, err
 	}
 	if dropped {
-		s.observe(Event{Stage: h.stage, Dropped: h.worker, Step: h.step})
+		s.observe(Event{Stage: h.stage, Dropped: h.worker, Step: h.step, Bytes: h.payload()})
 		return header{op: opOK, step: g.m.Version(), dropped: true}, nil
 	}
 	grads := make([]*tensor.Dense, len(h.tensors))
 	for i, t := range h.tensors {
 		grads[i] = t.Value
 	}
-	g.grads[h.worker], g.losses[h.worker] = grads, h.losses
+	g.grads[h.worker], g.losses[h.worker], g.pushed[h.worker] = grads, h.losses, h.payload()
 	if err := s.update(h.stage, g, up); err != nil {
 		return header{}, err
 	}
@@ -287,15 +314,21 @@ func (s *Server) update(stage int, g *group, up *Update) error {
 	if up == nil {
 		return nil
 	}
+	start := time.Now()
+	var bytes int64
+	for _, w := range up.Workers {
+		bytes += g.pushed[w]
+	}
 	if err := s.apply(g, up); err != nil {
 		s.err = fmt.Errorf("update of step %d: %w", up.Step+1, err)
 		return s.err
 	}
+	end := time.Now()
 	if err := s.keep(stage, g); err != nil {
 		s.err = err
 		return s.err
 	}
-	s.observe(Event{Stage: stage, Update: up, Step: up.Step})
+	s.observe(Event{Stage: stage, Update: up, Step: up.Step, Start: start, End: end, Bytes: bytes})
 	s.wake()
 	return nil
 }
@@ -355,7 +388,7 @@ func (s *Server) apply(g *group, up *Update) error {
 		g.lastLosses = append(g.lastLosses, g.losses[w]...)
 	}
 	for w := range g.grads {
-		g.grads[w], g.losses[w] = nil, nil
+		g.grads[w], g.losses[w], g.pushed[w] = nil, nil, 0
 	}
 	if s.set.LR != nil {
 		g.opt.SetLR(s.set.LR(up.Step))
@@ -377,6 +410,8 @@ func accumulate[T float32 | float64](first bool, acc, v []T) {
 // pull waits until the worker may compute step h.step, then answers with
 // the group's weights.
 func (s *Server) pull(ctx context.Context, h header) (header, error) {
+	asked := time.Now()
+	var waited time.Duration
 	for {
 		s.mu.Lock()
 		if s.err != nil {
@@ -394,17 +429,32 @@ func (s *Server) pull(ctx context.Context, h header) (header, error) {
 			for i, p := range g.params {
 				out.tensors = append(out.tensors, engine.Weight{Name: g.names[i], Value: p.Clone().(*tensor.Dense)})
 			}
+			s.observePull(h, asked, waited, out.payload())
 			s.mu.Unlock()
 			return out, nil
 		}
 		changed := s.changed
 		s.mu.Unlock()
+		t := time.Now()
 		select {
 		case <-changed:
+			waited += time.Since(t)
 		case <-ctx.Done():
 			return header{}, context.Cause(ctx)
 		}
 	}
+}
+
+// observePull tells ObservePull of a pull answered.
+func (s *Server) observePull(h header, asked time.Time, waited time.Duration, bytes int64) {
+	if s.ObservePull == nil {
+		return
+	}
+	step := h.step
+	if h.final {
+		step = -1
+	}
+	s.ObservePull(Pull{Stage: h.stage, Worker: h.worker, Step: step, Asked: asked, Ready: time.Now(), Waited: waited, Bytes: bytes})
 }
 
 // Weights are the server's tensors of every stage, by name: for tests and

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -129,6 +130,77 @@ func TestCompressedPushesAndPulls(t *testing.T) {
 			t.Errorf("%v: pulled %v, want the server's weights rounded, %v", half, got, wantPulled)
 		}
 		c.Close(ctx)
+	}
+}
+
+// TestPushStalenessAndObservers: in async mode with max_staleness 1, a
+// worker whose push lands after another's update of the weights it pulled
+// is one update stale, on the client and in the update the server
+// observes; the observers hear each update's and pull's wire bytes,
+// compressed ones at 2 bytes an element.
+func TestPushStalenessAndObservers(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	srv := NewServer(Settings{Rule: Rule{Workers: 2, Async: true, MaxStaleness: 1}, Optimizer: optim.Spec{Name: "sgd", LR: 1}})
+	var mu sync.Mutex
+	var updates []Event
+	var pulls []Pull
+	srv.Observe = func(e Event) {
+		mu.Lock()
+		updates = append(updates, e)
+		mu.Unlock()
+	}
+	srv.ObservePull = func(p Pull) {
+		mu.Lock()
+		pulls = append(pulls, p)
+		mu.Unlock()
+	}
+	ss, err := srv.Serve("127.0.0.1:0", transport.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ss.Close()
+	var c [2]*Client
+	for w := range c {
+		if c[w], err = Dial(ctx, ss.Addr(), transport.Options{}, w, 0, 0, vec("w", 1, 2, 3)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c[1].Compress(transport.BFloat16)
+	push := func(w int, step int64, want int64) {
+		t.Helper()
+		if _, err := c[w].Push(ctx, step, vec("w", 1, 1, 1), nil); err != nil {
+			t.Fatal(err)
+		}
+		if got := c[w].Staleness(); got != want {
+			t.Errorf("worker %d's push of step %d: staleness %d, want %d", w, step+1, got, want)
+		}
+	}
+	push(0, 0, 0) // update 1, from the initial weights
+	push(1, 0, 1) // update 2, from the initial weights: update 1 came between
+	if _, err := c[0].Pull(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	push(0, 1, 0) // update 3, from update 2's weights
+	mu.Lock()
+	ups, pls := slices.Clone(updates), slices.Clone(pulls)
+	mu.Unlock()
+	if len(ups) != 3 || len(pls) != 1 {
+		t.Fatalf("observed %d updates and %d pulls, want 3 and 1", len(ups), len(pls))
+	}
+	for i, want := range []struct {
+		stale, bytes int64
+	}{{0, 12}, {1, 6}, {0, 12}} {
+		e := ups[i]
+		if e.Update == nil || e.Update.Staleness[0] != want.stale || e.Bytes != want.bytes || e.End.Before(e.Start) {
+			t.Errorf("update %d: %+v, want staleness %d and %d bytes", i+1, e, want.stale, want.bytes)
+		}
+	}
+	if p := pls[0]; p.Worker != 0 || p.Step != 1 || p.Bytes != 12 || p.Ready.Before(p.Asked) {
+		t.Errorf("pull: %+v", p)
+	}
+	for _, cl := range c {
+		cl.Close(ctx)
 	}
 }
 

@@ -178,6 +178,15 @@ func (h header) wireSize(t *tensor.Dense) int {
 	return 4
 }
 
+// payload is what h's tensors' data take on the wire.
+func (h header) payload() int64 {
+	var n int64
+	for _, t := range h.tensors {
+		n += int64(t.Value.Shape().TotalSize()) * int64(h.wireSize(t.Value))
+	}
+	return n
+}
+
 // wireBytes is t's data as it travels: its bytes, or its float32 values
 // rounded to h.half.
 func (h header) wireBytes(t *tensor.Dense) []byte {

@@ -74,6 +74,19 @@ type Event struct {
 	// with backup workers, how many servers dropped the step's gradients
 	// because they came after the step's update.
 	Dropped int `json:"dropped,omitempty"`
+	// On a worker stage's Optimizer event under parameter servers, Servers
+	// is how many servers it pushed to and pulled from (0 on every other
+	// event), BytesSent the gradients pushed, BytesPulled the weights
+	// pulled, PushNS the push's time (from StartNS until every server
+	// answered it), WaitNS the pull's (until every server sent the weights
+	// of the next step: the wait for the others' pushes and the update),
+	// and Staleness how many updates the servers made between the weights
+	// the worker computed the step with and its push's own update (the most
+	// of its servers'; 0 in sync mode).
+	Servers     int   `json:"servers,omitempty"`
+	BytesPulled int64 `json:"bytes_pulled,omitempty"`
+	PushNS      int64 `json:"push_ns,omitempty"`
+	Staleness   int64 `json:"staleness,omitempty"`
 	// Stashed is how many micro-batches' activations the stage held after
 	// the action: the schedule's memory cost.
 	Stashed int `json:"stashed"`
@@ -132,6 +145,9 @@ type RunInfo struct {
 	// recomputations (RF) its name does not say, the schedule in
 	// schedule.Load's "csv" format, so that the profiler can simulate it.
 	ScheduleCSV string `json:"schedule_csv,omitempty"`
+	// ParameterServers is the run's parameter_servers.count: each server
+	// wrote its log in PSEventsFile. 0 without servers.
+	ParameterServers int `json:"parameter_servers,omitempty"`
 	// Clocks are the clocks the stages recorded beside their event logs
 	// (ReadClocks), not part of run.json: ReadRun fills them in, and Analyse
 	// aligns the stages' clocks with them. nil when no stage recorded one.
@@ -159,6 +175,11 @@ func ReplicaEventsFile(dir string, stage, replica int) string {
 		return EventsFile(dir, stage)
 	}
 	return filepath.Join(dir, "events", fmt.Sprintf("stage-%d.replica-%d.jsonl", stage, replica))
+}
+
+// PSEventsFile is the event log of parameter server i: events/ps-<i>.jsonl.
+func PSEventsFile(dir string, i int) string {
+	return filepath.Join(dir, "events", fmt.Sprintf("ps-%d.jsonl", i))
 }
 
 // ReplicaClockFile is ClockFile for stage's replica, beside its event log.
@@ -234,6 +255,8 @@ func (e *Event) Check(stage int) error {
 		return fmt.Errorf("negative step %d", e.Step)
 	case e.SendNS < 0:
 		return fmt.Errorf("negative send_ns %d", e.SendNS)
+	case e.Servers > 0 && e.Kind != Optimizer:
+		return fmt.Errorf("servers %d on a %s event: only the optimizer step talks to parameter servers", e.Servers, e.Kind)
 	}
 	return nil
 }

@@ -40,6 +40,11 @@ type Metrics struct {
 	sent, recv          map[string]int64 // by link: "prev", "next", "replicas"
 	stashed             int
 	links               map[string]transport.Link // "prev", "next"
+	// A worker's steps under parameter servers: their pushes' and pulls'
+	// times, summed, and the last push's staleness.
+	serverSteps    int64
+	pushed, pulled time.Duration
+	lastStaleness  int64
 }
 
 // linkOrder is the order links are listed in: the pipeline's, then the
@@ -91,6 +96,25 @@ func (m *Metrics) receivedOn(link string, n int64) {
 	m.mu.Lock()
 	m.recv[link] += n
 	m.mu.Unlock()
+}
+
+// serversStep records a worker stage's push and pull of a step, and its
+// push's staleness.
+func (m *Metrics) serversStep(push, pull time.Duration, staleness int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.serverSteps++
+	m.pushed += push
+	m.pulled += pull
+	m.lastStaleness = staleness
+}
+
+// stepCompute is the time the step in progress has spent computing
+// forward and backward passes so far.
+func (m *Metrics) stepCompute() time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.stepBusy
 }
 
 // step ends a training step that took d and trained samples examples: its
@@ -167,6 +191,14 @@ func (m *Metrics) WriteTo(w io.Writer) (int64, error) {
 	}
 	family("pipetrain_stashed_microbatches", "gauge", "Micro-batches whose activations the stage holds.")
 	p("pipetrain_stashed_microbatches{stage=\"%d\"} %d\n", s, m.stashed)
+	if m.serverSteps > 0 {
+		family("pipetrain_ps_push_seconds_total", "counter", "Time this worker stage spent pushing its gradients to the parameter servers, until every server answered.")
+		p("pipetrain_ps_push_seconds_total{stage=\"%d\"} %g\n", s, m.pushed.Seconds())
+		family("pipetrain_ps_pull_seconds_total", "counter", "Time this worker stage spent pulling the weights of its next step: the wait for the other workers' pushes and the update, and the transfer.")
+		p("pipetrain_ps_pull_seconds_total{stage=\"%d\"} %g\n", s, m.pulled.Seconds())
+		family("pipetrain_ps_staleness", "gauge", "Updates the servers made between the weights this worker stage computed its last step with and its push's own update (0 in sync mode).")
+		p("pipetrain_ps_staleness{stage=\"%d\"} %d\n", s, m.lastStaleness)
+	}
 	family("pipetrain_queue_depth", "gauge", "Tensors waiting in a link's queue.")
 	for _, name := range []string{"prev", "next"} {
 		if q, ok := m.links[name].(transport.QueueReporter); ok {
@@ -210,15 +242,16 @@ func (a MetricsAuth) authenticated() bool { return a.Token != "" || a.TLS != nil
 
 // ServeMetrics serves m on addr at /metrics, without authentication, so on a
 // loopback address only; see ServeMetricsAuth.
-func ServeMetrics(addr string, m *Metrics) (stop func(), bound string, err error) {
+func ServeMetrics(addr string, m http.Handler) (stop func(), bound string, err error) {
 	return ServeMetricsAuth(addr, m, MetricsAuth{})
 }
 
-// ServeMetricsAuth serves m on addr at /metrics until the returned stop is
-// called, and returns the address it bound (addr may name port 0). A request
-// without what auth requires is refused. Without authentication it refuses to
+// ServeMetricsAuth serves m (a stage's Metrics or a server's PSMetrics) on
+// addr at /metrics until the returned stop is called, and returns the
+// address it bound (addr may name port 0). A request without what auth
+// requires is refused. Without authentication it refuses to
 // listen beyond loopback: anyone on the network could read the run's metrics.
-func ServeMetricsAuth(addr string, m *Metrics, auth MetricsAuth) (stop func(), bound string, err error) {
+func ServeMetricsAuth(addr string, m http.Handler, auth MetricsAuth) (stop func(), bound string, err error) {
 	if !auth.authenticated() {
 		host, _, err := net.SplitHostPort(addr)
 		if err != nil || !transport.IsLoopback(host) {
@@ -229,7 +262,7 @@ func ServeMetricsAuth(addr string, m *Metrics, auth MetricsAuth) (stop func(), b
 	if err != nil {
 		return nil, "", fmt.Errorf("metrics on %s: %w", addr, err)
 	}
-	var h http.Handler = m
+	h := m
 	if auth.Token != "" {
 		h = requireBearer(auth.Token, h)
 	}

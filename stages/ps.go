@@ -102,6 +102,8 @@ type psWorker struct {
 	// beforePush, if set, runs before each step's push: tests delay a
 	// worker with it.
 	beforePush func(step int)
+	// slow halves the worker's speed (SlowReplicaEnv, for benchmarks).
+	slow bool
 }
 
 // newPSWorker joins a worker stage to the servers; nil without servers
@@ -117,6 +119,9 @@ func newPSWorker(l *Layout, chunks []compute.Stage, rejoin int) (*psWorker, erro
 		return nil, err
 	}
 	w := &psWorker{cfg: c, worker: l.Replica, stage: l.Stage, chunks: chunks, owners: owners, model: l.Model}
+	if w.slow, err = slowReplica(l.Replica); err != nil {
+		return nil, err
+	}
 	for _, ch := range chunks {
 		for _, wt := range ch.Weights() {
 			s, ok := owners[wt.Name]
@@ -358,6 +363,9 @@ func (r *Runtime) psStep(ctx context.Context, step int) error {
 	if w.beforePush != nil {
 		w.beforePush(step)
 	}
+	if w.slow {
+		time.Sleep(r.live.stepCompute()) // as long again as its compute took
+	}
 	t0 := time.Now()
 	var losses []float64
 	if r.holdsLoss() {
@@ -384,13 +392,28 @@ func (r *Runtime) psStep(ctx context.Context, step int) error {
 		r.losses = all
 	}
 	t2 := time.Now()
+	var pulled int64
+	for _, ch := range w.chunks {
+		pulled += w.wireBytes(ch.Weights())
+	}
+	stale := w.staleness()
 	r.live.action(runlog.Optimizer, t2.Sub(t0), 0, r.inFlight())
 	r.live.sentOn("servers", sent)
-	for _, ch := range w.chunks {
-		r.live.receivedOn("servers", w.wireBytes(ch.Weights()))
-	}
+	r.live.receivedOn("servers", pulled)
+	r.live.serversStep(t1.Sub(t0), t2.Sub(t1), stale)
 	return r.events.add(runlog.Event{Stage: r.stage, Replica: r.replica, Step: step, Kind: runlog.Optimizer,
-		StartNS: t0.UnixNano(), EndNS: t2.UnixNano(), WaitNS: t2.Sub(t1).Nanoseconds(), BytesSent: sent, Dropped: dropped})
+		StartNS: t0.UnixNano(), EndNS: t2.UnixNano(), WaitNS: t2.Sub(t1).Nanoseconds(), BytesSent: sent, Dropped: dropped,
+		Servers: len(w.servers), BytesPulled: pulled, PushNS: t1.Sub(t0).Nanoseconds(), Staleness: stale})
+}
+
+// staleness is the last push's: the most updates any of the stage's
+// servers made between the weights it pulled and the push's own update.
+func (w *psWorker) staleness() int64 {
+	var most int64
+	for _, cl := range w.clients {
+		most = max(most, cl.Staleness())
+	}
+	return most
 }
 
 // sumWorkerShares is the reference's sum of the replicas' shares under
@@ -444,9 +467,11 @@ func PSServedStages(c *configs.Config, i int) ([]int, error) {
 // ServePS runs parameter server i of the config: it serves the workers'
 // streams at its address, guarded like the links, until every worker
 // stage it holds tensors of has finished, writes its part of each
-// checkpoint under runDir, and logs what it did. With resume it starts
+// checkpoint under runDir, and logs what it did: its summary in log, its
+// events in runDir's events/ps-<i>.jsonl (appended to on resume), and its
+// metrics at its metrics address, if it has one. With resume it starts
 // from its part of the newest committed checkpoint there.
-func ServePS(ctx context.Context, c *configs.Config, i int, runDir string, resume bool, log io.Writer) error {
+func ServePS(ctx context.Context, c *configs.Config, i int, runDir string, resume bool, log io.Writer) (err error) {
 	if !c.PSEnabled() || i < 0 || i >= c.ParameterServers.Count {
 		return fmt.Errorf("%s has parameter_servers.count %d: no server %d", c.Path, c.ParameterServers.Count, i)
 	}
@@ -472,6 +497,24 @@ func ServePS(ctx context.Context, c *configs.Config, i int, runDir string, resum
 		}
 	}
 	applied := observeWorkers(srv, i, c.ParameterServers.Mode == "async", log)
+	var events *psEventLog
+	if runDir != "" {
+		if events, err = openPSEventLog(runDir, i, resume); err != nil {
+			return fmt.Errorf("%s: %w", configs.PSName(i), err)
+		}
+		defer func() {
+			if cerr := events.close(); err == nil && cerr != nil {
+				err = fmt.Errorf("%s: event log %w", configs.PSName(i), cerr)
+			}
+		}()
+	}
+	metrics := NewPSMetrics(i, served, c.Replicas())
+	recordServer(srv, events, metrics)
+	stopMetrics, err := servePSMetrics(c, i, metrics, log)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 	ss, err := srv.Serve(addr, opts)
 	if err != nil {
 		return fmt.Errorf("%s: %w", configs.PSName(i), err)

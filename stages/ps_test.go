@@ -43,6 +43,17 @@ func psConfig(workers, servers int, opt string) *configs.Config {
 // hears each server's updates and drops.
 func startServers(t *testing.T, c *configs.Config, observe func(server int, e ps.Event)) []*ps.Server {
 	t.Helper()
+	return startServersWith(t, c, func(i int, srv *ps.Server) {
+		if observe != nil {
+			srv.Observe = func(e ps.Event) { observe(i, e) }
+		}
+	})
+}
+
+// startServersWith is startServers with each server handed to prepare
+// before it serves.
+func startServersWith(t *testing.T, c *configs.Config, prepare func(i int, srv *ps.Server)) []*ps.Server {
+	t.Helper()
 	opts, err := LinkOptions(c, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -51,9 +62,7 @@ func startServers(t *testing.T, c *configs.Config, observe func(server int, e ps
 	c.ParameterServers.Addresses = nil
 	for i := range c.ParameterServers.Count {
 		srv := ps.NewServer(PSSettings(c, i))
-		if observe != nil {
-			srv.Observe = func(e ps.Event) { observe(i, e) }
-		}
+		prepare(i, srv)
 		ss, err := srv.Serve("127.0.0.1:0", opts)
 		if err != nil {
 			t.Fatal(err)
@@ -70,7 +79,13 @@ func startServers(t *testing.T, c *configs.Config, observe func(server int, e ps
 // (when set) before it runs; it returns the run directory.
 func runWorkers(t *testing.T, c *configs.Config, setup func(w, stage int, rt *Runtime)) string {
 	t.Helper()
-	dir, errs := runPSGrid(t, c, func(w, stage int, rt *Runtime, _ func()) {
+	return runWorkersIn(t, c, t.TempDir(), setup)
+}
+
+// runWorkersIn is runWorkers with the run directory dir.
+func runWorkersIn(t *testing.T, c *configs.Config, dir string, setup func(w, stage int, rt *Runtime)) string {
+	t.Helper()
+	_, errs := runPSGridIn(t, c, dir, false, func(w, stage int, rt *Runtime, _ func()) {
 		if setup != nil {
 			setup(w, stage, rt)
 		}
@@ -633,7 +648,8 @@ func sameValues(a, b []compute.Weight) bool {
 
 // TestPSMetricsCountServerBytes: a worker stage's Prometheus metrics count
 // the gradient bytes it pushed and the weight bytes it pulled, every step
-// all of its parameters each way, and its event log records the pushes.
+// all of its parameters each way, its push and pull time and its staleness,
+// and its event log records the pushes.
 func TestPSMetricsCountServerBytes(t *testing.T) {
 	c := psConfig(2, 2, "sgd")
 	startServers(t, c, nil)
@@ -655,6 +671,13 @@ func TestPSMetricsCountServerBytes(t *testing.T) {
 		want := int64(c.Train.Steps) * params
 		for _, m := range []string{"sent", "received"} {
 			line := fmt.Sprintf("pipetrain_%s_bytes_total{stage=\"%d\",link=\"servers\"} %d\n", m, rt.stage, want)
+			if !strings.Contains(b.String(), line) {
+				t.Errorf("stage %d metrics lack %q:\n%s", rt.stage, line, b.String())
+			}
+		}
+		// Sync pushes are never stale; the times are the run's own.
+		for _, line := range []string{fmt.Sprintf("pipetrain_ps_staleness{stage=\"%d\"} 0\n", rt.stage),
+			fmt.Sprintf("pipetrain_ps_push_seconds_total{stage=\"%d\"} ", rt.stage), fmt.Sprintf("pipetrain_ps_pull_seconds_total{stage=\"%d\"} ", rt.stage)} {
 			if !strings.Contains(b.String(), line) {
 				t.Errorf("stage %d metrics lack %q:\n%s", rt.stage, line, b.String())
 			}
@@ -778,5 +801,20 @@ func TestPSSharesCoverTheModelOnce(t *testing.T) {
 				t.Errorf("server %d: holds stage %d's tensors %v, its share lists stages %v", s, st, holds, sh.Stages)
 			}
 		}
+	}
+}
+
+// TestSlowReplicaEnv: PIPETRAIN_BENCH_SLOW_REPLICA slows the replica it
+// names, and a value that names none is an error naming the variable.
+func TestSlowReplicaEnv(t *testing.T) {
+	t.Setenv(SlowReplicaEnv, "2")
+	for r, want := range []bool{false, false, true} {
+		if got, err := slowReplica(r); got != want || err != nil {
+			t.Errorf("replica %d: slow %v, %v; want %v", r, got, err, want)
+		}
+	}
+	t.Setenv(SlowReplicaEnv, "two")
+	if _, err := slowReplica(0); err == nil || !strings.Contains(err.Error(), SlowReplicaEnv+`="two": want a replica's index`) {
+		t.Errorf("a bad value: %v", err)
 	}
 }

@@ -138,6 +138,9 @@ func (r *Runtime) writeRunInfo() error {
 	if n := r.cfg.Replicas(); n > 1 {
 		info.Replicas = n
 	}
+	if r.cfg.PSEnabled() {
+		info.ParameterServers = r.cfg.ParameterServers.Count
+	}
 	if pl := r.layout.Schedule.Placement; pl != schedule.Loop {
 		info.Placement = pl.String()
 	}

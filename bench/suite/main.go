@@ -17,6 +17,10 @@
 //     and one model on four processes as stages × replicas (allreduce.go);
 //   - zero: each replica's optimizer state with and without
 //     all_reduce.shard_optimizer, and the step rate it costs (zero.go);
+//   - ps: the replicas' ring against parameter servers (sync, backup
+//     workers, async with max_staleness 0, 1 and 4) on the same processes:
+//     samples/s and the loss after the same samples, what one worker at
+//     half speed costs each, and a GPT's loss per mode (ps.go);
 //   - breakdown: where a step's CPU time goes in the one-process reference
 //     (products, elementwise kernels, gorgonia's bookkeeping, allocation...),
 //     from a `--cpuprofile` of it at micro-batches 8, 32 and 128 (breakdown.go);
@@ -97,6 +101,7 @@ var sections = []section{
 	{"allreduce", "Data-parallel replicas: all-reduce", runAllReduce},
 	{"hierarchical", "Data-parallel replicas: within and across hosts", runHierarchical},
 	{"zero", "Data-parallel replicas: sharded optimizer state", runZero},
+	{"ps", "Parameter servers", runPS},
 	{"breakdown", "Where a step goes", runBreakdown},
 	{"pytorch", "Against PyTorch", runPyTorch},
 }
@@ -112,7 +117,7 @@ func main() {
 	}
 	var o options
 	out := flag.String("out", "docs/benchmarks.md", "Markdown file to write")
-	only := flag.String("sections", "compute,transport,pipeline,endtoend,compression,allreduce,hierarchical,zero,breakdown,pytorch", "comma-separated sections to run")
+	only := flag.String("sections", "compute,transport,pipeline,endtoend,compression,allreduce,hierarchical,zero,ps,breakdown,pytorch", "comma-separated sections to run")
 	flag.StringVar(&o.bin, "bin", "bin/pipetrain", "pipetrain binary (pipeline and end-to-end sections)")
 	flag.IntVar(&o.reps, "reps", 7, "repetitions of each in-process measurement (compute, transport); medians are reported")
 	flag.IntVar(&o.runReps, "run-reps", 5, "repetitions of each pipetrain run (pipeline, end to end); medians are reported")
@@ -142,11 +147,11 @@ func main() {
 			continue
 		}
 		if !slices.ContainsFunc(sections, func(x section) bool { return x.name == s }) {
-			fatalf("unknown section %q (known: compute, transport, pipeline, endtoend, compression, allreduce, hierarchical, zero, breakdown, pytorch)", s)
+			fatalf("unknown section %q (known: compute, transport, pipeline, endtoend, compression, allreduce, hierarchical, zero, ps, breakdown, pytorch)", s)
 		}
 		o.sectionSet[s] = true
 	}
-	if o.sectionSet["pipeline"] || o.sectionSet["endtoend"] || o.sectionSet["compression"] || o.sectionSet["allreduce"] || o.sectionSet["hierarchical"] || o.sectionSet["zero"] || o.sectionSet["breakdown"] || o.sectionSet["pytorch"] {
+	if o.sectionSet["pipeline"] || o.sectionSet["endtoend"] || o.sectionSet["compression"] || o.sectionSet["allreduce"] || o.sectionSet["hierarchical"] || o.sectionSet["zero"] || o.sectionSet["ps"] || o.sectionSet["breakdown"] || o.sectionSet["pytorch"] {
 		if _, err := os.Stat(o.bin); err != nil {
 			fatalf("pipetrain binary: %v (run make build, or pass -bin)", err)
 		}

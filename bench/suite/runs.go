@@ -25,12 +25,15 @@ type runConfig struct {
 	// addrs, if set, are the addresses of a one-stage grid's replicas
 	// (fresh loopback ports otherwise).
 	addrs []string
-	// set holds further settings: section, key, value.
-	set map[string]map[string]any
+	// set holds further settings: section, key, value; a nil section
+	// deletes the base's.
+	set      map[string]map[string]any
+	evaluate bool // evaluate after the last step (eval.json); off by default
 }
 
 // write writes the derived config into dir with a fresh free loopback port per
-// stage, evaluation, checkpoints and restarts off, and returns its path.
+// stage and parameter server, evaluation (unless rc.evaluate), checkpoints and
+// restarts off, and returns its path.
 func (rc runConfig) write(dir string) (string, error) {
 	raw, err := os.ReadFile(rc.base)
 	if err != nil {
@@ -56,11 +59,15 @@ func (rc runConfig) write(dir string) (string, error) {
 	}
 	train := sub("train")
 	train["steps"] = rc.steps
-	train["evaluate"] = false
+	train["evaluate"] = rc.evaluate
+	train["eval_every"] = 0
 	train["log_every"] = rc.steps
 	sub("checkpoint")["every"] = 0
 	sub("recovery")["max_restarts"] = 0
 	for section, kv := range rc.set {
+		if kv == nil {
+			delete(doc, section)
+		}
 		for k, v := range kv {
 			sub(section)[k] = v
 		}
@@ -94,7 +101,9 @@ func (rc runConfig) write(dir string) (string, error) {
 	if n, ok := doc["data_parallel"].(int); ok && n > 1 {
 		replicas = n
 	}
-	ports, err := freePorts(len(stageList) * replicas)
+	// One call for all the ports, servers' included: two calls could be
+	// handed one port.
+	ports, err := freePorts(len(stageList)*replicas + serverCount(doc))
 	if err != nil {
 		return "", err
 	}
@@ -118,6 +127,7 @@ func (rc runConfig) write(dir string) (string, error) {
 		}
 	}
 	doc["stages"] = stageList
+	serverPorts(doc, ports)
 	out, err := yaml.Marshal(doc)
 	if err != nil {
 		return "", err
@@ -125,6 +135,29 @@ func (rc runConfig) write(dir string) (string, error) {
 	path := filepath.Join(dir, "config.yaml")
 	header := fmt.Sprintf("# Written by bench/suite from %s for one benchmark run.\n", rc.base)
 	return path, os.WriteFile(path, append([]byte(header), out...), 0o644)
+}
+
+// serverCount is the parameter_servers.count of doc (0 without).
+func serverCount(doc map[string]any) int {
+	ps, _ := doc["parameter_servers"].(map[string]any)
+	n, _ := ps["count"].(int)
+	return max(n, 0)
+}
+
+// serverPorts gives the parameter servers of doc, if any, the first of
+// ports.
+func serverPorts(doc map[string]any, ports []int) {
+	n := serverCount(doc)
+	if n == 0 {
+		return
+	}
+	var addrs []any
+	for _, p := range ports[:n] {
+		addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(p))
+	}
+	ps := doc["parameter_servers"].(map[string]any)
+	ps["addresses"] = addrs
+	delete(ps, "metrics_addresses")
 }
 
 // freePorts asks the kernel for n distinct loopback ports that are free now:
@@ -148,7 +181,7 @@ func freePorts(n int) ([]int, error) {
 // overrides it.
 func runEnv(rc runConfig) []string {
 	env := []string{
-		"PIPETRAIN_TRAIN_EVALUATE=false",
+		"PIPETRAIN_TRAIN_EVALUATE=" + strconv.FormatBool(rc.evaluate),
 		"PIPETRAIN_TRAIN_STEPS=" + strconv.Itoa(rc.steps),
 		"PIPETRAIN_CHECKPOINT_EVERY=0",
 		"PIPETRAIN_RECOVERY_MAX_RESTARTS=0",

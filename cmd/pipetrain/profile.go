@@ -29,7 +29,11 @@ Steps are numbered as the training log and metrics.jsonl number them: from 1.
 
 With data-parallel replicas the tables and pictures are one replica's
 pipeline (--replica, default 0), with each stage's gradient all-reduce, and a
-summary of every replica's stages names the straggler replicas.`,
+summary of every replica's stages names the straggler replicas. With parameter
+servers (the replicas their workers) two more tables follow: each worker
+stage's pushes and pulls (bytes, times, the share of its step they took, its
+pushes' staleness) and each server's updates, bytes, busy time, dropped
+pushes and staleness histogram, from the servers' event logs.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			info, events, err := profile.ReadRun(args[0])
@@ -84,6 +88,9 @@ summary of every replica's stages names the straggler replicas.`,
 				r.ReplicasErr = replicasErr
 			case replicas != nil:
 				r.ReplicasErr = r.AddReplicas(replicas)
+			}
+			if info.ParameterServers > 0 {
+				r.ServersErr = addParameterServers(r, args[0], info, events, replicas, replicasErr)
 			}
 			if !cmd.Flags().Changed("first-step") {
 				first = r.Steps[0].Step
@@ -141,4 +148,22 @@ summary of every replica's stages names the straggler replicas.`,
 	c.Flags().IntVar(&shown, "chart-steps", profile.DefaultChartSteps, "steps shown in the pictures (fewer when the run ends first)")
 	c.Flags().IntVar(&replica, "replica", 0, "with data-parallel replicas, the replica whose pipeline the tables and pictures show")
 	return c
+}
+
+// addParameterServers adds the workers' pushes and pulls and the servers'
+// work to r (a run with parameter servers), or says why it cannot: the
+// workers are the replicas (replica 0's events alone without others).
+func addParameterServers(r *profile.Report, dir string, info profile.RunInfo, events [][]profile.Event, replicas []profile.Replica, replicasErr error) error {
+	if replicasErr != nil {
+		return replicasErr
+	}
+	servers, err := profile.ReadServers(dir, info)
+	if err != nil {
+		return err
+	}
+	if replicas == nil {
+		replicas = []profile.Replica{{Events: events}}
+	}
+	r.AddParameterServers(replicas, servers)
+	return nil
 }
