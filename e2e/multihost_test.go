@@ -38,15 +38,15 @@ type rankProc struct {
 	done chan error
 }
 
-// hostBLASEnv is the test's OpenBLAS settings (OPENBLAS_CORETYPE and the
-// like), for ranks started with an environment of their own. The reference
-// they are held to runs with the test's environment, and a core type forced
-// there picks other kernels than the one OpenBLAS detects, which round
-// differently; the hosts of a real job run one machine image alike.
+// hostBLASEnv is the test's kernel settings (OPENBLAS_CORETYPE and the
+// like, and PIPETRAIN_BLAS, which make test-blas sets to gonum), for ranks
+// started with an environment of their own. The reference they are held to
+// runs with the test's environment, and other kernels round differently;
+// the hosts of a real job run one machine image alike.
 func hostBLASEnv() []string {
 	var out []string
 	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "OPENBLAS_") {
+		if strings.HasPrefix(kv, "OPENBLAS_") || strings.HasPrefix(kv, "PIPETRAIN_BLAS=") {
 			out = append(out, kv)
 		}
 	}

@@ -139,13 +139,14 @@ func TestKilledServerStopsTheJob(t *testing.T) {
 }
 
 // TestAsyncLaunchSurvivesAKilledWorker kill -9s stage 0 of worker 2 of an
-// async launch (max_staleness 1): launch goes on without worker 2, stopping
+// async launch (max_staleness 1) that restarts no worker
+// (recovery.max_restarts 0): launch goes on without worker 2, stopping
 // its other stage, and completes; the servers note worker 2's departure,
 // apply every push of workers 0 and 1 (each its own update) and those
 // worker 2 made before it died, each once.
 func TestAsyncLaunchSurvivesAKilledWorker(t *testing.T) {
 	needData(t)
-	cfg, _ := psConfigFile(t, "async, max_staleness: 1")
+	cfg, _ := psConfigWith(t, "async, max_staleness: 1", 20, "checkpoint: {every: 0}\nrecovery: {max_restarts: 0}")
 	dir := t.TempDir()
 	const steps = 60
 	_, out, done := start(t, nil, "launch", "--config", cfg, "--steps", strconv.Itoa(steps), "--run-dir", dir)
@@ -321,4 +322,134 @@ func TestInterruptedServersResume(t *testing.T) {
 	}
 	sameRun(t, ref, dir, steps)
 	sameEval(t, ref, dir)
+}
+
+// TestAsyncLaunchRestartsAKilledWorker kill -9s stage 0 of worker 2 of an
+// async launch (max_staleness 1) after step 5: launch restarts both of
+// worker 2's processes, which rejoin at one step, the one replica 0 had
+// logged when they asked; the servers log the departure and the rejoin,
+// the rejoined stages finish; the run completes, and on
+// each server and stage workers 0 and 1 had all their pushes applied and
+// worker 2 those before its death plus one for each step from its rejoin
+// on, each push one update.
+func TestAsyncLaunchRestartsAKilledWorker(t *testing.T) {
+	needData(t)
+	cfg, _ := psConfigFile(t, "async, max_staleness: 1")
+	dir := t.TempDir()
+	const steps = 60
+	_, out, done := start(t, nil, "launch", "--config", cfg, "--steps", strconv.Itoa(steps), "--run-dir", dir)
+	waitForStep(t, dir, 5, time.Minute, out)
+	pid := processPID(dir, "--stage", "0", "--replica", "2")
+	if pid == 0 {
+		t.Fatalf("no process of stage 0 replica 2:\n%s", out.String())
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("launch failed with worker 2 killed: %v\n%s", err, out.String())
+		}
+	case <-time.After(3 * time.Minute):
+		t.Fatalf("launch still running 3 minutes after worker 2 was killed:\n%s", out.String())
+	}
+	text := out.String()
+	for _, want := range []string{"restarting replica 2 to rejoin the run (restart 1 of 3)", fmt.Sprintf("done: %d steps", steps),
+		"[stage 0 replica 2] stage 0 replica 2: rejoins the run at step", "[stage 1 replica 2] stage 1 replica 2: done in"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("no %q in the output:\n%s", want, text)
+		}
+	}
+	if !regexp.MustCompile(`pipetrain: stage 0 replica 2 failed \(signal: killed\).*; restarting replica 2 to rejoin`).MatchString(text) {
+		t.Errorf("the restart does not blame the killed stage 0 replica 2:\n%s", text)
+	}
+	if strings.Contains(text, "goes on without replica 2") {
+		t.Errorf("worker 2 was left behind, not restarted:\n%s", text)
+	}
+	// What each server's stage group had of worker 2 when it departed, and
+	// the step it rejoined at.
+	type group struct{ server, stage string }
+	before, rejoined := map[group]int{}, map[group]int{}
+	for _, m := range regexp.MustCompile(`\[ps (\d)\] parameter server \d: stage (\d) of worker 2 left without its goodbye \(killed, failed, or its connection lost\) after (\d+) push`).FindAllStringSubmatch(text, -1) {
+		before[group{m[1], m[2]}], _ = strconv.Atoi(m[3])
+	}
+	for _, m := range regexp.MustCompile(`\[ps (\d)\] parameter server \d: stage (\d) of worker 2 rejoined, restarted: it trains from step (\d+) on`).FindAllStringSubmatch(text, -1) {
+		rejoined[group{m[1], m[2]}], _ = strconv.Atoi(m[3])
+	}
+	// Both stages of worker 2 rejoin at one step, the one the servers saw.
+	at := map[string]bool{}
+	for _, m := range regexp.MustCompile(`\[stage \d replica 2\] stage \d replica 2: rejoins the run at step (\d+),`).FindAllStringSubmatch(text, -1) {
+		at[m[1]] = true
+	}
+	for g, step := range rejoined {
+		at[strconv.Itoa(step)] = true
+		if len(at) != 1 {
+			t.Errorf("worker 2's stages and servers name %d steps it rejoined at (server %s stage %s: %d):\n%s", len(at), g.server, g.stage, step, text)
+			break
+		}
+	}
+	summary := regexp.MustCompile(`\[ps (\d)\] parameter server \d: stage (\d): (\d+) updates, 0 pushes dropped; .*; pushes applied by worker: 0: (\d+), 1: (\d+), 2: (\d+)`)
+	seen := 0
+	for _, m := range summary.FindAllStringSubmatch(text, -1) {
+		seen++
+		g := group{m[1], m[2]}
+		n := func(i int) int { v, _ := strconv.Atoi(m[i]); return v }
+		from, ok := rejoined[g]
+		if _, left := before[g]; !left || !ok {
+			t.Errorf("server %s stage %s: departure logged %v, rejoin logged %v", g.server, g.stage, left, ok)
+			continue
+		}
+		if n(4) != steps || n(5) != steps {
+			t.Errorf("server %s stage %s: workers 0 and 1 had %d and %d pushes applied, want %d each", g.server, g.stage, n(4), n(5), steps)
+		}
+		// From step `from` (1-based) to the last, one push a step.
+		if want := before[g] + steps - from + 1; n(6) != want || n(6) <= before[g] {
+			t.Errorf("server %s stage %s: worker 2 had %d pushes applied, want the %d before its death and %d from step %d on", g.server, g.stage, n(6), before[g], steps-from+1, from)
+		}
+		if n(3) != n(4)+n(5)+n(6) {
+			t.Errorf("server %s stage %s: %d updates from %d pushes: a push applied twice or not at all", g.server, g.stage, n(3), n(4)+n(5)+n(6))
+		}
+	}
+	if seen != 3 { // server 0 holds stage 0's tensors, server 1 stages 0 and 1's
+		t.Errorf("%d servers' stage summaries, want 3:\n%s", seen, text)
+	}
+	if t.Failed() {
+		os.WriteFile(dir+"/launch.out", []byte(text), 0o644)
+	}
+}
+
+// TestSyncLaunchStopsAtAKilledWorker: in sync mode every step waits for
+// every worker's push, so kill -9 of a worker's stage stops the job, as a
+// stage's death does without servers: with recovery.max_restarts 0 (no
+// restart of the job from a checkpoint), launch fails naming the killed
+// process, and restarts no worker.
+func TestSyncLaunchStopsAtAKilledWorker(t *testing.T) {
+	needData(t)
+	cfg, _ := psConfigWith(t, "sync", 20, "checkpoint: {every: 0}\nrecovery: {max_restarts: 0}")
+	dir := t.TempDir()
+	_, out, done := start(t, nil, "launch", "--config", cfg, "--steps", "100000", "--run-dir", dir)
+	waitForStep(t, dir, 5, time.Minute, out)
+	pid := processPID(dir, "--stage", "0", "--replica", "2")
+	if pid == 0 {
+		t.Fatalf("no process of stage 0 replica 2:\n%s", out.String())
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatalf("launch succeeded with a sync worker killed:\n%s", out.String())
+		}
+	case <-time.After(time.Minute):
+		t.Fatalf("launch still running a minute after worker 2 was killed:\n%s", out.String())
+	}
+	text := out.String()
+	if !strings.Contains(text, "stage 0 replica 2 failed (signal: killed)") {
+		t.Errorf("the failure does not name the killed stage 0 replica 2:\n%s", text)
+	}
+	if strings.Contains(text, "rejoin") || strings.Contains(text, "goes on without") {
+		t.Errorf("a sync worker was restarted or left behind:\n%s", text)
+	}
 }

@@ -12,11 +12,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/pipetrain/pipetrain/internal/words"
 	"github.com/pipetrain/pipetrain/runlog"
 )
 
@@ -58,6 +60,21 @@ type Options struct {
 	// processes are stopped, rank 0 is told to wait for none of its logs,
 	// and Run succeeds if every other process does.
 	Expendable func(replica int) bool
+	// Rejoin, if set beside Expendable, restarts an expendable replica
+	// whose process failed rather than going on without it (a worker of
+	// async parameter servers, which rejoins the run): once its other
+	// processes have stopped, each of the replica's processes starts again
+	// with RejoinFlag and the step Rejoin returns, and when they ask
+	// (RejoinAsk) all are told the step Rejoin returns then. A replica is
+	// restarted at most Rejoins times; after that, when Rejoin returns an
+	// error (why not) or once replica 0 has finished, the run goes on
+	// without it.
+	Rejoin  func(replica int) (step int, err error)
+	Rejoins int
+	// rejoin numbers a restarted replica's restarts, in its processes' logs,
+	// and rejoinStep answers their asks.
+	rejoin     int
+	rejoinStep func() int
 }
 
 func (o Options) queryTimeout() time.Duration {
@@ -179,7 +196,9 @@ func Run(ctx context.Context, o Options) error {
 	var outMu sync.Mutex
 	var children []*child
 	replicas := max(o.Replicas, 1)
-	failed := make(chan *child, o.Stages*replicas)
+	// Room for every process a run may start, restarts included, so that
+	// no watcher blocks on a failure nobody reads any more.
+	failed := make(chan *child, o.Stages*replicas+o.Stages*(replicas-1)*max(o.Rejoins, 0))
 	for rank := 0; rank < o.Stages*replicas; rank++ {
 		i, r := rank/replicas, rank%replicas
 		c, err := start(o, i, r, logDir, &outMu)
@@ -188,44 +207,68 @@ func Run(ctx context.Context, o Options) error {
 			return fmt.Errorf("starting %s: %w", processName(i, r, replicas), err)
 		}
 		children = append(children, c)
-		go func() {
-			<-c.done
-			if c.err != nil {
-				failed <- c
-			}
-		}()
+		c.report(failed)
 	}
-	allDone := make(chan struct{})
-	go func() {
-		for _, c := range children {
-			<-c.done
-		}
-		close(allDone)
-	}()
+	allDone := watchAll(children)
 	lost := map[int]bool{} // the expendable replicas given up on
+	rj := newRejoins(replicas)
 	say := func(format string, args ...any) {
 		outMu.Lock()
 		defer outMu.Unlock()
 		fmt.Fprintf(o.Out, "pipetrain: "+format+"\n", args...)
 	}
+	loseAll := func(replica int) {
+		for i := range o.Stages {
+			children[0].request(fmt.Sprintf("%s%d", lostNotice, i*replicas+replica))
+		}
+	}
 	for {
 		select {
 		case <-allDone:
 			// Every stage has exited: the failures, if any, are all known.
+			// A replica still to be restarted has nothing left to rejoin.
+			for r := range rj.restarting {
+				lost[r] = true
+			}
 			if c := firstFailed(kept(children, lost)); c != nil {
 				return blame(c, children, o.queryTimeout())
 			}
 			return nil
 		case c := <-failed:
+			if children[c.stage*replicas+c.replica] != c || rj.restarting[c.replica] {
+				continue // a process of a replica being restarted
+			}
 			if !o.expendable(c.replica, lost, replicas) {
 				return o.failed(c, children, failed)
 			}
 			if !lost[c.replica] {
+				c = replicaCulprit(c, failed)
+			}
+			if !lost[c.replica] && o.Rejoin != nil && rj.count[c.replica] < o.Rejoins {
+				rj.begin(c.replica)
+				say("%v; restarting replica %d to rejoin the run (restart %d of %d)", c.stageError(), c.replica, rj.count[c.replica], o.Rejoins)
+				go rj.stopThenRestart(slices.Clone(children), c.replica, o.Grace)
+				continue
+			}
+			if !lost[c.replica] {
 				lost[c.replica] = true
-				say("%v; the run goes on without replica %d", c.stageError(), c.replica)
-				go loseReplica(children, c.replica, o.Grace)
+				why := ""
+				if o.Rejoin != nil {
+					why = fmt.Sprintf(" (restarted %s already, the most allowed)", words.Count(rj.count[c.replica], "time"))
+				}
+				say("%v; the run goes on without replica %d%s", c.stageError(), c.replica, why)
+				go loseReplica(slices.Clone(children), c.replica, o.Grace)
 			}
 			children[0].request(fmt.Sprintf("%s%d", lostNotice, c.stage*replicas+c.replica))
+		case r := <-rj.stopped:
+			delete(rj.restarting, r)
+			if err := o.restartReplica(children, r, rj.count[r], logDir, &outMu, failed); err != nil {
+				lost[r] = true
+				say("replica %d is not restarted: %v; the run goes on without it", r, err)
+				loseAll(r)
+				continue
+			}
+			allDone = watchAll(children)
 		case <-ctx.Done():
 			if errors.Is(context.Cause(ctx), ErrInterrupted) {
 				return interrupt(ctx, o, children, allDone, failed, say)
@@ -298,6 +341,33 @@ func culprit(first *child, failed <-chan *child) *child {
 			if c.signaled() {
 				return c
 			}
+		case <-timeout:
+			return first
+		}
+	}
+}
+
+// replicaCulprit is culprit among the processes of first's replica: the
+// others' failures it meets meanwhile are put back for the launch's loop.
+func replicaCulprit(first *child, failed chan *child) *child {
+	if first.signaled() {
+		return first
+	}
+	var others []*child
+	defer func() {
+		for _, c := range others {
+			failed <- c // room: each was taken from failed just now
+		}
+	}()
+	timeout := time.After(300 * time.Millisecond)
+	for {
+		select {
+		case c := <-failed:
+			if c.replica == first.replica && c.signaled() {
+				others = append(others, first)
+				return c
+			}
+			others = append(others, c)
 		case <-timeout:
 			return first
 		}
@@ -396,11 +466,15 @@ func start(o Options, i, r int, logDir string, outMu *sync.Mutex) (*child, error
 	}
 	cmd.Stdin = controlR
 	flags := os.O_WRONLY | os.O_CREATE | os.O_TRUNC
-	if o.Resume {
+	if o.Resume || o.rejoin > 0 {
 		flags = os.O_WRONLY | os.O_CREATE | os.O_APPEND
 	}
 	logFile, err := os.OpenFile(filepath.Join(logDir, LogFile(i, r, replicas)), flags, runlog.FileMode())
-	if err == nil && o.Attempt > 0 {
+	switch {
+	case err != nil:
+	case o.rejoin > 0:
+		_, err = fmt.Fprintf(logFile, "--- replica %d restarted (restart %d), rejoining the run ---\n", r, o.rejoin)
+	case o.Attempt > 0:
 		_, err = fmt.Fprintf(logFile, "--- restart %d, resuming from the newest complete checkpoint ---\n", o.Attempt)
 	}
 	if err != nil {
@@ -447,6 +521,10 @@ func start(o Options, i, r int, logDir string, outMu *sync.Mutex) (*child, error
 				c.mu.Lock()
 				c.repeats = why
 				c.mu.Unlock()
+				continue
+			}
+			if line == RejoinAsk && o.rejoinStep != nil {
+				c.request(fmt.Sprintf("%s%d", rejoinAnswer, o.rejoinStep()))
 				continue
 			}
 			c.mu.Lock()

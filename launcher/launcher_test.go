@@ -186,3 +186,85 @@ sleep 30 & wait
 		t.Fatalf("error %v, want stage 0's failure", err)
 	}
 }
+
+// rejoinStage is a fake stage for the rejoin tests: stage 0 of replica 2
+// fails (in its restarted life too when failAgain), its stage 1 runs
+// until stopped, and replica 0 waits until replica 2's restarted stage 0
+// has started, so that it is still running when the restart comes. A
+// restarted process asks for its step and says what it heard.
+func rejoinStage(t *testing.T, failAgain bool) (bin, dir string) {
+	dir = t.TempDir()
+	again := ""
+	if failAgain {
+		again = `if [ "$stage" = 0 ]; then exit 3; fi`
+	}
+	bin = fakeStage(t, `replica=$9
+trap 'exit 1' TERM
+case "$*" in *"--rejoin 7"*)
+	if [ "$stage" = 0 ]; then touch `+dir+`/rejoined; fi
+	`+again+`
+	echo "`+RejoinAsk+`"; read answer
+	echo "rejoined: stage $stage replica $replica, $answer"; exit 0;;
+esac
+if [ "$stage" = 0 ] && [ "$replica" = 2 ]; then sleep 0.2; exit 3; fi
+if [ "$replica" = 2 ]; then sleep 30 & wait; fi
+if [ "$replica" = 0 ]; then for i in $(seq 600); do [ -e `+dir+`/rejoined ] && break; sleep 0.05; done; fi
+echo "done: stage $stage replica $replica"
+`)
+	return bin, dir
+}
+
+// TestExpendableReplicaRejoins fails stage 0 of replica 2 of a run whose
+// expendable replicas rejoin: its stage 1 is stopped, both start again
+// with the step Rejoin gives, both hear the one fresher step it gives when
+// the first asks, their logs keep the first life's lines, and the run
+// succeeds with all three replicas.
+func TestExpendableReplicaRejoins(t *testing.T) {
+	var out syncBuffer
+	bin, dir := rejoinStage(t, false)
+	var mu sync.Mutex
+	readings := 6 // Rejoin's first answer is 7, then 8, ...
+	err := Run(context.Background(), Options{Binary: bin, ConfigPath: "c.yaml", Stages: 2, Replicas: 3, RunDir: dir, Out: &out, Grace: 5 * time.Second,
+		Expendable: func(replica int) bool { return replica != 0 },
+		Rejoin: func(int) (int, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			readings++
+			return readings, nil
+		}, Rejoins: 2})
+	if err != nil {
+		t.Fatalf("run failed with replica 2 rejoining: %v\n%s", err, out.String())
+	}
+	for _, want := range []string{"stage 0 replica 2 failed: exit status 3", "restarting replica 2 to rejoin the run (restart 1 of 2)",
+		"[stage 0 replica 2] rejoined: stage 0 replica 2, rejoin 8", "[stage 1 replica 2] rejoined: stage 1 replica 2, rejoin 8", "done: stage 1 replica 0"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if strings.Contains(out.String(), "goes on without replica 2") || strings.Contains(out.String(), "lost ") {
+		t.Errorf("replica 2 was given up on:\n%s", out.String())
+	}
+	log, err := os.ReadFile(filepath.Join(dir, "logs", LogFile(1, 2, 3)))
+	if want := "--- replica 2 restarted (restart 1), rejoining the run ---\n" + RejoinAsk + "\nrejoined: stage 1 replica 2, rejoin 8\n"; err != nil || !strings.HasSuffix(string(log), want) {
+		t.Errorf("stage 1 replica 2's log: %q, %v; want it to end %q", log, err, want)
+	}
+}
+
+// TestRejoinsAreBounded: a replica that fails again after its last
+// allowed restart is left behind, and the run succeeds without it.
+func TestRejoinsAreBounded(t *testing.T) {
+	var out syncBuffer
+	bin, dir := rejoinStage(t, true)
+	err := Run(context.Background(), Options{Binary: bin, ConfigPath: "c.yaml", Stages: 2, Replicas: 3, RunDir: dir, Out: &out, Grace: 5 * time.Second,
+		Expendable: func(replica int) bool { return replica != 0 },
+		Rejoin:     func(int) (int, error) { return 7, nil }, Rejoins: 1})
+	if err != nil {
+		t.Fatalf("run failed with replica 2 left behind: %v\n%s", err, out.String())
+	}
+	for _, want := range []string{"restarting replica 2 to rejoin the run (restart 1 of 1)",
+		"the run goes on without replica 2 (restarted 1 time already, the most allowed)", "done: stage 1 replica 1"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+}

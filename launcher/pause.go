@@ -33,7 +33,19 @@ const (
 	// lostNotice tells rank 0 that the process of a rank died and the run
 	// goes on without it (Options.Expendable): "lost 5".
 	lostNotice = "lost "
+	// rejoinAnswer tells a restarted replica's process, which asked with
+	// RejoinAsk, the step it rejoins the run at: "rejoin 37".
+	rejoinAnswer = "rejoin "
 )
+
+// RejoinAsk is what a restarted replica's process (Options.Rejoin) prints
+// once its links are up, to learn the step it rejoins at: the launcher
+// reads the step then, and gives every process of the replica the same.
+const RejoinAsk = "pipetrain-rejoin: ask"
+
+// RejoinFlag gives a restarted replica's processes the step they rejoin at
+// (the launcher's reading when it starts them; they ask for a fresher one).
+const RejoinFlag = "--rejoin"
 
 // ControlFlag tells a stage process that its standard input carries the
 // launcher's pause and stop requests (ServePauses).
@@ -73,12 +85,18 @@ func parsePauseAnswer(line string) (step int, ok bool) {
 
 // ServePauses serves a launcher's requests read from in (a stage's standard
 // input) until it ends: a pause request is answered on out with ask's
-// boundary, a stop request handed to stopAfter, a lost rank to lost. Other
-// lines are ignored.
-func ServePauses(in io.Reader, out io.Writer, ask func() int, stopAfter func(step int), lost func(rank int)) {
+// boundary, a stop request handed to stopAfter, a lost rank to lost, the
+// step a rejoining process rejoins at to rejoin. Other lines are ignored.
+func ServePauses(in io.Reader, out io.Writer, ask func() int, stopAfter func(step int), lost func(rank int), rejoin func(step int)) {
 	s := bufio.NewScanner(in)
 	for s.Scan() {
 		line := strings.TrimSpace(s.Text())
+		if v, ok := strings.CutPrefix(line, rejoinAnswer); ok {
+			if n, err := strconv.Atoi(v); err == nil && n >= 0 {
+				rejoin(n)
+			}
+			continue
+		}
 		if v, ok := strings.CutPrefix(line, lostNotice); ok {
 			if n, err := strconv.Atoi(v); err == nil && n >= 0 {
 				lost(n)

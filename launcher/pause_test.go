@@ -162,13 +162,15 @@ func TestServePauses(t *testing.T) {
 	var out bytes.Buffer
 	var stops []int
 	boundary := -1
-	in := "noise\npause\nstop x\nstop 7\n"
-	ServePauses(strings.NewReader(in), &out, func() int { boundary++; return boundary }, func(s int) { stops = append(stops, s) }, func(int) {})
+	var rejoins []int
+	in := "noise\npause\nstop x\nrejoin 5\nrejoin -1\nstop 7\n"
+	ServePauses(strings.NewReader(in), &out, func() int { boundary++; return boundary }, func(s int) { stops = append(stops, s) }, func(int) {},
+		func(s int) { rejoins = append(rejoins, s) })
 	if out.String() != "pipetrain-pause: step=0\n" {
 		t.Errorf("answers %q", out.String())
 	}
-	if fmt.Sprint(stops) != "[7]" {
-		t.Errorf("stop steps %v, want [7]", stops)
+	if fmt.Sprint(stops) != "[7]" || fmt.Sprint(rejoins) != "[5]" {
+		t.Errorf("stop steps %v, rejoin steps %v; want [7] and [5]", stops, rejoins)
 	}
 	for _, c := range []struct {
 		line string

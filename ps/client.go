@@ -49,10 +49,24 @@ type result struct {
 // of the stage that server holds. ctx bounds the wait for the hello's
 // answer; the stream lasts until Close.
 func Dial(ctx context.Context, addr string, o transport.Options, worker, stage int, version int64, init []engine.Weight) (*Client, error) {
+	return dial(ctx, addr, o, header{op: opHello, worker: worker, stage: stage, step: version, tensors: init})
+}
+
+// Rejoin is Dial for a worker stage restarted after its worker left an
+// async run: it computes from step on, and its weights (init) are checked
+// by name and shape only, the servers' having moved on; it pulls theirs
+// before its first step. An error wrapping ErrOver says every worker had
+// left: the run's training is over, and the worker has nothing to do.
+func Rejoin(ctx context.Context, addr string, o transport.Options, worker, stage int, step int64, init []engine.Weight) (*Client, error) {
+	return dial(ctx, addr, o, header{op: opHello, rejoin: true, worker: worker, stage: stage, step: step, tensors: init})
+}
+
+// dial opens the stream and says hello.
+func dial(ctx context.Context, addr string, o transport.Options, hello header) (*Client, error) {
+	worker, stage := hello.worker, hello.stage
 	c := &Client{addr: addr, worker: worker, stage: stage, reqs: make(chan request), done: make(chan struct{})}
 	streamCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c.cancel = cancel
-	hello := header{op: opHello, worker: worker, stage: stage, step: version, tensors: init}
 	started := make(chan error, 1)
 	go func() {
 		defer close(c.done)
@@ -67,6 +81,9 @@ func Dial(ctx context.Context, addr string, o transport.Options, worker, stage i
 			}
 			if h.op != opOK {
 				return fmt.Errorf("hello answered with %d", h.op)
+			}
+			if h.final {
+				return fmt.Errorf("parameter server at %s: %w", addr, ErrOver)
 			}
 			if first {
 				c.version, c.pulled = h.step, h.step
@@ -211,6 +228,16 @@ func (c *Client) PullFinal(ctx context.Context) (Pulled, error) {
 		err = fmt.Errorf("parameter server at %s answered a pull with %d", c.addr, h.op)
 	}
 	return Pulled{h.tensors, h.step, h.losses}, err
+}
+
+// Abort ends the stream without a bye, as a process that failed: the
+// server notes the worker's departure.
+func (c *Client) Abort() {
+	c.closeOnce.Do(func() {
+		close(c.reqs)
+		c.cancel()
+		<-c.done
+	})
 }
 
 // closeGrace bounds the goodbye of Close.

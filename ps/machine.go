@@ -1,6 +1,7 @@
 package ps
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 )
@@ -56,7 +57,8 @@ type Update struct {
 // others. With k = 0 no push may be applied to weights other than those
 // it was computed from, so the pushes of a step wait for one another and
 // are summed, in worker order, into one update: sync's, bit for bit. A
-// worker that leaves (or whose stream is lost) is waited for no more.
+// worker that leaves (or whose stream is lost) is waited for no more,
+// until it rejoins (Rejoin).
 type Machine struct {
 	rule    Rule
 	version int64 // updates made so far
@@ -173,13 +175,40 @@ func (m *Machine) pushAsync(w int, step int64) (*Update, error) {
 	return m.tryStep(), nil
 }
 
-// Join records that worker w (re)joined: a worker that left and was
-// restarted computes from the weights it pulls now.
-func (m *Machine) Join(w int) {
-	if w < 0 || w >= m.rule.Workers || !m.left[w] {
-		return
+// ErrOver is a rejoin refused because every worker has left with its
+// pushes applied: the weights are final and the run's training is over.
+var ErrOver = errors.New("every worker has left: the run's training is over")
+
+// Left reports whether worker w has left (said goodbye, or was lost).
+func (m *Machine) Left(w int) bool { return w >= 0 && w < m.rule.Workers && m.left[w] }
+
+// Rejoin takes back worker w, which left (killed, or its stream lost),
+// into an async run: its restarted processes compute from step on, from
+// the weights they pull now. It counts as having pushed every step before
+// step, so the others wait for its steps from step on only, as
+// max_staleness says, and its first push's staleness is counted from the
+// current version. Sync mode has no rejoin (every step waits for every
+// worker, so none leaves while the run goes on), nor has max_staleness 0,
+// whose updates sum every worker's push of one step: a worker rejoining
+// behind the others would wait for their next step's pushes while they
+// wait for its catching up.
+func (m *Machine) Rejoin(w int, step int64) error {
+	switch {
+	case w < 0 || w >= m.rule.Workers:
+		return fmt.Errorf("ps: rejoin of worker %d; the workers are 0-%d", w, m.rule.Workers-1)
+	case !m.rule.Async:
+		return fmt.Errorf("ps: worker %d cannot rejoin a sync run", w)
+	case m.rule.MaxStaleness == 0:
+		return fmt.Errorf("ps: worker %d cannot rejoin an async run with max_staleness 0, whose updates sum each step's pushes", w)
+	case m.Done():
+		return ErrOver
+	case !m.left[w]:
+		return fmt.Errorf("ps: worker %d is still in the run: a second process for it?", w)
+	case step < 0:
+		return fmt.Errorf("ps: worker %d rejoins at step %d", w, step+1)
 	}
-	m.left[w], m.pending[w], m.pulled[w] = false, false, m.version
+	m.left[w], m.pulled[w], m.clock[w] = false, m.version, step
+	return nil
 }
 
 // Leave records that worker w is done (or gone): the others no longer

@@ -1,6 +1,7 @@
 package ps
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -185,5 +186,60 @@ func TestAsyncStalenessBound(t *testing.T) {
 	m.Leave(2)
 	if !m.Pullable(0, 3) {
 		t.Error("workers 1 and 2 left, and still hold worker 0 back")
+	}
+}
+
+// TestAsyncRejoin: a worker that left comes back at the step it is given:
+// it counts as having pushed the steps before it, so the others wait for
+// its steps from there on only; its first push's staleness counts from
+// the version it rejoined at. A worker still in the run, a sync run and a
+// run every worker has left refuse it.
+func TestAsyncRejoin(t *testing.T) {
+	m, _ := NewMachine(Rule{Workers: 3, Async: true, MaxStaleness: 1}, 0)
+	if err := m.Rejoin(2, 0); err == nil || !strings.Contains(err.Error(), "worker 2 is still in the run") {
+		t.Errorf("rejoin of a worker in the run: %v", err)
+	}
+	feed(t, m, push{0, 0}, push{1, 0}, push{2, 0})
+	m.Leave(2) // lost after its first push
+	for step := range int64(4) {
+		for w := range 2 {
+			pull(t, m, w)
+		}
+		feed(t, m, push{0, step + 1}, push{1, step + 1})
+	}
+	// Workers 0 and 1 have pushed steps 1-5 (indexes 0-4): 11 updates.
+	if err := m.Rejoin(2, 5); err != nil {
+		t.Fatal(err)
+	}
+	if !m.Pullable(2, 5) {
+		t.Fatal("worker 2 may not pull at the step it rejoined at")
+	}
+	m.Pulled(2) // the weights of update 11
+	feed(t, m, push{0, 5}, push{1, 5})
+	if m.Pullable(0, 7) {
+		t.Fatal("worker 0 may compute step 8 before the rejoined worker 2 pushed step 6")
+	}
+	if got := feed(t, m, push{2, 5}); !slices.Equal(got, []string{"u5:[2][2]"}) {
+		t.Fatalf("rejoined worker 2's first push: %v", got)
+	}
+	if !m.Pullable(0, 7) {
+		t.Error("worker 2's step 6 is in, and still holds worker 0 back")
+	}
+
+	for w := range 3 {
+		m.Leave(w)
+	}
+	if err := m.Rejoin(2, 6); !errors.Is(err, ErrOver) {
+		t.Errorf("rejoin after every worker left: %v, want ErrOver", err)
+	}
+	syncRun, _ := NewMachine(Rule{Workers: 2}, 0)
+	syncRun.Leave(1)
+	if err := syncRun.Rejoin(1, 0); err == nil || !strings.Contains(err.Error(), "sync") {
+		t.Errorf("rejoin of a sync run: %v", err)
+	}
+	lockstep, _ := NewMachine(Rule{Workers: 2, Async: true}, 0)
+	lockstep.Leave(1)
+	if err := lockstep.Rejoin(1, 0); err == nil || !strings.Contains(err.Error(), "max_staleness 0") {
+		t.Errorf("rejoin of an async run with max_staleness 0: %v", err)
 	}
 }

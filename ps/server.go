@@ -44,12 +44,16 @@ type Settings struct {
 type Event struct {
 	Stage  int
 	Update *Update // nil for a drop or a departure
-	// Dropped is the worker whose push was dropped, or which departed,
-	// when Update is nil.
+	// Dropped is the worker whose push was dropped, or which departed or
+	// rejoined, when Update is nil.
 	Dropped int
 	// Departed: the worker's stream ended without a bye.
 	Departed bool
+	// Rejoined: the worker, restarted after it left, is back, computing
+	// from Step on; Version is the update its first pull gets.
+	Rejoined bool
 	Step     int64
+	Version  int64
 	// Start and End bound an update's sum and optimizer step: the
 	// server's work. Zero for a drop or a departure.
 	Start, End time.Time
@@ -133,7 +137,7 @@ func (s *Server) handle(st *transport.ServiceStream) error {
 	var joined *header // the stream's hello; nil once it said bye
 	defer func() {
 		if joined != nil {
-			// Gone without a bye (killed, or its connection lost): in
+			// Gone without a bye (killed, failed, or its connection lost): in
 			// async mode the others stop waiting for it.
 			s.depart(*joined)
 		}
@@ -146,7 +150,7 @@ func (s *Server) handle(st *transport.ServiceStream) error {
 		var reply header
 		switch h.op {
 		case opHello:
-			if reply, err = s.hello(h); err == nil {
+			if reply, err = s.hello(h); err == nil && !reply.final {
 				joined = &header{worker: h.worker, stage: h.stage}
 			}
 		case opPush:
@@ -183,6 +187,9 @@ func (s *Server) hello(h header) (header, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	g, ok := s.groups[h.stage]
+	if h.rejoin {
+		return s.rejoin(g, h)
+	}
 	if !ok {
 		var err error
 		if g, err = s.newGroup(h.tensors, int64(h.step)); err != nil {
@@ -191,13 +198,38 @@ func (s *Server) hello(h header) (header, error) {
 		s.groups[h.stage] = g
 		return header{op: opOK, step: g.m.Version()}, nil
 	}
+	if g.m.Left(h.worker) {
+		return header{}, errors.New("the worker left the run; a worker restarted since says hello as a rejoin")
+	}
 	// Weights from the same version must hold the same bits; a worker
 	// that says hello after an update (a late backup worker) is checked
 	// by name and shape only, and pulls the newer weights.
 	if err := g.same(h.tensors, g.m.Version() == h.step); err != nil {
 		return header{}, fmt.Errorf("initial weights: %w", err)
 	}
-	g.m.Join(h.worker)
+	return header{op: opOK, step: g.m.Version()}, nil
+}
+
+// rejoin takes back a worker stage restarted after its worker left an
+// async run. Its weights are checked by name and shape only: the group's
+// have moved on since the start, and the worker pulls them before its
+// first step. Once every worker has left, the answer says the run is over
+// (final) rather than refusing: the worker has nothing left to do.
+func (s *Server) rejoin(g *group, h header) (header, error) {
+	if g == nil {
+		return header{}, errors.New("a rejoin before any worker's hello")
+	}
+	if err := g.same(h.tensors, false); err != nil {
+		return header{}, fmt.Errorf("rejoining: %w", err)
+	}
+	err := g.m.Rejoin(h.worker, h.step)
+	if errors.Is(err, ErrOver) {
+		return header{op: opOK, step: g.m.Version(), final: true}, nil
+	}
+	if err != nil {
+		return header{}, err
+	}
+	s.observe(Event{Stage: h.stage, Rejoined: true, Dropped: h.worker, Step: h.step, Version: g.m.Version()})
 	return header{op: opOK, step: g.m.Version()}, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -200,5 +201,73 @@ func TestPushStalenessAndObservers(t *testing.T) {
 	}
 	for _, cl := range c {
 		cl.Close(ctx)
+	}
+}
+
+// TestServerTakesBackARestartedWorker: in async mode a worker whose stream
+// is lost is noted as departed; a plain hello for it is then refused, a
+// rejoin with other initial weights is taken (checked by shape only) and
+// pulls the current weights; once every worker has left, a rejoin hears
+// that the run is over (ErrOver).
+func TestServerTakesBackARestartedWorker(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	srv := NewServer(Settings{Rule: Rule{Workers: 2, Async: true, MaxStaleness: 1}, Optimizer: optim.Spec{Name: "sgd", LR: 1}})
+	events := make(chan Event, 16)
+	srv.Observe = func(e Event) {
+		if e.Update == nil {
+			events <- e
+		}
+	}
+	ss, err := srv.Serve("127.0.0.1:0", transport.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ss.Close()
+	o := transport.Options{}
+	w0, err := Dial(ctx, ss.Addr(), o, 0, 0, 0, vec("w", 1, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w1, err := Dial(ctx, ss.Addr(), o, 1, 0, 0, vec("w", 1, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w1.Push(ctx, 0, vec("w", 1, 1), nil); err != nil {
+		t.Fatal(err)
+	}
+	w1.cancel() // its process killed: the stream ends without a bye
+	if e := <-events; !e.Departed || e.Dropped != 1 {
+		t.Fatalf("event %+v, want worker 1's departure", e)
+	}
+	if _, err := w0.Push(ctx, 0, vec("w", 1, 1), nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Dial(ctx, ss.Addr(), o, 1, 0, 0, vec("w", 1, 2)); err == nil || !strings.Contains(err.Error(), "says hello as a rejoin") {
+		t.Fatalf("a plain hello of the departed worker 1: %v", err)
+	}
+	back, err := Rejoin(ctx, ss.Addr(), o, 1, 0, 1, vec("w", 7, 7))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := <-events; !e.Rejoined || e.Dropped != 1 || e.Step != 1 || e.Version != 2 {
+		t.Fatalf("event %+v, want worker 1's rejoin at step 2, update 2", e)
+	}
+	p, err := back.Pull(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 1 - 1 - 1 = -1 and 2 - 1 - 1 = 0: both pushes applied, not the
+	// rejoined worker's own initial weights.
+	if v := p.Weights[0].Value.Data().([]float32); v[0] != -1 || v[1] != 0 || p.Version != 2 {
+		t.Errorf("the rejoined worker pulled %v at version %d, want [-1 0] at 2", v, p.Version)
+	}
+	for _, c := range []*Client{w0, back} {
+		if err := c.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := Rejoin(ctx, ss.Addr(), o, 1, 0, 2, vec("w", 1, 2)); !errors.Is(err, ErrOver) {
+		t.Errorf("a rejoin after every worker left: %v, want ErrOver", err)
 	}
 }

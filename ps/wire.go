@@ -20,6 +20,7 @@ import (
 // stage's tensors are not. Every request gets one answer:
 //
 //	hello (worker's initial weights) -> ok (version)
+//	hello, rejoin (at step)          -> ok (version; final: the run is over)
 //	push (step's gradients)          -> ok (version, dropped)
 //	pull (step about to be computed) -> weights (version, tensors)
 //	leave (the worker's last push)   -> ok
@@ -45,7 +46,8 @@ type header struct {
 	worker, stage int
 	step          int64 // a push's or pull's step; an answer's version
 	dropped       bool  // an ok to a push that came too late
-	final         bool  // a pull of the run's final weights
+	final         bool  // a pull of the run's final weights; an ok to a rejoin: the run's training is over
+	rejoin        bool  // a hello of a worker restarted after it left, at step (async)
 	tensors       []engine.Weight
 	// half is the 16-bit wire dtype (transport.Float16 or BFloat16) the
 	// message's float32 tensors travel in, 0 for none (transport
@@ -68,6 +70,9 @@ func (h header) marshal() []byte {
 	}
 	if h.final {
 		flag |= 2
+	}
+	if h.rejoin {
+		flag |= 4
 	}
 	b = append(b, flag, byte(h.half))
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(h.tensors)))
@@ -101,7 +106,7 @@ func unmarshalHeader(b []byte) (header, error) {
 	h.worker = int(binary.LittleEndian.Uint32(b[1:]))
 	h.stage = int(binary.LittleEndian.Uint32(b[5:]))
 	h.step = int64(binary.LittleEndian.Uint64(b[9:]))
-	h.dropped, h.final = b[17]&1 != 0, b[17]&2 != 0
+	h.dropped, h.final, h.rejoin = b[17]&1 != 0, b[17]&2 != 0, b[17]&4 != 0
 	h.half = transport.DType(b[18])
 	if h.half != 0 && h.half != transport.Float16 && h.half != transport.BFloat16 {
 		return h, fmt.Errorf("ps: wire dtype %d", b[18])

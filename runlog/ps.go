@@ -15,6 +15,9 @@ const (
 	PSPull = "pull"
 	// PSDepart is a worker stage whose stream ended without its goodbye.
 	PSDepart = "depart"
+	// PSRejoin is a worker stage restarted after it departed, back in an
+	// async run from Step on.
+	PSRejoin = "rejoin"
 )
 
 // PSEvent is one line of a parameter server's event log (PSEventsFile).
@@ -22,16 +25,17 @@ const (
 type PSEvent struct {
 	Server int    `json:"server"`
 	Stage  int    `json:"stage"` // the pipeline stage whose tensors
-	Kind   string `json:"kind"`  // PSUpdate, PSDrop, PSPull or PSDepart
-	// Step is an update's step (the newest of its pushes), a drop's, or the
-	// step a pull's worker is about to compute (-1 for its final weights).
+	Kind   string `json:"kind"`  // PSUpdate, PSDrop, PSPull, PSDepart or PSRejoin
+	// Step is an update's step (the newest of its pushes), a drop's, the
+	// step a pull's worker is about to compute (-1 for its final weights),
+	// or the step a rejoining worker trains from.
 	Step int64 `json:"step"`
 	// Workers are an update's pushes, in worker order, and Staleness each
 	// one's: how many updates were made between the weights it was
 	// computed from and this one.
 	Workers   []int   `json:"workers,omitempty"`
 	Staleness []int64 `json:"staleness,omitempty"`
-	// Worker is a drop's, pull's or departure's.
+	// Worker is a drop's, pull's, departure's or rejoin's.
 	Worker int `json:"worker,omitempty"`
 	// StartNS and EndNS bound an update's sum and optimizer step, and a
 	// pull from its request to its answer; WaitNS is the part of a pull
@@ -50,8 +54,8 @@ func (e *PSEvent) Check(i int) error {
 	switch {
 	case e.Server != i:
 		return fmt.Errorf("event of server %d in server %d's log", e.Server, i)
-	case e.Kind != PSUpdate && e.Kind != PSDrop && e.Kind != PSPull && e.Kind != PSDepart:
-		return fmt.Errorf("unknown kind %q: want update, drop, pull or depart", e.Kind)
+	case e.Kind != PSUpdate && e.Kind != PSDrop && e.Kind != PSPull && e.Kind != PSDepart && e.Kind != PSRejoin:
+		return fmt.Errorf("unknown kind %q: want update, drop, pull, depart or rejoin", e.Kind)
 	case e.EndNS < e.StartNS:
 		return fmt.Errorf("end_ns %d before start_ns %d", e.EndNS, e.StartNS)
 	case len(e.Staleness) != len(e.Workers):

@@ -32,11 +32,33 @@ type Pause struct {
 	// without them, until excuse (rank 0's registry's) takes them.
 	lost   []int
 	excuse func(rank int)
+	// rejoin carries the launcher's answer to a rejoining process's ask:
+	// the step it rejoins at.
+	rejoin chan int
 }
 
 // NewPause is the pause state of a stage that has not been asked to pause.
 func NewPause() *Pause {
-	return &Pause{changed: make(chan struct{}), started: -1, stop: -1}
+	return &Pause{changed: make(chan struct{}), started: -1, stop: -1, rejoin: make(chan int, 1)}
+}
+
+// Rejoin takes the launcher's answer to a rejoining process's ask
+// (launcher.RejoinAsk): the step it rejoins at. Only the first is kept.
+func (p *Pause) Rejoin(step int) {
+	select {
+	case p.rejoin <- step:
+	default:
+	}
+}
+
+// RejoinStep waits for the launcher's answer (Rejoin).
+func (p *Pause) RejoinStep(ctx context.Context) (int, error) {
+	select {
+	case step := <-p.rejoin:
+		return step, nil
+	case <-ctx.Done():
+		return 0, context.Cause(ctx)
+	}
 }
 
 // Ask records a pause request and returns the step boundary the stage

@@ -13,6 +13,7 @@ import (
 	"github.com/pipetrain/pipetrain/engine"
 	"github.com/pipetrain/pipetrain/internal/affinity"
 	"github.com/pipetrain/pipetrain/internal/blas"
+	"github.com/pipetrain/pipetrain/ps"
 )
 
 // ProcessOptions say which stage process RunProcess runs. Config, Stage and
@@ -39,6 +40,16 @@ type ProcessOptions struct {
 	// ctx is live, other than by a requested stop (ErrPaused): pipetrain
 	// stage then says what the stage was waiting for when it gave up.
 	Failed func(*Runtime)
+	// Rejoin and RejoinAt restart a worker of async parameter servers
+	// that left the run (Options.Rejoin): launch passes pipetrain stage
+	// --rejoin STEP to each of the replica's processes.
+	Rejoin   bool
+	RejoinAt int
+	// AskRejoin, if set, gives a rejoining process, once its links are
+	// up, the step it rejoins at instead of RejoinAt: launch reads it then,
+	// the same for every process of the replica, so that the others wait
+	// for none of the steps they made while it started.
+	AskRejoin func(ctx context.Context) (int, error)
 }
 
 // RunProcess runs one stage process, as pipetrain stage does once it knows
@@ -76,6 +87,11 @@ func RunProcess(ctx context.Context, o ProcessOptions) error {
 		runtime.GOMAXPROCS(n)
 	}
 	SetProcessThreads(cfg.Threads(index))
+	if o.Rejoin && cfg.UsesRendezvous() {
+		// The rendezvous hands out its table once, to the ranks of the
+		// run's start.
+		return fmt.Errorf("%s: a worker rejoins a run only with fixed addresses, not at a rendezvous", cfg.ProcessName(index, replica))
+	}
 	var bound net.Listener
 	var job *Joined
 	if cfg.UsesRendezvous() {
@@ -102,12 +118,23 @@ func RunProcess(ctx context.Context, o ProcessOptions) error {
 		return err
 	}
 	defer links.Close()
+	if o.Rejoin && o.AskRejoin != nil {
+		if o.RejoinAt, err = askRejoin(ctx, cfg, o); err != nil {
+			return err
+		}
+	}
 	opts := Options{Layout: layout, Config: cfg, Stage: index, RunDir: o.RunDir, Prev: links.Prev, Next: links.Next,
-		ReplicaPrev: links.ReplicaPrev, ReplicaNext: links.ReplicaNext, ReplicaIn: links.ReplicaIn, ReplicaOut: links.ReplicaOut, Log: log, Resume: o.Resume, Pause: o.Pause}
+		ReplicaPrev: links.ReplicaPrev, ReplicaNext: links.ReplicaNext, ReplicaIn: links.ReplicaIn, ReplicaOut: links.ReplicaOut, Log: log, Resume: o.Resume, Pause: o.Pause,
+		Rejoin: o.Rejoin, RejoinAt: o.RejoinAt}
 	if job != nil {
 		opts.Coordinator = job.coord
 	}
 	rt, err := New(opts)
+	if o.Rejoin && errors.Is(err, ps.ErrOver) {
+		// Every other worker had finished: nothing is left to train.
+		fmt.Fprintf(log, "%s: not rejoining: %v\n", cfg.ProcessName(index, replica), err)
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -137,6 +164,18 @@ func RunProcess(ctx context.Context, o ProcessOptions) error {
 		return job.Gather(ctx, cfg, o.RunDir, log)
 	}
 	return nil
+}
+
+// askRejoin asks, within connect_timeout, for the step a rejoining process
+// rejoins at.
+func askRejoin(ctx context.Context, cfg *configs.Config, o ProcessOptions) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, cfg.Transport.ConnectTimeout)
+	defer cancel()
+	step, err := o.AskRejoin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("%s: asking the launcher for the step to rejoin at: %w", cfg.ProcessName(o.Stage, o.Replica), err)
+	}
+	return step, nil
 }
 
 // schedulerProcs is the GOMAXPROCS a stage process runs with: its share of

@@ -3,6 +3,7 @@ package stages
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -106,8 +107,9 @@ type psWorker struct {
 }
 
 // newPSWorker joins a worker stage to the servers; nil without servers
-// and in the reference.
-func newPSWorker(l *Layout, chunks []compute.Stage) (*psWorker, error) {
+// and in the reference. rejoin is the step a worker restarted in an async
+// run trains from (Options.Rejoin), -1 at the run's start.
+func newPSWorker(l *Layout, chunks []compute.Stage, rejoin int) (*psWorker, error) {
 	c := l.Config
 	if !c.PSEnabled() || l.Reference {
 		return nil, nil
@@ -141,7 +143,7 @@ func newPSWorker(l *Layout, chunks []compute.Stage) (*psWorker, error) {
 	// servers' weights; within connect_timeout, as a stage's links.
 	ctx, cancel := context.WithTimeout(context.Background(), c.Transport.ConnectTimeout)
 	defer cancel()
-	if err := w.connect(ctx, 0); err != nil {
+	if err := w.connect(ctx, rejoin); err != nil {
 		return nil, fmt.Errorf("%s: %w", c.ProcessName(l.Stage, l.Replica), err)
 	}
 	return w, nil
@@ -163,9 +165,10 @@ func (w *psWorker) shard(s int, lists [][]compute.Weight) []compute.Weight {
 
 // connect says hello to each server with the stage's weights, which
 // every worker holds alike at the start (the servers check). A worker
-// that finds the servers further on (one restarted in an async run)
-// pulls their weights before it computes.
-func (w *psWorker) connect(ctx context.Context, version int64) error {
+// that finds the servers further on (a late backup worker) pulls their
+// weights before it computes, as does one that rejoins an async run at
+// step rejoin (-1: none), whose weights the servers check by shape only.
+func (w *psWorker) connect(ctx context.Context, rejoin int) error {
 	opts, err := LinkOptions(w.cfg, w.stage)
 	if err != nil {
 		return err
@@ -180,8 +183,14 @@ func (w *psWorker) connect(ctx context.Context, version int64) error {
 	}
 	w.clients = map[int]*ps.Client{}
 	for _, s := range w.servers {
-		cl, err := ps.Dial(ctx, w.cfg.PSAddress(s), opts, w.worker, w.stage, version, w.shard(s, weights))
+		var cl *ps.Client
+		if rejoin >= 0 {
+			cl, err = ps.Rejoin(ctx, w.cfg.PSAddress(s), opts, w.worker, w.stage, int64(rejoin), w.shard(s, weights))
+		} else {
+			cl, err = ps.Dial(ctx, w.cfg.PSAddress(s), opts, w.worker, w.stage, 0, w.shard(s, weights))
+		}
 		if err != nil {
+			w.close(ctx) // a bye to the servers that took it back
 			return fmt.Errorf("%s: %w", configs.PSName(s), err)
 		}
 		w.clients[s] = cl
@@ -191,8 +200,8 @@ func (w *psWorker) connect(ctx context.Context, version int64) error {
 		}
 	}
 	for _, cl := range w.clients {
-		if cl.Version() > version {
-			_, err := w.pull(ctx, int(version))
+		if rejoin >= 0 || cl.Version() > 0 {
+			_, err := w.pull(ctx, max(rejoin, 0))
 			return err
 		}
 	}
@@ -317,6 +326,23 @@ func (w *psWorker) pull(ctx context.Context, step int) ([]float64, error) {
 		}
 	}
 	return losses, nil
+}
+
+// end leaves the servers as the stage's run ended: with a bye once it
+// trained to the end (or stopped where the launcher asked), without one
+// when it failed, so that the servers note the worker's departure as
+// they do a killed one's.
+func (w *psWorker) end(ctx context.Context, err error) {
+	if w == nil {
+		return
+	}
+	if err == nil || errors.Is(err, ErrPaused) {
+		w.close(ctx)
+		return
+	}
+	for _, cl := range w.clients {
+		cl.Abort()
+	}
 }
 
 // close says bye to every server.
@@ -560,8 +586,9 @@ func (a *appliedPushes) of(stage int) string {
 }
 
 // observeWorkers has the server count each worker's applied pushes and
-// log a worker that leaves without its goodbye (killed, or its connection
-// lost), which the others go on without in async mode.
+// log a worker that leaves without its goodbye (killed, failed, or its
+// connection lost), which the others go on without in async mode, and
+// one that rejoins.
 func observeWorkers(srv *ps.Server, i int, async bool, log io.Writer) *appliedPushes {
 	a := &appliedPushes{n: map[int]map[int64]int64{}}
 	srv.Observe = func(e ps.Event) {
@@ -572,8 +599,13 @@ func observeWorkers(srv *ps.Server, i int, async bool, log io.Writer) *appliedPu
 			if async {
 				then = "the other workers go on without it"
 			}
-			fmt.Fprintf(log, "%s: stage %d of worker %d left without its goodbye (killed, or its connection lost); %s\n",
-				configs.PSName(i), e.Stage, e.Dropped, then)
+			fmt.Fprintf(log, "%s: stage %d of worker %d left without its goodbye (killed, failed, or its connection lost) after %s applied; %s\n",
+				configs.PSName(i), e.Stage, e.Dropped, words.Count(int(a.n[e.Stage][int64(e.Dropped)]), "push"), then)
+			return
+		}
+		if e.Rejoined {
+			fmt.Fprintf(log, "%s: stage %d of worker %d rejoined, restarted: it trains from step %d on, from the weights of update %d\n",
+				configs.PSName(i), e.Stage, e.Dropped, e.Step+1, e.Version)
 			return
 		}
 		if e.Update == nil {

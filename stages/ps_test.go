@@ -11,7 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"gorgonia.org/tensor"
+
 	"github.com/pipetrain/pipetrain/checkpoint"
+	"github.com/pipetrain/pipetrain/compute"
 	"github.com/pipetrain/pipetrain/configs"
 	"github.com/pipetrain/pipetrain/ps"
 	"github.com/pipetrain/pipetrain/runlog"
@@ -115,13 +118,8 @@ func runPSGridIn(t *testing.T, c *configs.Config, dir string, resume bool, setup
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	train, test := synthetic(96, 8, 3, 1), synthetic(30, 8, 3, 2)
-	p, m := len(c.Stages), c.Replicas()
-	type proc struct {
-		rt    *Runtime
-		links [2]transport.Link
-	}
-	procs := make([][]proc, m)
+	m := c.Replicas()
+	workers := make([]*psTestWorker, m)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	ctxs, kills := make([]context.Context, m), make([]context.CancelFunc, m)
@@ -130,48 +128,79 @@ func runPSGridIn(t *testing.T, c *configs.Config, dir string, resume bool, setup
 		defer kills[w]()
 	}
 	for w := range m {
-		procs[w] = make([]proc, p)
-		layouts := make([]*Layout, p)
-		for i := range p {
-			l, err := NewReplicaLayout(c, i, w)
-			if err != nil {
-				t.Fatal(err)
-			}
-			layouts[i] = l
+		var err error
+		if workers[w], err = newPSTestWorker(c, w, dir, Options{Resume: resume}); err != nil {
+			t.Fatal(err)
 		}
-		for i := 0; i+1 < p; i++ {
-			a, b := transport.Pipe(layouts[i].Down, layouts[i+1].Up, c.Transport.QueueDepth)
-			procs[w][i].links[1], procs[w][i+1].links[0] = a, b
-		}
-		for i, l := range layouts {
-			rt, err := New(Options{Layout: l, Config: c, RunDir: dir, Prev: procs[w][i].links[0], Next: procs[w][i].links[1], Train: train, Test: test, Resume: resume})
-			if err != nil {
-				t.Fatalf("worker %d stage %d: %v", w, i, err)
-			}
-			procs[w][i].rt = rt
+		for i, rt := range workers[w].rts {
 			setup(w, i, rt, kills[w])
 		}
 	}
 	errs := make([][]error, m)
 	var wg sync.WaitGroup
-	for w := range procs {
-		errs[w] = make([]error, p)
-		for i, pr := range procs[w] {
-			wg.Go(func() {
-				errs[w][i] = pr.rt.Run(ctxs[w])
-				if errs[w][i] != nil {
-					kills[w]()
-				}
-				for _, l := range pr.links {
-					if l != nil {
-						l.Close()
-					}
-				}
-			})
-		}
+	for w, pw := range workers {
+		wg.Go(func() { errs[w] = pw.run(ctxs[w], kills[w]) })
 	}
 	wg.Wait()
 	return dir, errs
+}
+
+// psTestWorker is one worker's stages, built in this process and linked
+// by in-memory pipes.
+type psTestWorker struct {
+	rts   []*Runtime
+	links [][2]transport.Link
+}
+
+// newPSTestWorker builds worker w's stages of c, writing into dir, with
+// base's Resume, Rejoin and RejoinAt.
+func newPSTestWorker(c *configs.Config, w int, dir string, base Options) (*psTestWorker, error) {
+	p := len(c.Stages)
+	train, test := synthetic(96, 8, 3, 1), synthetic(30, 8, 3, 2)
+	pw := &psTestWorker{rts: make([]*Runtime, p), links: make([][2]transport.Link, p)}
+	layouts := make([]*Layout, p)
+	for i := range p {
+		l, err := NewReplicaLayout(c, i, w)
+		if err != nil {
+			return nil, err
+		}
+		layouts[i] = l
+	}
+	for i := 0; i+1 < p; i++ {
+		a, b := transport.Pipe(layouts[i].Down, layouts[i+1].Up, c.Transport.QueueDepth)
+		pw.links[i][1], pw.links[i+1][0] = a, b
+	}
+	for i, l := range layouts {
+		rt, err := New(Options{Layout: l, Config: c, RunDir: dir, Prev: pw.links[i][0], Next: pw.links[i][1], Train: train, Test: test,
+			Resume: base.Resume, Rejoin: base.Rejoin, RejoinAt: base.RejoinAt})
+		if err != nil {
+			return nil, fmt.Errorf("worker %d stage %d: %w", w, i, err)
+		}
+		pw.rts[i] = rt
+	}
+	return pw, nil
+}
+
+// run runs the worker's stages until all return, kill (cancelling ctx)
+// once one fails, and returns each stage's error.
+func (pw *psTestWorker) run(ctx context.Context, kill func()) []error {
+	errs := make([]error, len(pw.rts))
+	var wg sync.WaitGroup
+	for i, rt := range pw.rts {
+		wg.Go(func() {
+			errs[i] = rt.Run(ctx)
+			if errs[i] != nil {
+				kill()
+			}
+			for _, l := range pw.links[i] {
+				if l != nil {
+					l.Close()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return errs
 }
 
 // serversHoldReference checks that the servers hold the reference's final weights,
@@ -470,6 +499,151 @@ func TestAsyncSurvivesAKilledWorker(t *testing.T) {
 	if err := checkpoint.Diff(held, readWeights(t, dir)); err != nil {
 		t.Errorf("worker 0 saved other weights than the servers hold: %v", err)
 	}
+}
+
+// TestAsyncWorkerRejoins kills worker 2 of 3 (async, max_staleness 1) at
+// step 3, builds its stages again with Rejoin at step 4 while worker 0
+// waits before its push of step 4, and runs them: each stage rejoins the
+// servers at step 4, starts from the servers' weights rather than its
+// initial ones, and trains to the end; every server applies each push
+// once, worker 2's being those before its death and one for each step from
+// 4 on, and worker 0 saves the servers' final weights.
+func TestAsyncWorkerRejoins(t *testing.T) {
+	c := psConfig(3, 2, "adam")
+	c.ParameterServers.Mode, c.ParameterServers.MaxStaleness = "async", 1
+	const at = 3 // the step (0-based) worker 2 rejoins at
+	shares, err := PSShares(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	groups := 0 // (server, stage) pairs
+	for _, sh := range shares {
+		groups += len(sh.Stages)
+	}
+	var mu sync.Mutex
+	applied := map[[3]int]int{} // pushes applied, by server, stage and worker
+	before := map[[2]int]int{}  // worker 2's pushes applied when it departed, by server and stage
+	rejoined := map[[2]int]int64{}
+	gone := make(chan struct{}) // closed once every group noted worker 2's departure
+	noteGone := sync.OnceFunc(func() { close(gone) })
+	servers := startServers(t, c, func(s int, e ps.Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		g := [2]int{s, e.Stage}
+		switch {
+		case e.Departed && e.Dropped == 2:
+			before[g] = applied[[3]int{s, e.Stage, 2}]
+			if len(before) == groups {
+				noteGone()
+			}
+		case e.Rejoined:
+			rejoined[g] = e.Step
+		case e.Update != nil:
+			for _, w := range e.Update.Workers {
+				applied[[3]int{s, e.Stage, w}]++
+			}
+		}
+	})
+	back := make(chan struct{}) // closed once worker 2's stages have rejoined
+	release := sync.OnceFunc(func() { close(back) })
+	var again *psTestWorker
+	var againErrs []error
+	var initial, pulled []compute.Weight // stage 0's weights at the start, and once rejoined
+	rejoinDone := make(chan struct{})
+	dir, errs := runPSGrid(t, c, func(w, stage int, rt *Runtime, kill func()) {
+		switch {
+		case w == 0 && stage == 0:
+			rt.ps.beforePush = func(step int) {
+				if step == at {
+					<-back
+				}
+			}
+		case w == 2 && stage == 1:
+			rt.ps.beforePush = func(step int) {
+				if step == at-1 {
+					kill()
+				}
+			}
+		case w == 2 && stage == 0:
+			initial = cloneWeights(rt.chunks[0].Weights())
+			go func() {
+				defer close(rejoinDone)
+				defer release()
+				<-gone
+				var err error
+				if again, err = newPSTestWorker(c, 2, rt.runDir, Options{Rejoin: true, RejoinAt: at}); err != nil {
+					againErrs = []error{err}
+					return
+				}
+				pulled = cloneWeights(again.rts[0].chunks[0].Weights())
+				release()
+				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+				defer cancel()
+				againErrs = again.run(ctx, cancel)
+			}()
+		}
+	})
+	<-rejoinDone
+	for w := range 2 {
+		for i, err := range errs[w] {
+			if err != nil {
+				t.Errorf("worker %d stage %d: %v", w, i, err)
+			}
+		}
+	}
+	for i, err := range againErrs {
+		if err != nil {
+			t.Errorf("rejoined worker 2 stage %d: %v", i, err)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	if sameValues(initial, pulled) {
+		t.Error("the rejoined stage 0 computes with its initial weights, not the servers'")
+	}
+	steps := c.Train.Steps
+	for g, n := range before {
+		for w := range 2 {
+			if got := applied[[3]int{g[0], g[1], w}]; got != steps {
+				t.Errorf("server %d stage %d applied %d of worker %d's %d pushes", g[0], g[1], got, w, steps)
+			}
+		}
+		if got, want := applied[[3]int{g[0], g[1], 2}], n+steps-at; got != want {
+			t.Errorf("server %d stage %d applied %d of worker 2's pushes, want the %d before its death and %d from step %d on", g[0], g[1], got, n, steps-at, at+1)
+		}
+		if r, ok := rejoined[g]; !ok || r != at {
+			t.Errorf("server %d stage %d: worker 2 rejoined at step %d (noted %v), want %d", g[0], g[1], r+1, ok, at+1)
+		}
+	}
+	held := map[string]checkpoint.Tensor{}
+	for _, s := range servers {
+		for name, v := range s.Weights() {
+			held[name] = checkpoint.Tensor{Name: name, Shape: v.Shape().Clone(), F32: v.Data().([]float32)}
+		}
+	}
+	if err := checkpoint.Diff(held, readWeights(t, dir)); err != nil {
+		t.Errorf("worker 0 saved other weights than the servers hold: %v", err)
+	}
+}
+
+// cloneWeights copies ws's values.
+func cloneWeights(ws []compute.Weight) []compute.Weight {
+	out := make([]compute.Weight, len(ws))
+	for i, w := range ws {
+		out[i] = compute.Weight{Name: w.Name, Value: w.Value.Clone().(*tensor.Dense)}
+	}
+	return out
+}
+
+// sameValues reports whether a and b hold the same values.
+func sameValues(a, b []compute.Weight) bool {
+	for i := range a {
+		if !slices.Equal(a[i].Value.Data().([]float32), b[i].Value.Data().([]float32)) {
+			return false
+		}
+	}
+	return len(a) == len(b)
 }
 
 // TestPSMetricsCountServerBytes: a worker stage's Prometheus metrics count

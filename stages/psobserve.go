@@ -59,12 +59,15 @@ func (l *psEventLog) add(e runlog.PSEvent, flush bool) {
 	}
 }
 
-// event logs an update, a drop or a departure.
+// event logs an update, a drop, a departure or a rejoin.
 func (l *psEventLog) event(e ps.Event) {
 	switch {
 	case e.Departed:
 		now := time.Now().UnixNano()
 		l.add(runlog.PSEvent{Stage: e.Stage, Kind: runlog.PSDepart, Step: e.Step, Worker: e.Dropped, StartNS: now, EndNS: now}, true)
+	case e.Rejoined:
+		now := time.Now().UnixNano()
+		l.add(runlog.PSEvent{Stage: e.Stage, Kind: runlog.PSRejoin, Step: e.Step, Worker: e.Dropped, StartNS: now, EndNS: now}, true)
 	case e.Update == nil:
 		now := time.Now().UnixNano()
 		l.add(runlog.PSEvent{Stage: e.Stage, Kind: runlog.PSDrop, Step: e.Step, Worker: e.Dropped, StartNS: now, EndNS: now, BytesIn: e.Bytes}, false)
@@ -145,12 +148,13 @@ func grow(xs []int64, w int) []int64 {
 	return xs
 }
 
-// event counts an update, a drop or a departure.
+// event counts an update, a drop or a departure; a rejoin counts nothing.
 func (m *PSMetrics) event(e ps.Event) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	st := m.stage(e.Stage)
 	switch {
+	case e.Rejoined:
 	case e.Departed:
 		st.departed++
 	case e.Update == nil:

@@ -70,6 +70,21 @@ type Options struct {
 	// Pause, if set, lets the launcher stop the stage at an agreed step
 	// boundary with a checkpoint there (see Pause); nil: only ctx stops it.
 	Pause *Pause
+	// Rejoin has a worker of async parameter servers, restarted after it
+	// left the run, take its place again: the stage trains from step
+	// RejoinAt (the steps done before it, 0-based) on, with the weights
+	// it pulls from the servers, reading that step's share of the data.
+	Rejoin   bool
+	RejoinAt int
+}
+
+// rejoinStep is the step a rejoining stage trains from, -1 for a stage
+// that starts with the run.
+func (o Options) rejoinStep() int {
+	if o.Rejoin {
+		return o.RejoinAt
+	}
+	return -1
 }
 
 // Runtime executes one stage's actions, step after step. A stage holds one engine
@@ -137,6 +152,7 @@ type Runtime struct {
 
 	tied   [][2]string // parameter pairs whose gradients are summed before each step
 	resume bool
+	rejoin int      // the step a worker restarted in an async run trains from (Options.Rejoin); -1: none
 	act    activity // what the stage is doing, for status queries
 	layout *Layout
 	ckpt   *checkpointer
@@ -150,7 +166,7 @@ func New(o Options) (*Runtime, error) {
 		return nil, err
 	}
 	c, model, lowered, ranges := l.Config, l.Model, l.Schedule, l.Ranges
-	r := &Runtime{cfg: c, stage: l.Stage, stages: l.Stages, replica: l.Replica, runDir: o.RunDir, log: o.Log, live: newMetrics(l.Stage), resume: o.Resume, layout: l, pause: o.Pause}
+	r := &Runtime{cfg: c, stage: l.Stage, stages: l.Stages, replica: l.Replica, runDir: o.RunDir, log: o.Log, live: newMetrics(l.Stage), resume: o.Resume, rejoin: o.rejoinStep(), layout: l, pause: o.Pause}
 	r.mbBase, r.scaleMBs = l.Replica*c.Data.MicroBatches, l.Replicas*c.Data.MicroBatches
 	if r.log == nil {
 		r.log = io.Discard
@@ -219,10 +235,13 @@ func New(o Options) (*Runtime, error) {
 			return r.replicas.gatherState(ctx, step, r.optims)
 		}
 	}
+	if err := r.checkRejoin(o.Resume); err != nil {
+		return nil, err
+	}
 	if err := r.agreeWithServers(); err != nil {
 		return nil, err
 	}
-	if r.ps, err = newPSWorker(l, r.chunks); err != nil {
+	if r.ps, err = newPSWorker(l, r.chunks, r.rejoin); err != nil {
 		return nil, err
 	}
 	if r.ps != nil {
@@ -238,6 +257,24 @@ func New(o Options) (*Runtime, error) {
 		return nil, err
 	}
 	return r, nil
+}
+
+// checkRejoin refuses a rejoin that cannot be: only a worker of async
+// parameter servers leaves a run and comes back, from no checkpoint, at a
+// step the run has.
+func (r *Runtime) checkRejoin(resume bool) error {
+	c := r.cfg
+	switch {
+	case r.rejoin < 0:
+		return nil
+	case !c.PSEnabled() || c.ParameterServers.Mode != "async" || r.layout.Reference:
+		return fmt.Errorf("%s: only a worker of async parameter servers rejoins a run", r.name())
+	case resume:
+		return fmt.Errorf("%s: a rejoining worker resumes from no checkpoint: it pulls the servers' weights", r.name())
+	case r.rejoin >= c.Train.Steps:
+		return fmt.Errorf("%s: rejoining at step %d, past the run's %d steps", r.name(), r.rejoin+1, c.Train.Steps)
+	}
+	return nil
 }
 
 // device is the compute device stages[i].device names for the stage, from
@@ -351,6 +388,12 @@ func (r *Runtime) inFlight() int {
 // Run trains for the configured steps, evaluates if asked, and saves the stage's
 // final weights under RUN_DIR/weights.
 func (r *Runtime) Run(ctx context.Context) error {
+	err := r.run(ctx)
+	r.ps.end(ctx, err)
+	return err
+}
+
+func (r *Runtime) run(ctx context.Context) error {
 	first := 0
 	if r.resume {
 		var err error
@@ -361,6 +404,10 @@ func (r *Runtime) Run(ctx context.Context) error {
 			return fmt.Errorf("stage %d: resuming: %w", r.stage, err)
 		}
 	}
+	if r.rejoin >= 0 {
+		first = r.rejoin
+		fmt.Fprintf(r.log, "%s: rejoins the run at step %d, with the servers' current weights\n", r.name(), first+1)
+	}
 	if err := r.ckpt.clearAfter(first); err != nil {
 		return err
 	}
@@ -369,7 +416,6 @@ func (r *Runtime) Run(ctx context.Context) error {
 	}
 	defer r.close()
 	defer r.replicas.start(ctx)()
-	defer r.ps.close(ctx)
 	defer r.stopFetching()
 	// Commits still running when training stops are given up: a checkpoint whose
 	// manifest is not written is never resumed from.
@@ -536,7 +582,8 @@ func (r *Runtime) open() error {
 		}
 	}
 	var err error
-	if r.events, err = openEventLog(r.runDir, r.stage, r.replica, r.resume); err != nil {
+	// A rejoining worker keeps the events of its processes' first life.
+	if r.events, err = openEventLog(r.runDir, r.stage, r.replica, r.resume || r.rejoin >= 0); err != nil {
 		return err
 	}
 	if r.replica > 0 {

@@ -110,6 +110,10 @@ func launchCmd() *cobra.Command {
 				// Async servers stop waiting for a worker that is gone; replica 0
 				// writes the run's metrics, weights and evaluation, so it stays.
 				opts.Expendable = func(replica int) bool { return replica != 0 }
+				if rejoins(cfg) {
+					opts.Rejoins = cfg.Recovery.MaxRestarts
+					opts.Rejoin = func(int) (int, error) { return rejoinStep(cfg, f.runDir) }
+				}
 			}
 			if opts.Env, err = localRendezvous(cfg); err != nil {
 				return err
@@ -253,6 +257,17 @@ func runAttempt(ctx context.Context, cfg *configs.Config, opts launcher.Options)
 	return servers.stop()
 }
 
+// rejoinStep is the step a worker's restarted processes rejoin an async
+// run at: the step replica 0 has logged, which they train from, each
+// reading that step's share of the batch on.
+func rejoinStep(cfg *configs.Config, runDir string) (int, error) {
+	step := lastLoggedStep(runDir)
+	if step >= cfg.Train.Steps {
+		return 0, fmt.Errorf("replica 0 has trained all %d steps", cfg.Train.Steps)
+	}
+	return step, nil
+}
+
 // whyNoRestart says why a failure that a restart would repeat is not
 // restarted, in the stage's words where it gave them.
 func whyNoRestart(failed *launcher.StageError) string {
@@ -280,12 +295,19 @@ func resumePoint(root string, cfg *configs.Config) int {
 }
 
 // lastLoggedStep is the last step in the run's metrics.jsonl (0 if none).
+// The file may be read while replica 0 writes it (a worker rejoining), so
+// a last line cut short is not counted, nor is anything after it.
 func lastLoggedStep(runDir string) int {
-	ms, _ := stages.ReadMetrics(filepath.Join(runDir, "metrics.jsonl"))
-	if len(ms) == 0 {
-		return 0
+	b, _ := os.ReadFile(filepath.Join(runDir, "metrics.jsonl"))
+	step := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		var m stages.Metric
+		if json.Unmarshal([]byte(line), &m) != nil {
+			break
+		}
+		step = m.Step
 	}
-	return ms[len(ms)-1].Step
+	return step
 }
 
 // printSummary reports the run's final loss and test accuracy from its files.

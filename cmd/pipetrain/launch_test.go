@@ -218,3 +218,27 @@ sleep 5
 		t.Fatalf("reading the run directory: %v (%d files)", err, files)
 	}
 }
+
+// TestRejoinStepIsTheLastWholeLine: a worker rejoins at the last step
+// replica 0 wrote whole to metrics.jsonl, read while it writes (a line
+// cut short is not counted), and not once replica 0 has logged every step.
+func TestRejoinStepIsTheLastWholeLine(t *testing.T) {
+	cfg := autoConfig(t, "train: {steps: 8}\n")
+	dir := t.TempDir()
+	if step, err := rejoinStep(cfg, dir); err != nil || step != 0 {
+		t.Errorf("no metrics yet: %v, %v; want 0", step, err)
+	}
+	metrics := filepath.Join(dir, "metrics.jsonl")
+	if err := os.WriteFile(metrics, []byte("{\"step\":1,\"loss\":2.3}\n{\"step\":2,\"loss\":2.1}\n{\"step\":3,\"lo"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if step, err := rejoinStep(cfg, dir); err != nil || step != 2 {
+		t.Errorf("two whole lines and a cut one: %v, %v; want 2", step, err)
+	}
+	if err := os.WriteFile(metrics, []byte("{\"step\":8,\"loss\":1.1}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rejoinStep(cfg, dir); err == nil || !strings.Contains(err.Error(), "all 8 steps") {
+		t.Errorf("every step logged: %v, want a refusal", err)
+	}
+}

@@ -51,14 +51,26 @@ type psServers struct {
 }
 
 // announcePS says, once per launch, what becomes of an async run whose
-// worker fails.
+// worker fails: restarted, it rejoins (recovery.max_restarts times per
+// worker), or the run goes on without it.
 func announcePS(cfg *configs.Config, out io.Writer) {
-	if !cfg.PSEnabled() {
+	if !cfg.PSEnabled() || cfg.ParameterServers.Mode != "async" || cfg.Replicas() < 2 {
 		return
 	}
-	if cfg.ParameterServers.Mode == "async" && cfg.Replicas() > 1 {
-		fmt.Fprintf(out, "pipetrain: async parameter servers: the run goes on without a worker (replica 1-%d) whose process dies\n", cfg.Replicas()-1)
+	if rejoins(cfg) {
+		fmt.Fprintf(out, "pipetrain: async parameter servers: a worker (replica 1-%d) whose process dies is restarted and rejoins the run\n", cfg.Replicas()-1)
+		return
 	}
+	fmt.Fprintf(out, "pipetrain: async parameter servers: the run goes on without a worker (replica 1-%d) whose process dies\n", cfg.Replicas()-1)
+}
+
+// rejoins reports whether launch restarts an async worker whose process
+// dies, to rejoin the run: its restarted processes find each other at
+// their fixed addresses (a rendezvous hands its table out once), and the
+// servers take it back unless max_staleness is 0 (see ps.Machine.Rejoin).
+func rejoins(cfg *configs.Config) bool {
+	p := cfg.ParameterServers
+	return cfg.PSEnabled() && p.Mode == "async" && p.MaxStaleness > 0 && cfg.Replicas() > 1 && !cfg.UsesRendezvous() && cfg.Recovery.MaxRestarts > 0
 }
 
 // startPSServers starts the config's parameter servers for one attempt of

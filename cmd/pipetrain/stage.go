@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -19,7 +20,7 @@ import (
 
 func stageCmd() *cobra.Command {
 	var f runFlags
-	var index, replica int
+	var index, replica, rejoin int
 	var resume, controlled bool
 	c := &cobra.Command{
 		Use:   "stage --config FILE [--stage N [--replica R]]",
@@ -43,7 +44,7 @@ func stageCmd() *cobra.Command {
 			// stage connects must still hear that it may start no step.
 			pause := stages.NewPause()
 			if controlled {
-				go launcher.ServePauses(os.Stdin, os.Stdout, pause.Ask, pause.StopAfter, pause.Lose)
+				go launcher.ServePauses(os.Stdin, os.Stdout, pause.Ask, pause.StopAfter, pause.Lose, pause.Rejoin)
 			}
 			cfg, err := f.load()
 			if err != nil {
@@ -67,7 +68,19 @@ func stageCmd() *cobra.Command {
 			if replica < 0 || replica >= cfg.Replicas() {
 				return fmt.Errorf("--replica %d: %s has data_parallel %d, so replicas 0-%d", replica, cfg.Path, cfg.Replicas(), cfg.Replicas()-1)
 			}
+			if cmd.Flags().Changed("rejoin") && rejoin < 0 {
+				return fmt.Errorf("--rejoin %d: a step is 0 or more", rejoin)
+			}
+			var askRejoin func(context.Context) (int, error)
+			if controlled {
+				// Launch reads the step again once the replica's links are up.
+				askRejoin = func(ctx context.Context) (int, error) {
+					fmt.Println(launcher.RejoinAsk)
+					return pause.RejoinStep(ctx)
+				}
+			}
 			err = stages.RunProcess(cmd.Context(), stages.ProcessOptions{Config: cfg, Stage: index, Replica: replica, RunDir: f.runDir, Resume: resume, Pause: pause,
+				Rejoin: cmd.Flags().Changed("rejoin"), RejoinAt: rejoin, AskRejoin: askRejoin,
 				Started: func(rt *stages.Runtime) { go answerStatusQueries(queries, rt) },
 				// The launcher reads what the stage was waiting for when it
 				// gave up, to follow the chain to the stage that hung.
@@ -83,6 +96,7 @@ func stageCmd() *cobra.Command {
 	c.Flags().IntVar(&index, "stage", -1, "index of the stage in the config's stages list (default: from the rank the environment gives: "+strings.Join(cluster.Variables(), ", ")+")")
 	c.Flags().IntVar(&replica, "replica", 0, "which replica of the stage (data_parallel > 1): 0 to data_parallel-1")
 	c.Flags().BoolVar(&resume, "resume", false, "continue from the newest complete checkpoint in --run-dir (every stage must be given it)")
+	c.Flags().IntVar(&rejoin, strings.TrimPrefix(launcher.RejoinFlag, "--"), 0, "async parameter servers: this worker's processes were restarted after it left the run; train from STEP (the steps done before it) on with the servers' current weights (launch sets it, and gives a fresher step once the worker's links are up)")
 	c.Flags().BoolVar(&controlled, strings.TrimPrefix(launcher.ControlFlag, "--"), false, "standard input carries the launcher's pause and stop requests (launch sets it)")
 	c.Flags().MarkHidden(strings.TrimPrefix(launcher.ControlFlag, "--"))
 	return c
