@@ -68,3 +68,15 @@ func TestEnginesPlaceServersAfterTheStages(t *testing.T) {
 		}
 	}
 }
+
+// TestValidateListsServersByRank: servers the rendezvous places have no
+// address before the run, so validate names each by its rank.
+func TestValidateListsServersByRank(t *testing.T) {
+	var out strings.Builder
+	printPS(&out, psRanksConfig(t))
+	for _, want := range []string{"rank 6 (auto)", "rank 7 (auto)"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("no %q in:\n%s", want, out.String())
+		}
+	}
+}
