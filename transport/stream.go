@@ -393,6 +393,14 @@ func DialStream(ctx context.Context, addr string, self, peer Hello, opts Options
 	hello := (&handshake{Hello: self}).marshal()
 	msg := append(proof[:], binary.LittleEndian.AppendUint32(nil, uint32(len(hello)))...)
 	if _, err := c.Write(append(msg, hello...)); err != nil {
+		// TLS 1.3: a listener that refuses this side's certificate
+		// sends its alert and closes; on a Unix socket the write can
+		// then fail (broken pipe) before the alert is read: read it.
+		if opts.TLS != nil {
+			if _, rerr := readStreamAnswer(c); isRemoteAlert(rerr) {
+				return nil, explainTLSRefusal(who, rerr)
+			}
+		}
 		return nil, fmt.Errorf("%s: %w", who, err)
 	}
 	refusal, err := readStreamAnswer(c)
