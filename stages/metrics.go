@@ -142,18 +142,8 @@ func (m *Metrics) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 func (m *Metrics) WriteTo(w io.Writer) (int64, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var n int64
-	var werr error
-	p := func(format string, args ...any) {
-		k, err := fmt.Fprintf(w, format, args...)
-		n += int64(k)
-		if werr == nil {
-			werr = err
-		}
-	}
-	family := func(name, typ, help string) {
-		p("# HELP %s %s\n# TYPE %s %s\n", name, help, name, typ)
-	}
+	e := &expositionWriter{w: w}
+	p, family := e.printf, e.family
 	s := m.stage
 	family("pipetrain_steps_total", "counter", "Training steps this stage has finished.")
 	p("pipetrain_steps_total{stage=\"%d\"} %d\n", s, m.steps)
@@ -207,7 +197,7 @@ func (m *Metrics) WriteTo(w io.Writer) (int64, error) {
 			p("pipetrain_queue_depth{stage=\"%d\",link=%q,queue=\"recv\"} %d\n", s, name, recv)
 		}
 	}
-	return n, werr
+	return e.n, e.err
 }
 
 // MetricsAuth is what a scraper must present to read a stage's metrics, the
@@ -302,4 +292,25 @@ func requireBearer(token string, next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// expositionWriter writes Prometheus's text exposition format, counting the bytes
+// and keeping the first error, as an io.WriterTo reports them.
+type expositionWriter struct {
+	w   io.Writer
+	n   int64
+	err error
+}
+
+func (e *expositionWriter) printf(format string, args ...any) {
+	k, err := fmt.Fprintf(e.w, format, args...)
+	e.n += int64(k)
+	if e.err == nil {
+		e.err = err
+	}
+}
+
+// family announces a metric family: its help text and type.
+func (e *expositionWriter) family(name, typ, help string) {
+	e.printf("# HELP %s %s\n# TYPE %s %s\n", name, help, name, typ)
 }

@@ -197,18 +197,8 @@ func (m *PSMetrics) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 func (m *PSMetrics) WriteTo(w io.Writer) (int64, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var n int64
-	var werr error
-	p := func(format string, args ...any) {
-		k, err := fmt.Fprintf(w, format, args...)
-		n += int64(k)
-		if werr == nil {
-			werr = err
-		}
-	}
-	family := func(name, typ, help string) {
-		p("# HELP %s %s\n# TYPE %s %s\n", name, help, name, typ)
-	}
+	e := &expositionWriter{w: w}
+	p, family := e.printf, e.family
 	stages := slices.Sorted(maps.Keys(m.stages))
 	each := func(name, typ, help string, value func(*psStageMetrics) string) {
 		family(name, typ, help)
@@ -255,7 +245,7 @@ func (m *PSMetrics) WriteTo(w io.Writer) (int64, error) {
 		p("pipetrain_ps_push_staleness_sum{server=\"%d\",stage=\"%d\"} %d\n", m.server, s, st.stalenessSum)
 		p("pipetrain_ps_push_staleness_count{server=\"%d\",stage=\"%d\"} %d\n", m.server, s, st.stalenessCount)
 	}
-	return n, werr
+	return e.n, e.err
 }
 
 // recordServer has srv's updates, drops, departures and pulls logged in
