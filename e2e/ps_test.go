@@ -149,24 +149,7 @@ func TestAsyncLaunchSurvivesAKilledWorker(t *testing.T) {
 	cfg, _ := psConfigWith(t, "async, max_staleness: 1", 20, "checkpoint: {every: 0}\nrecovery: {max_restarts: 0}")
 	dir := t.TempDir()
 	const steps = 60
-	_, out, done := start(t, nil, "launch", "--config", cfg, "--steps", strconv.Itoa(steps), "--run-dir", dir)
-	waitForStep(t, dir, 5, time.Minute, out)
-	pid := processPID(dir, "--stage", "0", "--replica", "2")
-	if pid == 0 {
-		t.Fatalf("no process of stage 0 replica 2:\n%s", out.String())
-	}
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("launch failed with worker 2 killed: %v\n%s", err, out.String())
-		}
-	case <-time.After(3 * time.Minute):
-		t.Fatalf("launch still running 3 minutes after worker 2 was killed:\n%s", out.String())
-	}
-	text := out.String()
+	text := launchKillingWorker2(t, cfg, dir, steps)
 	for _, want := range []string{"the run goes on without replica 2", "of worker 2 left without its goodbye", fmt.Sprintf("done: %d steps", steps)} {
 		if !strings.Contains(text, want) {
 			t.Errorf("no %q in the output:\n%s", want, text)
@@ -337,24 +320,7 @@ func TestAsyncLaunchRestartsAKilledWorker(t *testing.T) {
 	cfg, _ := psConfigFile(t, "async, max_staleness: 1")
 	dir := t.TempDir()
 	const steps = 60
-	_, out, done := start(t, nil, "launch", "--config", cfg, "--steps", strconv.Itoa(steps), "--run-dir", dir)
-	waitForStep(t, dir, 5, time.Minute, out)
-	pid := processPID(dir, "--stage", "0", "--replica", "2")
-	if pid == 0 {
-		t.Fatalf("no process of stage 0 replica 2:\n%s", out.String())
-	}
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("launch failed with worker 2 killed: %v\n%s", err, out.String())
-		}
-	case <-time.After(3 * time.Minute):
-		t.Fatalf("launch still running 3 minutes after worker 2 was killed:\n%s", out.String())
-	}
-	text := out.String()
+	text := launchKillingWorker2(t, cfg, dir, steps)
 	for _, want := range []string{"restarting replica 2 to rejoin the run (restart 1 of 3)", fmt.Sprintf("done: %d steps", steps),
 		"[stage 0 replica 2] stage 0 replica 2: rejoins the run at step", "[stage 1 replica 2] stage 1 replica 2: done in"} {
 		if !strings.Contains(text, want) {
@@ -452,4 +418,29 @@ func TestSyncLaunchStopsAtAKilledWorker(t *testing.T) {
 	if strings.Contains(text, "rejoin") || strings.Contains(text, "goes on without") {
 		t.Errorf("a sync worker was restarted or left behind:\n%s", text)
 	}
+}
+
+// launchKillingWorker2 launches cfg for steps steps in dir, kill -9s stage
+// 0 of worker 2 after step 5, and requires the launch to succeed anyway;
+// it returns launch's output.
+func launchKillingWorker2(t *testing.T, cfg, dir string, steps int) string {
+	t.Helper()
+	_, out, done := start(t, nil, "launch", "--config", cfg, "--steps", strconv.Itoa(steps), "--run-dir", dir)
+	waitForStep(t, dir, 5, time.Minute, out)
+	pid := processPID(dir, "--stage", "0", "--replica", "2")
+	if pid == 0 {
+		t.Fatalf("no process of stage 0 replica 2:\n%s", out.String())
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("launch failed with worker 2 killed: %v\n%s", err, out.String())
+		}
+	case <-time.After(3 * time.Minute):
+		t.Fatalf("launch still running 3 minutes after worker 2 was killed:\n%s", out.String())
+	}
+	return out.String()
 }
