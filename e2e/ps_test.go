@@ -116,25 +116,12 @@ func TestKilledServerStopsTheJob(t *testing.T) {
 	needData(t)
 	cfg, addrs := psConfigWith(t, "sync", 20, "checkpoint: {every: 0}\nrecovery: {max_restarts: 0}")
 	dir := t.TempDir()
-	_, out, done := start(t, nil, "launch", "--config", cfg, "--steps", "100000", "--run-dir", dir)
-	waitForStep(t, dir, 5, time.Minute, out)
-	pid := serverPID(cfg, 1)
-	if pid == 0 {
-		t.Fatalf("no process of server 1:\n%s", out.String())
+	text, err := launchAndKill(t, cfg, dir, 100000, "server 1", func() int { return serverPID(cfg, 1) }, time.Minute)
+	if err == nil {
+		t.Fatalf("launch succeeded with a server killed:\n%s", text)
 	}
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		if err == nil {
-			t.Fatalf("launch succeeded with a server killed:\n%s", out.String())
-		}
-	case <-time.After(time.Minute):
-		t.Fatalf("launch still running a minute after server 1 was killed:\n%s", out.String())
-	}
-	if want := "parameter server at " + addrs[1]; !strings.Contains(out.String(), want) {
-		t.Errorf("no error names %q:\n%s", want, out.String())
+	if want := "parameter server at " + addrs[1]; !strings.Contains(text, want) {
+		t.Errorf("no error names %q:\n%s", want, text)
 	}
 }
 
@@ -394,24 +381,10 @@ func TestSyncLaunchStopsAtAKilledWorker(t *testing.T) {
 	needData(t)
 	cfg, _ := psConfigWith(t, "sync", 20, "checkpoint: {every: 0}\nrecovery: {max_restarts: 0}")
 	dir := t.TempDir()
-	_, out, done := start(t, nil, "launch", "--config", cfg, "--steps", "100000", "--run-dir", dir)
-	waitForStep(t, dir, 5, time.Minute, out)
-	pid := processPID(dir, "--stage", "0", "--replica", "2")
-	if pid == 0 {
-		t.Fatalf("no process of stage 0 replica 2:\n%s", out.String())
+	text, err := launchAndKill(t, cfg, dir, 100000, "stage 0 replica 2", worker2Stage0(dir), time.Minute)
+	if err == nil {
+		t.Fatalf("launch succeeded with a sync worker killed:\n%s", text)
 	}
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		if err == nil {
-			t.Fatalf("launch succeeded with a sync worker killed:\n%s", out.String())
-		}
-	case <-time.After(time.Minute):
-		t.Fatalf("launch still running a minute after worker 2 was killed:\n%s", out.String())
-	}
-	text := out.String()
 	if !strings.Contains(text, "stage 0 replica 2 failed (signal: killed)") {
 		t.Errorf("the failure does not name the killed stage 0 replica 2:\n%s", text)
 	}
@@ -420,27 +393,41 @@ func TestSyncLaunchStopsAtAKilledWorker(t *testing.T) {
 	}
 }
 
-// launchKillingWorker2 launches cfg for steps steps in dir, kill -9s stage
-// 0 of worker 2 after step 5, and requires the launch to succeed anyway;
-// it returns launch's output.
-func launchKillingWorker2(t *testing.T, cfg, dir string, steps int) string {
+// launchAndKill launches cfg for steps steps in dir, kill -9s the process
+// find names (who, in messages) after step 5, and returns launch's output
+// and its result once it ends, failing the test if it has not within wait.
+func launchAndKill(t *testing.T, cfg, dir string, steps int, who string, find func() int, wait time.Duration) (string, error) {
 	t.Helper()
 	_, out, done := start(t, nil, "launch", "--config", cfg, "--steps", strconv.Itoa(steps), "--run-dir", dir)
 	waitForStep(t, dir, 5, time.Minute, out)
-	pid := processPID(dir, "--stage", "0", "--replica", "2")
+	pid := find()
 	if pid == 0 {
-		t.Fatalf("no process of stage 0 replica 2:\n%s", out.String())
+		t.Fatalf("no process of %s:\n%s", who, out.String())
 	}
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	select {
 	case err := <-done:
-		if err != nil {
-			t.Fatalf("launch failed with worker 2 killed: %v\n%s", err, out.String())
-		}
-	case <-time.After(3 * time.Minute):
-		t.Fatalf("launch still running 3 minutes after worker 2 was killed:\n%s", out.String())
+		return out.String(), err
+	case <-time.After(wait):
+		t.Fatalf("launch still running %v after %s was killed:\n%s", wait, who, out.String())
 	}
-	return out.String()
+	return "", nil
+}
+
+// worker2Stage0 finds stage 0 of worker 2 among dir's processes.
+func worker2Stage0(dir string) func() int {
+	return func() int { return processPID(dir, "--stage", "0", "--replica", "2") }
+}
+
+// launchKillingWorker2 is launchAndKill of stage 0 of worker 2, requiring
+// the launch to succeed anyway.
+func launchKillingWorker2(t *testing.T, cfg, dir string, steps int) string {
+	t.Helper()
+	text, err := launchAndKill(t, cfg, dir, steps, "stage 0 replica 2", worker2Stage0(dir), 3*time.Minute)
+	if err != nil {
+		t.Fatalf("launch failed with worker 2 killed: %v\n%s", err, text)
+	}
+	return text
 }
