@@ -413,15 +413,7 @@ func TestAsyncAppliesEveryPushOnce(t *testing.T) {
 		t.Errorf("an update was %d updates stale; max_staleness 2 of 3 workers allows 10", maxStale)
 	}
 	t.Logf("most stale update: %d", maxStale)
-	held := map[string]checkpoint.Tensor{}
-	for _, s := range servers {
-		for name, v := range s.Weights() {
-			held[name] = checkpoint.Tensor{Name: name, Shape: v.Shape().Clone(), F32: v.Data().([]float32)}
-		}
-	}
-	if err := checkpoint.Diff(held, readWeights(t, run)); err != nil {
-		t.Errorf("worker 0 saved other weights than the servers hold: %v", err)
-	}
+	worker0SavedServersWeights(t, servers, run)
 }
 
 // TestAsyncSurvivesAKilledWorker: in async mode (max_staleness 1) worker 2
@@ -490,15 +482,7 @@ func TestAsyncSurvivesAKilledWorker(t *testing.T) {
 			t.Errorf("server %d did not note worker 2 stage %d leaving", g[0], g[1])
 		}
 	}
-	held := map[string]checkpoint.Tensor{}
-	for _, s := range servers {
-		for name, v := range s.Weights() {
-			held[name] = checkpoint.Tensor{Name: name, Shape: v.Shape().Clone(), F32: v.Data().([]float32)}
-		}
-	}
-	if err := checkpoint.Diff(held, readWeights(t, dir)); err != nil {
-		t.Errorf("worker 0 saved other weights than the servers hold: %v", err)
-	}
+	worker0SavedServersWeights(t, servers, dir)
 }
 
 // TestAsyncWorkerRejoins kills worker 2 of 3 (async, max_staleness 1) at
@@ -616,15 +600,7 @@ func TestAsyncWorkerRejoins(t *testing.T) {
 			t.Errorf("server %d stage %d: worker 2 rejoined at step %d (noted %v), want %d", g[0], g[1], r+1, ok, at+1)
 		}
 	}
-	held := map[string]checkpoint.Tensor{}
-	for _, s := range servers {
-		for name, v := range s.Weights() {
-			held[name] = checkpoint.Tensor{Name: name, Shape: v.Shape().Clone(), F32: v.Data().([]float32)}
-		}
-	}
-	if err := checkpoint.Diff(held, readWeights(t, dir)); err != nil {
-		t.Errorf("worker 0 saved other weights than the servers hold: %v", err)
-	}
+	worker0SavedServersWeights(t, servers, dir)
 }
 
 // cloneWeights copies ws's values.
@@ -816,5 +792,20 @@ func TestSlowReplicaEnv(t *testing.T) {
 	t.Setenv(SlowReplicaEnv, "two")
 	if _, err := slowReplica(0); err == nil || !strings.Contains(err.Error(), SlowReplicaEnv+`="two": want a replica's index`) {
 		t.Errorf("a bad value: %v", err)
+	}
+}
+
+// worker0SavedServersWeights checks that the final weights worker 0 saved
+// in run are those the servers hold.
+func worker0SavedServersWeights(t *testing.T, servers []*ps.Server, run string) {
+	t.Helper()
+	held := map[string]checkpoint.Tensor{}
+	for _, s := range servers {
+		for name, v := range s.Weights() {
+			held[name] = checkpoint.Tensor{Name: name, Shape: v.Shape().Clone(), F32: v.Data().([]float32)}
+		}
+	}
+	if err := checkpoint.Diff(held, readWeights(t, run)); err != nil {
+		t.Errorf("worker 0 saved other weights than the servers hold: %v", err)
 	}
 }
